@@ -1,0 +1,325 @@
+"""peers.toml -> frozen dataclasses.
+
+Rules of this module:
+- Every key is known: an unknown key (a typo) is an error, never silently ignored.
+- Every limit and timeout has its unit as the last part of its name (`rtt_ms`, `message_bytes_max`).
+- Relative paths are relative to the directory holding peers.toml, not to the working directory.
+- Errors are `ConfigError(path, key, problem)`: one line naming file, key and problem.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import stat
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import ConfigError
+
+DEFAULT_PORT = 7400
+
+
+@dataclass(frozen=True)
+class Address:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    @property
+    def is_wildcard(self) -> bool:
+        return self.host in ("0.0.0.0", "::", "")
+
+
+def parse_address(text: str, *, allow_port_zero: bool = False) -> Address:
+    """'host:port' or '[v6]:port' -> Address. Raises ValueError with the problem."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("expected 'host:port'")
+    text = text.strip()
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        if not sep or not rest.startswith(":"):
+            raise ValueError(f"bad address {text!r}: expected '[v6-address]:port'")
+        port_text = rest[1:]
+    else:
+        host, sep, port_text = text.rpartition(":")
+        if not sep or ":" in host:
+            raise ValueError(f"bad address {text!r}: expected 'host:port'")
+    if not host or any(c.isspace() or c in "/?#@" for c in host):
+        raise ValueError(f"bad address {text!r}: bad host")
+    if not port_text.isdigit():
+        raise ValueError(f"bad address {text!r}: port must be a number")
+    port = int(port_text)
+    if not (0 if allow_port_zero else 1) <= port <= 65535:
+        raise ValueError(f"bad address {text!r}: port out of range")
+    return Address(host, port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Hard bounds on everything a peer can make us hold or wait for."""
+
+    message_bytes_max: int = 64 * 1024 * 1024     # one frame on the wire, header included
+    inbound_concurrent_max: int = 16              # frames being read/decoded at once
+    outbound_inflight_max: int = 64               # best-effort sends in flight (gossip); more are dropped
+    clock_skew_ms_max: int = 30_000               # |sender ts - our clock| accepted
+    replay_window_ms: int = 10_000                # out-of-order seqs accepted this far below the high-water mark
+    replay_recent_max: int = 4096                 # seqs remembered per sender inside that window
+    http_connect_timeout_ms: int = 2_000
+    http_timeout_ms: int = 30_000                 # one request, body included
+    send_retries_max: int = 3                     # reliable sends: tries after the first
+    send_backoff_ms: int = 100                    # first retry delay; doubles, with jitter
+    send_backoff_ms_max: int = 2_000
+    shutdown_grace_ms: int = 5_000
+
+
+@dataclass(frozen=True)
+class MembershipTiming:
+    """SWIM failure detection (see fedpeer/core/membership.py). Defaults: dead within 10 s."""
+
+    tick_ms: int = 100
+    probe_interval_ms: int = 500
+    probe_timeout_ms: int = 300
+    indirect_probes: int = 3
+    suspect_timeout_ms: int = 4_000
+    dead_probe_interval_ms: int = 2_000
+    piggyback_max: int = 8
+    retransmit_mult: int = 3
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What this site agrees to take part in. Each site decides for itself."""
+
+    allowed_jobs: tuple[str, ...] = ("stats", "bofrf", "xgboost")
+    members_max: int = 100
+
+
+@dataclass(frozen=True)
+class NodeSection:
+    name: str
+    listen: Address
+    advertise: Address
+    key_file: Path
+    state_dir: Path
+    admin: str            # "unix:/path/to/socket" or "127.0.0.1:PORT"
+
+    @property
+    def admin_socket(self) -> Path | None:
+        return Path(self.admin[5:]) if self.admin.startswith("unix:") else None
+
+
+@dataclass(frozen=True)
+class PeerEntry:
+    name: str
+    address: Address
+    public_key: bytes
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path
+    node: NodeSection
+    peers: tuple[PeerEntry, ...]
+    policy: Policy = field(default_factory=Policy)
+    limits: Limits = field(default_factory=Limits)
+    membership: MembershipTiming = field(default_factory=MembershipTiming)
+
+    def peer_by_key(self, key: bytes) -> PeerEntry | None:
+        return next((p for p in self.peers if p.public_key == key), None)
+
+
+_TOP_KEYS = {"node", "peer", "policy", "limits", "membership"}
+_NODE_KEYS = {"name", "listen", "advertise", "key_file", "state_dir", "admin"}
+_PEER_KEYS = {"name", "address", "public_key"}
+
+
+def load(path: str | os.PathLike[str]) -> Config:
+    """Read and check peers.toml. Does not read the key file (see `identity.load_key`)."""
+    path = Path(path).resolve()
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(path, "", "file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(path, "", f"cannot read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(path, "", f"not valid TOML: {exc}") from None
+    _no_unknown(path, "", raw, _TOP_KEYS)
+    if "node" not in raw:
+        raise ConfigError(path, "[node]", "missing section")
+    node = _node(path, _table(path, "node", raw["node"]))
+    peers = _peers(path, raw.get("peer", []))
+    config = Config(
+        path=path,
+        node=node,
+        peers=peers,
+        policy=_section(path, "policy", raw.get("policy", {}), Policy),
+        limits=_section(path, "limits", raw.get("limits", {}), Limits),
+        membership=_section(path, "membership", raw.get("membership", {}), MembershipTiming),
+    )
+    _check_peer_uniqueness(config)
+    return config
+
+
+def _table(path: Path, where: str, value: object) -> dict:
+    if not isinstance(value, dict):
+        raise ConfigError(path, where, "expected a table")
+    return value
+
+
+def _no_unknown(path: Path, where: str, table: dict, known: set[str]) -> None:
+    for key in table:
+        if key not in known:
+            hint = f" (known: {', '.join(sorted(known))})"
+            raise ConfigError(path, f"{where}.{key}" if where else key, "unknown key" + hint)
+
+
+def _string(path: Path, where: str, table: dict, key: str, default: str | None = None) -> str:
+    value = table.get(key, default)
+    if value is None:
+        raise ConfigError(path, f"{where}.{key}", "missing")
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(path, f"{where}.{key}", "expected a non-empty string")
+    return value.strip()
+
+
+def _address(path: Path, where: str, text: str) -> Address:
+    try:
+        return parse_address(text)
+    except ValueError as exc:
+        raise ConfigError(path, where, str(exc)) from None
+
+
+def _node(path: Path, table: dict) -> NodeSection:
+    _no_unknown(path, "node", table, _NODE_KEYS)
+    base = path.parent
+    name = _string(path, "node", table, "name")
+    listen = _address(path, "node.listen", _string(path, "node", table, "listen"))
+    if "advertise" in table:
+        advertise = _address(path, "node.advertise", _string(path, "node", table, "advertise"))
+    elif listen.is_wildcard:
+        raise ConfigError(path, "node.advertise", f"required when listen is the wildcard {listen}")
+    else:
+        advertise = listen
+    state_dir = base / _string(path, "node", table, "state_dir", "state")
+    admin = _string(path, "node", table, "admin", "unix:state/admin.sock")
+    if admin.startswith("unix:"):
+        admin = "unix:" + str(base / admin[5:])
+    else:
+        admin_addr = _address(path, "node.admin", admin)
+        if not is_loopback(admin_addr.host):
+            raise ConfigError(path, "node.admin", "must be 'unix:PATH' or a loopback address; "
+                              "the admin API must never be reachable from the network")
+        if admin_addr == listen:
+            raise ConfigError(path, "node.admin", "must differ from node.listen")
+    return NodeSection(
+        name=name,
+        listen=listen,
+        advertise=advertise,
+        key_file=base / _string(path, "node", table, "key_file", "identity.key"),
+        state_dir=state_dir,
+        admin=admin,
+    )
+
+
+def _peers(path: Path, value: object) -> tuple[PeerEntry, ...]:
+    from .identity import parse_public_key  # local: identity imports nacl
+
+    if not isinstance(value, list):
+        raise ConfigError(path, "peer", "expected [[peer]] tables")
+    peers = []
+    for i, table in enumerate(value):
+        where = f"peer[{i}]"
+        table = _table(path, where, table)
+        _no_unknown(path, where, table, _PEER_KEYS)
+        name = _string(path, where, table, "name")
+        where = f"peer[{i}] ({name})"
+        address = _address(path, f"{where}.address", _string(path, where, table, "address"))
+        try:
+            key = parse_public_key(_string(path, where, table, "public_key"))
+        except ValueError as exc:
+            raise ConfigError(path, f"{where}.public_key", str(exc)) from None
+        peers.append(PeerEntry(name=name, address=address, public_key=key))
+    return tuple(peers)
+
+
+def _check_peer_uniqueness(config: Config) -> None:
+    names: dict[str, int] = {}
+    keys: dict[bytes, int] = {}
+    for i, peer in enumerate(config.peers):
+        where = f"peer[{i}] ({peer.name})"
+        if peer.name == config.node.name:
+            raise ConfigError(config.path, f"{where}.name", "same name as this node ([node].name)")
+        if peer.name in names:
+            raise ConfigError(config.path, f"{where}.name", f"duplicate of peer[{names[peer.name]}]")
+        if peer.public_key in keys:
+            raise ConfigError(config.path, f"{where}.public_key", f"duplicate of peer[{keys[peer.public_key]}]")
+        names[peer.name], keys[peer.public_key] = i, i
+
+
+def check_own_key_not_peer(config: Config, own_key: bytes) -> None:
+    """Called once the key file is read: our own key must not be listed as a peer."""
+    for i, peer in enumerate(config.peers):
+        if peer.public_key == own_key:
+            raise ConfigError(config.path, f"peer[{i}] ({peer.name}).public_key",
+                              "this is this node's own public key; a node is not its own peer")
+
+
+_T = typing.TypeVar("_T")
+
+
+def _section(path: Path, name: str, table: object, cls: type[_T]) -> _T:
+    """A flat table of scalars onto a frozen dataclass, with type and range checks."""
+    table = _table(path, name, table)
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    _no_unknown(path, name, table, fields)
+    values = {}
+    for key, value in table.items():
+        expected = hints[key]
+        where = f"{name}.{key}"
+        if expected is int:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(path, where, "expected a non-negative integer")
+        elif typing.get_origin(expected) is tuple:
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ConfigError(path, where, "expected a list of strings")
+            value = tuple(value)
+        elif expected in (str, bool, float):
+            if not isinstance(value, expected) or (expected is float and isinstance(value, bool)):
+                raise ConfigError(path, where, f"expected {expected.__name__}")
+        else:
+            raise AssertionError(f"config field type {expected} has no checker")
+        values[key] = value
+    return cls(**values)
+
+
+def check_key_file_mode(path: Path, key: str = "node.key_file", config_path: Path | None = None) -> None:
+    """Refuse a key file that others than its owner can read (or that we cannot)."""
+    where = config_path or path
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise ConfigError(where, key, f"key file {path} does not exist (create it with 'fedpeer init')") from None
+    except OSError as exc:
+        raise ConfigError(where, key, f"cannot read key file {path}: {exc}") from None
+    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(where, key, f"key file {path} is readable by others "
+                          f"(mode {stat.S_IMODE(st.st_mode):04o}); run: chmod 600 {path}")
+    if not os.access(path, os.R_OK):
+        raise ConfigError(where, key, f"key file {path} is not readable by this user")

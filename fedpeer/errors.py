@@ -1,0 +1,48 @@
+"""Every error fedpeer raises on purpose.
+
+Rule: operating conditions (bad config, bad data, a peer misbehaving) are exceptions from this
+module, caught at the edge (CLI, node) and reported in one line. Broken invariants of our own
+code are `assert`s: they mean a bug, not a condition to handle.
+"""
+
+from __future__ import annotations
+
+
+class FedpeerError(Exception):
+    """Base of every deliberate fedpeer error."""
+
+
+class ConfigError(FedpeerError):
+    """peers.toml or the key file is unusable. The message names file, key and problem."""
+
+    def __init__(self, path: object, key: str, problem: str) -> None:
+        self.path, self.key, self.problem = str(path), key, problem
+        super().__init__(f"{self.path}: {key}: {problem}" if key else f"{self.path}: {problem}")
+
+
+class DataError(FedpeerError):
+    """A site's local data cannot be used for the job asked for."""
+
+
+class JobError(FedpeerError):
+    """A job could not start, or ended without a result."""
+
+
+class ProtocolError(FedpeerError):
+    """A message broke the protocol. `reason` is a short stable code used for counting."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        self.reason, self.detail = reason, detail
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer sent something invalid: reject it, count it, keep serving others."""
+
+
+class LocalProtocolError(ProtocolError):
+    """We were asked to send something the protocol forbids: a bug or misuse on our side."""
+
+
+class NoDaemonError(FedpeerError):
+    """The local daemon's admin endpoint did not answer."""

@@ -1,0 +1,135 @@
+"""A site's identity: one Ed25519 key pair.
+
+- The key file holds the 32-byte Ed25519 seed, base64, under a comment line; mode 0600; never
+  overwritten.
+- Public keys travel as standard base64 (44 characters). A fingerprint is the first 8 bytes of
+  SHA-256(public key) in hex, for logs and humans.
+- Signatures: Ed25519 over `SIGN_DOMAIN + message`, so a fedpeer signature can never be replayed
+  as a signature of anything else.
+- Sealing: bodies are encrypted to the recipient with NaCl Box (X25519 + XSalsa20-Poly1305); the
+  X25519 keys are derived from the Ed25519 identities, so one key pair per site is enough.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import os
+from pathlib import Path
+
+import nacl.bindings
+import nacl.exceptions
+import nacl.public
+import nacl.signing
+
+from .config import check_key_file_mode
+from .errors import ConfigError
+
+PUBLIC_KEY_BYTES = 32
+SIGNATURE_BYTES = 64
+NONCE_BYTES = nacl.public.Box.NONCE_SIZE          # 24
+MAC_BYTES = nacl.bindings.crypto_secretbox_MACBYTES   # 16: Box is secretbox under the shared key
+SIGN_DOMAIN = b"fedpeer/v1\x00"
+_KEY_HEADER = "# fedpeer identity key (Ed25519 seed, base64). Secret: keep mode 0600, never share.\n"
+
+
+def encode_public_key(key: bytes) -> str:
+    return base64.b64encode(key).decode("ascii")
+
+
+def parse_public_key(text: str) -> bytes:
+    try:
+        key = base64.b64decode(text.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("not valid base64") from None
+    if len(key) != PUBLIC_KEY_BYTES:
+        raise ValueError(f"expected {PUBLIC_KEY_BYTES} bytes, got {len(key)}")
+    return key
+
+
+def fingerprint(key: bytes) -> str:
+    digest = hashlib.sha256(key).hexdigest()[:16]
+    return "-".join(digest[i:i + 4] for i in range(0, 16, 4))
+
+
+class Identity:
+    """This site's key pair, with signing, verification and sealing to peers."""
+
+    def __init__(self, seed: bytes) -> None:
+        assert len(seed) == 32
+        self._signing = nacl.signing.SigningKey(seed)
+        self.public_key: bytes = bytes(self._signing.verify_key)
+        self._box_private = self._signing.to_curve25519_private_key()
+        self._boxes: dict[bytes, nacl.public.Box] = {}
+
+    @classmethod
+    def generate(cls) -> Identity:
+        return cls(os.urandom(32))
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self.public_key)
+
+    def sign(self, message: bytes) -> bytes:
+        return self._signing.sign(SIGN_DOMAIN + message).signature
+
+    def _box(self, peer: bytes) -> nacl.public.Box:
+        box = self._boxes.get(peer)
+        if box is None:   # Box precomputes the shared key once; one per peer, bounded by the allowlist
+            peer_curve = nacl.signing.VerifyKey(peer).to_curve25519_public_key()
+            box = self._boxes[peer] = nacl.public.Box(self._box_private, peer_curve)
+        return box
+
+    def seal(self, peer: bytes, plaintext: bytes) -> tuple[bytes, bytes]:
+        """Encrypt to `peer`. Returns (nonce, ciphertext) with a fresh random nonce."""
+        nonce = os.urandom(NONCE_BYTES)
+        return nonce, self._box(peer).encrypt(plaintext, nonce).ciphertext
+
+    def unseal(self, peer: bytes, nonce: bytes, ciphertext: bytes) -> bytes:
+        """Decrypt from `peer`. Raises nacl.exceptions.CryptoError when forged or not for us."""
+        return self._box(peer).decrypt(ciphertext, nonce)
+
+
+def verify(public_key: bytes, message: bytes, signature: bytes) -> bool:
+    try:
+        nacl.signing.VerifyKey(public_key).verify(SIGN_DOMAIN + message, signature)
+        return True
+    except (nacl.exceptions.BadSignatureError, nacl.exceptions.ValueError, nacl.exceptions.TypeError):
+        return False
+
+
+def create_key_file(path: Path) -> Identity:
+    """Create a new identity at `path` (mode 0600). Refuses to overwrite an existing file."""
+    identity = Identity.generate()
+    seed = bytes(identity._signing)
+    text = _KEY_HEADER + base64.b64encode(seed).decode("ascii") + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:   # O_EXCL: never overwrite a key, even in a race with another `fedpeer init`
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise ConfigError(path, "", "key file already exists; refusing to overwrite an identity") from None
+    with os.fdopen(fd, "w", encoding="ascii") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    return identity
+
+
+def load_key_file(path: Path, config_path: Path | None = None) -> Identity:
+    check_key_file_mode(path, config_path=config_path)
+    where = config_path or path
+    try:
+        lines = [ln.strip() for ln in path.read_text(encoding="ascii").splitlines()]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(where, "node.key_file", f"cannot read key file {path}: {exc}") from None
+    body = [ln for ln in lines if ln and not ln.startswith("#")]
+    try:
+        if len(body) != 1:
+            raise ValueError
+        seed = base64.b64decode(body[0], validate=True)
+        if len(seed) != 32:
+            raise ValueError
+    except (ValueError, binascii.Error):
+        raise ConfigError(where, "node.key_file", f"key file {path} is not a fedpeer identity key") from None
+    return Identity(seed)

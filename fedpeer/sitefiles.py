@@ -1,0 +1,126 @@
+"""Creating and editing a site's files: `fedpeer init` and `fedpeer peer add`.
+
+peers.toml is edited with tomlkit so the operator's comments survive; every edit is checked by
+loading the result with config.load before it replaces the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import tomlkit
+
+from . import config as cfg
+from .errors import ConfigError
+from .identity import Identity, create_key_file, encode_public_key, load_key_file, parse_public_key
+from .store import atomic_write
+
+PEERS_TEMPLATE = """\
+# fedpeer configuration of one site ("{name}").
+# Every key is checked: an unknown key is an error. Limits carry their unit in their name.
+# Relative paths are relative to this file's directory.
+
+[node]
+name = "{name}"                 # this site's name, shown in logs and status (local label)
+listen = "{listen}"             # where peers reach this daemon (host:port)
+{advertise_line}
+key_file = "identity.key"       # Ed25519 identity; mode 0600; back it up, never share it
+state_dir = "state"             # job records, replay marks, incarnation (needs write access)
+admin = "unix:state/admin.sock" # local admin API for `fedpeer status`: unix:PATH or 127.0.0.1:PORT
+
+# One [[peer]] table per other site, added with `fedpeer peer add`. The public key pins the
+# site: a message signed by any other key is rejected before it is decoded.
+# [[peer]]
+# name = "lab-b"
+# address = "lab-b.example.org:7400"
+# public_key = "BASE64-PUBLIC-KEY-FROM-fedpeer-key-show"
+
+[policy]
+allowed_jobs = ["stats", "bofrf", "xgboost"]   # job kinds this site agrees to join
+members_max = 100                               # largest federation this site joins a job with
+
+[limits]
+message_bytes_max = 67108864    # one frame (64 MiB): large enough for a forest
+clock_skew_ms_max = 30000       # messages whose timestamp is further off are refused (replay bound)
+
+[membership]
+probe_interval_ms = 500         # SWIM protocol period
+suspect_timeout_ms = 4000       # a silent member is suspect this long before it is declared dead
+"""
+
+
+def init_site(directory: Path, name: str, listen: str, advertise: str | None = None,
+              admin: str | None = None) -> tuple[Path, Identity]:
+    """Create DIR/peers.toml and DIR/identity.key. Refuses to overwrite either."""
+    conf_path = directory / "peers.toml"
+    try:
+        listen_addr = cfg.parse_address(listen)
+        if advertise:
+            cfg.parse_address(advertise)
+    except ValueError as exc:
+        raise ConfigError(conf_path, "node.listen" if not advertise else "node.advertise", str(exc)) from None
+    if conf_path.exists():
+        raise ConfigError(conf_path, "", "already exists; refusing to overwrite a site's configuration")
+    advertise = advertise or (None if listen_addr.is_wildcard else listen)
+    advertise_line = (f'advertise = "{advertise}"          # the address other sites use for this one'
+                      if advertise else '# advertise = "host:port"   # required when listen is 0.0.0.0')
+    text = PEERS_TEMPLATE.format(name=name, listen=listen, advertise_line=advertise_line)
+    if admin:
+        text = text.replace('admin = "unix:state/admin.sock"', f'admin = "{admin}"')
+    identity = create_key_file(directory / "identity.key")
+    atomic_write(conf_path, text.encode("utf-8"), mode=0o644)
+    cfg.load(conf_path)   # the template must always load; a failure here is a bug
+    return conf_path, identity
+
+
+def add_peer(conf_path: Path, name: str, address: str, public_key: str) -> None:
+    """Append one [[peer]] table, keeping comments; checked by loading before it is written."""
+    add_peers(conf_path, [(name, address, public_key)])
+
+
+def add_peers(conf_path: Path, peers: list[tuple[str, str, str]],
+              settings: dict[str, dict[str, object]] | None = None) -> None:
+    """Append [[peer]] tables (name, address, public key) and set `settings` ({section: {key: value}}).
+
+    The edited text is loaded with config.load (and checked against this site's own key) before it
+    replaces the file, so a bad edit leaves the file as it was."""
+    conf_path = conf_path.resolve()
+    doc = tomlkit.parse(conf_path.read_text(encoding="utf-8"))
+    for name, address, public_key in peers:
+        key = parse_public_key_or_raise(conf_path, public_key)
+        try:
+            cfg.parse_address(address)
+        except ValueError as exc:
+            raise ConfigError(conf_path, f"peer ({name}).address", str(exc)) from None
+        table = tomlkit.table()
+        table.add("name", name)
+        table.add("address", address)
+        table.add("public_key", encode_public_key(key))
+        if "peer" not in doc:
+            doc.add(tomlkit.nl())
+            doc.append("peer", tomlkit.aot())
+        doc["peer"].append(table)
+    for section, values in (settings or {}).items():
+        if section not in doc:
+            doc.append(section, tomlkit.table())
+        for key, value in values.items():
+            doc[section][key] = value
+    updated = tomlkit.dumps(doc)
+    candidate = conf_path.with_name(f".{conf_path.name}.candidate")
+    candidate.write_text(updated, encoding="utf-8")
+    try:
+        config = cfg.load(candidate)
+        if config.node.key_file.exists():
+            cfg.check_own_key_not_peer(config, load_key_file(config.node.key_file, conf_path).public_key)
+    except ConfigError as exc:
+        raise ConfigError(conf_path, exc.key, exc.problem) from None
+    finally:
+        candidate.unlink(missing_ok=True)
+    atomic_write(conf_path, updated.encode("utf-8"), mode=0o644)
+
+
+def parse_public_key_or_raise(conf_path: Path, text: str) -> bytes:
+    try:
+        return parse_public_key(text)
+    except ValueError as exc:
+        raise ConfigError(conf_path, "peer.public_key", str(exc)) from None
