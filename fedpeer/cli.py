@@ -1,0 +1,169 @@
+"""Command line: parse arguments, call the package, print. No logic lives here.
+
+Exit codes: 0 success; 1 a job or harness run failed; 2 bad configuration or arguments;
+3 no daemon answers on the admin endpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+from pathlib import Path
+
+from . import config as cfg
+from .errors import ConfigError, FedpeerError, NoDaemonError
+
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_NO_DAEMON = 0, 1, 2, 3
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fedpeer", description="Peer-to-peer federated learning daemon.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("init", help="create a site: peers.toml and identity key")
+    s.add_argument("--dir", required=True, type=Path, help="directory for peers.toml and identity.key")
+    s.add_argument("--name", required=True, help="this site's name")
+    s.add_argument("--listen", required=True, help="HOST:PORT the daemon listens on for peers")
+    s.add_argument("--advertise", help="HOST:PORT other sites use (default: --listen)")
+    s.add_argument("--admin", help="admin endpoint: unix:PATH (default unix:state/admin.sock) or 127.0.0.1:PORT")
+
+    s = sub.add_parser("key", help="identity key commands")
+    ks = s.add_subparsers(dest="key_command", required=True, metavar="SUBCOMMAND")
+    k = ks.add_parser("show", help="print this site's public key and fingerprint")
+    k.add_argument("--config", required=True, type=Path)
+
+    s = sub.add_parser("peer", help="federation membership commands")
+    ps = s.add_subparsers(dest="peer_command", required=True, metavar="SUBCOMMAND")
+    k = ps.add_parser("add", help="add another site to peers.toml")
+    k.add_argument("--config", required=True, type=Path)
+    k.add_argument("--name", required=True)
+    k.add_argument("--address", required=True, help="HOST:PORT")
+    k.add_argument("--public-key", required=True, help="the site's key, from its 'fedpeer key show'")
+
+    s = sub.add_parser("start", help="run the daemon in the foreground")
+    s.add_argument("--config", required=True, type=Path)
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+    s = sub.add_parser("status", help="ask the running local daemon for the federation's health")
+    s.add_argument("--config", required=True, type=Path)
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+
+    from .harness import add_arguments as add_harness_arguments
+    add_harness_arguments(sub.add_parser("harness", help="run a local federation of real daemons"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _COMMANDS[args.command](args)
+    except ConfigError as exc:
+        print(f"fedpeer: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except NoDaemonError as exc:
+        print(f"fedpeer: {exc}", file=sys.stderr)
+        return EXIT_NO_DAEMON
+    except FedpeerError as exc:
+        print(f"fedpeer: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+
+
+def _init(args: argparse.Namespace) -> int:
+    from .sitefiles import init_site
+    from .identity import encode_public_key
+
+    path, identity = init_site(args.dir, args.name, args.listen, args.advertise, args.admin)
+    print(f"created {path} and {path.parent / 'identity.key'} (mode 0600)")
+    print(f"public key:  {encode_public_key(identity.public_key)}")
+    print(f"fingerprint: {identity.fingerprint}")
+    print("Give the public key and your advertised address to the other sites; add theirs with "
+          f"'fedpeer peer add --config {path} ...'.")
+    return EXIT_OK
+
+
+def _key(args: argparse.Namespace) -> int:
+    from .identity import encode_public_key, load_key_file
+
+    config = cfg.load(args.config)
+    identity = load_key_file(config.node.key_file, config.path)
+    print(encode_public_key(identity.public_key))
+    print(f"fingerprint: {identity.fingerprint}")
+    return EXIT_OK
+
+
+def _peer(args: argparse.Namespace) -> int:
+    from .sitefiles import add_peer
+
+    add_peer(args.config, args.name, args.address, args.public_key)
+    print(f"added peer {args.name} ({args.address}) to {args.config}; restart the daemon to apply")
+    return EXIT_OK
+
+
+def _start(args: argparse.Namespace) -> int:
+    from . import logs
+    from .identity import load_key_file
+    from .node import Node
+
+    config = cfg.load(args.config)
+    identity = load_key_file(config.node.key_file, config.path)
+    cfg.check_own_key_not_peer(config, identity.public_key)
+    logs.setup(args.log_level)
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await Node(config, identity).run(stop)
+
+    asyncio.run(serve())
+    return EXIT_OK
+
+
+def _status(args: argparse.Namespace) -> int:
+    from .net.admin import request
+
+    config = cfg.load(args.config)
+    doc = asyncio.run(request(config, "GET", "/v1/status"))
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print(format_status(doc))
+    return EXIT_OK
+
+
+def format_status(doc: dict) -> str:
+    node = doc["node"]
+    lines = [f"node {node['name']}  {node['address']}  fingerprint {node['fingerprint']}  "
+             f"up {node['uptime_s']:.0f} s  incarnation {node['incarnation']}",
+             f"leader: {doc.get('leader') or '-'}", ""]
+    rows = [("PEER", "STATE", "ADDRESS", "LAST SEEN", "RTT")]
+    for p in doc["peers"]:
+        seen = "never" if p["last_seen_s"] is None else f"{p['last_seen_s']:.1f} s ago"
+        rtt = "-" if p["rtt_ms"] is None else f"{p['rtt_ms']:.1f} ms"
+        rows.append((p["name"], p["state"], p["address"], seen, rtt))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    alive = sum(p["state"] == "alive" for p in doc["peers"])
+    lines.append(f"\n{alive} of {len(doc['peers'])} peers alive")
+    if doc.get("rejected"):
+        lines.append("rejected frames: " + ", ".join(f"{k}={v}" for k, v in doc["rejected"].items()))
+    return "\n".join(lines)
+
+
+def _harness(args: argparse.Namespace) -> int:
+    from .harness import main as harness_main
+
+    return harness_main(args)
+
+
+_COMMANDS = {"init": _init, "key": _key, "peer": _peer, "start": _start, "status": _status,
+             "harness": _harness}
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""The daemon: wires config, identity, the wire gate, transport, membership and the admin API.
+
+Rules: every task lives in one TaskGroup owned by `Node.run`; nothing is fire-and-forget. The node
+is the only place that reads the real clock and hands time to the pure cores. State that must
+survive a crash (incarnation, replay marks) is persisted before the messages that depend on it
+are sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import random
+import socket
+import time
+from collections import Counter
+from typing import Any
+
+from aiohttp import web
+
+from . import wire
+from .config import Config
+from .core import membership as mb
+from .errors import ConfigError, RemoteProtocolError
+from .identity import Identity, encode_public_key, fingerprint
+from .logs import fields
+from .net.admin import AdminServer
+from .net.transport import PeerClient, PeerServer
+from .store import StateDir
+
+log = logging.getLogger("fedpeer.node")
+REPLAY_SYNC_MS = 1_000            # fsync of replay marks (kill -9 is covered without it)
+REJECT_LOG_INTERVAL_MS = 5_000    # per reason: log the first rejection, then at most this often
+
+
+def _monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+def _wall_us() -> int:
+    return time.time_ns() // 1_000
+
+
+class Node:
+    def __init__(self, config: Config, identity: Identity) -> None:
+        self.config = config
+        self.identity = identity
+        self.state = StateDir(config.node.state_dir)
+        self._names = {p.public_key: p.name for p in config.peers}
+        self._allowed = frozenset(self._names)
+        self.rejected: Counter[str] = Counter()
+        self._reject_logged_ms: dict[str, int] = {}
+        self._started_ms = _monotonic_ms()
+        replay = wire.ReplayGuard(
+            window_us=config.limits.replay_window_ms * 1000,
+            recent_max=config.limits.replay_recent_max,
+            counter_for=lambda key: self.state.counter("replay", key.hex()[:32] + ".seq"))
+        self._replay = replay
+        self._gate = wire.Gate(identity, self._allowed.__contains__, replay,
+                               message_bytes_max=config.limits.message_bytes_max,
+                               clock_skew_ms_max=config.limits.clock_skew_ms_max)
+        self._sealer = wire.Sealer(identity)
+        self._rng = random.Random(os.urandom(16))
+        self._client = PeerClient(config.limits, self._rng)
+        self._server = PeerServer(config.node.listen, config.limits, self._on_frame, self._on_reject)
+        self._admin = AdminServer(config, {"/v1/status": self._admin_status})
+        t = config.membership
+        self.membership = mb.Membership(
+            me=identity.public_key, address=str(config.node.advertise),
+            incarnation=self.state.next_incarnation(),
+            peers={p.public_key: str(p.address) for p in config.peers},
+            config=mb.MembershipConfig(
+                probe_interval_ms=t.probe_interval_ms, probe_timeout_ms=t.probe_timeout_ms,
+                indirect_probes=t.indirect_probes, suspect_timeout_ms=t.suspect_timeout_ms,
+                dead_probe_interval_ms=t.dead_probe_interval_ms, piggyback_max=t.piggyback_max,
+                retransmit_mult=t.retransmit_mult),
+            rng=self._rng, now_ms=_monotonic_ms())
+        self._saved_incarnation = self.membership.incarnation
+        self._peer_states = {v.node: v.state for v in self.membership.view()}
+        self._tg: asyncio.TaskGroup | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until `stop` is set. Raises ConfigError if the listen or admin address is unusable."""
+        await self._start_servers()
+        log.info("started", extra=fields(name=self.config.node.name, fingerprint=self.identity.fingerprint,
+                                         listen=str(self.config.node.listen), peers=len(self.config.peers),
+                                         incarnation=self.membership.incarnation))
+        _sd_notify(b"READY=1")
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._tg = tg
+                ticker = tg.create_task(self._tick_loop())
+                syncer = tg.create_task(self._sync_loop())
+                await stop.wait()
+                ticker.cancel()
+                syncer.cancel()
+        finally:
+            self._tg = None
+            _sd_notify(b"STOPPING=1")
+            await self._stop_servers()
+            log.info("stopped", extra=fields(name=self.config.node.name))
+
+    async def _start_servers(self) -> None:
+        await self._client.start()
+        try:
+            await self._server.start()
+        except OSError as exc:
+            await self._client.stop()
+            problem = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
+            raise ConfigError(self.config.path, "node.listen", f"cannot listen on {self.config.node.listen}: {problem}") from None
+        try:
+            await self._admin.start()
+        except BaseException:
+            await self._server.stop()
+            await self._client.stop()
+            raise
+
+    async def _stop_servers(self) -> None:
+        await self._admin.stop()
+        await self._server.stop()
+        await self._client.stop()
+        self._replay.close()
+
+    # -- membership ----------------------------------------------------------------------------
+
+    async def _tick_loop(self) -> None:
+        tick_s = self.config.membership.tick_ms / 1000
+        while True:
+            self._apply(self.membership.tick(_monotonic_ms()))
+            await asyncio.sleep(tick_s)
+
+    async def _sync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(REPLAY_SYNC_MS / 1000)
+            self._replay.sync()
+
+    def _apply(self, sends: list[mb.Send]) -> None:
+        if self.membership.incarnation != self._saved_incarnation:   # persist before send
+            self.state.save_incarnation(self.membership.incarnation)
+            self._saved_incarnation = self.membership.incarnation
+        self._log_state_changes()
+        if self._tg is None:
+            return
+        timeout_ms = 2 * self.config.membership.probe_interval_ms
+        for send in sends:
+            frame = self._sealer.seal(send.dst, send.msg, _wall_us())
+            self._tg.create_task(self._client.send_best_effort(send.address, frame, timeout_ms))
+
+    def _log_state_changes(self) -> None:
+        for view in self.membership.view():
+            old = self._peer_states.get(view.node)
+            if old != view.state:
+                self._peer_states[view.node] = view.state
+                log.info("peer_state", extra=fields(peer=self._names.get(view.node, "?"), state=view.state.value,
+                                                    was=old.value if old else "-", incarnation=view.incarnation,
+                                                    address=view.address))
+
+    # -- inbound ----------------------------------------------------------------------------
+
+    async def _on_frame(self, frame: bytes, peer_ip: str) -> None:
+        envelope = self._gate.open(frame, time.time_ns() // 1_000_000)
+        if isinstance(envelope.msg, (mb.Ping, mb.Ack, mb.PingReq, mb.IndirectAck)):
+            self._apply(self.membership.receive(envelope.src, envelope.msg, _monotonic_ms()))
+        else:
+            raise RemoteProtocolError("unexpected_kind", f"no handler for {envelope.kind}")
+
+    def _on_reject(self, exc: RemoteProtocolError, frame: bytes | None, peer_ip: str) -> None:
+        self.rejected[exc.reason] += 1
+        now = _monotonic_ms()
+        if now - self._reject_logged_ms.get(exc.reason, -REJECT_LOG_INTERVAL_MS) < REJECT_LOG_INTERVAL_MS:
+            return
+        self._reject_logged_ms[exc.reason] = now
+        sender = self._gate.sender_of(frame) if frame is not None else None
+        log.warning("rejected", extra=fields(
+            reason=exc.reason, detail=exc.detail, from_ip=peer_ip,
+            sender=fingerprint(sender) if sender else "-",
+            sender_name=self._names.get(sender, "not-a-member") if sender else "-",
+            count=self.rejected[exc.reason]))
+
+    # -- status -----------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        now = _monotonic_ms()
+        peers = []
+        for view in self.membership.view():
+            peers.append({
+                "name": self._names.get(view.node, "?"),
+                "public_key": encode_public_key(view.node),
+                "address": view.address,
+                "state": view.state.value,
+                "incarnation": view.incarnation,
+                "last_seen_s": None if view.last_seen_ms is None else round((now - view.last_seen_ms) / 1000, 3),
+                "rtt_ms": None if view.rtt_ms is None else round(view.rtt_ms, 3),
+            })
+        peers.sort(key=lambda p: p["name"])
+        return {
+            "node": {"name": self.config.node.name, "public_key": encode_public_key(self.identity.public_key),
+                     "fingerprint": self.identity.fingerprint, "address": str(self.config.node.advertise),
+                     "uptime_s": round((now - self._started_ms) / 1000, 3),
+                     "incarnation": self.membership.incarnation, "pid": os.getpid()},
+            "peers": peers,
+            "leader": None,
+            "jobs": [],
+            "rejected": dict(sorted(self.rejected.items())),
+            "dropped_sends": self._client.dropped_best_effort,
+        }
+
+    async def _admin_status(self, request: web.Request) -> web.Response:
+        return web.json_response(self.status())
+
+
+def _sd_notify(message: bytes) -> None:
+    """systemd's readiness protocol (Type=notify): one datagram to $NOTIFY_SOCKET, if set."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]   # abstract namespace
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.connect(address)
+            sock.sendall(message)
+        except OSError as exc:
+            log.warning("sd_notify_failed", extra=fields(error=str(exc)))

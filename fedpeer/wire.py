@@ -1,0 +1,440 @@
+"""The one gate for untrusted bytes, and the only place that turns messages into bytes.
+
+Frame (everything a peer sends, one HTTP body):
+
+    magic "FPW1" (4) | sender public key (32) | signature (64) | nonce (24) | ciphertext
+
+    signature = Ed25519 over SIGN_DOMAIN + magic + sender + nonce + BLAKE2b-256(ciphertext)
+    ciphertext = NaCl Box(sender -> recipient) of the msgpack envelope
+    envelope   = {v, kind, src, dst, job, term, seq, ts_ms, body}
+
+Order of checks in `Gate.open` (DESIGN §5), each failure a `RemoteProtocolError` whose `reason`
+is counted by the node: size cap -> frame layout -> sender in the allowlist -> signature ->
+decrypt -> strict msgpack decode (explicit limits, no ext types) -> envelope fields -> dst is me
+-> src is the signer -> ts within the skew bound -> seq not replayed -> typed body validation.
+Nothing is decoded before the signature is checked, and nothing here is ever unpickled.
+
+Signing a BLAKE2b digest of the ciphertext instead of the ciphertext itself keeps a 1 MiB frame
+at one hash pass on each side (Ed25519 would hash the whole message twice).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import nacl.exceptions
+
+from .core import membership as mb
+from .errors import LocalProtocolError, RemoteProtocolError
+from .identity import MAC_BYTES, NONCE_BYTES, PUBLIC_KEY_BYTES, SIGNATURE_BYTES, Identity, verify
+
+PROTOCOL_VERSION = 1
+MAGIC = b"FPW1"
+_HEADER_BYTES = len(MAGIC) + PUBLIC_KEY_BYTES + SIGNATURE_BYTES + NONCE_BYTES
+FRAME_BYTES_MIN = _HEADER_BYTES + MAC_BYTES
+ENVELOPE_KEYS = frozenset({"v", "kind", "src", "dst", "job", "term", "seq", "ts_ms", "body"})
+
+# Decoder limits. The frame cap bounds the total; these bound what one field can make us allocate.
+STR_BYTES_MAX = 64 * 1024
+ARRAY_LEN_MAX = 1 << 20
+MAP_LEN_MAX = 4096
+NESTING_DEPTH_MAX = 16     # our messages nest at most a few levels; msgpack itself stops at 1024
+JOB_ID_BYTES_MAX = 64
+INT64_MAX = 2**63 - 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Typed validation: small composable validators, each `(value, where) -> value`.
+# ---------------------------------------------------------------------------------------------
+
+Validator = Callable[[Any, str], Any]
+
+
+def _bad(where: str, problem: str) -> RemoteProtocolError:
+    return RemoteProtocolError("schema", f"{where}: {problem}")
+
+
+def v_int(lo: int = 0, hi: int = INT64_MAX) -> Validator:
+    def check(value: Any, where: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            raise _bad(where, f"expected an integer in [{lo}, {hi}]")
+        return value
+    return check
+
+
+def v_float(lo: float = -math.inf, hi: float = math.inf) -> Validator:
+    def check(value: Any, where: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _bad(where, "expected a number")
+        if not math.isfinite(value) or not lo <= value <= hi:
+            raise _bad(where, f"expected a finite number in [{lo}, {hi}]")
+        return float(value)
+    return check
+
+
+def v_bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise _bad(where, "expected a boolean")
+    return value
+
+
+def v_str(max_bytes: int = 1024, choices: frozenset[str] | None = None) -> Validator:
+    def check(value: Any, where: str) -> str:
+        if not isinstance(value, str) or len(value.encode("utf-8", "surrogatepass")) > max_bytes:
+            raise _bad(where, f"expected a string of at most {max_bytes} bytes")
+        if choices is not None and value not in choices:
+            raise _bad(where, f"expected one of {sorted(choices)}")
+        return value
+    return check
+
+
+def v_bytes(exact: int | None = None, max_bytes: int | None = None) -> Validator:
+    def check(value: Any, where: str) -> bytes:
+        if not isinstance(value, bytes):
+            raise _bad(where, "expected bytes")
+        if exact is not None and len(value) != exact:
+            raise _bad(where, f"expected exactly {exact} bytes")
+        if max_bytes is not None and len(value) > max_bytes:
+            raise _bad(where, f"expected at most {max_bytes} bytes")
+        return value
+    return check
+
+
+def v_list(item: Validator, max_len: int) -> Validator:
+    def check(value: Any, where: str) -> list:
+        if not isinstance(value, list) or len(value) > max_len:
+            raise _bad(where, f"expected a list of at most {max_len} items")
+        return [item(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    return check
+
+
+def v_map(fields: Mapping[str, Validator], optional: frozenset[str] = frozenset()) -> Validator:
+    """A map with exactly these string keys (those in `optional` may be absent)."""
+    def check(value: Any, where: str) -> dict:
+        if not isinstance(value, dict):
+            raise _bad(where, "expected a map")
+        extra = set(value) - set(fields)
+        if extra:
+            raise _bad(where, f"unexpected keys {sorted(map(str, extra))[:5]}")
+        missing = set(fields) - set(value) - optional
+        if missing:
+            raise _bad(where, f"missing keys {sorted(missing)}")
+        return {k: fields[k](value[k], f"{where}.{k}") for k in fields if k in value}
+    return check
+
+
+NODE_ID = v_bytes(exact=PUBLIC_KEY_BYTES)
+
+
+# ---------------------------------------------------------------------------------------------
+# Message registry: kind -> how a typed message becomes a body and back.
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MessageSpec:
+    kind: str
+    cls: type
+    schema: Validator
+    to_body: Callable[[Any], dict]
+    from_body: Callable[[dict], Any]
+
+
+_BY_KIND: dict[str, MessageSpec] = {}
+_BY_CLASS: dict[type, MessageSpec] = {}
+
+
+def register(kind: str, cls: type, fields: Mapping[str, Validator], *,
+             to_body: Callable[[Any], dict] | None = None,
+             from_body: Callable[[dict], Any] | None = None) -> None:
+    """Declare a message kind. Default codec: the dataclass fields, one key each."""
+    assert kind not in _BY_KIND and cls not in _BY_CLASS, f"message kind {kind} registered twice"
+    spec = MessageSpec(
+        kind=kind, cls=cls, schema=v_map(fields),
+        to_body=to_body or (lambda m: {f.name: getattr(m, f.name) for f in dataclasses.fields(m)}),
+        from_body=from_body or (lambda body: cls(**body)),
+    )
+    _BY_KIND[kind] = spec
+    _BY_CLASS[cls] = spec
+
+
+def kind_of(msg: object) -> str:
+    spec = _BY_CLASS.get(type(msg))
+    if spec is None:
+        raise LocalProtocolError("unregistered", f"no wire kind for {type(msg).__name__}")
+    return spec.kind
+
+
+# Membership (fedpeer/core/membership.py) ----------------------------------------------------
+
+_UPDATES_MAX = 64
+_ADDRESS = v_str(max_bytes=300)
+_UPDATE = v_map({"node": NODE_ID, "state": v_str(16, frozenset(s.value for s in mb.MemberState)),
+                 "incarnation": v_int(), "address": _ADDRESS})
+_UPDATES = v_list(_UPDATE, _UPDATES_MAX)
+
+
+def _updates_out(updates: tuple[mb.Update, ...]) -> list[dict]:
+    return [{"node": u.node, "state": u.state.value, "incarnation": u.incarnation, "address": u.address}
+            for u in updates]
+
+
+def _updates_in(raw: list[dict]) -> tuple[mb.Update, ...]:
+    return tuple(mb.Update(node=u["node"], state=mb.MemberState(u["state"]),
+                           incarnation=u["incarnation"], address=u["address"]) for u in raw)
+
+
+def _register_membership() -> None:
+    def to_body(m: Any) -> dict:
+        body = {f.name: getattr(m, f.name) for f in dataclasses.fields(m)}
+        body["updates"] = _updates_out(m.updates)
+        return body
+
+    def from_body(cls: type) -> Callable[[dict], Any]:
+        return lambda body: cls(**{**body, "updates": _updates_in(body["updates"])})
+
+    direct = {"probe_id": v_int(), "incarnation": v_int(), "address": _ADDRESS, "updates": _UPDATES}
+    indirect = {"probe_id": v_int(), "target": NODE_ID, "updates": _UPDATES}
+    for kind, cls, fields in (("ping", mb.Ping, direct), ("ack", mb.Ack, direct),
+                              ("ping_req", mb.PingReq, indirect), ("indirect_ack", mb.IndirectAck, indirect)):
+        register(kind, cls, fields, to_body=to_body, from_body=from_body(cls))
+
+
+_register_membership()
+
+
+# ---------------------------------------------------------------------------------------------
+# Arrays on the wire: {dtype (allow-list), shape, data}; length must match exactly.
+# ---------------------------------------------------------------------------------------------
+
+ARRAY_DTYPES = frozenset({"<u1", "<i4", "<i8", "<u4", "<u8", "<f4", "<f8", "|b1", "|u1"})
+ARRAY_DIMS_MAX = 4
+
+
+def encode_array(array: Any) -> dict:
+    import numpy as np
+
+    array = np.ascontiguousarray(array)
+    dtype = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
+    if dtype.str not in ARRAY_DTYPES:
+        raise LocalProtocolError("array", f"dtype {array.dtype} not allowed on the wire")
+    return {"dtype": dtype.str, "shape": list(array.shape), "data": array.astype(dtype, copy=False).tobytes()}
+
+
+def v_array(max_elements: int, dtypes: frozenset[str] = ARRAY_DTYPES) -> Validator:
+    """Validates and decodes to a read-only numpy array (zero copy over the frame's bytes)."""
+    shape_check = v_list(v_int(0, max_elements), ARRAY_DIMS_MAX)
+
+    def check(value: Any, where: str) -> Any:
+        import numpy as np
+
+        raw = v_map({"dtype": v_str(8, dtypes & ARRAY_DTYPES), "shape": shape_check,
+                     "data": v_bytes()})(value, where)
+        count = math.prod(raw["shape"])
+        dtype = np.dtype(raw["dtype"])
+        if count > max_elements:
+            raise _bad(where, f"{count} elements exceed the limit {max_elements}")
+        if len(raw["data"]) != count * dtype.itemsize:
+            raise _bad(where, "data length does not match dtype and shape")
+        array = np.frombuffer(raw["data"], dtype=dtype).reshape(raw["shape"])
+        if dtype.kind == "f" and not np.isfinite(array).all():
+            raise _bad(where, "non-finite values")
+        return array
+    return check
+
+
+# ---------------------------------------------------------------------------------------------
+# Envelope, replay guard, gate.
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Envelope:
+    kind: str
+    src: bytes
+    dst: bytes
+    job: str
+    term: int
+    seq: int
+    ts_ms: int
+    msg: Any           # the typed message (a registered dataclass)
+
+
+class ReplayGuard:
+    """Per-sender anti-replay window on sequence numbers (like IPsec's, with a time-sized window).
+
+    Sequence numbers are strictly increasing per sender (microseconds of the sender's clock, see
+    `SeqClock`), but concurrent HTTP requests may arrive out of order; so a seq is accepted if it is
+    above the high-water mark, or inside the window below it and not seen yet. The high-water mark
+    is written to disk on every increase (`store.Counter`, one pwrite), and after a restart only
+    seqs above the persisted mark are accepted: a replay fails after a restart too.
+    """
+
+    def __init__(self, window_us: int, recent_max: int, counter_for: Callable[[bytes], Any]) -> None:
+        self._window_us = window_us
+        self._recent_max = recent_max
+        self._counter_for = counter_for
+        self._floor: dict[bytes, int] = {}      # persisted mark at start: nothing at or below passes
+        self._recent: dict[bytes, set[int]] = {}
+        self._counters: dict[bytes, Any] = {}
+
+    def _counter(self, sender: bytes) -> Any:
+        counter = self._counters.get(sender)
+        if counter is None:
+            counter = self._counters[sender] = self._counter_for(sender)
+            self._floor[sender] = counter.value
+            self._recent[sender] = set()
+        return counter
+
+    def check_and_record(self, sender: bytes, seq: int) -> None:
+        counter = self._counter(sender)
+        high, recent = counter.value, self._recent[sender]
+        if seq > high:
+            counter.set(seq)
+            recent.add(seq)
+            if len(recent) > self._recent_max // 2:   # prune what fell out of the window
+                low = seq - self._window_us
+                recent.difference_update([s for s in recent if s <= low])
+            return
+        if seq <= self._floor[sender] or seq <= high - self._window_us or seq in recent:
+            raise RemoteProtocolError("replay", f"seq {seq} already seen or too old (high {high})")
+        if len(recent) >= self._recent_max:
+            raise RemoteProtocolError("replay", "too many out-of-order messages in the window")
+        recent.add(seq)
+
+    def sync(self) -> None:
+        for counter in self._counters.values():
+            counter.sync()
+
+    def close(self) -> None:
+        for counter in self._counters.values():
+            counter.close()
+
+
+class SeqClock:
+    """Strictly increasing sequence numbers: max(last + 1, now in microseconds).
+
+    Time-based, so a restarted sender continues above every number it used before without
+    persisting anything (as long as its clock does not step back further than it was ahead)."""
+
+    def __init__(self) -> None:
+        self._last = 0
+
+    def next(self, now_us: int) -> int:
+        self._last = max(self._last + 1, now_us)
+        return self._last
+
+
+def _signed_bytes(sender: bytes, nonce: bytes, ciphertext: bytes) -> bytes:
+    return MAGIC + sender + nonce + hashlib.blake2b(ciphertext, digest_size=32).digest()
+
+
+class Sealer:
+    """Turns typed messages into signed, encrypted frames from this node."""
+
+    def __init__(self, identity: Identity) -> None:
+        self._identity = identity
+        self._seq = SeqClock()
+
+    def seal(self, dst: bytes, msg: object, now_us: int, *, job: str = "", term: int = 0) -> bytes:
+        spec = _BY_CLASS.get(type(msg))
+        if spec is None:
+            raise LocalProtocolError("unregistered", f"no wire kind for {type(msg).__name__}")
+        envelope = {"v": PROTOCOL_VERSION, "kind": spec.kind, "src": self._identity.public_key,
+                    "dst": dst, "job": job, "term": term, "seq": self._seq.next(now_us),
+                    "ts_ms": now_us // 1000, "body": spec.to_body(msg)}
+        plaintext = msgpack.packb(envelope, use_bin_type=True)
+        nonce, ciphertext = self._identity.seal(dst, plaintext)
+        sender = self._identity.public_key
+        signature = self._identity.sign(_signed_bytes(sender, nonce, ciphertext))
+        return b"".join((MAGIC, sender, signature, nonce, ciphertext))
+
+
+def _decode(plaintext: bytes, message_bytes_max: int) -> Any:
+    try:
+        return msgpack.unpackb(
+            plaintext, raw=False, strict_map_key=True, use_list=True, max_ext_len=0,
+            max_str_len=STR_BYTES_MAX, max_bin_len=message_bytes_max,
+            max_array_len=ARRAY_LEN_MAX, max_map_len=MAP_LEN_MAX)
+    except (ValueError, TypeError) as exc:   # every msgpack failure, incl. StackError, ExtraData
+        raise RemoteProtocolError("decode", type(exc).__name__) from None
+
+
+def _depth_ok(value: Any, depth: int) -> bool:
+    if depth > NESTING_DEPTH_MAX:
+        return False
+    if isinstance(value, list):
+        return all(_depth_ok(v, depth + 1) for v in value if isinstance(v, (list, dict)))
+    if isinstance(value, dict):
+        return all(_depth_ok(v, depth + 1) for v in value.values() if isinstance(v, (list, dict)))
+    return True
+
+
+_ENVELOPE = v_map({"v": v_int(PROTOCOL_VERSION, PROTOCOL_VERSION), "kind": v_str(64),
+                   "src": NODE_ID, "dst": NODE_ID, "job": v_str(JOB_ID_BYTES_MAX), "term": v_int(),
+                   "seq": v_int(1), "ts_ms": v_int(), "body": lambda v, w: v})
+
+
+class Gate:
+    """Opens frames addressed to this node from allow-listed peers; see the module docstring."""
+
+    def __init__(self, identity: Identity, allowlist: Callable[[bytes], bool], replay: ReplayGuard,
+                 *, message_bytes_max: int, clock_skew_ms_max: int) -> None:
+        self._identity = identity
+        self._allowed = allowlist
+        self._replay = replay
+        self._bytes_max = message_bytes_max
+        self._skew_ms = clock_skew_ms_max
+
+    def sender_of(self, frame: bytes) -> bytes | None:
+        """The claimed (unverified) sender, for logging a rejection."""
+        return frame[4:4 + PUBLIC_KEY_BYTES] if len(frame) >= _HEADER_BYTES and frame[:4] == MAGIC else None
+
+    def open(self, frame: bytes, now_ms: int) -> Envelope:
+        if len(frame) > self._bytes_max:
+            raise RemoteProtocolError("oversize", f"{len(frame)} bytes > {self._bytes_max}")
+        if len(frame) < FRAME_BYTES_MIN or frame[:4] != MAGIC:
+            raise RemoteProtocolError("frame", "truncated or not a fedpeer frame")
+        view = memoryview(frame)
+        at = len(MAGIC)
+        sender = bytes(view[at:at + PUBLIC_KEY_BYTES])
+        at += PUBLIC_KEY_BYTES
+        signature = bytes(view[at:at + SIGNATURE_BYTES])
+        at += SIGNATURE_BYTES
+        nonce = bytes(view[at:at + NONCE_BYTES])
+        ciphertext = view[at + NONCE_BYTES:]
+        if not self._allowed(sender):
+            raise RemoteProtocolError("unknown_sender", "public key not in peers.toml")
+        if not verify(sender, _signed_bytes(sender, nonce, ciphertext), signature):
+            raise RemoteProtocolError("signature", "bad signature")
+        try:
+            plaintext = self._identity.unseal(sender, nonce, bytes(ciphertext))
+        except nacl.exceptions.CryptoError:
+            raise RemoteProtocolError("decrypt", "cannot decrypt (not sealed to this node?)") from None
+        return self._check_envelope(sender, _decode(plaintext, self._bytes_max), now_ms)
+
+    def _check_envelope(self, sender: bytes, raw: Any, now_ms: int) -> Envelope:
+        if not _depth_ok(raw, 0):
+            raise RemoteProtocolError("decode", f"nesting deeper than {NESTING_DEPTH_MAX}")
+        env = _ENVELOPE(raw, "envelope")
+        if env["dst"] != self._identity.public_key:
+            raise RemoteProtocolError("wrong_dst", "addressed to another node")
+        if env["src"] != sender:
+            raise RemoteProtocolError("wrong_src", "envelope src differs from the signer")
+        if abs(env["ts_ms"] - now_ms) > self._skew_ms:
+            raise RemoteProtocolError("skew", f"timestamp {env['ts_ms'] - now_ms:+d} ms off our clock")
+        spec = _BY_KIND.get(env["kind"])
+        if spec is None:
+            raise RemoteProtocolError("unknown_kind", f"kind {env['kind']!r}")
+        body = spec.schema(env["body"], env["kind"])
+        self._replay.check_and_record(sender, env["seq"])   # last: only valid messages move the mark
+        try:
+            msg = spec.from_body(body)
+        except (TypeError, ValueError) as exc:
+            raise RemoteProtocolError("schema", f"{env['kind']}: {exc}") from None
+        return Envelope(kind=env["kind"], src=sender, dst=env["dst"], job=env["job"],
+                        term=env["term"], seq=env["seq"], ts_ms=env["ts_ms"], msg=msg)
