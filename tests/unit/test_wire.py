@@ -15,6 +15,7 @@ from fedpeer.core import membership as mb
 from fedpeer.errors import RemoteProtocolError
 from fedpeer.identity import Identity
 from fedpeer.store import Counter
+from tests import frames
 
 NOW_MS = 1_700_000_000_000
 NOW_US = NOW_MS * 1000
@@ -103,9 +104,7 @@ def test_wrong_dst_inside_a_frame_bob_can_open(peers: Peers) -> None:
 
 def seal_raw(peers: Peers, plaintext: bytes) -> bytes:
     """A correctly signed and sealed frame around arbitrary plaintext (a compromised peer)."""
-    nonce, ciphertext = peers.alice.seal(peers.bob.public_key, plaintext)
-    sig = peers.alice.sign(wire._signed_bytes(peers.alice.public_key, nonce, ciphertext))
-    return wire.MAGIC + peers.alice.public_key + sig + nonce + ciphertext
+    return frames.seal_raw(peers.alice, peers.bob.public_key, plaintext)
 
 
 def test_skewed_timestamp(peers: Peers) -> None:

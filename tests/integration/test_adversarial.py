@@ -1,0 +1,118 @@
+"""Hostile input against a live daemon: each bad frame is rejected with a counted reason, the
+daemon keeps serving its peers, and its memory stays bounded. Also: the admin API is not on the
+peer port."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+
+import aiohttp
+import msgpack
+import pytest
+
+from fedpeer import wire
+from fedpeer.harness import Harness
+from fedpeer.identity import Identity, load_key_file
+from fedpeer.net.transport import PATH
+from tests import frames
+from tests.integration.conftest import rss_kib
+
+pytestmark = pytest.mark.integration
+FRAME_CAP = 256 * 1024
+
+
+async def post(session: aiohttp.ClientSession, port: int, body: bytes) -> tuple[int, str]:
+    async with session.post(f"http://127.0.0.1:{port}{PATH}", data=body) as resp:
+        return resp.status, await resp.text()
+
+
+def raw_http(port: int, head: bytes, body: bytes = b"") -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(head + body)
+        return s.recv(200)    # the answer must come before the (never sent) rest of the body
+
+
+async def test_hostile_frames_are_rejected_counted_and_harmless(make_federation) -> None:
+    # site-3 is never started: the test speaks with its (allow-listed) key, like a compromised peer.
+    h: Harness = make_federation(3, {"limits": {"message_bytes_max": FRAME_CAP}}, start=False)
+    h.start(0)
+    h.start(1)
+    await h.wait_all_alive(timeout_s=10, among=[0, 1])
+    target, port = h.sites[0], h.sites[0].port
+    bob = load_key_file(target.config.node.key_file).public_key
+    carol = load_key_file(h.sites[1].config.node.key_file).public_key
+    mallory = load_key_file(h.sites[2].config.node.key_file)   # in the allowlist
+    stranger = Identity.generate()                              # not in the allowlist
+    sealer = wire.Sealer(mallory)
+    now_us = time.time_ns() // 1000
+    from fedpeer.core import membership as mb
+    ping = mb.Ping(probe_id=1, incarnation=1, address=h.sites[2].address, updates=())
+    valid = sealer.seal(bob, ping, now_us)
+    rss_before = rss_kib(target.process.pid)
+
+    async with aiohttp.ClientSession() as s:
+        assert (await post(s, port, valid))[0] == 204
+        cases = {
+            "unknown_sender": wire.Sealer(stranger).seal(bob, ping, now_us + 1),
+            "signature": _flip(sealer.seal(bob, ping, now_us + 2), -5),
+            "replay": valid,
+            "decrypt": sealer.seal(carol, ping, now_us + 3),       # addressed to another node
+            "wrong_dst": frames.seal_raw(mallory, bob, frames.envelope(mallory, carol, now_us // 1000, now_us + 4, {})),
+            "frame": valid[:60],                                    # truncated
+            "decode": frames.seal_raw(mallory, bob, b"\x91" * 10_000 + b"\xc0"),   # 10,000-deep nesting
+            "oversize": b"x" * (FRAME_CAP + 1),
+        }
+        for expected, body in cases.items():
+            status, text = await post(s, port, body)
+            assert status in (400, 413) and text == expected, f"{expected}: got {status} {text}"
+        # a bin32 claiming 2^32-1 bytes inside an authenticated frame; an HTTP body claiming 2^32
+        huge_bin = frames.seal_raw(mallory, bob, b"\xc6\xff\xff\xff\xff" + b"x" * 10)
+        assert await post(s, port, huge_bin) == (400, "decode")
+        reply = raw_http(port, b"POST " + PATH.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 4294967296\r\n\r\n", b"x" * 100)
+        assert b" 413 " in reply.split(b"\r\n")[0]
+        # random bytes and many oversize attempts: memory must stay bounded
+        for i in range(300):
+            await post(s, port, os.urandom(64 + i))
+        await asyncio.gather(*(post(s, port, b"y" * (FRAME_CAP * 2)) for _ in range(60)))
+
+    doc = await h.status(0)
+    rejected = doc["rejected"]
+    for reason in ("unknown_sender", "signature", "replay", "decrypt", "wrong_dst", "decode", "oversize"):
+        assert rejected.get(reason, 0) >= 1, f"{reason} not counted: {rejected}"
+    assert rejected["frame"] >= 300
+    assert next(p for p in doc["peers"] if p["name"] == "site-2")["state"] == "alive"
+    assert (await h.status(1))["peers"][0]["state"] == "alive", "site-2 must still see site-1 alive"
+    growth_mib = (rss_kib(target.process.pid) - rss_before) / 1024
+    assert growth_mib < 40, f"RSS grew by {growth_mib:.1f} MiB under hostile input"
+    log = target.log_path.read_text()
+    assert "event=rejected reason=unknown_sender" in log and "sender_name=not-a-member" in log
+
+    # a replay after the receiver restarts is still a replay (the high-water mark is persisted)
+    h.restart(0)
+    await h.wait_all_alive(timeout_s=10, among=[0, 1])
+    async with aiohttp.ClientSession() as s:
+        assert await post(s, port, valid) == (400, "replay")
+
+
+def _flip(frame: bytes, index: int) -> bytes:
+    b = bytearray(frame)
+    b[index] ^= 0x01
+    return bytes(b)
+
+
+async def test_admin_api_is_not_on_the_peer_port(make_federation) -> None:
+    h: Harness = make_federation(2)
+    await h.wait_all_alive(timeout_s=10)
+    async with aiohttp.ClientSession() as s:
+        for path in ("/v1/status", "/status", "/", "/v1/jobs"):
+            async with s.get(f"http://127.0.0.1:{h.sites[0].port}{path}") as resp:
+                assert resp.status in (404, 405), path
+                assert "fingerprint" not in await resp.text()
+        async with s.get(f"http://127.0.0.1:{h.sites[0].port}{PATH}") as resp:
+            assert resp.status == 405
+    sock = h.sites[0].config.node.admin_socket
+    assert sock is not None and (os.stat(sock).st_mode & 0o777) == 0o600
+    assert (await h.status(0))["node"]["name"] == "site-1"

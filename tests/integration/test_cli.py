@@ -1,0 +1,137 @@
+"""The command line as an operator uses it: init, key show, peer add, start, status, signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fedpeer.harness import free_ports
+
+pytestmark = pytest.mark.integration
+
+
+def fedpeer(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fedpeer", *args], capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture
+def site_pair(tmp_path: Path) -> tuple[Path, Path]:
+    pa, pb = free_ports(2)
+    for name, port in (("a", pa), ("b", pb)):
+        r = fedpeer("init", "--dir", str(tmp_path / name), "--name", name, "--listen", f"127.0.0.1:{port}")
+        assert r.returncode == 0, r.stderr
+        assert "public key:" in r.stdout
+    ca, cb = tmp_path / "a" / "peers.toml", tmp_path / "b" / "peers.toml"
+    ka = fedpeer("key", "show", "--config", str(ca)).stdout.splitlines()[0]
+    kb = fedpeer("key", "show", "--config", str(cb)).stdout.splitlines()[0]
+    assert fedpeer("peer", "add", "--config", str(ca), "--name", "b", "--address", f"127.0.0.1:{pb}",
+                   "--public-key", kb).returncode == 0
+    assert fedpeer("peer", "add", "--config", str(cb), "--name", "a", "--address", f"127.0.0.1:{pa}",
+                   "--public-key", ka).returncode == 0
+    return ca, cb
+
+
+def start(config: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "fedpeer", "start", "--config", str(config)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_status(config: Path, until, timeout_s: float = 15) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        r = fedpeer("status", "--config", str(config), "--json")
+        if r.returncode == 0 and until(doc := json.loads(r.stdout)):
+            return doc
+        time.sleep(0.3)
+    raise AssertionError(f"status never satisfied the condition; last: {r.stdout or r.stderr}")
+
+
+def test_two_sites_by_hand_status_and_clean_shutdown(site_pair: tuple[Path, Path]) -> None:
+    ca, cb = site_pair
+    r = fedpeer("status", "--config", str(ca))
+    assert r.returncode == 3 and "no fedpeer daemon" in r.stderr
+    pa, pb = start(ca), start(cb)
+    try:
+        doc = wait_status(ca, lambda d: d["peers"][0]["state"] == "alive")
+        assert set(doc) >= {"node", "peers", "leader", "jobs"}
+        assert set(doc["node"]) >= {"name", "public_key", "address", "uptime_s"}
+        assert set(doc["peers"][0]) >= {"name", "address", "state", "last_seen_s", "rtt_ms"}
+        assert doc["leader"] is None and doc["jobs"] == []
+        table = fedpeer("status", "--config", str(ca)).stdout
+        assert "b" in table and "alive" in table and "1 of 1 peers alive" in table
+    finally:
+        pa.send_signal(signal.SIGTERM)
+        pb.send_signal(signal.SIGINT)
+        out_a, err_a = pa.communicate(timeout=15)
+        pb.communicate(timeout=15)
+    assert pa.returncode == 0 and pb.returncode == 0
+    assert "event=started" in err_a and "event=stopped" in err_a
+    assert all(line.startswith("ts=") for line in err_a.splitlines()), "log lines must be structured"
+
+
+def _bad_config_case(ca: Path, case: str) -> str:
+    """Break site a's configuration one way; returns the text the one-line error must contain."""
+    text = ca.read_text()
+    key_file = ca.parent / "identity.key"
+    if case == "unknown_key":
+        ca.write_text(text.replace("suspect_timeout_ms", "suspect_timout_ms"))
+        return "membership.suspect_timout_ms: unknown key"
+    if case == "world_readable_key":
+        os.chmod(key_file, 0o644)
+        return "readable by others"
+    if case == "unreadable_key":
+        key_file.unlink()
+        return "does not exist"
+    if case == "duplicate_name":
+        from fedpeer.identity import Identity, encode_public_key
+        block = text[text.index("\n[[peer]]"):]
+        key = block.split('public_key = "')[1].split('"')[0]
+        ca.write_text(text + block.replace(key, encode_public_key(Identity.generate().public_key)))
+        return "name: duplicate of peer[0]"
+    if case == "own_key":
+        own = fedpeer("key", "show", "--config", str(ca)).stdout.splitlines()[0]
+        ca.write_text(text + f'\n[[peer]]\nname = "me"\naddress = "127.0.0.1:1"\npublic_key = "{own}"\n')
+        return "own public key"
+    if case == "bad_address":
+        ca.write_text(text.replace('address = "127.0.0.1:', 'address = "127.0.0.1;'))
+        return "address"
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize("case", ["unknown_key", "world_readable_key", "unreadable_key", "duplicate_name",
+                                  "own_key", "bad_address"])
+def test_bad_configuration_exits_2_with_one_line(site_pair: tuple[Path, Path], case: str) -> None:
+    ca, _ = site_pair
+    expected = _bad_config_case(ca, case)
+    r = fedpeer("start", "--config", str(ca), timeout=20)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert str(ca) in lines[0] and expected in lines[0], lines[0]
+
+
+def test_port_in_use_exits_2(site_pair: tuple[Path, Path]) -> None:
+    ca, _ = site_pair
+    port = int(ca.read_text().split('listen = "127.0.0.1:')[1].split('"')[0])
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", port))
+        blocker.listen()
+        r = fedpeer("start", "--config", str(ca), timeout=20)
+    assert r.returncode == 2
+    assert "node.listen" in r.stderr and "in use" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_init_refuses_existing_key(tmp_path: Path) -> None:
+    assert fedpeer("init", "--dir", str(tmp_path), "--name", "x", "--listen", "127.0.0.1:7400").returncode == 0
+    (tmp_path / "peers.toml").unlink()
+    r = fedpeer("init", "--dir", str(tmp_path), "--name", "x", "--listen", "127.0.0.1:7400")
+    assert r.returncode == 2 and "refusing to overwrite" in r.stderr

@@ -1,0 +1,59 @@
+"""Membership between real daemons: the promises of the foundation issue, measured as an operator
+would see them through `fedpeer status`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from fedpeer.harness import Harness
+
+pytestmark = pytest.mark.integration
+
+
+async def test_five_daemons_alive_kill_restart_pause(make_federation) -> None:
+    h: Harness = make_federation(5)
+    assert await h.wait_all_alive(timeout_s=5.0) <= 5.0
+
+    h.kill9(4)
+    assert await h.wait_peer_state(4, "dead", timeout_s=10.0) <= 10.0
+    h.start(4)
+    assert await h.wait_peer_state(4, "alive", timeout_s=5.0) <= 5.0
+
+    h.pause(2)
+    await asyncio.sleep(15)
+    statuses = await h.statuses([0, 1, 3, 4])
+    assert all(next(p for p in doc["peers"] if p["name"] == "site-3")["state"] != "alive"
+               for doc in statuses.values()), "a node stopped for 15 s must not look alive"
+    h.resume(2)
+    await h.wait_all_alive(timeout_s=5.0)
+    assert all(code is None for code in h.exit_codes().values()), f"a daemon exited: {h.exit_codes()}"
+
+
+async def test_wrong_public_key_never_becomes_alive(make_federation) -> None:
+    h: Harness = make_federation(3, start=False)
+    # site-1 lists site-2 under site-3's key: every frame from the real site-2 is from an unknown key.
+    conf = h.sites[0].config_path
+    text = conf.read_text()
+    text = text.replace(f'public_key = "{h.sites[1].public_key}"', 'public_key = "WRONG"')
+    text = text.replace('public_key = "WRONG"', f'public_key = "{_other_key()}"')
+    conf.write_text(text)
+    from fedpeer import config as cfg
+    h.sites[0].config = cfg.load(conf)
+    h.start()
+    await h.wait_all_alive(timeout_s=10.0, among=[1, 2])
+    deadline = time.monotonic() + 4.0
+    while time.monotonic() < deadline:
+        doc = await h.status(0)
+        states = {p["name"]: p["state"] for p in doc["peers"]}
+        assert states["site-2"] != "alive", "a peer pinned to another key must never be alive"
+        await asyncio.sleep(0.2)
+    assert states["site-3"] == "alive"
+    assert doc["rejected"].get("unknown_sender", 0) > 0
+
+
+def _other_key() -> str:
+    from fedpeer.identity import Identity, encode_public_key
+    return encode_public_key(Identity.generate().public_key)
