@@ -51,6 +51,13 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--config", required=True, type=Path)
     s.add_argument("--json", action="store_true", help="machine-readable output")
 
+    s = sub.add_parser("ping", help="time sealed messages from the local daemon to a peer")
+    s.add_argument("--config", required=True, type=Path)
+    s.add_argument("peer", help="the peer's name in peers.toml")
+    s.add_argument("--count", type=int, default=10)
+    s.add_argument("--size", type=int, default=64, help="payload bytes per message")
+    s.add_argument("--json", action="store_true")
+
     from .harness import add_arguments as add_harness_arguments
     add_harness_arguments(sub.add_parser("harness", help="run a local federation of real daemons"))
     return p
@@ -156,6 +163,23 @@ def format_status(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def _ping(args: argparse.Namespace) -> int:
+    from .net.admin import request
+
+    config = cfg.load(args.config)
+    payload = {"peer": args.peer, "count": args.count, "payload_bytes": args.size}
+    timeout_ms = 60_000 + 100 * args.count
+    doc = asyncio.run(request(config, "POST", "/v1/diag/ping", payload, timeout_ms=timeout_ms))
+    if args.json:
+        print(json.dumps(doc))
+        return EXIT_OK
+    times = sorted(doc["delivery_ms"])
+    pct = lambda q: times[min(len(times) - 1, int(q * len(times)))]  # noqa: E731
+    print(f"{len(times)} messages of {args.size} bytes to {args.peer}: "
+          f"p50 {pct(0.5):.2f} ms, p99 {pct(0.99):.2f} ms, max {times[-1]:.2f} ms")
+    return EXIT_OK
+
+
 def _harness(args: argparse.Namespace) -> int:
     from .harness import main as harness_main
 
@@ -163,7 +187,7 @@ def _harness(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"init": _init, "key": _key, "peer": _peer, "start": _start, "status": _status,
-             "harness": _harness}
+             "ping": _ping, "harness": _harness}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -27,12 +27,14 @@ from .errors import ConfigError, RemoteProtocolError
 from .identity import Identity, encode_public_key, fingerprint
 from .logs import fields
 from .net.admin import AdminServer
-from .net.transport import PeerClient, PeerServer
+from .net.transport import PeerClient, PeerServer, SendError
 from .store import StateDir
 
 log = logging.getLogger("fedpeer.node")
 REPLAY_SYNC_MS = 1_000            # fsync of replay marks (kill -9 is covered without it)
 REJECT_LOG_INTERVAL_MS = 5_000    # per reason: log the first rejection, then at most this often
+PING_COUNT_MAX = 10_000           # probes one `fedpeer ping` may send
+OFF_LOOP_BYTES_MIN = 256 * 1024   # frames larger than this are sealed/opened in a worker thread
 
 
 def _monotonic_ms() -> int:
@@ -65,7 +67,8 @@ class Node:
         self._rng = random.Random(os.urandom(16))
         self._client = PeerClient(config.limits, self._rng)
         self._server = PeerServer(config.node.listen, config.limits, self._on_frame, self._on_reject)
-        self._admin = AdminServer(config, {"/v1/status": self._admin_status})
+        self._admin = AdminServer(config, {("GET", "/v1/status"): self._admin_status,
+                                           ("POST", "/v1/diag/ping"): self._admin_ping})
         t = config.membership
         self.membership = mb.Membership(
             me=identity.public_key, address=str(config.node.advertise),
@@ -162,9 +165,15 @@ class Node:
     # -- inbound ----------------------------------------------------------------------------
 
     async def _on_frame(self, frame: bytes, peer_ip: str) -> None:
-        envelope = self._gate.open(frame, time.time_ns() // 1_000_000)
+        now_ms = time.time_ns() // 1_000_000
+        if len(frame) > OFF_LOOP_BYTES_MIN:   # hashing and decrypting MiBs would stall the loop
+            envelope = await asyncio.to_thread(self._gate.open, frame, now_ms)
+        else:
+            envelope = self._gate.open(frame, now_ms)
         if isinstance(envelope.msg, (mb.Ping, mb.Ack, mb.PingReq, mb.IndirectAck)):
             self._apply(self.membership.receive(envelope.src, envelope.msg, _monotonic_ms()))
+        elif isinstance(envelope.msg, wire.DiagProbe):
+            pass   # delivered through the whole gate: that is all a probe is for
         else:
             raise RemoteProtocolError("unexpected_kind", f"no handler for {envelope.kind}")
 
@@ -211,6 +220,44 @@ class Node:
 
     async def _admin_status(self, request: web.Request) -> web.Response:
         return web.json_response(self.status())
+
+    async def ping(self, peer_name: str, count: int, payload_bytes: int) -> list[float]:
+        """Reliable sealed sends of `count` probes; returns each one's delivery time in ms."""
+        peer = next((p for p in self.config.peers if p.name == peer_name), None)
+        if peer is None:
+            raise ConfigError(self.config.path, "peer", f"no peer named {peer_name!r}")
+        address = self.membership.address_of(peer.public_key)
+        payload = os.urandom(payload_bytes)
+        times_ms = []
+        for _ in range(count):
+            started = time.perf_counter()
+            await self.send_reliable(peer.public_key, address, wire.DiagProbe(payload),
+                                     large=payload_bytes > OFF_LOOP_BYTES_MIN)
+            times_ms.append((time.perf_counter() - started) * 1000)
+        return times_ms
+
+    async def send_reliable(self, dst: bytes, address: str, msg: object, *, job: str = "", term: int = 0,
+                            large: bool = False) -> None:
+        """Seal and deliver with retries; raises SendError. `large` messages (over
+        OFF_LOOP_BYTES_MIN) are sealed in a worker thread so the loop keeps serving."""
+        if large:
+            frame = await asyncio.to_thread(self._sealer.seal, dst, msg, _wall_us(), job=job, term=term)
+        else:
+            frame = self._sealer.seal(dst, msg, _wall_us(), job=job, term=term)
+        await self._client.send(address, frame)
+
+    async def _admin_ping(self, request: web.Request) -> web.Response:
+        try:
+            doc = await request.json()
+            peer, count, size = str(doc["peer"]), int(doc.get("count", 10)), int(doc.get("payload_bytes", 64))
+            if not (1 <= count <= PING_COUNT_MAX and 0 <= size <= self.config.limits.message_bytes_max // 2):
+                raise ValueError("count or payload_bytes out of range")
+            return web.json_response({"peer": peer, "payload_bytes": size,
+                                      "delivery_ms": await self.ping(peer, count, size)})
+        except (KeyError, ValueError, TypeError) as exc:
+            return web.json_response({"error": f"bad request: {exc}"}, status=400)
+        except (ConfigError, SendError) as exc:
+            return web.json_response({"error": str(exc)}, status=400)
 
 
 def _sd_notify(message: bytes) -> None:

@@ -4,7 +4,7 @@ Frame (everything a peer sends, one HTTP body):
 
     magic "FPW1" (4) | sender public key (32) | signature (64) | nonce (24) | ciphertext
 
-    signature = Ed25519 over SIGN_DOMAIN + magic + sender + nonce + BLAKE2b-256(ciphertext)
+    signature = Ed25519 over SIGN_DOMAIN + magic + sender + nonce + SHA-256(ciphertext)
     ciphertext = NaCl Box(sender -> recipient) of the msgpack envelope
     envelope   = {v, kind, src, dst, job, term, seq, ts_ms, body}
 
@@ -14,8 +14,11 @@ decrypt -> strict msgpack decode (explicit limits, no ext types) -> envelope fie
 -> src is the signer -> ts within the skew bound -> seq not replayed -> typed body validation.
 Nothing is decoded before the signature is checked, and nothing here is ever unpickled.
 
-Signing a BLAKE2b digest of the ciphertext instead of the ciphertext itself keeps a 1 MiB frame
-at one hash pass on each side (Ed25519 would hash the whole message twice).
+Signing a SHA-256 digest of the ciphertext instead of the ciphertext itself keeps a 1 MiB frame
+at one hash pass on each side (Ed25519 would hash the whole message twice with SHA-512); SHA-256
+has CPU instructions on current x86 and ARM (0.6 ms/MiB here, against 1.3 for BLAKE2b).
+`Gate.open` and `Sealer.seal` are safe to call from worker threads (the node opens large frames
+off the event loop): their only shared state, the replay marks and the sequence clock, is locked.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -208,6 +212,16 @@ def _register_membership() -> None:
 _register_membership()
 
 
+@dataclass(frozen=True)
+class DiagProbe:
+    """`fedpeer ping`: a message that only has to pass the gate; its delivery time is the
+    transport's latency as a job would see it (sealing, HTTP, the peer's full gate)."""
+    payload: bytes
+
+
+register("diag_probe", DiagProbe, {"payload": v_bytes()})
+
+
 # ---------------------------------------------------------------------------------------------
 # Arrays on the wire: {dtype (allow-list), shape, data}; length must match exactly.
 # ---------------------------------------------------------------------------------------------
@@ -278,6 +292,7 @@ class ReplayGuard:
         self._window_us = window_us
         self._recent_max = recent_max
         self._counter_for = counter_for
+        self._lock = threading.Lock()
         self._floor: dict[bytes, int] = {}      # persisted mark at start: nothing at or below passes
         self._recent: dict[bytes, set[int]] = {}
         self._counters: dict[bytes, Any] = {}
@@ -291,6 +306,10 @@ class ReplayGuard:
         return counter
 
     def check_and_record(self, sender: bytes, seq: int) -> None:
+        with self._lock:
+            self._check_and_record(sender, seq)
+
+    def _check_and_record(self, sender: bytes, seq: int) -> None:
         counter = self._counter(sender)
         high, recent = counter.value, self._recent[sender]
         if seq > high:
@@ -307,12 +326,14 @@ class ReplayGuard:
         recent.add(seq)
 
     def sync(self) -> None:
-        for counter in self._counters.values():
-            counter.sync()
+        with self._lock:
+            for counter in self._counters.values():
+                counter.sync()
 
     def close(self) -> None:
-        for counter in self._counters.values():
-            counter.close()
+        with self._lock:
+            for counter in self._counters.values():
+                counter.close()
 
 
 class SeqClock:
@@ -323,14 +344,16 @@ class SeqClock:
 
     def __init__(self) -> None:
         self._last = 0
+        self._lock = threading.Lock()
 
     def next(self, now_us: int) -> int:
-        self._last = max(self._last + 1, now_us)
-        return self._last
+        with self._lock:
+            self._last = max(self._last + 1, now_us)
+            return self._last
 
 
 def _signed_bytes(sender: bytes, nonce: bytes, ciphertext: bytes) -> bytes:
-    return MAGIC + sender + nonce + hashlib.blake2b(ciphertext, digest_size=32).digest()
+    return MAGIC + sender + nonce + hashlib.sha256(ciphertext).digest()
 
 
 class Sealer:
@@ -406,13 +429,13 @@ class Gate:
         signature = bytes(view[at:at + SIGNATURE_BYTES])
         at += SIGNATURE_BYTES
         nonce = bytes(view[at:at + NONCE_BYTES])
-        ciphertext = view[at + NONCE_BYTES:]
+        ciphertext = frame[at + NONCE_BYTES:]
         if not self._allowed(sender):
             raise RemoteProtocolError("unknown_sender", "public key not in peers.toml")
         if not verify(sender, _signed_bytes(sender, nonce, ciphertext), signature):
             raise RemoteProtocolError("signature", "bad signature")
         try:
-            plaintext = self._identity.unseal(sender, nonce, bytes(ciphertext))
+            plaintext = self._identity.unseal(sender, nonce, ciphertext)
         except nacl.exceptions.CryptoError:
             raise RemoteProtocolError("decrypt", "cannot decrypt (not sealed to this node?)") from None
         return self._check_envelope(sender, _decode(plaintext, self._bytes_max), now_ms)

@@ -17,22 +17,23 @@ import aiohttp
 from aiohttp import web
 
 from ..config import Config, parse_address
-from ..errors import ConfigError, NoDaemonError
+from ..errors import ConfigError, FedpeerError, NoDaemonError
 
 UNIX_PATH_BYTES_MAX = 107   # sun_path is 108 bytes with its NUL
 ADMIN_TIMEOUT_MS = 5_000
 
 
 class AdminServer:
-    def __init__(self, config: Config, routes: dict[str, Callable[[web.Request], Any]]) -> None:
+    def __init__(self, config: Config, routes: dict[tuple[str, str], Callable[[web.Request], Any]]) -> None:
+        """routes: {(method, path): handler}."""
         self._config = config
         self._routes = routes
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
         app = web.Application()
-        for path, handler in self._routes.items():
-            app.router.add_get(path, handler)
+        for (method, path), handler in self._routes.items():
+            app.router.add_route(method, path, handler)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         sock_path = self._config.node.admin_socket
@@ -95,7 +96,7 @@ async def request(config: Config, method: str, path: str, payload: Any = None,
             async with session.request(method, base + path, json=payload) as resp:
                 doc = await resp.json()
                 if resp.status >= 400:
-                    raise NoDaemonError(doc.get("error", f"HTTP {resp.status}"))
+                    raise FedpeerError(doc.get("error", f"HTTP {resp.status}"))
                 return doc
     except (aiohttp.ClientConnectionError, FileNotFoundError, ConnectionRefusedError, asyncio.TimeoutError) as exc:
         raise NoDaemonError(f"no fedpeer daemon answers at {config.node.admin} ({type(exc).__name__}); "
