@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/fedpeer harness --sites 5 --workdir .demo
+	$(BIN)/fedpeer harness --sites 5 --workdir .demo --chaos
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

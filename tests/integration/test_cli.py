@@ -135,3 +135,24 @@ def test_init_refuses_existing_key(tmp_path: Path) -> None:
     (tmp_path / "peers.toml").unlink()
     r = fedpeer("init", "--dir", str(tmp_path), "--name", "x", "--listen", "127.0.0.1:7400")
     assert r.returncode == 2 and "refusing to overwrite" in r.stderr
+
+
+def test_systemd_readiness_notification(site_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """Type=notify: READY=1 arrives on $NOTIFY_SOCKET once the listeners are bound, STOPPING=1 on stop."""
+    ca, _ = site_pair
+    sock_path = tmp_path / "notify.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as listener:
+        listener.bind(str(sock_path))
+        listener.settimeout(20)
+        proc = subprocess.Popen([sys.executable, "-m", "fedpeer", "start", "--config", str(ca)],
+                                env={**os.environ, "NOTIFY_SOCKET": str(sock_path)},
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            assert listener.recv(100) == b"READY=1"
+            assert fedpeer("status", "--config", str(ca)).returncode == 0, "ready means the admin API answers"
+            proc.terminate()
+            assert listener.recv(100) == b"STOPPING=1"
+        finally:
+            proc.terminate()
+            proc.wait(timeout=15)
+    assert proc.returncode == 0

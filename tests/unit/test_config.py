@@ -134,3 +134,21 @@ def test_parse_address(text: str, host: str, port: int) -> None:
 def test_parse_address_rejects(text: str) -> None:
     with pytest.raises(ValueError):
         cfg.parse_address(text)
+
+
+def test_example_peers_toml_loads_and_documents_every_key() -> None:
+    """The repository's peers.toml is the reference: it must load and name every setting."""
+    import dataclasses
+    example = Path(__file__).resolve().parents[2] / "peers.toml"
+    config = cfg.load(example)
+    assert config.node.name == "hospital-a" and len(config.peers) == 2
+    text = example.read_text()
+    for section in (cfg.Limits, cfg.MembershipTiming, cfg.Policy):
+        defaults = section()
+        for f in dataclasses.fields(section):
+            assert f"\n{f.name} = " in text, f"peers.toml does not document {f.name}"
+        assert _section_values(config, section) == defaults, f"peers.toml disagrees with {section.__name__} defaults"
+
+
+def _section_values(config: cfg.Config, section: type) -> object:
+    return {cfg.Limits: config.limits, cfg.MembershipTiming: config.membership, cfg.Policy: config.policy}[section]
