@@ -1,0 +1,527 @@
+"""A site's private CSV -> a checked, numeric `Dataset`.
+
+Rules of this module:
+- Every problem with the data is a `DataError` whose message names the file and, where it
+  applies, the column, the first offending row and how to fix it. Rows are given twice:
+  "data row N" counts data rows from 1 below the header (row N+1 in a spreadsheet that shows the
+  header as row 1), "line L" is the physical line of the file (they differ when there are blank
+  lines or quoted values spanning lines).
+- The file is read once, streaming, and never beyond `bytes_max` bytes or `rows_max` rows.
+- Features are every column except the label and the `ignore`d ones, in file order. A constant
+  column stays: the schema (and its fingerprint) must be identical at every site.
+- Missing values are empty, NA, N/A, NaN, null and ? (any case, surrounding spaces allowed);
+  +/-Inf (including overflowing numbers such as 1e999) is treated like a missing value.
+- Pure: no logging, no global state (the csv module's field size limit is left alone).
+"""
+
+from __future__ import annotations
+
+import bisect
+import codecs
+import csv
+import hashlib
+import io
+import math
+import operator
+import os
+import stat
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from ..errors import DataError
+
+__all__ = ["DataSpec", "Dataset", "schema_fingerprint", "load_csv", "split_train_test"]
+
+MISSING_TOKENS = frozenset({"", "na", "n/a", "nan", "null", "?"})
+"""Cell texts (stripped, lower-cased) that mean "no value"."""
+
+FEATURE_TYPE_FLOAT = "float"
+LABEL_CHARS_MAX = 256
+"""A label is a class name; longer values are refused (they would bloat the labels array)."""
+
+_SCHEMA_VERSION = b"fedpeer.schema.v1\x00"
+_BOM = codecs.BOM_UTF8
+_CHUNK_CELLS = 1 << 20      # floats per block while accumulating rows (8 MiB)
+_READ_BYTES = 1 << 16
+_LIST_MAX = 12              # names/values quoted in one message before "... and N more"
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Where a site's data is and how to read it (from the job's configuration)."""
+
+    csv: Path
+    label: str
+    positive: str | None = None    # the positive class value (as text in the CSV); required for binary jobs
+    ignore: tuple[str, ...] = ()   # columns that are not features (identifiers like "Id")
+    missing: str = "error"         # "error": a missing value or +/-Inf stops the job;
+                                   # "drop": rows with one are dropped (and counted)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "csv", Path(self.csv))
+        where = f"{self.csv}: data spec"
+        if not isinstance(self.label, str) or not self.label.strip():
+            raise DataError(f"{where}: label must be the name of a column, got {self.label!r}")
+        if self.positive is not None and not isinstance(self.positive, str):
+            raise DataError(f"{where}: positive must be the positive class as text, got {self.positive!r}")
+        if isinstance(self.ignore, str) or not all(isinstance(c, str) for c in self.ignore):
+            raise DataError(f"{where}: ignore must be a list of column names, got {self.ignore!r}")
+        object.__setattr__(self, "ignore", tuple(self.ignore))
+        if self.missing not in ("error", "drop"):
+            raise DataError(f"{where}: missing must be \"error\" or \"drop\", got {self.missing!r}")
+
+
+@dataclass(frozen=True, eq=False)
+class Dataset:
+    """Checked local data. Arrays are read-only; copy before changing them. Equality is identity."""
+
+    features: tuple[str, ...]          # ordered feature column names (CSV order, minus label and ignored)
+    X: np.ndarray                      # float64 (rows, features), finite
+    y: np.ndarray | None               # int8 0/1 when a positive class is given, else None
+    labels: np.ndarray                 # the raw label values as str (rows,), surrounding spaces stripped
+    rows_dropped: int                  # rows dropped for missing values while loading
+    fingerprint: bytes                 # 32 bytes: schema_fingerprint(features, types)
+
+    @property
+    def rows(self) -> int:
+        return int(self.X.shape[0])
+
+
+def schema_fingerprint(features: Sequence[str], types: Sequence[str]) -> bytes:
+    """SHA-256 of the ordered (name, type) pairs. Equal fingerprints <=> same columns, same order.
+
+    Encoding: version prefix, pair count (8 bytes big-endian), then for each name and each type its
+    UTF-8 length (8 bytes big-endian) and bytes. No separator can be forged by a column name.
+    """
+    features, types = list(features), list(types)
+    if len(features) != len(types):
+        raise ValueError(f"{len(features)} feature names but {len(types)} types")
+    if not all(isinstance(s, str) for s in features + types):
+        raise TypeError("feature names and types must be str")
+    h = hashlib.sha256(_SCHEMA_VERSION)
+    h.update(len(features).to_bytes(8, "big"))
+    for name, typ in zip(features, types):
+        for text in (name, typ):
+            raw = text.encode("utf-8")
+            h.update(len(raw).to_bytes(8, "big"))
+            h.update(raw)
+    return h.digest()
+
+
+# ---------------------------------------------------------------------------------------------
+# Bounded, accounted byte stream under the text decoder.
+
+class _TooLarge(Exception):
+    pass
+
+
+class _Utf16(Exception):
+    pass
+
+
+class _NulByte(Exception):
+    def __init__(self, offset: int, line: int) -> None:
+        self.offset, self.line = offset, line
+
+
+def _breaks(data: bytes) -> int:
+    """Line breaks in data: \\n, \\r\\n and lone \\r each count once."""
+    return data.count(b"\n") + data.count(b"\r") - data.count(b"\r\n")
+
+
+class _Metered(io.BufferedIOBase):
+    """Feeds the TextIOWrapper directly (no read-ahead in between), so that every byte handed to
+    the decoder has been counted: refuses to go past `limit` bytes, refuses NUL bytes, strips a
+    UTF-8 byte-order mark, and can place a decoding error at a byte offset and line."""
+
+    def __init__(self, raw: BinaryIO, limit: int) -> None:
+        super().__init__()
+        self._raw, self._limit = raw, limit
+        self.consumed = 0            # bytes of the file handed out or skipped (the BOM)
+        self.line_breaks = 0         # line breaks in those bytes
+        self._cr_last = False
+        self._first = True
+
+    def readable(self) -> bool:
+        return True
+
+    def _account(self, data: bytes) -> None:
+        start = self.consumed
+        self.consumed += len(data)
+        if self.consumed > self._limit:
+            raise _TooLarge()
+        nul = data.find(b"\x00")
+        if nul >= 0:
+            raise _NulByte(start + nul, self._line_at(data, nul))
+        self.line_breaks += _breaks(data) - (1 if self._cr_last and data[:1] == b"\n" else 0)
+        self._cr_last = data[-1:] == b"\r" if data else self._cr_last
+
+    def _line_at(self, data: bytes, index: int) -> int:
+        """1-based line of data[index], data being the bytes just after those already counted."""
+        before = data[:index]
+        joined = 1 if self._cr_last and before[:1] == b"\n" else 0     # \r|\n across two reads
+        return 1 + self.line_breaks + _breaks(before) - joined
+
+    def read1(self, size: int = -1) -> bytes:
+        size = size if size and size > 0 else _READ_BYTES
+        data = self._raw.read1(size)
+        if self._first:
+            self._first = False
+            while 0 < len(data) < len(_BOM) and _BOM.startswith(data):
+                if not (more := self._raw.read1(size)):
+                    break
+                data += more
+            if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+                raise _Utf16()
+            if data.startswith(_BOM):
+                self._account(_BOM)
+                data = data[len(_BOM):] or self._raw.read1(size)   # b"" would mean end of file
+        self._account(data)
+        return data
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0:
+            parts = []
+            while part := self.read1(_READ_BYTES):
+                parts.append(part)
+            return b"".join(parts)
+        return self.read1(size)
+
+    def locate(self, err: UnicodeDecodeError) -> tuple[int, int] | None:
+        """(byte offset, line) of a decoding error raised on the bytes handed out so far.
+
+        The incremental decoder raises on (its undecoded remainder + the chunk just read), which is
+        always the tail of what this stream handed out; None if that does not hold."""
+        obj = err.object
+        if not isinstance(obj, (bytes, bytearray)) or not 0 <= err.start < len(obj):
+            return None
+        offset = self.consumed - len(obj) + err.start
+        if offset < 0:
+            return None
+        tail = bytes(obj[err.start:])
+        return offset, 1 + self.line_breaks - _breaks(tail)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading.
+
+def _quote_list(values: Sequence[str]) -> str:
+    shown = ", ".join(repr(v) for v in values[:_LIST_MAX])
+    more = len(values) - _LIST_MAX
+    return shown + (f", ... and {more} more" if more > 0 else "")
+
+
+def _example(text: str) -> str:
+    return repr(text if len(text) <= 40 else text[:37] + "...")
+
+
+def _near(name: str, columns: Sequence[str]) -> str:
+    close = [c for c in columns if c.strip().lower() == name.strip().lower()]
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _parse_float(text: str) -> float | None:
+    """float(text) for plain ASCII decimal notation; None if it is not a number."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    if not text.isascii() or "_" in text:      # float() also takes "1_000" and non-ASCII digits
+        return None
+    return value
+
+
+def _is_missing_label(value: str) -> bool:
+    if value.lower() in MISSING_TOKENS:
+        return True
+    number = _parse_float(value)
+    return number is not None and not math.isfinite(number)
+
+
+def _open(path: Path) -> BinaryIO:
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found; check the data path in the job or site "
+                        "configuration") from None
+    except IsADirectoryError:
+        raise DataError(f"{path}: is a directory, not a CSV file") from None
+    except PermissionError:
+        raise DataError(f"{path}: cannot be read (permission denied); let the fedpeer user read it") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read: {e.strerror or e}") from None
+    return f
+
+
+class _Rows:
+    """Where data rows are in the file: data row index (0-based) -> 1-based line, stored sparsely
+    as breakpoints where the difference between them changes."""
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []
+        self._deltas: list[int] = []
+
+    def note(self, index: int, line: int) -> None:
+        delta = line - index
+        if not self._deltas or self._deltas[-1] != delta:
+            self._starts.append(index)
+            self._deltas.append(delta)
+
+    def where(self, index: int) -> str:
+        k = bisect.bisect_right(self._starts, index) - 1
+        return f"data row {index + 1}, line {index + self._deltas[k]}"
+
+
+def load_csv(spec: DataSpec, *, binary: bool = True, rows_max: int = 10_000_000,
+             bytes_max: int = 2 * 1024**3) -> Dataset:
+    """Read and check `spec.csv`. `binary`: the label must have exactly two values, one of them
+    `spec.positive`. Raises DataError for every problem with the file or the spec."""
+    if rows_max < 1 or bytes_max < 1:
+        raise ValueError("rows_max and bytes_max must be positive")
+    path = spec.csv
+    with _open(path) as f:
+        st = os.fstat(f.fileno())
+        if stat.S_ISREG(st.st_mode) and st.st_size > bytes_max:
+            raise DataError(f"{path}: is {st.st_size} bytes, more than the limit of {bytes_max} bytes "
+                            "(bytes_max); use a sample of the data or raise the limit")
+        metered = _Metered(f, bytes_max)
+        text = io.TextIOWrapper(metered, encoding="utf-8", errors="strict", newline="")
+        reader = csv.reader(text)
+        try:
+            parsed = _read(spec, reader, rows_max)
+        except _TooLarge:
+            raise DataError(f"{path}: is more than the limit of {bytes_max} bytes (bytes_max); "
+                            "use a sample of the data or raise the limit") from None
+        except _Utf16:
+            raise DataError(f"{path}: is UTF-16 text (it starts with a UTF-16 byte-order mark); save it as "
+                            "CSV in UTF-8 (Excel: 'CSV UTF-8')") from None
+        except _NulByte as e:
+            raise DataError(f"{path}: contains a NUL byte at byte offset {e.offset} (line {e.line}): "
+                            "not a text CSV file (UTF-16? binary?); save it as CSV in UTF-8") from None
+        except UnicodeDecodeError as e:
+            place = metered.locate(e)
+            at = (f" at byte offset {place[0]} (line {place[1]})" if place
+                  else f" after line {reader.line_num}")
+            bad = f"byte 0x{e.object[e.start]:02X}" if place else "byte"
+            raise DataError(f"{path}: is not UTF-8 text: invalid {bad}{at} (saved as UTF-16, Latin-1 or "
+                            "Windows-1252?); save it as CSV in UTF-8 (Excel: 'CSV UTF-8')") from None
+        except csv.Error as e:
+            raise DataError(f"{path}: is not valid CSV near line {reader.line_num}: {e}") from None
+        except OSError as e:
+            raise DataError(f"{path}: reading failed: {e.strerror or e}") from None
+    return _finish(spec, binary, *parsed)
+
+
+def _read(spec: DataSpec, reader, rows_max: int):
+    path = spec.csv
+    header = None
+    for record in reader:
+        if record:
+            header = [name.strip() for name in record]
+            break
+    if header is None:
+        raise DataError(f"{path}: is empty; a CSV file with a header row and data rows is needed")
+    header_lines = reader.line_num
+    for i, name in enumerate(header):
+        if not name:
+            raise DataError(f"{path}: column {i + 1} of the header has no name (R's write.csv writes one "
+                            "for row names: use row.names = FALSE); give every column a name")
+    seen: dict[str, int] = {}
+    for i, name in enumerate(header):
+        if name in seen:
+            raise DataError(f"{path}: column name {name!r} appears twice (columns {seen[name] + 1} and "
+                            f"{i + 1}); column names must be unique")
+        seen[name] = i
+    if spec.label not in seen:
+        raise DataError(f"{path}: label column {spec.label!r} not found{_near(spec.label, header)}; "
+                        f"the columns are {_quote_list(header)}")
+    for name in spec.ignore:
+        if name not in seen:
+            raise DataError(f"{path}: column {name!r} listed in ignore not found{_near(name, header)}; "
+                            f"the columns are {_quote_list(header)}")
+    if spec.label in spec.ignore:
+        raise DataError(f"{path}: the label column {spec.label!r} is also listed in ignore; "
+                        "remove it from ignore")
+    label_idx = seen[spec.label]
+    ignored = set(spec.ignore)
+    feat_idx = [i for i, name in enumerate(header) if i != label_idx and name not in ignored]
+    features = tuple(header[i] for i in feat_idx)
+    if not features:
+        raise DataError(f"{path}: no feature columns left (all columns are the label or ignored)")
+    ncols, nf = len(header), len(feat_idx)
+    pick = operator.itemgetter(*feat_idx) if nf > 1 else (lambda r, _i=feat_idx[0]: (r[_i],))
+
+    block_rows = max(1, _CHUNK_CELLS // nf)
+    blocks: list[np.ndarray] = []
+    block = np.empty((block_rows, nf), dtype=np.float64)
+    k = 0
+    codes = array("l")
+    label_codes: dict[str, int] = {}
+    rows = _Rows()
+    n = 0
+    last_line = header_lines
+    for record in reader:
+        start_line, last_line = last_line + 1, reader.line_num
+        if not record:
+            continue                                   # blank line
+        n += 1
+        if n > rows_max:
+            raise DataError(f"{path}: has more than {rows_max} data rows (rows_max); use a sample of the "
+                            "data or raise the limit")
+        rows.note(n - 1, start_line)
+        if len(record) != ncols:
+            raise DataError(f"{path}: {rows.where(n - 1)} has {len(record)} fields but the header has "
+                            f"{ncols} columns; fix that row (a stray or missing comma, or an unquoted "
+                            "comma inside a value?)")
+        cells = pick(record)
+        try:
+            values = [float(c) for c in cells]
+            joined = "".join(cells)
+            ok = joined.isascii() and "_" not in joined   # else let _parse_float judge each cell
+        except ValueError:
+            ok = False
+        if not ok:
+            values = []
+            for j, c in enumerate(cells):
+                t = c.strip()
+                if t.lower() in MISSING_TOKENS:
+                    values.append(math.nan)
+                    continue
+                v = _parse_float(t)
+                if v is None:
+                    raise DataError(f"{path}: column {features[j]!r} is not numeric: {rows.where(n - 1)} "
+                                    f"has {_example(c)}; if it is not a feature (an identifier, a date, "
+                                    "text), add it to ignore")
+                values.append(v)
+        block[k] = values
+        k += 1
+        if k == block_rows:
+            blocks.append(block)
+            block = np.empty((block_rows, nf), dtype=np.float64)
+            k = 0
+        lab = record[label_idx].strip()
+        code = label_codes.get(lab)
+        if code is None:
+            code = label_codes[lab] = len(label_codes)
+        codes.append(code)
+    if n == 0:
+        raise DataError(f"{path}: has a header but no data rows")
+    blocks.append(block[:k])
+    X = np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
+    return features, X, np.frombuffer(codes, dtype=np.dtype("l")).astype(np.int64), list(label_codes), rows
+
+
+def _finish(spec: DataSpec, binary: bool, features: tuple[str, ...], X: np.ndarray, codes: np.ndarray,
+            uniques: list[str], rows: _Rows) -> Dataset:
+    path = spec.csv
+    n = X.shape[0]
+    # Labels: judge each distinct value once.
+    for code, value in enumerate(uniques):
+        if len(value) > LABEL_CHARS_MAX:
+            first = int(np.argmax(codes == code))
+            raise DataError(f"{path}: label column {spec.label!r}: {rows.where(first)} has a value of "
+                            f"{len(value)} characters (at most {LABEL_CHARS_MAX}); is {spec.label!r} "
+                            "really the class column?")
+    bad_label = np.array([_is_missing_label(v) for v in uniques], dtype=bool)
+    label_missing = bad_label[codes]
+    nan_cells = np.isnan(X)
+    inf_cells = np.isinf(X)
+    bad_rows = nan_cells.any(axis=1) | inf_cells.any(axis=1) | label_missing
+    dropped = int(bad_rows.sum())
+    if dropped and spec.missing == "error":
+        problems = []
+        for j, name in enumerate(features):
+            for mask, what in ((nan_cells[:, j], "missing"), (inf_cells[:, j], "infinite")):
+                count = int(mask.sum())
+                if count:
+                    problems.append(f"column {name!r} has {count} {what} value{'s' * (count != 1)} "
+                                    f"(first at {rows.where(int(np.argmax(mask)))})")
+        count = int(label_missing.sum())
+        if count:
+            problems.append(f"label column {spec.label!r} has {count} missing or infinite value"
+                            f"{'s' * (count != 1)} (first at {rows.where(int(np.argmax(label_missing)))})")
+        more = len(problems) - _LIST_MAX
+        text = "; ".join(problems[:_LIST_MAX]) + (f"; ... and {more} more columns" if more > 0 else "")
+        raise DataError(f"{path}: {text}. Missing means empty, NA, N/A, NaN, null or ?. Fill them in, or "
+                        f"set missing = \"drop\" to drop the rows that have one ({dropped} of {n})")
+    if dropped:
+        if dropped == n:
+            raise DataError(f"{path}: all {n} data rows have a missing or infinite value; nothing is left "
+                            "after dropping them")
+        keep = ~bad_rows
+        X, codes = X[keep], codes[keep]
+    present = sorted(uniques[c] for c in np.unique(codes))
+    if binary:
+        if len(present) != 2:
+            if len(present) == 1:
+                why = (f"has only one value, {present[0]!r} (in all {X.shape[0]} rows): no model can be "
+                       "learned from one class; this site needs rows of both classes")
+            else:
+                why = (f"has {len(present)} distinct values ({_quote_list(present)}), a binary job "
+                       "needs exactly two")
+            raise DataError(f"{path}: label column {spec.label!r} {why}")
+        if spec.positive is None:
+            raise DataError(f"{path}: a binary job needs the positive class: set positive to one of "
+                            f"{_quote_list(present)} (values of column {spec.label!r})")
+    y = None
+    if spec.positive is not None:
+        if spec.positive not in present:
+            raise DataError(f"{path}: positive class {spec.positive!r} is not a value of label column "
+                            f"{spec.label!r}; the values are {_quote_list(present)}")
+        y = (codes == uniques.index(spec.positive)).astype(np.int8)
+    labels = np.array(uniques, dtype=str)[codes]
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    return _frozen(features, X, y, labels, dropped)
+
+
+def _frozen(features: tuple[str, ...], X: np.ndarray, y: np.ndarray | None, labels: np.ndarray,
+            rows_dropped: int, fingerprint: bytes | None = None) -> Dataset:
+    for a in (X, y, labels):
+        if a is not None:
+            a.setflags(write=False)
+    if fingerprint is None:
+        fingerprint = schema_fingerprint(features, [FEATURE_TYPE_FLOAT] * len(features))
+    return Dataset(features, X, y, labels, rows_dropped, fingerprint)
+
+
+# ---------------------------------------------------------------------------------------------
+# Splitting.
+
+def split_train_test(ds: Dataset, test_fraction: float, seed: int,
+                     stratify: bool = True) -> tuple[Dataset, Dataset]:
+    """(train, test): a random split, deterministic given `seed`, rows kept in file order.
+
+    The test set has round(rows * test_fraction) rows, at least 1 and at most rows - 1. With
+    `stratify` and a y, each class gets its share of the test rows to within one row (largest
+    remainder). Both parts keep the features, fingerprint and rows_dropped of `ds`.
+    """
+    if not (isinstance(test_fraction, (int, float)) and 0.0 < test_fraction < 1.0):
+        raise ValueError(f"test_fraction must be between 0 and 1 (exclusive), got {test_fraction!r}")
+    n = ds.X.shape[0]
+    if n < 2:
+        raise DataError(f"cannot split {n} data row{'s' * (n != 1)} into a train and a test set")
+    n_test = min(max(math.floor(n * test_fraction + 0.5), 1), n - 1)
+    rng = np.random.default_rng(seed)
+    if stratify and ds.y is not None:
+        classes, inverse = np.unique(ds.y, return_inverse=True)
+        counts = np.bincount(inverse, minlength=len(classes))
+        ideal = counts * (n_test / n)
+        share = np.floor(ideal).astype(np.int64)
+        short = n_test - int(share.sum())
+        share[np.argsort(-(ideal - share), kind="stable")[:short]] += 1
+        test = np.concatenate([rng.permutation(np.flatnonzero(inverse == c))[:share[c]]
+                               for c in range(len(classes))])
+    else:
+        test = rng.permutation(n)[:n_test]
+    in_test = np.zeros(n, dtype=bool)
+    in_test[test] = True
+
+    def part(mask: np.ndarray) -> Dataset:
+        return _frozen(ds.features, ds.X[mask], None if ds.y is None else ds.y[mask], ds.labels[mask],
+                       ds.rows_dropped, ds.fingerprint)
+    return part(~in_test), part(in_test)
