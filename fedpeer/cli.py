@@ -58,9 +58,45 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--size", type=int, default=64, help="payload bytes per message")
     s.add_argument("--json", action="store_true")
 
+    _add_job_commands(sub)
+
     from .harness import add_arguments as add_harness_arguments
     add_harness_arguments(sub.add_parser("harness", help="run a local federation of real daemons"))
     return p
+
+
+def _add_job_commands(sub: argparse._SubParsersAction) -> None:
+    from .jobs.kinds import job_kinds
+
+    s = sub.add_parser("run", help="propose a federated job from this site")
+    kinds = s.add_subparsers(dest="kind", required=True, metavar="KIND")
+    for kind in job_kinds().values():
+        k = kinds.add_parser(kind.name, help=kind.help)
+        k.add_argument("--config", required=True, type=Path)
+        k.add_argument("--members", help="comma-separated member names (default: this site and every alive peer)")
+        k.add_argument("--wait", action="store_true", help="wait for the result, showing progress")
+        k.add_argument("--json", action="store_true", help="print the job record as JSON")
+        for name, param in kind.params.items():
+            flag = "--" + name.replace("_", "-")
+            if param.type is bool:
+                k.add_argument(flag, dest=f"param_{name}", action=argparse.BooleanOptionalAction,
+                               default=param.default, help=param.help)
+            else:
+                k.add_argument(flag, dest=f"param_{name}", type=param.type, default=param.default,
+                               choices=param.choices, help=f"{param.help} (default: {param.default})")
+
+    s = sub.add_parser("jobs", help="list this site's jobs")
+    s.add_argument("--config", required=True, type=Path)
+    s.add_argument("--json", action="store_true")
+
+    s = sub.add_parser("job", help="one job: show or cancel")
+    js = s.add_subparsers(dest="job_command", required=True, metavar="SUBCOMMAND")
+    for name, text in (("show", "spec, members, phase, progress, timings, errors and this site's result"),
+                       ("cancel", "cancel a running job on every member")):
+        k = js.add_parser(name, help=text)
+        k.add_argument("id")
+        k.add_argument("--config", required=True, type=Path)
+        k.add_argument("--json", action="store_true")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,6 +216,92 @@ def _ping(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _run(args: argparse.Namespace) -> int:
+    from .net.admin import request
+
+    config = cfg.load(args.config)
+    params = {k[len("param_"):]: v for k, v in vars(args).items() if k.startswith("param_")}
+    members = [m.strip() for m in args.members.split(",")] if args.members else None
+    job_id = asyncio.run(request(config, "POST", "/v1/jobs", {"kind": args.kind, "params": params,
+                                                              "members": members}))["id"]
+    if not args.wait:
+        print(job_id)
+        return EXIT_OK
+    record = asyncio.run(_wait_for_job(config, job_id, live=sys.stderr.isatty()))
+    print(json.dumps(record, indent=2) if args.json else format_job(record))
+    return EXIT_OK if record["state"] == "done" else EXIT_FAILED
+
+
+async def _wait_for_job(config: cfg.Config, job_id: str, live: bool, poll_s: float = 0.5) -> dict:
+    from .net.admin import request
+
+    while True:
+        record = await request(config, "GET", f"/v1/jobs/{job_id}")
+        if live:
+            p = record["progress"]
+            step = f" step {p['step']} of {p['total']}" if p["total"] else ""
+            print(f"\r{job_id}: {record['state']} — {record['phase']}{step}".ljust(100)[:100], end="",
+                  file=sys.stderr, flush=True)
+        if record["state"] in ("done", "failed", "cancelled"):
+            if live:
+                print(file=sys.stderr)
+            return record
+        await asyncio.sleep(poll_s)
+
+
+def _jobs(args: argparse.Namespace) -> int:
+    from .net.admin import request
+
+    doc = asyncio.run(request(cfg.load(args.config), "GET", "/v1/jobs"))
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return EXIT_OK
+    rows = [("JOB", "KIND", "STATE", "PHASE", "ELAPSED")]
+    rows += [(j["id"], j["kind"], j["state"], j["phase"], "-" if j["elapsed_s"] is None else f"{j['elapsed_s']:.1f} s")
+             for j in doc["jobs"]]
+    print(_table(rows) if doc["jobs"] else "no jobs")
+    return EXIT_OK
+
+
+def _job(args: argparse.Namespace) -> int:
+    from .net.admin import request
+
+    config = cfg.load(args.config)
+    if args.job_command == "cancel":
+        record = asyncio.run(request(config, "POST", f"/v1/jobs/{args.id}/cancel"))
+    else:
+        record = asyncio.run(request(config, "GET", f"/v1/jobs/{args.id}"))
+    print(json.dumps(record, indent=2) if args.json else format_job(record))
+    return EXIT_OK
+
+
+def format_job(record: dict) -> str:
+    p = record["progress"]
+    lines = [f"job {record['id']} ({record['kind']}): {record['state']}",
+             f"  proposed by {record['proposer']}; members: {', '.join(m['name'] for m in record['members'])}",
+             f"  phase: {record['phase']}" + (f" (step {p['step']} of {p['total']})" if p["total"] else ""),
+             f"  parameters: {json.dumps(record['params'], sort_keys=True)}"]
+    if record.get("elapsed_s") is not None:
+        lines.append(f"  elapsed: {record['elapsed_s']:.1f} s; rows at this site: {record.get('rows')}")
+    if record.get("error"):
+        lines.append(f"  error: {record['error']}")
+    result = record.get("result")
+    if result and "mean" in result:
+        lines.append(f"  federation: {result['count']} rows over {', '.join(result['participants'])}; "
+                     f"positive share {result['positive_share']:.3f}; std = {result['std_kind']}")
+        rows = [("COLUMN", "MEAN", "STD")] + [(c, f"{result['mean'][c]:.6g}", f"{result['std'][c]:.6g}")
+                                              for c in result["mean"]]
+        lines.append(_table(rows, indent="  "))
+    elif result:
+        lines.append("  result: " + json.dumps(result, indent=2).replace("\n", "\n  "))
+    return "\n".join(lines)
+
+
+def _table(rows: list[tuple], indent: str = "") -> str:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(indent + "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
 def _harness(args: argparse.Namespace) -> int:
     from .harness import main as harness_main
 
@@ -187,7 +309,7 @@ def _harness(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"init": _init, "key": _key, "peer": _peer, "start": _start, "status": _status,
-             "ping": _ping, "harness": _harness}
+             "ping": _ping, "run": _run, "jobs": _jobs, "job": _job, "harness": _harness}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -105,8 +105,32 @@ class MembershipTiming:
 class Policy:
     """What this site agrees to take part in. Each site decides for itself."""
 
-    allowed_jobs: tuple[str, ...] = ("stats", "bofrf", "xgboost")
+    allowed_jobs: tuple[str, ...] = ("stats", "sumcheck", "bofrf", "xgboost")
     members_max: int = 100
+
+
+@dataclass(frozen=True)
+class DataSection:
+    """This site's own data for jobs. The rows never leave the site."""
+
+    csv: str = ""                     # path to the CSV (header row); relative to peers.toml's directory
+    label: str = ""                   # the label column
+    positive: str = ""                # the positive class value, for binary jobs
+    ignore: tuple[str, ...] = ()      # columns that are not features (identifiers such as "Id")
+    missing: str = "error"            # "error": a missing value stops the job; "drop": such rows are dropped
+
+
+@dataclass(frozen=True)
+class JobLimits:
+    """Bounds on jobs this site takes part in."""
+
+    jobs_concurrent_max: int = 4          # jobs running at once on this site
+    job_accept_timeout_ms: int = 30_000   # proposer waits this long for every member's answer
+    job_start_timeout_ms: int = 60_000    # a member that accepted waits this long for the start
+    job_timeout_ms: int = 3_600_000       # a job running longer fails on this site
+    hop_timeout_ms: int = 20_000          # one hop of a ring protocol (secure sum)
+    data_bytes_max: int = 2 * 1024**3     # a CSV larger than this is refused
+    data_rows_max: int = 10_000_000
 
 
 @dataclass(frozen=True)
@@ -138,12 +162,14 @@ class Config:
     policy: Policy = field(default_factory=Policy)
     limits: Limits = field(default_factory=Limits)
     membership: MembershipTiming = field(default_factory=MembershipTiming)
+    data: DataSection | None = None
+    jobs: JobLimits = field(default_factory=JobLimits)
 
     def peer_by_key(self, key: bytes) -> PeerEntry | None:
         return next((p for p in self.peers if p.public_key == key), None)
 
 
-_TOP_KEYS = {"node", "peer", "policy", "limits", "membership"}
+_TOP_KEYS = {"node", "peer", "policy", "limits", "membership", "data", "jobs"}
 _NODE_KEYS = {"name", "listen", "advertise", "key_file", "state_dir", "admin"}
 _PEER_KEYS = {"name", "address", "public_key"}
 
@@ -171,6 +197,8 @@ def load(path: str | os.PathLike[str]) -> Config:
         policy=_section(path, "policy", raw.get("policy", {}), Policy),
         limits=_section(path, "limits", raw.get("limits", {}), Limits),
         membership=_section(path, "membership", raw.get("membership", {}), MembershipTiming),
+        data=_data(path, raw["data"]) if "data" in raw else None,
+        jobs=_section(path, "jobs", raw.get("jobs", {}), JobLimits),
     )
     _check_peer_uniqueness(config)
     return config
@@ -235,6 +263,17 @@ def _node(path: Path, table: dict) -> NodeSection:
         state_dir=state_dir,
         admin=admin,
     )
+
+
+def _data(path: Path, table: object) -> DataSection:
+    data = _section(path, "data", table, DataSection)
+    for key in ("csv", "label"):
+        if not getattr(data, key):
+            raise ConfigError(path, f"data.{key}", "missing (required when [data] is present)")
+    if data.missing not in ("error", "drop"):
+        raise ConfigError(path, "data.missing", "expected \"error\" or \"drop\"")
+    csv = Path(data.csv)
+    return dataclasses.replace(data, csv=str(csv if csv.is_absolute() else path.parent / csv))
 
 
 def _peers(path: Path, value: object) -> tuple[PeerEntry, ...]:

@@ -34,7 +34,8 @@ HOST = "127.0.0.1"
 POLL_MS = 100
 STOP_GRACE_S = 5.0
 START_TIMEOUT_S = 20.0
-HARNESS_JOBS = ("membership",)
+TERMINAL = ("done", "failed", "cancelled")
+UNHEARD_GRACE_S = 5.0   # how long a site may take to learn of a proposed job
 
 
 class HarnessError(FedpeerError):
@@ -85,6 +86,8 @@ class Harness:
     n_sites: int
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)   # {section: {key: value}} for every site
     log_level: str = "info"
+    site_data: list[Path] | None = None      # one CSV per site, copied into the site as data.csv
+    data_settings: dict[str, Any] = field(default_factory=dict)          # [data] keys other than csv
     sites: list[Site] = field(default_factory=list)
 
     def create(self) -> None:
@@ -98,9 +101,15 @@ class Harness:
             _, identity = init_site(site.dir, site.name, site.address)
             site.public_key = encode_public_key(identity.public_key)
             self.sites.append(site)
-        for site in self.sites:
+        if self.site_data is not None and len(self.site_data) != self.n_sites:
+            raise HarnessError(f"{len(self.site_data)} data files for {self.n_sites} sites")
+        for i, site in enumerate(self.sites):
             others = [(o.name, o.address, o.public_key) for o in self.sites if o is not site]
-            add_peers(site.config_path, others, self.settings)
+            settings = dict(self.settings)
+            if self.site_data is not None:
+                shutil.copyfile(self.site_data[i], site.dir / "data.csv")
+                settings["data"] = {**self.data_settings, "csv": "data.csv"}
+            add_peers(site.config_path, others, settings)
             site.config = cfg.load(site.config_path)
 
     # -- processes --------------------------------------------------------------------------
@@ -204,6 +213,39 @@ class Harness:
                 tail = site.log_path.read_text(errors="replace").splitlines()[-5:]
                 raise HarnessError(f"{site.name} exited with code {code}: " + " | ".join(tail))
 
+    async def propose(self, i: int, kind: str, params: dict[str, Any]) -> str:
+        doc = await admin.request(self.sites[i].config, "POST", "/v1/jobs", {"kind": kind, "params": params})
+        return doc["id"]
+
+    async def job(self, i: int, job_id: str) -> dict | None:
+        try:
+            return await admin.request(self.sites[i].config, "GET", f"/v1/jobs/{job_id}", timeout_ms=5_000)
+        except NoDaemonError:
+            return None
+        except FedpeerError:
+            return None    # not (yet) known at that site
+
+    async def wait_job(self, job_id: str, timeout_s: float, among: list[int] | None = None) -> dict[int, dict | None]:
+        """Poll every site's record of the job until each is terminal (or its daemon is gone)."""
+        among = list(range(self.n_sites)) if among is None else among
+        started = time.monotonic()
+        while True:
+            records = dict(zip(among, await asyncio.gather(*(self.job(i, job_id) for i in among))))
+            unfinished = [i for i, r in records.items() if r is not None and r["state"] not in TERMINAL]
+            # a live site that never heard of the job only counts while some site still runs it
+            running = unfinished or [i for i, r in records.items() if r is None and self._running(i)
+                                     and time.monotonic() - started < UNHEARD_GRACE_S]
+            if not running:
+                return records
+            if time.monotonic() - started > timeout_s:
+                raise HarnessError(f"job {job_id} still running at {[self.sites[i].name for i in running]} "
+                                   f"after {timeout_s:.0f} s; logs in {self.workdir}")
+            await asyncio.sleep(POLL_MS / 1000)
+
+    def _running(self, i: int) -> bool:
+        p = self.sites[i].process
+        return p is not None and p.poll() is None
+
     async def wait_all_alive(self, timeout_s: float = START_TIMEOUT_S, among: list[int] | None = None) -> float:
         among = list(range(self.n_sites)) if among is None else among
         names = {self.sites[i].name for i in among}
@@ -226,46 +268,121 @@ class Harness:
 # -- command line ---------------------------------------------------------------------------
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from .jobs.kinds import job_kinds
+
     p.add_argument("--sites", type=int, default=5, help="number of sites (daemons) to start")
     p.add_argument("--workdir", type=Path, help="where sites live (default: a temporary directory, removed after)")
-    p.add_argument("--job", default="membership", choices=HARNESS_JOBS,
-                   help="what to run once all sites see each other")
+    p.add_argument("--job", default="membership", choices=["membership", *job_kinds()],
+                   help="what to run once all sites see each other (membership: only the health report)")
+    data = p.add_mutually_exclusive_group()
+    data.add_argument("--data", type=Path, help="one CSV split across the sites (see --split)")
+    data.add_argument("--site-data", type=Path, nargs="+", metavar="CSV", help="one CSV per site, in site order")
+    p.add_argument("--split", default="stratified",
+                   help="how --data is split: 'stratified' (equal parts, same class mix) or comma-separated "
+                        "fractions, e.g. 0.5,0.3,0.2 (stratified, one fraction per site)")
+    p.add_argument("--label", help="label column of the CSVs")
+    p.add_argument("--positive", help="positive class value of the label column")
+    p.add_argument("--ignore", default="", help="comma-separated columns that are not features (e.g. Id)")
+    p.add_argument("--missing", default="error", choices=["error", "drop"], help="rows with missing values")
+    p.add_argument("--seed", type=int, default=0, help="seed for the data split (and the job, where it has one)")
+    p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="a job parameter (see 'fedpeer run KIND --help'); repeatable")
     p.add_argument("--chaos", action="store_true",
                    help="also kill -9 one site, wait until the others see it dead, restart it, wait until alive")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
-    p.add_argument("--timeout-s", type=float, default=60.0, help="give up after this many seconds")
+    p.add_argument("--timeout-s", type=float, default=600.0, help="give up after this many seconds")
 
 
 def main(args: argparse.Namespace) -> int:
-    if not 2 <= args.sites <= 100:
-        print("fedpeer harness: --sites must be between 2 and 100", file=sys.stderr)
+    problem = _check_arguments(args)
+    if problem:
+        print(f"fedpeer harness: {problem}", file=sys.stderr)
         return 2
     temp = args.workdir is None
     workdir = Path(tempfile.mkdtemp(prefix="fedpeer-harness-")) if temp else args.workdir.resolve()
-    report = {"job": {"id": None, "kind": args.job, "state": "failed", "elapsed_s": None, "error": None},
-              "sites": []}
-    harness = Harness(workdir, args.sites)
+    report: dict[str, Any] = {"job": {"id": None, "kind": args.job, "state": "failed", "elapsed_s": None,
+                                      "error": None}, "sites": []}
     started = time.monotonic()
+    harness = None
     try:
+        harness = _make_harness(args, workdir)
         harness.create()
         harness.start()
-        report["job"]["startup_s"] = round(asyncio.run(harness.wait_all_alive(args.timeout_s)), 3)
+        report["job"]["startup_s"] = round(asyncio.run(harness.wait_all_alive(min(args.timeout_s, 120))), 3)
         if args.chaos:
             report["job"]["chaos"] = asyncio.run(_chaos(harness, args.timeout_s))
-        statuses = asyncio.run(harness.statuses())
-        report["sites"] = [_site_report(harness.sites[i], doc) for i, doc in statuses.items()]
-        report["job"]["state"] = "done"
-    except (FedpeerError, OSError) as exc:
+        if args.job == "membership":
+            statuses = asyncio.run(harness.statuses())
+            report["sites"] = [_site_report(harness.sites[i], doc) for i, doc in statuses.items()]
+            report["job"]["state"] = "done"
+        else:
+            report.update(asyncio.run(_run_job(harness, args)))
+    except (FedpeerError, OSError, ValueError) as exc:
         report["job"]["error"] = str(exc)
     except KeyboardInterrupt:
         report["job"]["error"] = "interrupted"
     finally:
-        harness.stop()
-        report["job"]["elapsed_s"] = round(time.monotonic() - started, 3)
+        if harness is not None:
+            harness.stop()
+        report["job"]["elapsed_s"] = report["job"].get("elapsed_s") or round(time.monotonic() - started, 3)
         if temp:
             shutil.rmtree(workdir, ignore_errors=True)
     print(json.dumps(report, indent=2) if args.json else format_report(report, workdir, temp))
     return 0 if report["job"]["state"] == "done" else 1
+
+
+def _check_arguments(args: argparse.Namespace) -> str | None:
+    if not 2 <= args.sites <= 100:
+        return "--sites must be between 2 and 100"
+    if args.job != "membership":
+        if args.data is None and args.site_data is None:
+            return f"--job {args.job} needs --data CSV or --site-data CSV ..."
+        if not args.label:
+            return "--label is required with a job"
+        if args.site_data is not None and len(args.site_data) != args.sites:
+            return f"--site-data has {len(args.site_data)} files for --sites {args.sites}"
+    return None
+
+
+def _make_harness(args: argparse.Namespace, workdir: Path) -> Harness:
+    site_data = None
+    if args.job != "membership":
+        if args.data is not None:
+            site_data = split_csv(args.data, args.label, args.sites, args.split, args.seed, workdir / "splits")
+        else:
+            site_data = [p.resolve() for p in args.site_data]
+    data_settings = {"label": args.label or "", "positive": args.positive or "",
+                     "ignore": [c.strip() for c in args.ignore.split(",") if c.strip()], "missing": args.missing}
+    return Harness(workdir, args.sites, site_data=site_data, data_settings=data_settings)
+
+
+def _job_params(kind_name: str, pairs: list[str]) -> dict[str, Any]:
+    from .jobs.kinds import job_kinds
+
+    kind = job_kinds()[kind_name]
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in kind.params:
+            raise HarnessError(f"--param {pair!r}: expected KEY=VALUE with KEY one of {sorted(kind.params)}")
+        typ = kind.params[key].type
+        params[key] = (text.lower() in ("1", "true", "yes")) if typ is bool else typ(text)
+    return params
+
+
+async def _run_job(harness: Harness, args: argparse.Namespace) -> dict:
+    job_id = await harness.propose(0, args.job, _job_params(args.job, args.param))
+    records = await harness.wait_job(job_id, args.timeout_s)
+    proposer = records.get(0) or {}
+    states = {r["state"] for r in records.values() if r is not None}
+    errors = sorted({r["error"] for r in records.values() if r is not None and r.get("error")})
+    job = {"id": job_id, "kind": args.job, "state": "done" if states == {"done"} else "failed",
+           "elapsed_s": proposer.get("elapsed_s"), "error": "; ".join(errors) or None}
+    sites = [{"name": harness.sites[i].name, "rows": (r or {}).get("rows"),
+              "state": (r or {}).get("state", "gone"), "result": (r or {}).get("result")}
+             for i, r in records.items()]
+    return {"job": job, "sites": sites}
 
 
 async def _chaos(harness: Harness, timeout_s: float) -> dict:
@@ -276,6 +393,46 @@ async def _chaos(harness: Harness, timeout_s: float) -> dict:
     alive_s = await harness.wait_peer_state(victim, "alive", timeout_s)
     return {"killed": harness.sites[victim].name, "seen_dead_after_s": round(dead_s, 3),
             "alive_after_restart_s": round(alive_s, 3)}
+
+
+def split_csv(path: Path, label: str, parts: int, split: str, seed: int, out_dir: Path) -> list[Path]:
+    """Split one CSV into `parts` files, stratified by `label`, seeded; returns the paths.
+
+    split: "stratified" (equal parts) or comma-separated fractions (one per part)."""
+    import csv
+    import random
+
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))
+    if len(rows) < 2:
+        raise HarnessError(f"{path}: no data rows")
+    header, body = rows[0], rows[1:]
+    if label not in header:
+        raise HarnessError(f"{path}: no column {label!r}; columns: {header}")
+    fractions = [1 / parts] * parts if split == "stratified" else [float(x) for x in split.split(",")]
+    if len(fractions) != parts or any(x <= 0 for x in fractions) or abs(sum(fractions) - 1) > 1e-6:
+        raise HarnessError(f"--split {split!r}: need {parts} positive fractions that add up to 1")
+    rng = random.Random(seed)
+    col = header.index(label)
+    by_class: dict[str, list[list[str]]] = {}
+    for row in body:
+        by_class.setdefault(row[col] if col < len(row) else "", []).append(row)
+    out: list[list[list[str]]] = [[] for _ in range(parts)]
+    for cls in sorted(by_class):
+        members = by_class[cls]
+        rng.shuffle(members)
+        bounds = [round(sum(fractions[:k]) * len(members)) for k in range(parts + 1)]
+        for k in range(parts):
+            out[k].extend(members[bounds[k]:bounds[k + 1]])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for k, part in enumerate(out):
+        rng.shuffle(part)
+        target = out_dir / f"part-{k + 1}.csv"
+        with open(target, "w", newline="", encoding="utf-8") as f:
+            csv.writer(f).writerows([header, *part])
+        paths.append(target)
+    return paths
 
 
 def _site_report(site: Site, doc: dict | None) -> dict:
@@ -290,7 +447,7 @@ def _site_report(site: Site, doc: dict | None) -> dict:
 
 def format_report(report: dict, workdir: Path, temp: bool) -> str:
     job = report["job"]
-    lines = [f"job {job['kind']}: {job['state']} in {job['elapsed_s']} s"
+    lines = [f"job {job['kind']}{' ' + job['id'] if job.get('id') else ''}: {job['state']} in {job['elapsed_s']} s"
              + (f" — error: {job['error']}" if job["error"] else "")]
     if job.get("startup_s") is not None:
         lines.append(f"all sites saw each other alive after {job['startup_s']} s")
@@ -298,8 +455,23 @@ def format_report(report: dict, workdir: Path, temp: bool) -> str:
         c = job["chaos"]
         lines.append(f"chaos: killed {c['killed']} (kill -9); others saw it dead after {c['seen_dead_after_s']} s; "
                      f"restarted, alive again after {c['alive_after_restart_s']} s")
+    if job["kind"] == "membership":
+        lines.append(_membership_table(report["sites"]))
+    elif job["kind"] == "stats":
+        lines.append(_stats_table(report["sites"]))
+    if not temp:
+        lines.append(f"sites, keys and daemon logs: {workdir}")
+    return "\n".join(lines)
+
+
+def _table(rows: list[tuple]) -> str:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def _membership_table(sites: list[dict]) -> str:
     rows = [("SITE", "ADDRESS", "FINGERPRINT", "ALIVE PEERS", "MEDIAN RTT")]
-    for s in report["sites"]:
+    for s in sites:
         r = s["result"]
         if "error" in r:
             rows.append((s["name"], "-", "-", r["error"], "-"))
@@ -307,8 +479,15 @@ def format_report(report: dict, workdir: Path, temp: bool) -> str:
         rtts = sorted(p["rtt_ms"] for p in r["peers"].values() if p["rtt_ms"] is not None)
         median = f"{rtts[len(rtts) // 2]:.1f} ms" if rtts else "-"
         rows.append((s["name"], r["address"], r["fingerprint"], f"{r['alive_peers']}/{len(r['peers'])}", median))
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    if not temp:
-        lines.append(f"sites, keys and daemon logs: {workdir}")
-    return "\n".join(lines)
+    return _table(rows)
+
+
+def _stats_table(sites: list[dict]) -> str:
+    rows = [("SITE", "STATE", "LOCAL ROWS", "FEDERATION ROWS", "POSITIVE SHARE", "FIRST COLUMN MEAN ± STD")]
+    for s in sites:
+        r = s.get("result") or {}
+        first = next(iter(r.get("mean", {})), None)
+        spread = f"{first}: {r['mean'][first]:.4g} ± {r['std'][first]:.4g}" if first else "-"
+        rows.append((s["name"], s.get("state", "-"), s.get("rows") if s.get("rows") is not None else "-",
+                     r.get("count", "-"), f"{r['positive_share']:.3f}" if r else "-", spread))
+    return _table(rows)

@@ -23,7 +23,10 @@ from aiohttp import web
 from . import wire
 from .config import Config
 from .core import membership as mb
-from .errors import ConfigError, RemoteProtocolError
+from .errors import ConfigError, JobError, RemoteProtocolError
+from .jobs.kinds import job_kinds
+from .jobs.registry import JobRegistry
+from .net.channel import PeerUnreachable
 from .identity import Identity, encode_public_key, fingerprint
 from .logs import fields
 from .net.admin import AdminServer
@@ -34,6 +37,7 @@ log = logging.getLogger("fedpeer.node")
 REPLAY_SYNC_MS = 1_000            # fsync of replay marks (kill -9 is covered without it)
 REJECT_LOG_INTERVAL_MS = 5_000    # per reason: log the first rejection, then at most this often
 PING_COUNT_MAX = 10_000           # probes one `fedpeer ping` may send
+STATUS_JOBS_MAX = 20               # most recent jobs listed in `status`
 OFF_LOOP_BYTES_MIN = 256 * 1024   # frames larger than this are sealed/opened in a worker thread
 
 
@@ -68,7 +72,11 @@ class Node:
         self._client = PeerClient(config.limits, self._rng)
         self._server = PeerServer(config.node.listen, config.limits, self._on_frame, self._on_reject)
         self._admin = AdminServer(config, {("GET", "/v1/status"): self._admin_status,
-                                           ("POST", "/v1/diag/ping"): self._admin_ping})
+                                           ("POST", "/v1/diag/ping"): self._admin_ping,
+                                           ("POST", "/v1/jobs"): self._admin_propose,
+                                           ("GET", "/v1/jobs"): self._admin_jobs,
+                                           ("GET", "/v1/jobs/{id}"): self._admin_job,
+                                           ("POST", "/v1/jobs/{id}/cancel"): self._admin_cancel})
         t = config.membership
         self.membership = mb.Membership(
             me=identity.public_key, address=str(config.node.advertise),
@@ -81,6 +89,9 @@ class Node:
                 retransmit_mult=t.retransmit_mult),
             rng=self._rng, now_ms=_monotonic_ms())
         self._saved_incarnation = self.membership.incarnation
+        self.me = identity.public_key
+        self.jobs = JobRegistry(config, self, {**self._names, self.me: config.node.name}, job_kinds(),
+                                self._spawn)
         self._peer_states = {v.node: v.state for v in self.membership.view()}
         self._tg: asyncio.TaskGroup | None = None
 
@@ -174,6 +185,8 @@ class Node:
             self._apply(self.membership.receive(envelope.src, envelope.msg, _monotonic_ms()))
         elif isinstance(envelope.msg, wire.DiagProbe):
             pass   # delivered through the whole gate: that is all a probe is for
+        elif envelope.job:
+            self.jobs.on_message(envelope.src, envelope.job, envelope.msg)
         else:
             raise RemoteProtocolError("unexpected_kind", f"no handler for {envelope.kind}")
 
@@ -213,7 +226,8 @@ class Node:
                      "incarnation": self.membership.incarnation, "pid": os.getpid()},
             "peers": peers,
             "leader": None,
-            "jobs": [],
+            "jobs": [{k: j[k] for k in ("id", "kind", "state", "phase", "progress", "error")}
+                     for j in self.jobs.list()[:STATUS_JOBS_MAX]],
             "rejected": dict(sorted(self.rejected.items())),
             "dropped_sends": self._client.dropped_best_effort,
         }
@@ -236,6 +250,34 @@ class Node:
             times_ms.append((time.perf_counter() - started) * 1000)
         return times_ms
 
+    # -- the jobs' transport (fedpeer/jobs/registry.py Transport) -----------------------------
+
+    def now_ms(self) -> int:
+        return time.time_ns() // 1_000_000
+
+    def alive(self, peer: bytes) -> bool:
+        return self._peer_states.get(peer) == mb.MemberState.ALIVE
+
+    def pairwise_seed(self, peer: bytes, label: bytes) -> bytes:
+        return self.identity.pairwise_seed(peer, label)
+
+    async def send(self, dst: bytes, msg: object, job_id: str, timeout_ms: int) -> None:
+        """Deliver within timeout_ms (the transport's retries included) or raise PeerUnreachable."""
+        try:
+            await asyncio.wait_for(self.send_reliable(dst, self.membership.address_of(dst), msg, job=job_id,
+                                                      large=_payload_bytes(msg) > OFF_LOOP_BYTES_MIN),
+                                   timeout_ms / 1000)
+        except SendError as exc:
+            raise PeerUnreachable(dst, str(exc)) from None
+        except TimeoutError:
+            raise PeerUnreachable(dst, f"not delivered within {timeout_ms} ms") from None
+
+    def _spawn(self, coro: Any) -> asyncio.Task:
+        if self._tg is None:
+            coro.close()
+            raise JobError("the daemon is shutting down")
+        return self._tg.create_task(coro)
+
     async def send_reliable(self, dst: bytes, address: str, msg: object, *, job: str = "", term: int = 0,
                             large: bool = False) -> None:
         """Seal and deliver with retries; raises SendError. `large` messages (over
@@ -245,6 +287,33 @@ class Node:
         else:
             frame = self._sealer.seal(dst, msg, _wall_us(), job=job, term=term)
         await self._client.send(address, frame)
+
+    async def _admin_propose(self, request: web.Request) -> web.Response:
+        try:
+            doc = await request.json()
+            kind, params = str(doc["kind"]), dict(doc.get("params") or {})
+            members = doc.get("members")
+            job_id = self.jobs.propose(kind, params, [str(n) for n in members] if members else None)
+        except (KeyError, ValueError, TypeError) as exc:
+            return web.json_response({"error": f"bad request: {exc}"}, status=400)
+        except JobError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        return web.json_response({"id": job_id})
+
+    async def _admin_jobs(self, request: web.Request) -> web.Response:
+        return web.json_response({"jobs": self.jobs.list()})
+
+    async def _admin_job(self, request: web.Request) -> web.Response:
+        try:
+            return web.json_response(self.jobs.show(request.match_info["id"]))
+        except JobError as exc:
+            return web.json_response({"error": str(exc)}, status=404)
+
+    async def _admin_cancel(self, request: web.Request) -> web.Response:
+        try:
+            return web.json_response(self.jobs.cancel(request.match_info["id"]))
+        except JobError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
 
     async def _admin_ping(self, request: web.Request) -> web.Response:
         try:
@@ -258,6 +327,14 @@ class Node:
             return web.json_response({"error": f"bad request: {exc}"}, status=400)
         except (ConfigError, SendError) as exc:
             return web.json_response({"error": str(exc)}, status=400)
+
+
+def _payload_bytes(msg: object) -> int:
+    """Rough size of a message's arrays and byte strings, to decide where to seal it."""
+    total = 0
+    for value in getattr(msg, "__dict__", {}).values():
+        total += getattr(value, "nbytes", 0) if not isinstance(value, (bytes, bytearray)) else len(value)
+    return total
 
 
 def _sd_notify(message: bytes) -> None:

@@ -54,7 +54,7 @@ def test_unknown_key_is_an_error_naming_the_key(two_sites: tuple[Path, Path]) ->
     ('listen = "127.0.0.1:17401"', 'listen = "127.0.0.1:99999"', "node.listen", "out of range"),
     ('admin = "unix:state/admin.sock"', 'admin = "10.0.0.1:9000"', "node.admin", "loopback"),
     ('probe_interval_ms = 500', 'probe_interval_ms = "fast"', "membership.probe_interval_ms", "integer"),
-    ('allowed_jobs = ["stats", "bofrf", "xgboost"]', 'allowed_jobs = "stats"', "policy.allowed_jobs", "list"),
+    ('allowed_jobs = ["stats", "sumcheck", "bofrf", "xgboost"]', 'allowed_jobs = "stats"', "policy.allowed_jobs", "list"),
     ('members_max = 100', 'members_max = -1', "policy.members_max", "non-negative"),
 ])
 def test_bad_values_name_the_key(two_sites: tuple[Path, Path], old: str, new: str, key: str, problem: str | None) -> None:

@@ -1,0 +1,63 @@
+"""What a job kind declares: its parameters (typed, with defaults and help), whether it needs the
+site's data, and the coroutine every member runs over its Channel.
+
+One declaration serves three places: the CLI builds `fedpeer run KIND --param ...` from it, the
+proposer validates what the operator typed, and every member validates what arrived on the wire.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import JobError
+
+
+@dataclass(frozen=True)
+class Param:
+    type: type                      # int, float, str or bool
+    default: Any
+    help: str
+    choices: tuple[Any, ...] | None = None
+    low: float | None = None
+    high: float | None = None
+
+    def check(self, name: str, value: Any) -> Any:
+        if self.type is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, self.type) or (self.type is int and isinstance(value, bool)):
+            raise JobError(f"parameter {name}: expected {self.type.__name__}, got {value!r}")
+        if self.choices is not None and value not in self.choices:
+            raise JobError(f"parameter {name}: expected one of {list(self.choices)}, got {value!r}")
+        if self.low is not None and value < self.low or self.high is not None and value > self.high:
+            raise JobError(f"parameter {name}: {value!r} outside [{self.low}, {self.high}]")
+        return value
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """What a running job may know about its site besides the channel."""
+
+    site_name: str
+    names: Mapping[bytes, str]      # member key -> this site's name for it
+    hop_timeout_ms: int
+    data: Any = None                # fedpeer.ml.data.Dataset when the kind needs data
+
+
+@dataclass(frozen=True)
+class JobKind:
+    name: str
+    help: str
+    params: Mapping[str, Param]
+    run: Callable[[Any, Mapping[str, Any], JobContext], Awaitable[dict]]   # (channel, params, ctx) -> result
+    needs_data: bool = True
+    binary_label: bool = True
+    members_min: int = 2
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def check_params(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        unknown = set(given) - set(self.params)
+        if unknown:
+            raise JobError(f"{self.name}: unknown parameter(s) {sorted(unknown)}; known: {sorted(self.params)}")
+        return {name: p.check(name, given.get(name, p.default)) for name, p in self.params.items()}

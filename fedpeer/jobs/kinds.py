@@ -1,0 +1,13 @@
+"""Every job kind this build of fedpeer knows. Each module keeps heavy imports (scikit-learn,
+xgboost) inside its functions, so an idle daemon stays small."""
+
+from __future__ import annotations
+
+from .base import JobKind
+
+
+def job_kinds() -> dict[str, JobKind]:
+    from . import messages  # noqa: F401  (registers the lifecycle messages with the wire)
+    from . import stats, sumcheck
+
+    return {k.name: k for k in (stats.KIND, sumcheck.KIND)}

@@ -1,0 +1,474 @@
+"""Job lifecycle (DESIGN §4): propose -> every member checks policy and data -> accept/reject ->
+start with equal schema fingerprints, or abort with a reason naming the site -> each member runs
+the kind's coroutine over its Channel -> each member persists its own record and result.
+
+Rules:
+- A job starts only when every member accepted with the same schema fingerprint; otherwise every
+  member's record ends `failed` with the reason and the site it is about.
+- Every wait is bounded ([jobs] limits): no answer, no start, a job running too long: failed.
+- A member whose job fails tells the other members (JobAbort), so nobody waits for it in vain;
+  the first reason a member hears is the one it keeps.
+- Records live in state/jobs/<id>/job.json, written atomically at every state change; a record
+  found non-terminal at start-up (the daemon died mid-job) is marked failed.
+- Rows never leave the site: the registry only ever sends fingerprints and column names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..config import Config
+from ..errors import DataError, FedpeerError, JobError, RemoteProtocolError
+from ..identity import fingerprint
+from ..logs import fields
+from ..net.channel import Mailbox, PeerUnreachable, RecvTimeout
+from ..store import read_json, write_json
+from . import messages as m
+from .base import JobContext, JobKind
+
+log = logging.getLogger("fedpeer.jobs")
+TERMINAL = ("done", "failed", "cancelled")
+JOB_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+ABORT_SEND_TIMEOUT_MS = 5_000
+RECORDS_LISTED_MAX = 200
+
+
+class Transport(Protocol):
+    """What the registry and job channels need from the node."""
+
+    me: bytes
+
+    def now_ms(self) -> int: ...
+    def alive(self, peer: bytes) -> bool: ...
+    def pairwise_seed(self, peer: bytes, label: bytes) -> bytes: ...
+    async def send(self, dst: bytes, msg: object, job_id: str, timeout_ms: int) -> None: ...
+    # delivered within timeout_ms (retries included) or raises PeerUnreachable
+
+
+@dataclass
+class JobRecord:
+    id: str
+    kind: str
+    params: dict
+    proposer: bytes
+    members: tuple[bytes, ...]
+    created_ms: int
+    state: str = "proposed"
+    phase: str = "waiting for members"
+    step: int = 0
+    total: int = 0
+    error: str | None = None
+    result: dict | None = None
+    rows: int | None = None
+    started_ms: int | None = None
+    finished_ms: int | None = None
+    mailbox: Mailbox = field(default_factory=Mailbox, repr=False)
+    task: asyncio.Task | None = field(default=None, repr=False)
+    data: Any = field(default=None, repr=False)
+    start_signal: asyncio.Future | None = field(default=None, repr=False)   # member: set by JobStart
+    announced: bool = False      # other members know of the job (so they must hear how it ends)
+
+    def to_json(self, names: Mapping[bytes, str]) -> dict:
+        end = self.finished_ms or int(time.time() * 1000)
+        return {
+            "id": self.id, "kind": self.kind, "params": self.params, "state": self.state,
+            "proposer": names.get(self.proposer, fingerprint(self.proposer)),
+            "members": [{"name": names.get(k, "?"), "fingerprint": fingerprint(k)} for k in self.members],
+            "phase": self.phase, "progress": {"step": self.step, "total": self.total},
+            "created_ms": self.created_ms, "started_ms": self.started_ms, "finished_ms": self.finished_ms,
+            "elapsed_s": round((end - self.started_ms) / 1000, 3) if self.started_ms else None,
+            "rows": self.rows, "error": self.error, "result": self.result,
+        }
+
+
+class NodeChannel:
+    """The Channel (fedpeer/net/channel.py) of one job member, over the daemon's transport."""
+
+    def __init__(self, registry: JobRegistry, record: JobRecord) -> None:
+        self._registry, self._record = registry, record
+        self.me = registry.transport.me
+        self.members = record.members
+        self.job_id = record.id
+
+    def now_ms(self) -> int:
+        return self._registry.transport.now_ms()
+
+    def random_bytes(self, n: int) -> bytes:
+        return os.urandom(n)
+
+    def pairwise_seed(self, peer: bytes, label: bytes) -> bytes:
+        return self._registry.transport.pairwise_seed(peer, label)
+
+    def alive(self, peer: bytes) -> bool:
+        return peer == self.me or self._registry.transport.alive(peer)
+
+    def progress(self, phase: str, step: int, total: int) -> None:
+        self._record.phase, self._record.step, self._record.total = phase, step, total
+
+    async def send(self, dst: bytes, msg: object) -> None:
+        assert dst in self.members and dst != self.me, "send to a non-member or to self"
+        await self._registry.transport.send(dst, msg, self.job_id, self._registry.config.jobs.hop_timeout_ms)
+
+    async def recv(self, kind: type, tag: str, src: bytes | None = None, timeout_ms: int = 30_000) -> tuple[bytes, Any]:
+        return await self._record.mailbox.get(kind, tag, src, timeout_ms)
+
+    def discard(self, tag_prefix: str) -> None:
+        self._record.mailbox.discard(tag_prefix)
+
+
+class JobRegistry:
+    def __init__(self, config: Config, transport: Transport, names: Mapping[bytes, str],
+                 kinds: Mapping[str, JobKind], spawn: Callable[[Any], asyncio.Task]) -> None:
+        self.config = config
+        self.transport = transport
+        self.names = names                     # every member key, me included -> local name
+        self.kinds = kinds
+        self._spawn = spawn
+        self._root = config.node.state_dir / "jobs"
+        self.jobs: dict[str, JobRecord] = {}
+        self._replies: dict[tuple[str, bytes], asyncio.Future] = {}
+        self._load_records()
+
+    # -- persistence -------------------------------------------------------------------------
+
+    def _load_records(self) -> None:
+        if not self._root.is_dir():
+            return
+        for path in sorted(self._root.glob("*/job.json")):
+            try:
+                doc = read_json(path)
+                record = _record_from_json(doc)
+            except (FedpeerError, KeyError, TypeError, ValueError) as exc:
+                log.warning("job_record_unreadable", extra=fields(path=str(path), error=str(exc)))
+                continue
+            if record.state not in TERMINAL:
+                record.state, record.error = "failed", "this daemon stopped while the job was running"
+                record.finished_ms = record.finished_ms or int(time.time() * 1000)
+                self._save(record)
+            self.jobs[record.id] = record
+
+    def _save(self, record: JobRecord) -> None:
+        doc = record.to_json(self.names)
+        doc["_members"] = [k.hex() for k in record.members]
+        doc["_proposer"] = record.proposer.hex()
+        write_json(self._root / record.id / "job.json", doc)
+
+    # -- queries -----------------------------------------------------------------------------
+
+    def list(self) -> list[dict]:
+        records = sorted(self.jobs.values(), key=lambda r: r.created_ms, reverse=True)[:RECORDS_LISTED_MAX]
+        return [{k: v for k, v in r.to_json(self.names).items() if k not in ("result", "params")} for r in records]
+
+    def show(self, job_id: str) -> dict:
+        record = self.jobs.get(job_id)
+        if record is None:
+            raise JobError(f"no job {job_id!r} on this site")
+        return record.to_json(self.names)
+
+    def running(self) -> int:
+        return sum(r.state not in TERMINAL for r in self.jobs.values())
+
+    # -- proposing ---------------------------------------------------------------------------
+
+    def propose(self, kind_name: str, params: Mapping[str, Any], member_names: list[str] | None = None) -> str:
+        kind = self._kind_allowed(kind_name)
+        checked = kind.check_params(params)
+        members = self._choose_members(member_names)
+        if len(members) < kind.members_min:
+            raise JobError(f"{kind_name} needs at least {kind.members_min} members; alive now: "
+                           f"{', '.join(self.names[k] for k in members)}")
+        now = self.transport.now_ms()
+        job_id = f"{kind_name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now / 1000))}-{secrets.token_hex(3)}"
+        record = JobRecord(id=job_id, kind=kind_name, params=checked, proposer=self.transport.me,
+                           members=members, created_ms=now)
+        self.jobs[job_id] = record
+        self._save(record)
+        record.task = self._spawn(self._guard(record, self._run_proposer(record, kind)))
+        log.info("job_proposed", extra=fields(job=job_id, kind=kind_name, members=len(members)))
+        return job_id
+
+    def _kind_allowed(self, kind_name: str) -> JobKind:
+        kind = self.kinds.get(kind_name)
+        if kind is None:
+            raise JobError(f"unknown job kind {kind_name!r}; known: {', '.join(sorted(self.kinds))}")
+        if kind_name not in self.config.policy.allowed_jobs:
+            raise JobError(f"job kind {kind_name!r} is not in this site's [policy] allowed_jobs")
+        if self.running() >= self.config.jobs.jobs_concurrent_max:
+            raise JobError(f"{self.running()} jobs already running ([jobs] jobs_concurrent_max)")
+        return kind
+
+    def _choose_members(self, member_names: list[str] | None) -> tuple[bytes, ...]:
+        by_name = {name: key for key, name in self.names.items()}
+        if member_names:
+            unknown = [n for n in member_names if n not in by_name]
+            if unknown:
+                raise JobError(f"unknown member(s) {unknown}; known: {sorted(by_name)}")
+            chosen = {by_name[n] for n in member_names} | {self.transport.me}
+        else:
+            chosen = {k for k in self.names if k == self.transport.me or self.transport.alive(k)}
+        if len(chosen) > self.config.policy.members_max:
+            raise JobError(f"{len(chosen)} members exceed [policy] members_max")
+        return tuple(sorted(chosen))
+
+    async def _run_proposer(self, record: JobRecord, kind: JobKind) -> None:
+        try:
+            mine = await self._check_data(record, kind)
+        except (JobError, DataError) as exc:
+            raise _SiteFailure(self.transport.me, str(exc)) from None
+        others = [k for k in record.members if k != self.transport.me]
+        record.announced = True
+        for peer in others:
+            self._replies[(record.id, peer)] = asyncio.get_running_loop().create_future()
+        proposal = m.JobPropose(job_id=record.id, kind=record.kind, params=record.params,
+                                members=list(record.members), created_ms=record.created_ms)
+        sends = [asyncio.create_task(self._send_or_reply_unreachable(record, p, proposal)) for p in others]
+        try:
+            answers = await self._collect_answers(record, others)
+        finally:
+            for task in sends:
+                task.cancel()
+        fp, features = mine
+        for peer in others:
+            answer = answers[peer]
+            if isinstance(answer, m.JobReject):
+                raise _SiteFailure(peer, answer.reason)
+            if answer.fingerprint != fp:
+                raise _SiteFailure(peer, _schema_difference(features, answer.features, self.names[peer],
+                                                            self.config.node.name))
+        start = m.JobStart(job_id=record.id, members=list(record.members))
+        await asyncio.gather(*(self._send_start(record, p, start) for p in others))
+        await self._execute(record, kind)
+
+    async def _send_or_reply_unreachable(self, record: JobRecord, peer: bytes, msg: object) -> None:
+        try:
+            await self.transport.send(peer, msg, record.id, self.config.jobs.job_accept_timeout_ms)
+        except PeerUnreachable as exc:
+            future = self._replies.get((record.id, peer))
+            if future is not None and not future.done():
+                future.set_result(m.JobReject(job_id=record.id, reason=f"unreachable: {exc}"))
+
+    async def _send_start(self, record: JobRecord, peer: bytes, msg: m.JobStart) -> None:
+        try:
+            await self.transport.send(peer, msg, record.id, self.config.jobs.hop_timeout_ms)
+        except PeerUnreachable as exc:
+            raise _SiteFailure(peer, f"unreachable when the job was to start: {exc}") from None
+
+    async def _collect_answers(self, record: JobRecord, others: list[bytes]) -> dict[bytes, Any]:
+        timeout_s = self.config.jobs.job_accept_timeout_ms / 1000
+        futures = {p: self._replies[(record.id, p)] for p in others}
+        done, pending = await asyncio.wait(futures.values(), timeout=timeout_s)
+        for p in others:
+            self._replies.pop((record.id, p), None)
+        if pending:
+            late = next(p for p, f in futures.items() if f in pending)
+            raise _SiteFailure(late, f"did not answer the proposal within {timeout_s:.0f} s")
+        return {p: f.result() for p, f in futures.items()}
+
+    # -- being a member ----------------------------------------------------------------------
+
+    def on_message(self, src: bytes, job_id: str, msg: object) -> None:
+        """Entry point for every job-related message that passed the wire gate."""
+        if isinstance(msg, m.LIFECYCLE) and msg.job_id != job_id:  # type: ignore[union-attr]
+            raise RemoteProtocolError("schema", "job id in body and envelope differ")
+        if isinstance(msg, m.JobPropose):
+            self._on_propose(src, msg)
+        elif isinstance(msg, (m.JobAccept, m.JobReject)):
+            future = self._replies.get((job_id, src))
+            if future is None or future.done():
+                raise RemoteProtocolError("unknown_job", f"unexpected answer for job {job_id}")
+            future.set_result(msg)
+        elif isinstance(msg, m.JobStart):
+            self._on_start(src, msg)
+        elif isinstance(msg, m.JobAbort):
+            self._on_abort(src, msg)
+        else:
+            record = self.jobs.get(job_id)
+            if record is None or src not in record.members or record.state in TERMINAL:
+                raise RemoteProtocolError("unknown_job", f"no running job {job_id!r} with that member")
+            record.mailbox.put(src, msg)
+
+    def _on_propose(self, src: bytes, msg: m.JobPropose) -> None:
+        if msg.job_id in self.jobs or not JOB_ID_RE.match(msg.job_id):
+            raise RemoteProtocolError("unknown_job", f"job id {msg.job_id!r} reused or malformed")
+        members = tuple(msg.members)
+        if src not in members or self.transport.me not in members or tuple(sorted(set(members))) != members:
+            raise RemoteProtocolError("schema", "proposal members must be sorted, distinct, include proposer and me")
+        record = JobRecord(id=msg.job_id, kind=msg.kind, params=dict(msg.params), proposer=src,
+                           members=members, created_ms=msg.created_ms, announced=True)
+        self.jobs[record.id] = record
+        record.task = self._spawn(self._guard(record, self._answer_proposal(record)))
+
+    async def _answer_proposal(self, record: JobRecord) -> None:
+        try:
+            unknown = [k for k in record.members if k not in self.names]
+            if unknown:
+                raise JobError(f"member {fingerprint(unknown[0])} is not in this site's peers.toml")
+            kind = self._kind_allowed(record.kind)
+            record.params = kind.check_params(record.params)
+            if len(record.members) > self.config.policy.members_max:
+                raise JobError(f"{len(record.members)} members exceed this site's [policy] members_max")
+            fp, features = await self._check_data(record, kind)
+        except (JobError, DataError) as exc:
+            reason = str(exc)
+            await self._send_quietly(record.proposer, m.JobReject(job_id=record.id, reason=reason), record.id)
+            raise _SiteFailure(self.transport.me, reason) from None
+        record.state, record.phase = "accepted", "waiting for the start"
+        record.start_signal = asyncio.get_running_loop().create_future()   # before the accept: a fast start
+        self._save(record)
+        accept = m.JobAccept(job_id=record.id, fingerprint=fp, features=list(features))
+        try:
+            await self.transport.send(record.proposer, accept, record.id, self.config.jobs.job_accept_timeout_ms)
+        except PeerUnreachable as exc:
+            raise _SiteFailure(record.proposer, f"unreachable when accepting: {exc}") from None
+        timeout_s = self.config.jobs.job_start_timeout_ms / 1000
+        try:
+            await asyncio.wait_for(asyncio.shield(record.start_signal), timeout_s)
+        except TimeoutError:
+            raise _SiteFailure(record.proposer, f"accepted, but the job was not started within {timeout_s:.0f} s") from None
+        await self._execute(record, kind)
+
+    def _on_start(self, src: bytes, msg: m.JobStart) -> None:
+        record = self.jobs.get(msg.job_id)
+        if (record is None or src != record.proposer or record.state != "accepted" or record.start_signal is None
+                or record.start_signal.done() or tuple(msg.members) != record.members):
+            raise RemoteProtocolError("unknown_job", f"start of job {msg.job_id!r} not expected")
+        record.start_signal.set_result(None)
+
+    def _on_abort(self, src: bytes, msg: m.JobAbort) -> None:
+        record = self.jobs.get(msg.job_id)
+        if record is None or src not in record.members:
+            raise RemoteProtocolError("unknown_job", f"abort of unknown job {msg.job_id!r}")
+        if record.state in TERMINAL:
+            return
+        about = self.names.get(msg.site, fingerprint(msg.site)) if len(msg.site) == 32 else self.names[src]
+        self._finish(record, "failed", f"{about}: {msg.reason}")
+        if record.task is not None:
+            record.task.cancel()
+
+    # -- running -----------------------------------------------------------------------------
+
+    async def _check_data(self, record: JobRecord, kind: JobKind) -> tuple[bytes, tuple[str, ...]]:
+        if not kind.needs_data:
+            return b"", ()
+        from ..ml.data import DataSpec, load_csv
+
+        data = self.config.data
+        if data is None:
+            raise JobError("this site has no [data] section in peers.toml")
+        spec = DataSpec(csv=Path(data.csv), label=data.label, positive=data.positive or None,
+                        ignore=tuple(data.ignore), missing=data.missing)
+        dataset = await asyncio.to_thread(load_csv, spec, binary=kind.binary_label,
+                                          rows_max=self.config.jobs.data_rows_max,
+                                          bytes_max=self.config.jobs.data_bytes_max)
+        record.data, record.rows = dataset, int(dataset.X.shape[0])
+        return dataset.fingerprint, dataset.features
+
+    async def _execute(self, record: JobRecord, kind: JobKind) -> None:
+        record.state, record.phase, record.started_ms = "running", "starting", self.transport.now_ms()
+        self._save(record)
+        log.info("job_started", extra=fields(job=record.id, kind=record.kind, members=len(record.members)))
+        ctx = JobContext(site_name=self.config.node.name, names=self.names,
+                         hop_timeout_ms=self.config.jobs.hop_timeout_ms, data=record.data)
+        channel = NodeChannel(self, record)
+        try:
+            result = await asyncio.wait_for(kind.run(channel, record.params, ctx),
+                                            self.config.jobs.job_timeout_ms / 1000)
+        except TimeoutError:
+            raise _SiteFailure(self.transport.me, f"did not finish within {self.config.jobs.job_timeout_ms} ms") from None
+        except (JobError, DataError, RecvTimeout) as exc:
+            raise _SiteFailure(self.transport.me, str(exc)) from None
+        record.data = None
+        self._finish(record, "done", None, result)
+
+    async def _guard(self, record: JobRecord, work: Any) -> None:
+        """Runs a job task: every failure ends the record with a reason and tells the others."""
+        try:
+            await work
+        except asyncio.CancelledError:
+            if record.state not in TERMINAL:
+                self._finish(record, "cancelled", "cancelled")
+        except _SiteFailure as exc:
+            about = self.names.get(exc.site, fingerprint(exc.site))
+            first = record.state not in TERMINAL
+            self._finish(record, "failed", f"{about}: {exc.reason}")
+            if first and record.announced:
+                await self._broadcast_abort(record, exc.site, exc.reason)
+        except Exception as exc:   # a bug: keep the daemon alive, fail the job loudly
+            log.exception("job_crashed", extra=fields(job=record.id))
+            self._finish(record, "failed", f"{self.config.node.name}: internal error: {type(exc).__name__}: {exc}")
+            if record.announced:
+                await self._broadcast_abort(record, self.transport.me, f"internal error: {type(exc).__name__}")
+        finally:
+            for key in [k for k in self._replies if k[0] == record.id]:
+                self._replies.pop(key, None)
+
+    def _finish(self, record: JobRecord, state: str, error: str | None, result: dict | None = None) -> None:
+        if record.state in TERMINAL:
+            return
+        record.state, record.error, record.result = state, error, result
+        record.phase = state
+        record.finished_ms = self.transport.now_ms()
+        record.data = None
+        self._save(record)
+        log.info("job_" + state, extra=fields(job=record.id, kind=record.kind, error=error or "-"))
+
+    async def _broadcast_abort(self, record: JobRecord, site: bytes, reason: str) -> None:
+        abort = m.JobAbort(job_id=record.id, site=site, reason=reason)
+        others = [k for k in record.members if k != self.transport.me]
+        await asyncio.gather(*(self._send_quietly(p, abort, record.id) for p in others))
+
+    async def _send_quietly(self, peer: bytes, msg: object, job_id: str) -> None:
+        try:
+            await self.transport.send(peer, msg, job_id, ABORT_SEND_TIMEOUT_MS)
+        except PeerUnreachable:
+            pass
+
+    def cancel(self, job_id: str) -> dict:
+        record = self.jobs.get(job_id)
+        if record is None:
+            raise JobError(f"no job {job_id!r} on this site")
+        if record.state in TERMINAL:
+            raise JobError(f"job {job_id} already {record.state}")
+        self._finish(record, "cancelled", f"{self.config.node.name}: cancelled by the operator")
+        if record.task is not None:
+            record.task.cancel()
+        if record.announced:
+            self._spawn(self._broadcast_abort(record, self.transport.me, "cancelled by the operator"))
+        return record.to_json(self.names)
+
+
+class _SiteFailure(Exception):
+    """A job ended because of `site` (this one or a member), for `reason`."""
+
+    def __init__(self, site: bytes, reason: str) -> None:
+        super().__init__(reason)
+        self.site, self.reason = site, reason
+
+
+def _schema_difference(mine: tuple[str, ...], theirs: list[str], their_name: str, my_name: str) -> str:
+    missing = [c for c in mine if c not in theirs]
+    extra = [c for c in theirs if c not in mine]
+    if missing or extra:
+        return (f"columns differ from {my_name}'s: {their_name} lacks {missing[:10]} and has extra {extra[:10]}; "
+                "align the CSV columns or use [data] ignore")
+    if list(mine) != list(theirs):
+        return f"same columns as {my_name} but in another order; reorder the CSV columns"
+    return f"schema fingerprint differs from {my_name}'s (column types differ)"
+
+
+def _record_from_json(doc: dict) -> JobRecord:
+    record = JobRecord(id=doc["id"], kind=doc["kind"], params=doc["params"], proposer=bytes.fromhex(doc["_proposer"]),
+                       members=tuple(bytes.fromhex(k) for k in doc["_members"]), created_ms=doc["created_ms"])
+    record.state, record.phase, record.error, record.result = doc["state"], doc["phase"], doc["error"], doc["result"]
+    record.step, record.total = doc["progress"]["step"], doc["progress"]["total"]
+    record.rows, record.started_ms, record.finished_ms = doc["rows"], doc["started_ms"], doc["finished_ms"]
+    return record

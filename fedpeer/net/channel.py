@@ -1,0 +1,209 @@
+"""How job protocols talk: a small `Channel` per job member, and two implementations of it.
+
+Job protocols (secure sum, stats, BOFRF, ...) are coroutines that never see sockets or the clock:
+they call `await ch.send(peer, msg)`, `await ch.recv(Kind, tag, src=...)`, `ch.now_ms()`,
+`ch.random_bytes(n)` and `ch.pairwise_seed(peer, label)`. The same protocol code runs
+- over the real daemon (`fedpeer/jobs/registry.py` builds a channel on the node's transport), and
+- over `MemoryNetwork` below: members in one process, seeded delays (which reorder messages),
+  crashes and partitions, for fast deterministic tests (under `looptime`, time is virtual).
+
+Delivery contract (both implementations): `send` is reliable — it returns once the peer has
+accepted the message, or raises `PeerUnreachable` after the transport's bounded retries. A message
+is delivered at most once (the real gate drops replays and duplicates). Messages from one sender
+may arrive out of order. Every message a job protocol sends is a registered wire dataclass with a
+`tag: str` field; `recv` matches on (type, tag[, src]).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
+
+from ..errors import JobError
+
+NodeId = bytes
+T = TypeVar("T")
+
+MAILBOX_MESSAGES_MAX = 4096     # buffered, not yet received messages per job member
+
+
+class PeerUnreachable(JobError):
+    def __init__(self, peer: NodeId, detail: str = "") -> None:
+        self.peer = peer
+        super().__init__(f"peer {peer.hex()[:16]} unreachable{': ' + detail if detail else ''}")
+
+
+class RecvTimeout(JobError):
+    pass
+
+
+class Channel(Protocol):
+    me: NodeId
+    members: tuple[NodeId, ...]          # the job's members in ring order (sorted keys), me included
+    job_id: str
+
+    def now_ms(self) -> int: ...
+    def random_bytes(self, n: int) -> bytes: ...                 # OS CSPRNG in the daemon; seeded in tests
+    def pairwise_seed(self, peer: NodeId, label: bytes) -> bytes: ...   # 32 bytes only me and peer can derive
+    def alive(self, peer: NodeId) -> bool: ...                    # the failure detector's current view
+    def progress(self, phase: str, step: int, total: int) -> None: ...
+    async def send(self, dst: NodeId, msg: object) -> None: ...
+    async def recv(self, kind: type[T], tag: str, src: NodeId | None = None,
+                   timeout_ms: int = 30_000) -> tuple[NodeId, T]: ...
+    def discard(self, tag_prefix: str) -> None: ...              # drop buffered messages of old rounds
+
+
+class Mailbox:
+    """Messages for one job member, waiting to be received; bounded, oldest dropped first."""
+
+    def __init__(self, limit: int = MAILBOX_MESSAGES_MAX) -> None:
+        self._items: deque[tuple[NodeId, object]] = deque()
+        self._limit = limit
+        self._changed = asyncio.Event()
+        self.dropped = 0
+
+    def put(self, src: NodeId, msg: object) -> None:
+        if len(self._items) >= self._limit:
+            self._items.popleft()
+            self.dropped += 1
+        self._items.append((src, msg))
+        self._changed.set()
+
+    def _take(self, kind: type, tag: str, src: NodeId | None) -> tuple[NodeId, object] | None:
+        for i, (s, m) in enumerate(self._items):
+            if type(m) is kind and m.tag == tag and (src is None or s == src):  # type: ignore[attr-defined]
+                del self._items[i]
+                return s, m
+        return None
+
+    async def get(self, kind: type[T], tag: str, src: NodeId | None, timeout_ms: int) -> tuple[NodeId, T]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        while True:
+            found = self._take(kind, tag, src)
+            if found is not None:
+                return found  # type: ignore[return-value]
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                who = f" from {src.hex()[:16]}" if src else ""
+                raise RecvTimeout(f"no {kind.__name__} '{tag}'{who} within {timeout_ms} ms")
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), remaining)
+            except TimeoutError:
+                # the wait's own timeout is the deadline: re-reading the clock could leave a
+                # remainder of 1e-15 s that a virtual clock (looptime) never advances past
+                found = self._take(kind, tag, src)
+                if found is not None:
+                    return found  # type: ignore[return-value]
+                who = f" from {src.hex()[:16]}" if src else ""
+                raise RecvTimeout(f"no {kind.__name__} '{tag}'{who} within {timeout_ms} ms") from None
+
+    def discard(self, tag_prefix: str) -> None:
+        """Forget buffered messages of finished rounds (e.g. a failed secure-sum attempt)."""
+        self._items = deque((s, m) for s, m in self._items if not m.tag.startswith(tag_prefix))  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------------------------------------
+# In-memory network for tests and simulations.
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class MemoryNetwork:
+    """Job members in one process. Seeded: the same seed gives the same delays and outcomes.
+
+    delay_ms: (low, high) uniform per message, so messages overtake each other.
+    crash(node): the node's sends fail, messages to it are lost, and `alive` reports it dead
+    after `detect_ms` (like the failure detector). partition(groups): sends across groups raise
+    PeerUnreachable after `unreachable_ms` (the transport's retries giving up).
+    """
+
+    members: Sequence[NodeId]
+    seed: int = 0
+    delay_ms: tuple[float, float] = (0.0, 2.0)
+    unreachable_ms: float = 200.0
+    detect_ms: float = 500.0
+    rng: random.Random = field(init=False)
+    mailboxes: dict[tuple[str, NodeId], Mailbox] = field(default_factory=dict)
+    crashed_at: dict[NodeId, float] = field(default_factory=dict)
+    groups: list[set[NodeId]] | None = None
+    sent: list[tuple[NodeId, NodeId, object]] = field(default_factory=list)   # every delivered message, for tests
+    progress_log: list[tuple[NodeId, str, int, int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+        self.members = tuple(sorted(self.members))
+
+    def channel(self, me: NodeId, job_id: str = "job", members: Sequence[NodeId] | None = None) -> MemoryChannel:
+        return MemoryChannel(self, me, tuple(sorted(members or self.members)), job_id)
+
+    def mailbox(self, job_id: str, node: NodeId) -> Mailbox:
+        return self.mailboxes.setdefault((job_id, node), Mailbox())
+
+    def crash(self, node: NodeId) -> None:
+        self.crashed_at[node] = asyncio.get_running_loop().time()
+
+    def partition(self, *groups: set[NodeId]) -> None:
+        self.groups = [set(g) for g in groups]
+
+    def heal(self) -> None:
+        self.groups = None
+
+    def reachable(self, a: NodeId, b: NodeId) -> bool:
+        if a in self.crashed_at or b in self.crashed_at:
+            return False
+        return self.groups is None or any(a in g and b in g for g in self.groups)
+
+
+@dataclass
+class MemoryChannel:
+    net: MemoryNetwork
+    me: NodeId
+    members: tuple[NodeId, ...]
+    job_id: str
+
+    def now_ms(self) -> int:
+        return int(asyncio.get_running_loop().time() * 1000)
+
+    def random_bytes(self, n: int) -> bytes:
+        return self.net.rng.randbytes(n)
+
+    def pairwise_seed(self, peer: NodeId, label: bytes) -> bytes:
+        a, b = sorted((self.me, peer))   # both ends derive the same; differs per network seed and job
+        key = hashlib.blake2b(self.net.seed.to_bytes(8, "big", signed=True) + self.job_id.encode(),
+                              digest_size=32).digest()
+        return hashlib.blake2b(a + b + label, key=key, digest_size=32, person=b"fedpeer-test").digest()
+
+    def alive(self, peer: NodeId) -> bool:
+        at = self.net.crashed_at.get(peer)
+        return at is None or asyncio.get_running_loop().time() - at < self.net.detect_ms / 1000
+
+    def progress(self, phase: str, step: int, total: int) -> None:
+        self.net.progress_log.append((self.me, phase, step, total))
+
+    async def send(self, dst: NodeId, msg: object) -> None:
+        assert dst in self.members and dst != self.me, "send to a non-member or to self"
+        if self.me in self.net.crashed_at:
+            raise asyncio.CancelledError()   # a crashed member does nothing more
+        if not self.net.reachable(self.me, dst):
+            await asyncio.sleep(self.net.unreachable_ms / 1000)
+            raise PeerUnreachable(dst, "simulated")
+        low, high = self.net.delay_ms
+        await asyncio.sleep(self.net.rng.uniform(low, high) / 1000)
+        if self.net.reachable(self.me, dst):
+            self.net.sent.append((self.me, dst, msg))
+            self.net.mailbox(self.job_id, dst).put(self.me, msg)
+        else:
+            raise PeerUnreachable(dst, "simulated")
+
+    async def recv(self, kind: type[T], tag: str, src: NodeId | None = None,
+                   timeout_ms: int = 30_000) -> tuple[NodeId, T]:
+        return await self.net.mailbox(self.job_id, self.me).get(kind, tag, src, timeout_ms)
+
+    def discard(self, tag_prefix: str) -> None:
+        self.net.mailbox(self.job_id, self.me).discard(tag_prefix)

@@ -1,0 +1,705 @@
+"""Secure sum of uint64 vectors around the ring of a job's members (DESIGN §6).
+
+Every member of `ch.members` calls `secure_sum(ch, tag, vector)` with the same tag, mode, vector
+length and chunk size; every participant still standing at the end returns the same
+`SumOutcome`: the sum modulo 2^64 of the vectors of `participants`. Floats and counts go through
+`fedpeer.protocols.fixedpoint` first, which refuses inputs whose sum could wrap.
+
+Rules of this module
+* Pure protocol code: it talks only through the `Channel` (fedpeer/net/channel.py). Randomness is
+  `ch.random_bytes` (the OS CSPRNG in the daemon), pairwise secrets are `ch.pairwise_seed`,
+  waiting is `ch.recv` with a timeout. The only clock use is a bound on each `ch.send`
+  (`asyncio.timeout`), so that every wait is bounded by hop_timeout_ms.
+* Ring order is `ch.members` order; the initiator is its first member. Participants start as
+  all members; only the initiator removes participants, and it announces every new list with a
+  new attempt number (`SumRestart`). Each attempt draws fresh masks: the ring mask and the
+  self-mask seeds from `ch.random_bytes`, the pairwise seeds from a label holding the job id,
+  the tag, the mode and the attempt number. No mask is ever used for two chunks or attempts.
+* Messages carry tags `<tag>/ss-<mode>/a<attempt>/...`, so messages of an old attempt (or of a
+  member running the other mode) are never mixed into the current one; old attempts are
+  dropped from the mailbox with `ch.discard`.
+* Vectors travel in chunks of at most `chunk_entries`; the initiator keeps at most
+  CHUNKS_IN_FLIGHT_MAX chunks on the ring, so every member buffers a bounded number of them.
+
+Timeouts and failures (hop = hop_timeout_ms, n = participants in the attempt)
+* Every send must be acknowledged within one hop, or the peer counts as unreachable.
+* The initiator waits (n + 1) hops for each chunk to come back (one hop per participant and its
+  own send). A member that cannot reach its successor reports `RingBroken` to the initiator.
+  On a report or a timeout the initiator drops the reported member, any member the failure
+  detector (`ch.alive`) reports dead, and any member its announcement cannot reach, then starts a
+  new attempt over the survivors. Members left out get the announcement (if reachable) and raise
+  JobError. After `attempts_max` attempts, or with fewer than 2 participants left, the initiator
+  announces that it gives up and everybody raises JobError.
+* A member waits at most 2 (n + 1) + 2 hops for its next message (a chunk, an announcement, a
+  seed request, a result): longer than the initiator needs to notice a failure and announce it.
+  So if the initiator dies, every member raises JobError at most that long after the last
+  message it received (a member that has to send to the unreachable initiator fails at once).
+  Nobody elects a new initiator: the caller may run the sum again under a new tag.
+* The ring needs only each participant to reach its successor; the result goes from the
+  initiator to every participant directly. In ring mode a participant that cannot receive it
+  raises JobError, while the others return the outcome (whose `participants`, the vectors
+  summed, still include it). In pairwise mode the seed round finds such a participant first,
+  and the sum is re-run without it.
+
+Who learns what
+Everyone in `participants` learns the total, hence the sum of all the other participants'
+vectors. Sites are assumed to follow the protocol; a site that also keeps what it sees to
+itself learns nothing more (except the initiator after a ring-mode dropout, below). What sites
+learn by pooling what they saw (a coalition) depends on the mode. Outsiders see nothing: every
+message is encrypted to its recipient (DESIGN §5). Integrity is not protected: any participant
+can shift the total by adding something other than its vector.
+
+ring mode (DESIGN §6)
+* The initiator adds a uniform mask (fresh for every entry, chunk and attempt) to its vector
+  and sends it on; each site adds its vector and forwards the result; back at the initiator the
+  mask is subtracted.
+* What a site receives is its predecessors' running sum plus the mask: uniformly distributed,
+  whatever the inputs. The initiator sees only the masked total.
+* A coalition learns the sum of every maximal run of consecutive non-coalition sites in ring
+  order, because it sees the running sum entering and leaving the run. So a site whose two ring
+  neighbours collude is fully exposed (the initiator counts as a neighbour: it knows what it
+  sent).
+* Dropouts: what was seen in a failed attempt stays known, and the re-run is over fewer sites.
+  Each chunk that came back to the initiator before the failure gives the initiator, alone, the
+  sum over the old participants; the re-run gives the sum over the survivors; the difference is
+  the (summed) entries of the dropped sites in those chunks. A vector of a single chunk cannot
+  leak this way (its return ends the attempt). Runs that shrink between attempts let a coalition
+  isolate single sites in the same way.
+
+pairwise mode (collusion-resistant)
+* As ring mode, and every participant i adds, for every other participant j, a mask expanded
+  (SHAKE-256) from a seed only i and j can derive (`ch.pairwise_seed`, an X25519 agreement in
+  the daemon): +mask if i's key < j's key, -mask otherwise, so these cancel in the total. Every
+  site but the initiator also adds a self mask expanded from a fresh secret seed, which it
+  reveals to the initiator only when asked, after the whole vector has come back.
+* A coalition of any size learns nothing beyond the total and its own vectors: every value it
+  sees carries pairwise masks shared with participants outside the coalition, which cancel only
+  in the complete sum (computationally: the pairwise seeds stay secret and SHAKE-256 output
+  looks random). A site's vector is exposed only if all other participants collude, and then
+  the total gives it away anyway.
+* Dropouts: members reveal their self-mask seeds only after every chunk has come back, and an
+  attempt fails after that point only if some seed is missing. So every chunk total held from a
+  failed attempt still carries the self mask of a member that did not reveal it: alone, the
+  initiator learns nothing from it, and re-runs use fresh seeds. The one exception needs a
+  coalition holding the initiator and every member whose seed was missing: it knows that
+  attempt's total, and by comparing it with the final total it learns the summed vectors of the
+  sites dropped between the two that revealed their seeds (e.g. one that died right after).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import wire
+from ..errors import JobError, LocalProtocolError
+from ..net.channel import Channel, NodeId, PeerUnreachable, RecvTimeout
+from ..wire import NODE_ID, v_array, v_bytes, v_int, v_list, v_str
+
+MODES = ("ring", "pairwise")
+DEFAULT_CHUNK_ENTRIES = 65_536      # 512 KiB of uint64 per message
+CHUNK_ENTRIES_MAX = 1 << 20         # 8 MiB per message; receivers refuse larger chunks
+VECTOR_ENTRIES_MAX = 1 << 27        # entries per secure sum: 1 GiB of uint64
+CHUNKS_IN_FLIGHT_MAX = 8            # chunks on the ring at once; bounds each member's buffer
+ATTEMPTS_MAX = 16                   # largest attempts_max accepted (and attempt number on the wire)
+PARTICIPANTS_MAX = 128              # as many as a job may have members
+HOP_TIMEOUT_MS_MAX = 3_600_000
+TAG_BYTES_MAX = 128                 # the caller's tag; our suffix adds at most ~40 bytes
+WIRE_TAG_BYTES_MAX = 256
+REASON_BYTES_MAX = 2048
+SEED_BYTES = 32
+PHASE = "secure sum"
+
+_PAIR_DOMAIN = b"fedpeer/securesum/pair-mask/v1\x00"
+_SELF_DOMAIN = b"fedpeer/securesum/self-mask/v1\x00"
+_LABEL_DOMAIN = b"fedpeer/securesum/pairwise-seed/v1"
+
+
+# ---------------------------------------------------------------------------------------------
+# Messages
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class SumChunk:
+    """One chunk of the masked running sum, predecessor -> successor (and last -> initiator)."""
+    tag: str
+    data: np.ndarray          # uint64
+
+
+@dataclass(frozen=True)
+class RingBroken:
+    """A member -> the initiator: my successor `dead` did not acknowledge a chunk."""
+    tag: str
+    dead: bytes
+
+
+@dataclass(frozen=True)
+class SumRestart:
+    """The initiator -> members: attempt `attempt` runs over `participants` (ring order);
+    an empty list means the initiator gave up. `reason` says why, for error messages."""
+    tag: str
+    attempt: int
+    participants: tuple[bytes, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class SeedRequest:
+    """The initiator -> members (pairwise mode): every chunk came back, reveal your self-mask seed."""
+    tag: str
+
+
+@dataclass(frozen=True)
+class SeedReveal:
+    tag: str
+    seed: bytes
+
+
+@dataclass(frozen=True, eq=False)
+class SumResult:
+    """The initiator -> members: one chunk of the total."""
+    tag: str
+    data: np.ndarray          # uint64
+
+
+def _register() -> None:
+    tag = v_str(WIRE_TAG_BYTES_MAX)
+    chunk = v_array(max_elements=CHUNK_ENTRIES_MAX, dtypes=frozenset({"<u8"}))
+
+    def to_body(msg: Any) -> dict:
+        body = {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
+        if "data" in body:
+            body["data"] = wire.encode_array(body["data"])
+        if "participants" in body:
+            body["participants"] = list(body["participants"])
+        return body
+
+    def from_body(cls: type) -> Any:
+        def build(body: dict) -> Any:
+            if "data" in body and body["data"].ndim != 1:
+                raise ValueError("a secure-sum chunk must be one-dimensional")
+            if "participants" in body:
+                body = {**body, "participants": tuple(body["participants"])}
+            return cls(**body)
+        return build
+
+    for kind, cls, fields in (
+            ("ss_chunk", SumChunk, {"tag": tag, "data": chunk}),
+            ("ss_ring_broken", RingBroken, {"tag": tag, "dead": NODE_ID}),
+            ("ss_restart", SumRestart, {"tag": tag, "attempt": v_int(1, ATTEMPTS_MAX + 1),
+                                        "participants": v_list(NODE_ID, PARTICIPANTS_MAX),
+                                        "reason": v_str(REASON_BYTES_MAX)}),
+            ("ss_seed_request", SeedRequest, {"tag": tag}),
+            ("ss_seed", SeedReveal, {"tag": tag, "seed": v_bytes(exact=SEED_BYTES)}),
+            ("ss_result", SumResult, {"tag": tag, "data": chunk})):
+        wire.register(kind, cls, fields, to_body=to_body, from_body=from_body(cls))
+
+
+_register()
+
+
+# ---------------------------------------------------------------------------------------------
+# Outcome, plan, attempt
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class SumOutcome:
+    total: np.ndarray                     # uint64: the sum mod 2^64 over `participants`
+    participants: tuple[bytes, ...]       # members whose vectors are in the sum, ring order
+    attempts: int
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, SumOutcome) and self.participants == other.participants
+                and self.attempts == other.attempts and np.array_equal(self.total, other.total))
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What every member agrees on before the first message: from the call's arguments."""
+    job_id: str
+    tag: str
+    mode: str
+    vector: np.ndarray
+    chunk_entries: int
+    hop_timeout_ms: int
+    attempts_max: int
+
+    @property
+    def chunks(self) -> int:
+        return max(1, -(-len(self.vector) // self.chunk_entries))
+
+    def span(self, k: int) -> slice:
+        return slice(k * self.chunk_entries, min((k + 1) * self.chunk_entries, len(self.vector)))
+
+    def chunk_len(self, k: int) -> int:
+        s = self.span(k)
+        return s.stop - s.start
+
+    def prefix(self, attempt: int | None = None) -> str:
+        base = f"{self.tag}/ss-{self.mode}/"
+        return base if attempt is None else f"{base}a{attempt}/"
+
+    def chunk_tag(self, attempt: int, k: int) -> str:
+        return f"{self.prefix(attempt)}c{k}"
+
+    def result_tag(self, attempt: int, k: int) -> str:
+        return f"{self.prefix(attempt)}r{k}"
+
+    def restart_tag(self) -> str:
+        return f"{self.prefix()}restart"
+
+    def send_bound_ms(self) -> int:
+        return self.hop_timeout_ms
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    number: int
+    participants: tuple[bytes, ...]
+
+    @property
+    def initiator(self) -> bytes:
+        return self.participants[0]
+
+    def neighbours(self, me: bytes) -> tuple[bytes, bytes]:
+        i = self.participants.index(me)
+        n = len(self.participants)
+        return self.participants[(i - 1) % n], self.participants[(i + 1) % n]
+
+    def round_trip_ms(self, plan: _Plan) -> int:
+        """The initiator's wait for a chunk to come back: one hop per participant + its own send."""
+        return (len(self.participants) + 1) * plan.hop_timeout_ms
+
+    def patience_ms(self, plan: _Plan) -> int:
+        """A member's wait for its next message: two round trips and two hops, so the initiator
+        has always noticed a failure and announced a new attempt before a member gives up."""
+        return 2 * self.round_trip_ms(plan) + 2 * plan.hop_timeout_ms
+
+
+def _plan(ch: Channel, tag: str, vector: np.ndarray, mode: str, hop_timeout_ms: int,
+          chunk_entries: int, attempts_max: int) -> _Plan:
+    def misuse(problem: str) -> LocalProtocolError:
+        return LocalProtocolError("securesum", problem)
+
+    if mode not in MODES:
+        raise misuse(f"mode must be one of {MODES}, got {mode!r}")
+    if not tag or len(tag.encode()) > TAG_BYTES_MAX:
+        raise misuse(f"tag must be 1 to {TAG_BYTES_MAX} bytes")
+    vector = np.asarray(vector)
+    if vector.dtype != np.uint64 or vector.ndim != 1 or len(vector) > VECTOR_ENTRIES_MAX:
+        raise misuse(f"vector must be 1-D uint64 with at most {VECTOR_ENTRIES_MAX} entries, "
+                     f"got {vector.dtype} {vector.shape}")
+    if not 1 <= chunk_entries <= CHUNK_ENTRIES_MAX:
+        raise misuse(f"chunk_entries must be in [1, {CHUNK_ENTRIES_MAX}]")
+    if not 1 <= attempts_max <= ATTEMPTS_MAX or not 1 <= hop_timeout_ms <= HOP_TIMEOUT_MS_MAX:
+        raise misuse(f"attempts_max must be in [1, {ATTEMPTS_MAX}] and hop_timeout_ms in "
+                     f"[1, {HOP_TIMEOUT_MS_MAX}]")
+    assert list(ch.members) == sorted(set(ch.members)) and ch.me in ch.members, \
+        "channel members must be sorted, unique and include me"
+    if len(ch.members) < 2:
+        raise JobError(f"secure sum '{tag}' needs at least 2 members, got {len(ch.members)}")
+    return _Plan(ch.job_id, tag, mode, vector, chunk_entries, hop_timeout_ms, attempts_max)
+
+
+# ---------------------------------------------------------------------------------------------
+# Masks
+# ---------------------------------------------------------------------------------------------
+
+def expand_mask(domain: bytes, seed: bytes, chunk: int, entries: int) -> np.ndarray:
+    """`entries` uniform uint64 from SHAKE-256 over (domain, seed, chunk index): one independent
+    stream per seed and chunk, so no mask is reused across chunks."""
+    xof = hashlib.shake_256(domain + seed + chunk.to_bytes(8, "little"))
+    return np.frombuffer(xof.digest(8 * entries), dtype="<u8").astype(np.uint64)
+
+
+def pairwise_label(plan: _Plan, attempt: int) -> bytes:
+    """Label for ch.pairwise_seed: unique per (job, tag, mode, attempt), length-prefixed parts so
+    no two different tuples give the same bytes."""
+    parts = [plan.job_id.encode(), plan.tag.encode(), plan.mode.encode(), str(attempt).encode()]
+    return _LABEL_DOMAIN + b"".join(len(p).to_bytes(2, "big") + p for p in parts)
+
+
+def _uniform(ch: Channel, entries: int) -> np.ndarray:
+    return np.frombuffer(ch.random_bytes(8 * entries), dtype="<u8").astype(np.uint64)
+
+
+class _Masks:
+    """One member's masks for one attempt (pairwise and self masks only in pairwise mode)."""
+
+    def __init__(self, ch: Channel, plan: _Plan, att: _Attempt) -> None:
+        self._me, self._plan = ch.me, plan
+        pairwise = plan.mode == "pairwise"
+        label = pairwise_label(plan, att.number)
+        self.pair_seeds = {p: ch.pairwise_seed(p, label) for p in att.participants
+                           if pairwise and p != ch.me}
+        self.self_seed = ch.random_bytes(SEED_BYTES) if pairwise and ch.me != att.initiator else None
+
+    def contribution(self, k: int) -> np.ndarray:
+        """My vector's chunk k plus my masks for chunk k (mod 2^64)."""
+        part = self._plan.vector[self._plan.span(k)].astype(np.uint64)    # a copy
+        n = len(part)
+        for peer, seed in self.pair_seeds.items():
+            mask = expand_mask(_PAIR_DOMAIN, seed, k, n)
+            part = part + mask if self._me < peer else part - mask
+        if self.self_seed is not None:
+            part = part + expand_mask(_SELF_DOMAIN, self.self_seed, k, n)
+        return part
+
+
+# ---------------------------------------------------------------------------------------------
+# Channel helpers
+# ---------------------------------------------------------------------------------------------
+
+async def _send(ch: Channel, plan: _Plan, dst: NodeId, msg: object) -> None:
+    """ch.send bounded by one hop: a peer that does not acknowledge in time is unreachable."""
+    try:
+        async with asyncio.timeout(plan.send_bound_ms() / 1000):
+            await ch.send(dst, msg)
+    except TimeoutError:
+        raise PeerUnreachable(dst, f"no acknowledgement within {plan.send_bound_ms()} ms") from None
+
+
+async def _broadcast(ch: Channel, plan: _Plan, targets: Sequence[NodeId], msg: object) -> set[NodeId]:
+    """Send to all targets at once; returns those that were unreachable."""
+    results = await asyncio.gather(*(_send(ch, plan, p, msg) for p in targets), return_exceptions=True)
+    failed = set()
+    for peer, result in zip(targets, results):
+        if isinstance(result, PeerUnreachable):
+            failed.add(peer)
+        elif isinstance(result, BaseException):
+            raise result
+    return failed
+
+
+Want = tuple[type, str, NodeId | None]
+
+
+async def _recv_first(ch: Channel, wants: Sequence[Want], timeout_ms: int) -> list[tuple[NodeId, Any]]:
+    """Wait for the first message matching any of `wants`. Returns every message taken (more
+    than one if several arrived in the same instant: none is lost). RecvTimeout if none."""
+    if len(wants) == 1:
+        kind, tag, src = wants[0]
+        return [await ch.recv(kind, tag, src=src, timeout_ms=timeout_ms)]
+    tasks = [asyncio.create_task(ch.recv(kind, tag, src=src, timeout_ms=timeout_ms))
+             for kind, tag, src in wants]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        # A recv cancelled in the very step it took its message still returns it: collect all.
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+    got = [r for r in results if isinstance(r, tuple)]
+    if got:
+        return got
+    for r in results:
+        if isinstance(r, BaseException) and not isinstance(r, (RecvTimeout, asyncio.CancelledError)):
+            raise r
+    raise RecvTimeout(f"nothing within {timeout_ms} ms")
+
+
+def _check_chunk(plan: _Plan, data: np.ndarray, k: int, src: NodeId) -> np.ndarray:
+    if data.shape != (plan.chunk_len(k),):
+        raise JobError(f"secure sum '{plan.tag}': {src.hex()[:16]} sent chunk {k} with "
+                       f"{data.shape[0]} entries, expected {plan.chunk_len(k)}: members disagree "
+                       f"on the vector length or chunk size")
+    return data
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point
+# ---------------------------------------------------------------------------------------------
+
+async def secure_sum(ch: Channel, tag: str, vector: np.ndarray, *, mode: str = "ring",
+                     hop_timeout_ms: int = 10_000, chunk_entries: int = DEFAULT_CHUNK_ENTRIES,
+                     attempts_max: int = 3) -> SumOutcome:
+    """Sum `vector` (1-D uint64) over the job's members; see the module docstring.
+
+    `tag` must be unique per sum within the job (masks derive from it). Raises JobError when the
+    sum fails or this member is left out, LocalProtocolError on bad arguments."""
+    plan = _plan(ch, tag, vector, mode, hop_timeout_ms, chunk_entries, attempts_max)
+    try:
+        if ch.me == ch.members[0]:
+            return await _lead(ch, plan)
+        return await _follow(ch, plan)
+    finally:
+        ch.discard(plan.prefix())
+
+
+# ---------------------------------------------------------------------------------------------
+# Initiator
+# ---------------------------------------------------------------------------------------------
+
+class _RingFault(Exception):
+    """An attempt failed. `suspects` are dropped from the next attempt; `responsive` are kept
+    whatever the failure detector says, since they just answered us (a lagging detector would
+    otherwise shrink the ring for nothing)."""
+
+    def __init__(self, reason: str, suspects: frozenset[bytes] = frozenset(),
+                 responsive: frozenset[bytes] = frozenset()) -> None:
+        super().__init__(reason)
+        self.reason, self.suspects, self.responsive = reason, suspects, responsive
+
+    @staticmethod
+    def merge(faults: Sequence[BaseException]) -> _RingFault:
+        rings = [f for f in faults if isinstance(f, _RingFault)]
+        return _RingFault("; ".join(f.reason for f in rings),
+                          frozenset().union(*(f.suspects for f in rings)),
+                          frozenset().union(*(f.responsive for f in rings)))
+
+
+async def _lead(ch: Channel, plan: _Plan) -> SumOutcome:
+    att = _Attempt(1, tuple(ch.members))
+    while True:
+        try:
+            total = await _lead_attempt(ch, plan, att)
+        except _RingFault as fault:
+            ch.discard(plan.prefix(att.number))
+            att = await _next_attempt(ch, plan, att, fault)
+            continue
+        except JobError as exc:       # members disagree on the vector: tell them, then fail
+            await _broadcast(ch, plan, att.participants[1:],
+                             SumRestart(plan.restart_tag(), att.number + 1, (), str(exc)))
+            raise
+        await _deliver(ch, plan, att, total)
+        return SumOutcome(total=total, participants=att.participants, attempts=att.number)
+
+
+async def _lead_attempt(ch: Channel, plan: _Plan, att: _Attempt) -> np.ndarray:
+    """One ring run (and, in pairwise mode, the seed round). Raises _RingFault on failure."""
+    masks = _Masks(ch, plan, att)
+    pred, succ = att.neighbours(ch.me)
+    total = np.empty(len(plan.vector), dtype=np.uint64)
+    ring_masks: dict[int, np.ndarray] = {}
+    window = asyncio.Semaphore(CHUNKS_IN_FLIGHT_MAX)
+
+    async def send_chunks() -> None:
+        for k in range(plan.chunks):
+            await window.acquire()
+            ring_masks[k] = mask = _uniform(ch, plan.chunk_len(k))
+            try:
+                await _send(ch, plan, succ, SumChunk(plan.chunk_tag(att.number, k), masks.contribution(k) + mask))
+            except PeerUnreachable as exc:
+                raise _RingFault(f"successor {succ.hex()[:16]} unreachable: {exc}", frozenset({succ})) from None
+
+    async def receive_chunks() -> None:
+        for k in range(plan.chunks):
+            data = await _await_return(ch, plan, att, k, pred)
+            total[plan.span(k)] = data - ring_masks.pop(k)
+            window.release()
+            ch.progress(PHASE, k + 1, plan.chunks)
+
+    try:
+        async with asyncio.TaskGroup() as group:   # pipelined: sending does not wait for returns
+            group.create_task(send_chunks())
+            group.create_task(receive_chunks())
+    except BaseExceptionGroup as eg:
+        if not all(isinstance(e, (_RingFault, JobError)) for e in eg.exceptions):
+            raise                      # a bug or a cancellation: not ours to interpret
+        fatal = [e for e in eg.exceptions if isinstance(e, JobError)]
+        raise (fatal[0] if fatal else _RingFault.merge(eg.exceptions)) from None
+    if plan.mode == "pairwise":
+        await _unmask_self(ch, plan, att, total)
+    return total
+
+
+async def _await_return(ch: Channel, plan: _Plan, att: _Attempt, k: int, pred: NodeId) -> np.ndarray:
+    wants = [(SumChunk, plan.chunk_tag(att.number, k), pred),
+             (RingBroken, plan.prefix(att.number) + "broken", None)]
+    try:
+        got = await _recv_first(ch, wants, att.round_trip_ms(plan))
+    except RecvTimeout:
+        raise _RingFault(f"chunk {k} did not come back within {att.round_trip_ms(plan)} ms") from None
+    for src, msg in got:
+        if isinstance(msg, RingBroken) and src in att.participants and msg.dead in att.participants[1:]:
+            raise _RingFault(f"{src.hex()[:16]} could not reach {msg.dead.hex()[:16]}", frozenset({msg.dead}))
+    chunks = [(src, m) for src, m in got if isinstance(m, SumChunk)]
+    if not chunks:   # only a RingBroken that names nobody we can drop: treat as a timeout
+        raise _RingFault(f"invalid ring-broken report during chunk {k}")
+    return _check_chunk(plan, chunks[0][1].data, k, pred)
+
+
+async def _unmask_self(ch: Channel, plan: _Plan, att: _Attempt, total: np.ndarray) -> None:
+    """Pairwise mode: every chunk is back; collect the members' self-mask seeds and remove the
+    self masks. Members whose seed is missing are suspects, those who answered are kept."""
+    members = att.participants[1:]
+    tag = plan.prefix(att.number) + "seed"
+    unreachable = await _broadcast(ch, plan, members, SeedRequest(tag))
+    deadline = ch.now_ms() + 2 * plan.hop_timeout_ms
+    seeds: dict[bytes, bytes] = {}
+    for member in members:
+        if member in unreachable:
+            continue
+        try:
+            _, msg = await ch.recv(SeedReveal, tag, src=member, timeout_ms=max(0, deadline - ch.now_ms()))
+            seeds[member] = msg.seed
+        except RecvTimeout:
+            pass
+    missing = frozenset(members) - set(seeds)
+    if missing:
+        names = ", ".join(m.hex()[:16] for m in sorted(missing))
+        raise _RingFault(f"no self-mask seed from {names}", missing, frozenset(seeds))
+    for k in range(plan.chunks):
+        span = plan.span(k)
+        for seed in seeds.values():
+            total[span] -= expand_mask(_SELF_DOMAIN, seed, k, plan.chunk_len(k))
+
+
+async def _next_attempt(ch: Channel, plan: _Plan, att: _Attempt, fault: _RingFault) -> _Attempt:
+    """Drop suspects and dead members, announce the survivors with a new attempt number (again,
+    while announcements find more unreachable members); JobError when out of attempts."""
+    reason = fault.reason
+    survivors = [p for p in att.participants if p == ch.me or p in fault.responsive
+                 or (p not in fault.suspects and ch.alive(p))]
+    targets = [p for p in att.participants if p != ch.me]
+    number = att.number
+    while True:
+        number += 1
+        if number > plan.attempts_max or len(survivors) < 2:
+            why = (f"secure sum '{plan.tag}' failed after {number - 1} attempt(s)"
+                   + (" with fewer than 2 participants left" if len(survivors) < 2 else "")
+                   + f"; last failure: {reason}")
+            await _broadcast(ch, plan, targets, SumRestart(plan.restart_tag(), number, (), why))
+            raise JobError(why)
+        announce = SumRestart(plan.restart_tag(), number, tuple(survivors), reason)
+        unreachable = await _broadcast(ch, plan, targets, announce)
+        targets = [p for p in targets if p not in unreachable]
+        lost = [p for p in survivors if p in unreachable]
+        if not lost:
+            return _Attempt(number, tuple(survivors))
+        survivors = [p for p in survivors if p not in unreachable]
+        reason = "unreachable when announcing attempt " + ", ".join(p.hex()[:16] for p in lost)
+
+
+async def _deliver(ch: Channel, plan: _Plan, att: _Attempt, total: np.ndarray) -> None:
+    """Send the total to every member, chunk by chunk. A member that died after the ring came
+    back is not waited for: its vector is in the sum, the others get the same outcome."""
+    async def to(member: NodeId) -> None:
+        try:
+            for k in range(plan.chunks):
+                await _send(ch, plan, member, SumResult(plan.result_tag(att.number, k), total[plan.span(k)]))
+        except PeerUnreachable:
+            pass
+
+    await asyncio.gather(*(to(m) for m in att.participants[1:]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Other members
+# ---------------------------------------------------------------------------------------------
+
+async def _follow(ch: Channel, plan: _Plan) -> SumOutcome:
+    att = _Attempt(1, tuple(ch.members))
+    while True:
+        outcome = await _follow_attempt(ch, plan, att)
+        if isinstance(outcome, SumOutcome):
+            return outcome
+        ch.discard(plan.prefix(att.number))
+        att = outcome
+
+
+async def _follow_attempt(ch: Channel, plan: _Plan, att: _Attempt) -> SumOutcome | _Attempt:
+    """One attempt as a member: forward the chunks, reveal the seed if asked, take the result.
+    Returns the next attempt when the initiator announces one."""
+    masks = _Masks(ch, plan, att)
+    forwarded = await _forward_chunks(ch, plan, att, masks)
+    if isinstance(forwarded, _Attempt):
+        return forwarded
+    first_result = (SumResult, plan.result_tag(att.number, 0), att.initiator)
+    wants: list[Want] = [first_result]
+    if masks.self_seed is not None:
+        wants.append((SeedRequest, plan.prefix(att.number) + "seed", att.initiator))
+    got = await _await_initiator(ch, plan, att, wants)
+    if isinstance(got, SeedRequest):
+        try:
+            await _send(ch, plan, att.initiator, SeedReveal(got.tag, masks.self_seed))
+        except PeerUnreachable as exc:
+            raise JobError(f"secure sum '{plan.tag}': initiator unreachable: {exc}") from None
+        got = await _await_initiator(ch, plan, att, [first_result])
+    if isinstance(got, _Attempt):
+        return got
+    return await _collect_result(ch, plan, att, got)
+
+
+async def _forward_chunks(ch: Channel, plan: _Plan, att: _Attempt, masks: _Masks) -> _Attempt | bool:
+    """Add my contribution to each chunk and pass it on. False if my successor is unreachable
+    (reported to the initiator), the next attempt if one is announced meanwhile."""
+    pred, succ = att.neighbours(ch.me)
+    for k in range(plan.chunks):
+        got = await _await_initiator(ch, plan, att, [(SumChunk, plan.chunk_tag(att.number, k), pred)])
+        if isinstance(got, _Attempt):
+            return got
+        data = _check_chunk(plan, got.data, k, pred) + masks.contribution(k)
+        try:
+            await _send(ch, plan, succ, SumChunk(plan.chunk_tag(att.number, k), data))
+        except PeerUnreachable as exc:
+            await _report_broken(ch, plan, att, succ, exc)
+            return False
+        ch.progress(PHASE, k + 1, plan.chunks)
+    return True
+
+
+async def _report_broken(ch: Channel, plan: _Plan, att: _Attempt, succ: NodeId, exc: Exception) -> None:
+    if succ == att.initiator:
+        raise JobError(f"secure sum '{plan.tag}': initiator unreachable: {exc}")
+    try:
+        await _send(ch, plan, att.initiator, RingBroken(plan.prefix(att.number) + "broken", succ))
+    except PeerUnreachable as exc2:
+        raise JobError(f"secure sum '{plan.tag}': initiator unreachable: {exc2}") from None
+
+
+async def _await_initiator(ch: Channel, plan: _Plan, att: _Attempt, wants: list[Want]) -> Any:
+    """The next message matching `wants`, or the next attempt if the initiator announces one
+    first; JobError after the member's patience (the initiator is presumably gone)."""
+    restart = (SumRestart, plan.restart_tag(), att.initiator)
+    deadline = ch.now_ms() + att.patience_ms(plan)
+    while True:
+        try:
+            got = await _recv_first(ch, [*wants, restart], max(0, deadline - ch.now_ms()))
+        except RecvTimeout:
+            raise JobError(
+                f"secure sum '{plan.tag}': nothing from the ring or the initiator "
+                f"{att.initiator.hex()[:16]} within {att.patience_ms(plan)} ms in attempt "
+                f"{att.number}; the initiator is presumably down") from None
+        newer = [m for _, m in got if isinstance(m, SumRestart) and m.attempt > att.number]
+        if newer:
+            return _accept_restart(ch, plan, max(newer, key=lambda m: m.attempt))
+        others = [m for _, m in got if not isinstance(m, SumRestart)]
+        if others:
+            return others[0]
+        # only stale announcements (overtaken by a newer one): keep waiting
+
+
+def _accept_restart(ch: Channel, plan: _Plan, msg: SumRestart) -> _Attempt:
+    if not msg.participants:
+        raise JobError(msg.reason or f"secure sum '{plan.tag}': the initiator gave up")
+    listed = list(msg.participants)
+    if listed != sorted(set(listed)) or not set(listed) <= set(ch.members) \
+            or listed[0] != ch.members[0] or len(listed) < 2:
+        raise JobError(f"secure sum '{plan.tag}': the initiator announced an invalid participant list")
+    if ch.me not in msg.participants:
+        raise JobError(f"secure sum '{plan.tag}': this site was left out of attempt {msg.attempt} "
+                       f"({msg.reason})")
+    return _Attempt(msg.attempt, msg.participants)
+
+
+async def _collect_result(ch: Channel, plan: _Plan, att: _Attempt, first: SumResult) -> SumOutcome:
+    total = np.empty(len(plan.vector), dtype=np.uint64)
+    total[plan.span(0)] = _check_chunk(plan, first.data, 0, att.initiator)
+    for k in range(1, plan.chunks):
+        try:
+            _, msg = await ch.recv(SumResult, plan.result_tag(att.number, k), src=att.initiator,
+                                   timeout_ms=att.patience_ms(plan))
+        except RecvTimeout:
+            raise JobError(f"secure sum '{plan.tag}': result chunk {k} did not arrive within "
+                           f"{att.patience_ms(plan)} ms; the initiator is presumably down") from None
+        total[plan.span(k)] = _check_chunk(plan, msg.data, k, att.initiator)
+    return SumOutcome(total=total, participants=att.participants, attempts=att.number)

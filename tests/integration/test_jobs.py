@@ -1,0 +1,167 @@
+"""Jobs between real daemons: the stats job, refusals that name the site, persistence, a member
+that stops answering, and the CLI an operator uses."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedpeer.harness import Harness, split_csv
+
+pytestmark = pytest.mark.integration
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+
+
+def breast_cancer_csv(path: Path) -> Path:
+    """scikit-learn's bundled Wisconsin data as a CSV (no download, no ../shared)."""
+    from sklearn.datasets import load_breast_cancer
+    ds = load_breast_cancer()
+    names = [n.replace(" ", "_") for n in ds.feature_names]
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow([*names, "diagnosis"])
+        for row, target in zip(ds.data, ds.target):
+            w.writerow([*(repr(float(v)) for v in row), "malignant" if target == 0 else "benign"])
+    return path
+
+
+def read_matrix(path: Path, label: str, positive: str) -> tuple[list[str], np.ndarray, np.ndarray]:
+    with open(path) as f:
+        rows = list(csv.reader(f))
+    header, body = rows[0], rows[1:]
+    col = header.index(label)
+    feats = [h for i, h in enumerate(header) if i != col]
+    X = np.array([[float(v) for i, v in enumerate(r) if i != col] for r in body])
+    y = np.array([r[col] == positive for r in body])
+    return feats, X, y
+
+
+async def test_stats_equals_pooled_numpy_on_every_member(make_federation, tmp_path: Path) -> None:
+    full = breast_cancer_csv(tmp_path / "bc.csv")
+    parts = split_csv(full, "diagnosis", 3, "0.5,0.3,0.2", seed=1, out_dir=tmp_path / "parts")
+    h: Harness = make_federation(3, start=False)
+    _attach_data(h, parts, label="diagnosis", positive="malignant")
+    h.start()
+    await h.wait_all_alive(timeout_s=15)
+    job_id = await h.propose(1, "stats", {"bins": 8, "secure_sum": "pairwise"})
+    records = await h.wait_job(job_id, timeout_s=120)
+    assert {r["state"] for r in records.values()} == {"done"}, [r["error"] for r in records.values()]
+    results = [r["result"] for r in records.values()]
+    assert all(r == results[0] for r in results), "every member must hold the same result"
+    feats, X, y = read_matrix(full, "diagnosis", "malignant")
+    res = results[0]
+    assert res["count"] == len(X) == 569
+    assert res["class_counts"] == {"positive": int(y.sum()), "negative": int((~y).sum())}
+    for j, name in enumerate(feats):
+        assert res["mean"][name] == pytest.approx(X[:, j].mean(), rel=1e-9, abs=1e-9)
+        assert res["std"][name] == pytest.approx(X[:, j].std(ddof=1), rel=1e-9, abs=1e-9)
+        hist = res["histograms"][name]
+        assert hist["below"] + sum(hist["counts"]) + hist["above"] == 569
+        inner, _ = np.histogram(X[:, j], bins=np.array(hist["edges"]))
+        assert list(inner) == hist["counts"]
+    assert sorted(r["rows"] for r in records.values()) == sorted(_rows(p) for p in parts)
+    # the record survives a restart of a member
+    h.restart(2)
+    await h.wait_all_alive(timeout_s=15)
+    again = await h.job(2, job_id)
+    assert again["state"] == "done" and again["result"] == res
+
+
+@pytest.mark.skipif(not (SHARED / "BreastCancer.csv").exists(), reason="needs ../shared/data")
+async def test_missing_values_refused_naming_the_site(make_federation, tmp_path: Path) -> None:
+    """Two sites hold clean rows of BreastCancer.csv, the third holds rows with NA."""
+    with open(SHARED / "BreastCancer.csv") as f:
+        rows = list(csv.reader(f))
+    header, body = rows[0], rows[1:]
+    bad = lambda r: any(v.strip() in ("", "NA") for v in r)  # noqa: E731  (the file leaves them empty)
+    na = [r for r in body if bad(r)]
+    clean = [r for r in body if not bad(r)]
+    assert len(na) == 16
+    paths = []
+    for k, part in enumerate([clean[:300], clean[300:], clean[:100] + na]):
+        p = tmp_path / f"bc{k}.csv"
+        with open(p, "w", newline="") as f:
+            csv.writer(f).writerows([header, *part])
+        paths.append(p)
+    h: Harness = make_federation(3, start=False)
+    _attach_data(h, paths, label="Class", positive="malignant", ignore=["Id"])
+    h.start()
+    await h.wait_all_alive(timeout_s=15)
+    job_id = await h.propose(0, "stats", {})
+    records = await h.wait_job(job_id, timeout_s=60)
+    for i, record in records.items():
+        assert record["state"] == "failed", record
+        assert record["error"].startswith("site-3: ") and "Bare.nuclei" in record["error"], record["error"]
+
+
+async def test_schema_mismatch_and_unresponsive_member(make_federation, tmp_path: Path) -> None:
+    full = breast_cancer_csv(tmp_path / "bc.csv")
+    parts = split_csv(full, "diagnosis", 3, "stratified", seed=2, out_dir=tmp_path / "parts")
+    renamed = parts[1].read_text().replace("mean_radius", "radius_mean", 1)
+    parts[1].write_text(renamed)
+    h: Harness = make_federation(3, {"jobs": {"job_accept_timeout_ms": 3000, "hop_timeout_ms": 3000}}, start=False)
+    _attach_data(h, parts, label="diagnosis", positive="malignant")
+    h.start()
+    await h.wait_all_alive(timeout_s=15)
+    job_id = await h.propose(0, "stats", {})
+    records = await h.wait_job(job_id, timeout_s=60)
+    for record in records.values():
+        assert record["state"] == "failed" and "site-2" in record["error"], record["error"]
+        assert "columns differ" in record["error"] and "mean_radius" in record["error"]
+
+    # a member that stops answering: the job fails within the accept timeout on every survivor
+    parts[1].write_text(renamed.replace("radius_mean", "mean_radius", 1))
+    h.pause(2)
+    job_id = await h.propose(0, "stats", {})
+    records = await h.wait_job(job_id, timeout_s=30, among=[0, 1])
+    for record in records.values():
+        assert record["state"] == "failed" and "site-3" in record["error"], record
+    h.resume(2)
+
+
+async def test_cli_run_wait_jobs_show(make_federation, tmp_path: Path) -> None:
+    full = breast_cancer_csv(tmp_path / "bc.csv")
+    parts = split_csv(full, "diagnosis", 2, "stratified", seed=3, out_dir=tmp_path / "parts")
+    h: Harness = make_federation(2, start=False)
+    _attach_data(h, parts, label="diagnosis", positive="malignant")
+    h.start()
+    await h.wait_all_alive(timeout_s=15)
+    conf = str(h.sites[0].config_path)
+    r = _fedpeer("run", "stats", "--config", conf, "--wait", "--json", "--bins", "5", "--secure-sum", "ring")
+    assert r.returncode == 0, r.stderr
+    record = json.loads(r.stdout)
+    assert record["state"] == "done" and record["result"]["count"] == 569
+    assert record["params"] == {"bins": 5, "secure_sum": "ring"}
+    listing = _fedpeer("jobs", "--config", conf)
+    assert record["id"] in listing.stdout and "done" in listing.stdout
+    shown = _fedpeer("job", "show", record["id"], "--config", str(h.sites[1].config_path))
+    assert shown.returncode == 0 and "569 rows" in shown.stdout and "mean_radius" in shown.stdout
+    cancel = _fedpeer("job", "cancel", record["id"], "--config", conf)
+    assert cancel.returncode == 1 and "already done" in cancel.stderr
+    status = json.loads(_fedpeer("status", "--config", conf, "--json").stdout)
+    assert status["jobs"][0]["id"] == record["id"]
+
+
+def _attach_data(h: Harness, paths: list[Path], **data: object) -> None:
+    from fedpeer import config as cfg
+    from fedpeer.sitefiles import add_peers
+    import shutil
+    for site, path in zip(h.sites, paths):
+        shutil.copyfile(path, site.dir / "data.csv")
+        add_peers(site.config_path, [], {"data": {"csv": "data.csv", **data}})
+        site.config = cfg.load(site.config_path)
+
+
+def _rows(path: Path) -> int:
+    return sum(1 for _ in open(path)) - 1
+
+
+def _fedpeer(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fedpeer", *args], capture_output=True, text=True,
+                          timeout=120, stdin=subprocess.DEVNULL)

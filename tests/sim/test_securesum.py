@@ -1,0 +1,574 @@
+"""The ring secure sum (fedpeer/protocols/securesum.py) over the in-memory network.
+
+Everything runs in virtual time (looptime), seeded: a failing seed is printed and replays
+exactly with `MemoryNetwork(keys, seed=...)`. Hypothesis tests build their own looptime loop
+per example (`run_virtual`), the others are marked `looptime`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import looptime
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+from scipy import stats
+
+from fedpeer import wire
+from fedpeer.errors import JobError, LocalProtocolError, RemoteProtocolError
+from fedpeer.identity import Identity
+from fedpeer.net.channel import MemoryChannel, MemoryNetwork, RecvTimeout
+from fedpeer.protocols import securesum as ss
+from fedpeer.protocols.securesum import (
+    RingBroken, SeedReveal, SeedRequest, SumChunk, SumOutcome, SumRestart, SumResult, secure_sum,
+)
+from fedpeer.store import Counter
+
+TAG = "t"
+HOP_MS = 1_000                 # short hops: virtual time, but keeps the bounds readable
+U64 = 2**64
+P_MIN = 0.001                  # uniformity tests fail below this p-value
+
+
+def keys(n: int) -> list[bytes]:
+    """Distinct 32-byte member keys, sorted (ring order)."""
+    return sorted(hashlib.sha256(bytes([i])).digest() for i in range(n))
+
+
+def run_virtual(coro: Any) -> Any:
+    """Run a coroutine on a fresh looptime loop (virtual time) — for Hypothesis examples."""
+    loop = looptime.new_event_loop(start=0)
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        loop.close()
+
+
+def exact_sum(vectors: dict[bytes, np.ndarray], nodes: Sequence[bytes]) -> list[int]:
+    """The expected total with Python integers, independent of numpy's wrapping."""
+    length = len(next(iter(vectors.values())))
+    return [sum(int(vectors[n][i]) for n in nodes) % U64 for i in range(length)]
+
+
+class SteadyChannel:
+    """A MemoryChannel whose recv deadline is enforced by one asyncio timer.
+
+    Works around a spin in channel.Mailbox.get under looptime: when `deadline - loop.time()` is
+    a float remainder like 2e-15 s, its wait_for times out at once without the virtual clock
+    moving, and it loops forever. Our timer fires 1 ms before the mailbox's own deadline."""
+
+    def __init__(self, inner: MemoryChannel) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def recv(self, kind: type, tag: str, src: bytes | None = None, timeout_ms: int = 30_000) -> Any:
+        try:
+            async with asyncio.timeout(timeout_ms / 1000):
+                return await self.inner.recv(kind, tag, src, timeout_ms + 1)
+        except TimeoutError:
+            raise RecvTimeout(f"no {kind.__name__} '{tag}' within {timeout_ms} ms") from None
+
+
+def channel(net: MemoryNetwork, node: bytes, job_id: str = "job") -> SteadyChannel:
+    return SteadyChannel(net.channel(node, job_id))
+
+
+class CrashingChannel:
+    """A member's channel that crashes the member (MemoryNetwork.crash) just before the first
+    send for which `when(msg)` holds; the send then fails as a crashed member's does."""
+
+    def __init__(self, inner: Any, when: Callable[[object], bool]) -> None:
+        self.inner, self.when = inner, when
+        self.crashed_at: float | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def send(self, dst: bytes, msg: object) -> None:
+        if self.crashed_at is None and self.when(msg):
+            self.inner.net.crash(self.inner.me)
+            self.crashed_at = asyncio.get_running_loop().time()
+        await self.inner.send(dst, msg)
+
+
+def chunk_sends(count: int, attempt: int = 1) -> Callable[[object], bool]:
+    """True on the (count+1)-th SumChunk send of the given attempt: crash after `count` sends."""
+    seen = [0]
+
+    def when(msg: object) -> bool:
+        if isinstance(msg, SumChunk) and f"/a{attempt}/" in msg.tag:
+            seen[0] += 1
+            return seen[0] > count
+        return False
+    return when
+
+
+async def run_sum(net: MemoryNetwork, vectors: dict[bytes, np.ndarray], *, skip: Sequence[bytes] = (),
+                  wrap: dict[bytes, Callable[[Any], Any]] | None = None,
+                  bound_s: float = 600.0, job_id: str = "job", **kwargs: Any) -> tuple[dict[bytes, Any], dict[bytes, float]]:
+    """Every member not in `skip` runs secure_sum; returns each one's outcome or exception and
+    the virtual time it ended. Fails (never hangs) if the whole run exceeds bound_s."""
+    wrap = wrap or {}
+    ended: dict[bytes, float] = {}
+    kwargs.setdefault("hop_timeout_ms", HOP_MS)
+
+    async def one(node: bytes) -> Any:
+        ch = channel(net, node, job_id)
+        ch = wrap[node](ch) if node in wrap else ch
+        try:
+            return await secure_sum(ch, TAG, vectors[node], **kwargs)
+        finally:
+            ended[node] = asyncio.get_running_loop().time()
+
+    nodes = [n for n in net.members if n not in skip]
+    async with asyncio.timeout(bound_s):
+        results = await asyncio.gather(*(one(n) for n in nodes), return_exceptions=True)
+    return dict(zip(nodes, results)), ended
+
+
+def random_vectors(members: Sequence[bytes], length: int, seed: int) -> dict[bytes, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {m: rng.integers(0, U64, length, dtype=np.uint64, endpoint=False) for m in members}
+
+
+def check_consistent(results: dict[bytes, Any], vectors: dict[bytes, np.ndarray], seed: int) -> SumOutcome | None:
+    """All outcomes are equal and exact over their participants; everyone else raised JobError.
+    Returns the common outcome (None if nobody got one)."""
+    outcomes = [r for r in results.values() if isinstance(r, SumOutcome)]
+    for node, r in results.items():
+        assert isinstance(r, (SumOutcome, JobError, asyncio.CancelledError)), f"seed {seed}: {node.hex()[:8]}: {r!r}"
+    if not outcomes:
+        return None
+    first = outcomes[0]
+    assert all(o == first for o in outcomes), f"seed {seed}: members disagree"
+    assert first.total.tolist() == exact_sum(vectors, first.participants), f"seed {seed}: wrong total"
+    for node in first.participants:     # CancelledError: a participant that crashed after the ring
+        assert isinstance(results.get(node), (SumOutcome, asyncio.CancelledError, type(None))), \
+            f"seed {seed}: participant {node.hex()[:8]} failed: {results[node]!r}"
+    return first
+
+
+# -- wire --------------------------------------------------------------------------------------
+
+def test_messages_round_trip_through_the_gate(tmp_path: Path) -> None:
+    alice, bob = Identity.generate(), Identity.generate()
+    replay = wire.ReplayGuard(window_us=10_000_000, recent_max=64,
+                              counter_for=lambda k: Counter(tmp_path / k.hex()))
+    gate = wire.Gate(bob, {alice.public_key}.__contains__, replay,
+                     message_bytes_max=1 << 24, clock_skew_ms_max=30_000)
+    sealer, now_ms = wire.Sealer(alice), 1_700_000_000_000
+    data = np.array([0, 1, 2**64 - 1, 12345678901234567890], dtype=np.uint64)
+    messages = [SumChunk("t/ss-ring/a1/c0", data), SumResult("t/ss-ring/a1/r0", data),
+                SumChunk("t/ss-ring/a1/c1", np.full(ss.CHUNK_ENTRIES_MAX, 7, dtype=np.uint64)),
+                RingBroken("t/ss-ring/a1/broken", bob.public_key),
+                SumRestart("t/ss-ring/restart", 2, (alice.public_key, bob.public_key), "x unreachable"),
+                SeedRequest("t/ss-pairwise/a1/seed"), SeedReveal("t/ss-pairwise/a1/seed", bytes(range(32)))]
+    for msg in messages:
+        env = gate.open(sealer.seal(bob.public_key, msg, now_ms * 1000), now_ms)
+        got = env.msg
+        assert type(got) is type(msg) and env.kind == wire.kind_of(msg)
+        if isinstance(msg, (SumChunk, SumResult)):
+            assert got.tag == msg.tag and got.data.dtype == np.uint64 and np.array_equal(got.data, msg.data)
+        else:
+            assert got == msg
+
+
+@pytest.mark.parametrize("data", [np.zeros(3, dtype=np.float64), np.zeros((2, 2), dtype=np.uint64),
+                                  np.zeros(ss.CHUNK_ENTRIES_MAX + 1, dtype=np.uint64)])
+def test_gate_rejects_bad_chunks(tmp_path: Path, data: np.ndarray) -> None:
+    alice, bob = Identity.generate(), Identity.generate()
+    replay = wire.ReplayGuard(window_us=10_000_000, recent_max=64,
+                              counter_for=lambda k: Counter(tmp_path / k.hex()))
+    gate = wire.Gate(bob, {alice.public_key}.__contains__, replay,
+                     message_bytes_max=1 << 24, clock_skew_ms_max=30_000)
+    frame = wire.Sealer(alice).seal(bob.public_key, SumChunk("t", data), 1_700_000_000_000_000)
+    with pytest.raises(RemoteProtocolError) as err:
+        gate.open(frame, 1_700_000_000_000)
+    assert err.value.reason == "schema"
+
+
+# -- masks -------------------------------------------------------------------------------------
+
+def test_pairwise_masks_cancel_and_are_fresh_per_attempt_and_chunk() -> None:
+    members = keys(5)
+    net = MemoryNetwork(members, seed=3)
+    zero = np.zeros(12, dtype=np.uint64)
+
+    def contributions(attempt: int, k: int) -> list[np.ndarray]:
+        plan = ss._Plan("job", TAG, "pairwise", zero, 6, HOP_MS, 3)
+        att = ss._Attempt(attempt, tuple(members))
+        out = []
+        for m in members:
+            masks = ss._Masks(net.channel(m), plan, att)
+            masks.self_seed = None      # self masks are removed separately, via the revealed seeds
+            out.append(masks.contribution(k))
+        return out
+
+    first = contributions(1, 0)
+    assert not np.any(np.sum(first, axis=0, dtype=np.uint64)), "pairwise masks must cancel"
+    assert all(np.all(c != 0) for c in first), "each site's contribution must be masked"
+    for other in (contributions(2, 0), contributions(1, 1)):
+        assert not np.any(np.sum(other, axis=0, dtype=np.uint64))
+        assert all(np.all(a != b) for a, b in zip(first, other)), "masks reused across attempts or chunks"
+
+
+# -- exact sums --------------------------------------------------------------------------------
+
+EXTREME = st.one_of(st.integers(U64 - 8, U64 - 1), st.integers(0, U64 - 1), st.sampled_from([0, 1, 2**63]))
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(n=st.integers(2, 9), length=st.integers(0, 24), chunk=st.integers(1, 7),
+       mode=st.sampled_from(ss.MODES), seed=st.integers(0, 2**32 - 1), data=st.data())
+def test_exact_sum_every_member_same_outcome(n: int, length: int, chunk: int, mode: str, seed: int,
+                                             data: st.DataObject) -> None:
+    members = keys(n)
+    matrix = data.draw(arrays(np.uint64, (n, length), elements=EXTREME))
+    vectors = dict(zip(members, matrix))
+    net = MemoryNetwork(members, seed=seed)
+    results, _ = run_virtual(run_sum(net, vectors, mode=mode, chunk_entries=chunk))
+    for node, r in results.items():
+        assert isinstance(r, SumOutcome), f"seed {seed}: {node.hex()[:8]} raised {r!r}"
+        assert r == results[members[0]], f"seed {seed}: outcomes differ"
+        assert r.participants == tuple(members) and r.attempts == 1
+        assert r.total.tolist() == exact_sum(vectors, members), f"seed {seed}"
+
+
+@pytest.mark.looptime
+@pytest.mark.parametrize("mode", ss.MODES)
+async def test_large_vector_default_chunks_and_progress(mode: str) -> None:
+    members = keys(3)
+    net = MemoryNetwork(members, seed=11)
+    vectors = random_vectors(members, 3 * ss.DEFAULT_CHUNK_ENTRIES + 5, seed=11)
+    results, _ = await run_sum(net, vectors, mode=mode)
+    expected = sum(v.astype(object) for v in vectors.values()) % U64
+    for r in results.values():
+        assert isinstance(r, SumOutcome) and r.total.astype(object).tolist() == expected.tolist()
+    chunks = [m for _, _, m in net.sent if isinstance(m, SumChunk)]
+    assert len(chunks) == 4 * 3 and max(len(c.data) for c in chunks) == ss.DEFAULT_CHUNK_ENTRIES
+    assert (members[0], "secure sum", 4, 4) in net.progress_log
+
+
+@pytest.mark.looptime
+async def test_chunks_are_pipelined_within_a_bounded_window() -> None:
+    members = keys(4)
+    net = MemoryNetwork(members, seed=8)
+    vectors = random_vectors(members, 40, seed=8)
+    results, _ = await run_sum(net, vectors, chunk_entries=1)
+    assert all(isinstance(r, SumOutcome) for r in results.values())
+    in_flight, most = 0, 0
+    for src, dst, msg in net.sent:
+        if isinstance(msg, SumChunk) and src == members[0]:
+            in_flight += 1
+        elif isinstance(msg, SumChunk) and dst == members[0]:
+            in_flight -= 1
+        most = max(most, in_flight)
+    assert most == ss.CHUNKS_IN_FLIGHT_MAX, f"{most} chunks on the ring at once"
+
+
+# -- privacy -----------------------------------------------------------------------------------
+
+def inputs(kind: str, members: Sequence[bytes], length: int) -> dict[bytes, np.ndarray]:
+    """Two very different input sets: all zeros, or all near the top of the range."""
+    if kind == "zeros":
+        return {m: np.zeros(length, dtype=np.uint64) for m in members}
+    return {m: np.full(length, U64 - 1 - i, dtype=np.uint64) for i, m in enumerate(members)}
+
+
+async def received_values(mode: str, kind: str, runs: int, n: int = 4, length: int = 8) -> np.ndarray:
+    """Everything member 1 (not the initiator) received in SumChunks, over `runs` seeds."""
+    members = keys(n)
+    seen = []
+    for seed in range(runs):
+        net = MemoryNetwork(members, seed=seed)
+        await run_sum(net, inputs(kind, members, length), mode=mode)
+        seen += [m.data for _, dst, m in net.sent if dst == members[1] and isinstance(m, SumChunk)]
+    return np.concatenate(seen)
+
+
+@pytest.mark.looptime
+@pytest.mark.parametrize("mode", ss.MODES)
+async def test_what_a_member_receives_is_uniform_whatever_the_inputs(mode: str) -> None:
+    runs = 150
+    zeros = await received_values(mode, "zeros", runs)
+    high = await received_values(mode, "high", runs)
+    for name, values in (("zeros", zeros), ("high", high)):
+        p = stats.kstest(values / U64, "uniform").pvalue
+        assert p > P_MIN, f"{mode}/{name}: received values not uniform (p={p:.2g}, seeds 0..{runs - 1})"
+    p = stats.ks_2samp(zeros / U64, high / U64).pvalue
+    assert p > P_MIN, f"{mode}: received values depend on the inputs (p={p:.2g})"
+    # The same test does detect structure: unmasked, the inputs and running sums would fail it.
+    raw = np.concatenate(list(inputs("high", keys(4), 8).values()))
+    assert stats.kstest(raw / U64, "uniform").pvalue < P_MIN
+
+
+async def neighbour_view(mode: str, seed: int, vectors: dict[bytes, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """What sites 0 (initiator) and 2, colluding, can compute about site 1 with 4 members: what
+    1 sent minus what it received, minus its self mask (seed revealed to 0) and minus its
+    pairwise masks with 0 and 2. Returns (that residual, 1's remaining mask with honest site 3).
+    Each seed runs as its own job: pairwise seeds differ per job, as in the daemon."""
+    members = keys(4)
+    net = MemoryNetwork(members, seed=seed)
+    job_id = f"job-{seed}"
+    await run_sum(net, vectors, mode=mode, job_id=job_id)
+    me = members[1]
+    got = [m.data for s, d, m in net.sent if d == me and isinstance(m, SumChunk)]
+    sent = [m.data for s, d, m in net.sent if s == me and isinstance(m, SumChunk)]
+    residual = sent[0] - got[0]
+    if mode == "ring":
+        return residual, np.zeros_like(residual)
+    seed_msg = next(m for s, d, m in net.sent if s == me and isinstance(m, SeedReveal))
+    residual = residual - ss.expand_mask(ss._SELF_DOMAIN, seed_msg.seed, 0, len(residual))
+    label = ss.pairwise_label(SimpleNamespace(job_id=job_id, tag=TAG, mode=mode), 1)
+    ch = net.channel(me, job_id)
+    remaining = np.zeros_like(residual)
+    for peer in (members[0], members[2], members[3]):
+        mask = ss.expand_mask(ss._PAIR_DOMAIN, ch.pairwise_seed(peer, label), 0, len(residual))
+        signed = mask if me < peer else np.zeros_like(mask) - mask
+        if peer == members[3]:
+            remaining = signed
+        else:
+            residual = residual - signed
+    return residual, remaining
+
+
+@pytest.mark.looptime
+async def test_neighbours_and_initiator_colluding_learn_nothing_in_pairwise_mode() -> None:
+    members = keys(4)
+    residuals = {}
+    for kind in ("zeros", "high"):
+        values = []
+        for seed in range(150):
+            vectors = inputs(kind, members, 8)
+            residual, remaining = await neighbour_view("pairwise", seed, vectors)
+            # Sanity of the reconstruction: removing the honest site's mask too gives the vector.
+            assert np.array_equal(residual - remaining, vectors[members[1]]), f"seed {seed}"
+            values.append(residual)
+        residuals[kind] = np.concatenate(values) / U64
+        p = stats.kstest(residuals[kind], "uniform").pvalue
+        assert p > P_MIN, f"pairwise/{kind}: colluders' view not uniform (p={p:.2g})"
+    assert stats.ks_2samp(residuals["zeros"], residuals["high"]).pvalue > P_MIN
+
+
+@pytest.mark.looptime
+async def test_ring_mode_neighbours_learn_the_vector_as_documented() -> None:
+    members = keys(4)
+    vectors = random_vectors(members, 8, seed=5)
+    residual, _ = await neighbour_view("ring", 5, vectors)
+    assert np.array_equal(residual, vectors[members[1]])
+
+
+# -- dropouts ----------------------------------------------------------------------------------
+
+@pytest.mark.looptime
+@pytest.mark.parametrize("mode", ss.MODES)
+async def test_member_crashed_before_the_ring(mode: str) -> None:
+    n = 5
+    members = keys(n)
+    for seed in range(12):
+        dead = members[1 + seed % (n - 1)]
+        net = MemoryNetwork(members, seed=seed)
+        net.crash(dead)
+        vectors = random_vectors(members, 10, seed)
+        results, _ = await run_sum(net, vectors, skip=[dead], mode=mode, chunk_entries=3)
+        outcome = check_consistent(results, vectors, seed)
+        assert outcome is not None and dead not in outcome.participants, f"seed {seed}"
+        assert len(outcome.participants) == n - 1 and outcome.attempts == 2, f"seed {seed}"
+        assert all(isinstance(r, SumOutcome) for r in results.values()), f"seed {seed}"
+
+
+def first_hop(net: MemoryNetwork, mode: str, attempt: int) -> np.ndarray:
+    tag = f"{TAG}/ss-{mode}/a{attempt}/c0"
+    return next(m.data for s, _, m in net.sent if s == net.members[0] and isinstance(m, SumChunk) and m.tag == tag)
+
+
+@pytest.mark.looptime
+@pytest.mark.parametrize("mode", ss.MODES)
+async def test_member_crashed_mid_ring_is_excluded_and_masks_are_fresh(mode: str) -> None:
+    n = 6
+    members = keys(n)
+    for seed in range(12):
+        victim = members[1 + seed % (n - 1)]
+        net = MemoryNetwork(members, seed=seed)
+        vectors = random_vectors(members, 14, seed)
+        wrap = {victim: lambda ch: CrashingChannel(ch, chunk_sends(2))}
+        results, _ = await run_sum(net, vectors, wrap=wrap, mode=mode, chunk_entries=3)
+        outcome = check_consistent(results, vectors, seed)
+        assert outcome is not None and victim not in outcome.participants, f"seed {seed}"
+        assert outcome.participants == tuple(m for m in members if m != victim), f"seed {seed}"
+        assert outcome.attempts == 2, f"seed {seed}"
+        # Same vector, fresh mask: every entry of the initiator's first hop differs.
+        assert np.all(first_hop(net, mode, 1) != first_hop(net, mode, 2)), f"seed {seed}: mask reused"
+
+
+@pytest.mark.looptime
+async def test_member_crashed_before_revealing_its_seed_is_excluded() -> None:
+    members = keys(5)
+    for seed in range(6):
+        victim = members[1 + seed % 4]
+        net = MemoryNetwork(members, seed=seed)
+        vectors = random_vectors(members, 7, seed)
+        wrap = {victim: lambda ch: CrashingChannel(ch, lambda m: isinstance(m, SeedReveal))}
+        results, _ = await run_sum(net, vectors, wrap=wrap, mode="pairwise", chunk_entries=4)
+        outcome = check_consistent(results, vectors, seed)
+        assert outcome is not None and outcome.attempts == 2, f"seed {seed}"
+        assert outcome.participants == tuple(m for m in members if m != victim), f"seed {seed}"
+        seeds = [m.seed for _, _, m in net.sent if isinstance(m, SeedReveal)]
+        # n-2 reveal in attempt 1 (all followers but the victim), n-2 again in attempt 2.
+        assert len(seeds) == 2 * (len(members) - 2) and len(set(seeds)) == len(seeds), f"seed {seed}: seed reused"
+
+
+@pytest.mark.looptime
+@pytest.mark.parametrize("mode", ss.MODES)
+async def test_initiator_crash_fails_every_member_within_bounded_time(mode: str) -> None:
+    n = 5
+    members = keys(n)
+    patience_s = (2 * (n + 1) + 2) * HOP_MS / 1000
+    for seed in range(8):
+        net = MemoryNetwork(members, seed=seed)
+        crashing: dict[str, CrashingChannel] = {}
+
+        def wrap(ch: MemoryChannel) -> CrashingChannel:
+            crashing["c"] = CrashingChannel(ch, chunk_sends(seed % 4))
+            return crashing["c"]
+
+        vectors = random_vectors(members, 12, seed)
+        results, ended = await run_sum(net, vectors, wrap={members[0]: wrap}, mode=mode, chunk_entries=3)
+        crashed_at = crashing["c"].crashed_at
+        assert crashed_at is not None
+        for node in members[1:]:
+            assert isinstance(results[node], JobError), f"seed {seed}: {results[node]!r}"
+            late = ended[node] - crashed_at
+            assert late <= patience_s + (n + 1) * HOP_MS / 1000, f"seed {seed}: failed {late:.1f} s after the crash"
+
+
+PARTITIONS = [({0, 1, 2}, {3, 4}), ({0, 3}, {1, 2, 4}), ({0}, {1, 2, 3, 4}), ({0, 4}, {1, 2, 3}),
+              ({0, 1, 2, 4}, {0, 3})]       # the last one overlaps: 0 reaches 3, nobody else does
+
+
+@pytest.mark.looptime
+@pytest.mark.parametrize("mode", ss.MODES)
+@pytest.mark.parametrize("groups", PARTITIONS, ids=str)
+async def test_partition_gives_survivors_sum_or_clean_failure(mode: str, groups: tuple[set[int], ...]) -> None:
+    n = 5
+    members = keys(n)
+    for seed in range(6):
+        net = MemoryNetwork(members, seed=seed)
+        net.partition(*({members[i] for i in g} for g in groups))
+        vectors = random_vectors(members, 9, seed)
+        results, _ = await run_sum(net, vectors, mode=mode, chunk_entries=4, bound_s=120)
+        outcome = check_consistent(results, vectors, seed)
+        home = next(g for g in groups if 0 in g and len(g) > 1) if any(0 in g and len(g) > 1 for g in groups) else {0}
+        if outcome is None:
+            assert all(isinstance(r, JobError) for r in results.values()), f"seed {seed}"
+            continue
+        assert set(outcome.participants) <= {members[i] for i in home}, f"seed {seed}"
+        for node, r in results.items():
+            if node not in outcome.participants:
+                assert isinstance(r, JobError), f"seed {seed}: excluded member got {r!r}"
+
+
+@pytest.mark.looptime
+async def test_excluded_but_reachable_member_is_told() -> None:
+    members = keys(4)
+    net = MemoryNetwork(members, seed=1)
+    net.partition({members[0], members[1], members[3]}, {members[0], members[2]})  # 1 cannot reach 2
+    vectors = random_vectors(members, 5, 1)
+    results, ended = await run_sum(net, vectors, mode="pairwise")
+    outcome = check_consistent(results, vectors, 1)
+    assert outcome is not None and outcome.participants == (members[0], members[1], members[3])
+    assert isinstance(results[members[2]], JobError) and "left out" in str(results[members[2]])
+    assert ended[members[2]] < 5 * HOP_MS / 1000, "the excluded member should hear it, not time out"
+
+
+@pytest.mark.looptime
+@pytest.mark.parametrize("mode", ss.MODES)
+async def test_participant_the_initiator_cannot_reach(mode: str) -> None:
+    """The ring needs only neighbours to reach each other; the result goes straight from the
+    initiator. In ring mode a participant it cannot reach misses only the result: it fails
+    (bounded), the others succeed with its vector in their sum. In pairwise mode the seed round
+    finds it unreachable and the sum is re-run without it (module header)."""
+    members = keys(4)
+    net = MemoryNetwork(members, seed=9)
+    net.partition({members[0], members[1], members[3]}, {members[1], members[2], members[3]})
+    vectors = random_vectors(members, 6, 9)
+    results, ended = await run_sum(net, vectors, mode=mode)
+    outcomes = [results[m] for m in (members[0], members[1], members[3])]
+    assert all(isinstance(o, SumOutcome) and o == outcomes[0] for o in outcomes)
+    expected = tuple(members) if mode == "ring" else (members[0], members[1], members[3])
+    assert outcomes[0].participants == expected
+    assert outcomes[0].total.tolist() == exact_sum(vectors, expected)
+    assert isinstance(results[members[2]], JobError)
+    patience_s = (2 * (len(members) + 1) + 2) * HOP_MS / 1000
+    assert ended[members[2]] <= 2 * patience_s
+
+
+@pytest.mark.looptime
+@pytest.mark.parametrize("mode", ss.MODES)
+async def test_attempts_exhausted_fails_everyone(mode: str) -> None:
+    members = keys(5)
+    net = MemoryNetwork(members, seed=2)
+    wrap = {members[2]: lambda ch: CrashingChannel(ch, chunk_sends(1, attempt=1)),
+            members[3]: lambda ch: CrashingChannel(ch, chunk_sends(1, attempt=2))}
+    vectors = random_vectors(members, 10, 2)
+    results, _ = await run_sum(net, vectors, wrap=wrap, mode=mode, chunk_entries=3, attempts_max=2)
+    for node in (members[0], members[1], members[4]):
+        assert isinstance(results[node], JobError), results[node]
+        assert "failed after 2 attempt(s)" in str(results[node])
+
+
+@pytest.mark.looptime
+async def test_fewer_than_two_participants_left_fails() -> None:
+    members = keys(3)
+    net = MemoryNetwork(members, seed=4)
+    net.crash(members[1])
+    net.crash(members[2])
+    results, _ = await run_sum(net, random_vectors(members, 3, 4), skip=members[1:])
+    assert isinstance(results[members[0]], JobError)
+    assert "fewer than 2 participants" in str(results[members[0]])
+
+
+@pytest.mark.looptime
+@pytest.mark.parametrize("odd", ["length", "mode"])
+async def test_members_that_disagree_fail_cleanly(odd: str) -> None:
+    members = keys(4)
+    net = MemoryNetwork(members, seed=6)
+    vectors = random_vectors(members, 6, 6)
+    if odd == "length":
+        vectors[members[2]] = vectors[members[2]][:5]
+
+    async def one(node: bytes) -> Any:
+        mode = "ring" if odd == "mode" and node == members[2] else "pairwise"
+        return await secure_sum(channel(net, node), TAG, vectors[node], mode=mode, hop_timeout_ms=HOP_MS)
+
+    async with asyncio.timeout(300):
+        results = await asyncio.gather(*(one(m) for m in members), return_exceptions=True)
+    assert all(isinstance(r, JobError) for r in results), results
+    if odd == "length":
+        assert any("disagree" in str(r) for r in results)
+
+
+@pytest.mark.looptime
+async def test_bad_arguments_are_refused() -> None:
+    members = keys(2)
+    net = MemoryNetwork(members)
+    ch = channel(net, members[0])
+    good = np.zeros(3, dtype=np.uint64)
+    for bad in (dict(vector=np.zeros(3)), dict(mode="star"), dict(chunk_entries=0),
+                dict(chunk_entries=ss.CHUNK_ENTRIES_MAX + 1), dict(attempts_max=0), dict(tag="")):
+        args = {"tag": TAG, "vector": good} | bad
+        with pytest.raises(LocalProtocolError):
+            await secure_sum(ch, args.pop("tag"), args.pop("vector"), **args)
+    alone = channel(MemoryNetwork(members[:1]), members[0])
+    with pytest.raises(JobError, match="at least 2"):
+        await secure_sum(alone, TAG, good)
