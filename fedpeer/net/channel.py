@@ -59,54 +59,58 @@ class Channel(Protocol):
 
 
 class Mailbox:
-    """Messages for one job member, waiting to be received; bounded, oldest dropped first."""
+    """Messages for one job member, waiting to be received; bounded, oldest dropped first.
+
+    Each receiver waits on its own future, and `put` hands a message straight to the first
+    receiver it matches: no shared event, so no wake-up can be lost between receivers."""
 
     def __init__(self, limit: int = MAILBOX_MESSAGES_MAX) -> None:
         self._items: deque[tuple[NodeId, object]] = deque()
+        self._waiters: list[tuple[type, str, NodeId | None, asyncio.Future]] = []
         self._limit = limit
-        self._changed = asyncio.Event()
         self.dropped = 0
 
     def put(self, src: NodeId, msg: object) -> None:
+        for i, (kind, tag, want, future) in enumerate(self._waiters):
+            if not future.done() and _matches(src, msg, kind, tag, want):
+                del self._waiters[i]
+                future.set_result((src, msg))
+                return
         if len(self._items) >= self._limit:
             self._items.popleft()
             self.dropped += 1
         self._items.append((src, msg))
-        self._changed.set()
 
     def _take(self, kind: type, tag: str, src: NodeId | None) -> tuple[NodeId, object] | None:
         for i, (s, m) in enumerate(self._items):
-            if type(m) is kind and m.tag == tag and (src is None or s == src):  # type: ignore[attr-defined]
+            if _matches(s, m, kind, tag, src):
                 del self._items[i]
                 return s, m
         return None
 
     async def get(self, kind: type[T], tag: str, src: NodeId | None, timeout_ms: int) -> tuple[NodeId, T]:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_ms / 1000
-        while True:
-            found = self._take(kind, tag, src)
-            if found is not None:
-                return found  # type: ignore[return-value]
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                who = f" from {src.hex()[:16]}" if src else ""
-                raise RecvTimeout(f"no {kind.__name__} '{tag}'{who} within {timeout_ms} ms")
-            self._changed.clear()
-            try:
-                await asyncio.wait_for(self._changed.wait(), remaining)
-            except TimeoutError:
-                # the wait's own timeout is the deadline: re-reading the clock could leave a
-                # remainder of 1e-15 s that a virtual clock (looptime) never advances past
-                found = self._take(kind, tag, src)
-                if found is not None:
-                    return found  # type: ignore[return-value]
-                who = f" from {src.hex()[:16]}" if src else ""
-                raise RecvTimeout(f"no {kind.__name__} '{tag}'{who} within {timeout_ms} ms") from None
+        found = self._take(kind, tag, src)
+        if found is not None:
+            return found  # type: ignore[return-value]
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        waiter = (kind, tag, src, future)
+        self._waiters.append(waiter)
+        try:
+            return await asyncio.wait_for(future, timeout_ms / 1000)
+        except TimeoutError:
+            who = f" from {src.hex()[:16]}" if src else ""
+            raise RecvTimeout(f"no {kind.__name__} '{tag}'{who} within {timeout_ms} ms") from None
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
 
     def discard(self, tag_prefix: str) -> None:
         """Forget buffered messages of finished rounds (e.g. a failed secure-sum attempt)."""
         self._items = deque((s, m) for s, m in self._items if not m.tag.startswith(tag_prefix))  # type: ignore[attr-defined]
+
+
+def _matches(src: NodeId, msg: object, kind: type, tag: str, want: NodeId | None) -> bool:
+    return type(msg) is kind and msg.tag == tag and (want is None or src == want)  # type: ignore[attr-defined]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,70 @@
+"""The job mailbox: concurrent receivers never lose a message to each other."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import pytest
+
+from fedpeer.net.channel import Mailbox, RecvTimeout
+
+
+@dataclass(frozen=True)
+class Msg:
+    tag: str
+
+
+@pytest.mark.looptime
+async def test_concurrent_receivers_each_get_their_message_at_once() -> None:
+    """Regression: with one shared Event, a receiver whose wait had not started could miss the
+    wake-up another receiver cleared, and sat until its timeout (secure sums stalled 30 s)."""
+    box = Mailbox()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    receivers = [asyncio.create_task(box.get(Msg, f"t{i}", None, 60_000)) for i in range(20)]
+    await asyncio.sleep(0)
+    for i in reversed(range(20)):
+        box.put(b"a" * 32, Msg(f"t{i}"))
+    results = await asyncio.gather(*receivers)
+    assert [m.tag for _, m in results] == [f"t{i}" for i in range(20)]
+    assert loop.time() - started < 0.001, "every receiver must be woken by its own message"
+
+
+@pytest.mark.looptime
+@pytest.mark.parametrize("seed", range(5))
+async def test_no_lost_wakeups_under_random_interleavings(seed: int) -> None:
+    """Receivers start and messages arrive at random loop iterations (seeded): every receiver
+    must get its message without waiting for its timeout."""
+    import random
+    rng = random.Random(seed)
+    box = Mailbox()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    tasks = []
+    for i in range(60):
+        tasks.append(asyncio.create_task(box.get(Msg, f"m{i}", None, 60_000)))
+        for _ in range(rng.randrange(3)):
+            await asyncio.sleep(0)
+        loop.call_soon(box.put, b"a" * 32, Msg(f"m{rng.randrange(i + 1) if rng.random() < 0.0 else i}"))
+        for _ in range(rng.randrange(3)):
+            await asyncio.sleep(0)
+    await asyncio.gather(*tasks)
+    assert loop.time() - started < 0.001, f"seed={seed}: a receiver waited for its timeout"
+
+
+@pytest.mark.looptime
+async def test_buffered_before_receive_and_timeout_and_source_filter() -> None:
+    box = Mailbox(limit=2)
+    box.put(b"a" * 32, Msg("x"))
+    assert (await box.get(Msg, "x", None, 10))[1] == Msg("x")
+    box.put(b"a" * 32, Msg("y"))
+    with pytest.raises(RecvTimeout):
+        await box.get(Msg, "y", b"b" * 32, 50)      # wrong sender
+    assert (await box.get(Msg, "y", b"a" * 32, 10))[1] == Msg("y")
+    for tag in ("1", "2", "3"):
+        box.put(b"a" * 32, Msg(tag))
+    assert box.dropped == 1
+    box.discard("2")
+    with pytest.raises(RecvTimeout):
+        await box.get(Msg, "2", None, 10)
