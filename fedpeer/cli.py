@@ -60,6 +60,12 @@ def _parser() -> argparse.ArgumentParser:
 
     _add_job_commands(sub)
 
+    s = sub.add_parser("predict", help="score new rows with a job's stored model (no daemon needed)")
+    s.add_argument("--config", required=True, type=Path)
+    s.add_argument("--job", required=True, help="the job id whose model to use")
+    s.add_argument("--data", required=True, type=Path, help="CSV with the model's feature columns (others are ignored)")
+    s.add_argument("--out", type=Path, help="write the scores here as CSV (default: standard output)")
+
     from .harness import add_arguments as add_harness_arguments
     add_harness_arguments(sub.add_parser("harness", help="run a local federation of real daemons"))
     return p
@@ -302,6 +308,24 @@ def _table(rows: list[tuple], indent: str = "") -> str:
     return "\n".join(indent + "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
+def _predict(args: argparse.Namespace) -> int:
+    from .jobs.predict import predict_csv
+
+    rows = predict_csv(cfg.load(args.config), args.job, args.data)
+    out = open(args.out, "w", newline="", encoding="utf-8") if args.out else sys.stdout
+    try:
+        import csv
+        writer = csv.writer(out)
+        writer.writerow(list(rows[0]))
+        writer.writerows([list(r.values()) for r in rows])
+    finally:
+        if args.out:
+            out.close()
+    if args.out:
+        print(f"scored {len(rows)} rows into {args.out}", file=sys.stderr)
+    return EXIT_OK
+
+
 def _harness(args: argparse.Namespace) -> int:
     from .harness import main as harness_main
 
@@ -309,7 +333,7 @@ def _harness(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"init": _init, "key": _key, "peer": _peer, "start": _start, "status": _status,
-             "ping": _ping, "run": _run, "jobs": _jobs, "job": _job, "harness": _harness}
+             "ping": _ping, "run": _run, "jobs": _jobs, "job": _job, "predict": _predict, "harness": _harness}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -380,7 +380,8 @@ async def _run_job(harness: Harness, args: argparse.Namespace) -> dict:
     job = {"id": job_id, "kind": args.job, "state": "done" if states == {"done"} else "failed",
            "elapsed_s": proposer.get("elapsed_s"), "error": "; ".join(errors) or None}
     sites = [{"name": harness.sites[i].name, "rows": (r or {}).get("rows"),
-              "state": (r or {}).get("state", "gone"), "result": (r or {}).get("result")}
+              "state": (r or {}).get("state", "no record" if harness._running(i) else "daemon gone"),
+              "result": (r or {}).get("result")}
              for i, r in records.items()]
     return {"job": job, "sites": sites}
 
@@ -447,7 +448,8 @@ def _site_report(site: Site, doc: dict | None) -> dict:
 
 def format_report(report: dict, workdir: Path, temp: bool) -> str:
     job = report["job"]
-    lines = [f"job {job['kind']}{' ' + job['id'] if job.get('id') else ''}: {job['state']} in {job['elapsed_s']} s"
+    took = f"the job ran {job['elapsed_s']} s" if job["kind"] != "membership" else f"{job['elapsed_s']} s"
+    lines = [f"job {job['kind']}{' ' + job['id'] if job.get('id') else ''}: {job['state']} ({took})"
              + (f" — error: {job['error']}" if job["error"] else "")]
     if job.get("startup_s") is not None:
         lines.append(f"all sites saw each other alive after {job['startup_s']} s")
@@ -459,6 +461,8 @@ def format_report(report: dict, workdir: Path, temp: bool) -> str:
         lines.append(_membership_table(report["sites"]))
     elif job["kind"] == "stats":
         lines.append(_stats_table(report["sites"]))
+    elif job["kind"] == "bofrf":
+        lines.append(bofrf_table(report["sites"]))
     if not temp:
         lines.append(f"sites, keys and daemon logs: {workdir}")
     return "\n".join(lines)
@@ -479,6 +483,24 @@ def _membership_table(sites: list[dict]) -> str:
         rtts = sorted(p["rtt_ms"] for p in r["peers"].values() if p["rtt_ms"] is not None)
         median = f"{rtts[len(rtts) // 2]:.1f} ms" if rtts else "-"
         rows.append((s["name"], r["address"], r["fingerprint"], f"{r['alive_peers']}/{len(r['peers'])}", median))
+    return _table(rows)
+
+
+def bofrf_table(sites: list[dict]) -> str:
+    """Per-site table in the shape of the thesis' tables 7.1–7.6."""
+    def auc(block: dict | None) -> str:
+        return "-" if not block or block.get("auc") is None else f"{block['auc']:.3f}"
+    rows = [("SITE", "ROWS", "LOCAL RF AUC", "BOFRF AUC", "CHANGE", "BOPPID AUC", "MODEL", "TAU", "TREES KEPT")]
+    for s in sites:
+        r = s.get("result") or {}
+        if not r:
+            rows.append((s["name"], s.get("rows") or "-", s.get("state", "-"), "-", "-", "-", "-", "-", "-"))
+            continue
+        base, final = r["local_rf"].get("auc"), r["final"].get("auc")
+        change = f"{100 * (final - base) / base:+.1f} %" if base and final is not None else "-"
+        rows.append((s["name"], s.get("rows") or "-", auc(r["local_rf"]), auc(r["final"]), change,
+                     auc(r.get("boppid")), r["final"]["model"], f"{r['tau']:.2f}",
+                     f"{r['trees_kept']}/{r['trees_total']}"))
     return _table(rows)
 
 

@@ -8,7 +8,7 @@ proposer validates what the operator typed, and every member validates what arri
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import JobError
@@ -54,7 +54,8 @@ class JobKind:
     needs_data: bool = True
     binary_label: bool = True
     members_min: int = 2
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    save_model: Callable[[Any, Any], None] | None = None   # (path, model) -> None; model = result.pop("_model")
+    model_file: str = "model.npz"
 
     def check_params(self, given: Mapping[str, Any]) -> dict[str, Any]:
         unknown = set(given) - set(self.params)

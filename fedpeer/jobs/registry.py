@@ -387,6 +387,11 @@ class JobRegistry:
         except (JobError, DataError, RecvTimeout) as exc:
             raise _SiteFailure(self.transport.me, str(exc)) from None
         record.data = None
+        model = result.pop("_model", None)
+        if model is not None and kind.save_model is not None:   # stored before the record says done
+            path = self._root / record.id / kind.model_file
+            await asyncio.to_thread(kind.save_model, path, model)
+            result["model_file"] = str(path)
         self._finish(record, "done", None, result)
 
     async def _guard(self, record: JobRecord, work: Any) -> None:

@@ -56,7 +56,7 @@ class DataSpec:
     """Where a site's data is and how to read it (from the job's configuration)."""
 
     csv: Path
-    label: str
+    label: str | None              # None: the file has no label column (scoring new rows)
     positive: str | None = None    # the positive class value (as text in the CSV); required for binary jobs
     ignore: tuple[str, ...] = ()   # columns that are not features (identifiers like "Id")
     missing: str = "error"         # "error": a missing value or +/-Inf stops the job;
@@ -65,7 +65,7 @@ class DataSpec:
     def __post_init__(self) -> None:
         object.__setattr__(self, "csv", Path(self.csv))
         where = f"{self.csv}: data spec"
-        if not isinstance(self.label, str) or not self.label.strip():
+        if self.label is not None and (not isinstance(self.label, str) or not self.label.strip()):
             raise DataError(f"{where}: label must be the name of a column, got {self.label!r}")
         if self.positive is not None and not isinstance(self.positive, str):
             raise DataError(f"{where}: positive must be the positive class as text, got {self.positive!r}")
@@ -337,17 +337,17 @@ def _read(spec: DataSpec, reader, rows_max: int):
             raise DataError(f"{path}: column name {name!r} appears twice (columns {seen[name] + 1} and "
                             f"{i + 1}); column names must be unique")
         seen[name] = i
-    if spec.label not in seen:
+    if spec.label is not None and spec.label not in seen:
         raise DataError(f"{path}: label column {spec.label!r} not found{_near(spec.label, header)}; "
                         f"the columns are {_quote_list(header)}")
     for name in spec.ignore:
         if name not in seen:
             raise DataError(f"{path}: column {name!r} listed in ignore not found{_near(name, header)}; "
                             f"the columns are {_quote_list(header)}")
-    if spec.label in spec.ignore:
+    if spec.label is not None and spec.label in spec.ignore:
         raise DataError(f"{path}: the label column {spec.label!r} is also listed in ignore; "
                         "remove it from ignore")
-    label_idx = seen[spec.label]
+    label_idx = seen[spec.label] if spec.label is not None else -1
     ignored = set(spec.ignore)
     feat_idx = [i for i, name in enumerate(header) if i != label_idx and name not in ignored]
     features = tuple(header[i] for i in feat_idx)
@@ -404,7 +404,7 @@ def _read(spec: DataSpec, reader, rows_max: int):
             blocks.append(block)
             block = np.empty((block_rows, nf), dtype=np.float64)
             k = 0
-        lab = record[label_idx].strip()
+        lab = record[label_idx].strip() if label_idx >= 0 else ""
         code = label_codes.get(lab)
         if code is None:
             code = label_codes[lab] = len(label_codes)
@@ -427,7 +427,7 @@ def _finish(spec: DataSpec, binary: bool, features: tuple[str, ...], X: np.ndarr
             raise DataError(f"{path}: label column {spec.label!r}: {rows.where(first)} has a value of "
                             f"{len(value)} characters (at most {LABEL_CHARS_MAX}); is {spec.label!r} "
                             "really the class column?")
-    bad_label = np.array([_is_missing_label(v) for v in uniques], dtype=bool)
+    bad_label = np.array([spec.label is not None and _is_missing_label(v) for v in uniques], dtype=bool)
     label_missing = bad_label[codes]
     nan_cells = np.isnan(X)
     inf_cells = np.isinf(X)
