@@ -14,7 +14,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/fedpeer harness --sites 5 --workdir .demo --chaos
+	$(BIN)/fedpeer harness --sites 4 --job bofrf --data builtin:breast_cancer --split 0.4,0.3,0.2,0.1 \
+		--baseline boppid --seed 1 --workdir .demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -275,7 +275,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--job", default="membership", choices=["membership", *job_kinds()],
                    help="what to run once all sites see each other (membership: only the health report)")
     data = p.add_mutually_exclusive_group()
-    data.add_argument("--data", type=Path, help="one CSV split across the sites (see --split)")
+    data.add_argument("--data", type=Path, help="one CSV split across the sites (see --split); "
+                      "builtin:breast_cancer uses scikit-learn's bundled Wisconsin data (label diagnosis, "
+                      "positive malignant)")
     data.add_argument("--site-data", type=Path, nargs="+", metavar="CSV", help="one CSV per site, in site order")
     p.add_argument("--split", default="stratified",
                    help="how --data is split: 'stratified' (equal parts, same class mix) or comma-separated "
@@ -285,6 +287,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ignore", default="", help="comma-separated columns that are not features (e.g. Id)")
     p.add_argument("--missing", default="error", choices=["error", "drop"], help="rows with missing values")
     p.add_argument("--seed", type=int, default=0, help="seed for the data split (and the job, where it has one)")
+    p.add_argument("--variant", choices=["base", "personalized", "clustered"], help="bofrf: the variant")
+    p.add_argument("--baseline", choices=["none", "boppid"], help="bofrf: a baseline reported side by side")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="a job parameter (see 'fedpeer run KIND --help'); repeatable")
     p.add_argument("--chaos", action="store_true",
@@ -331,9 +335,33 @@ def main(args: argparse.Namespace) -> int:
     return 0 if report["job"]["state"] == "done" else 1
 
 
+BUILTIN = {"builtin:breast_cancer": ("diagnosis", "malignant")}
+
+
+def builtin_csv(name: str, path: Path) -> Path:
+    """Write a dataset bundled with scikit-learn as a CSV (no download)."""
+    import csv
+
+    from sklearn.datasets import load_breast_cancer
+
+    assert name == "builtin:breast_cancer", name
+    ds = load_breast_cancer()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow([n.replace(" ", "_") for n in ds.feature_names] + ["diagnosis"])
+        for row, target in zip(ds.data, ds.target):
+            writer.writerow([repr(float(v)) for v in row] + ["malignant" if target == 0 else "benign"])
+    return path
+
+
 def _check_arguments(args: argparse.Namespace) -> str | None:
     if not 2 <= args.sites <= 100:
         return "--sites must be between 2 and 100"
+    if args.data is not None and str(args.data).startswith("builtin:"):
+        if str(args.data) not in BUILTIN:
+            return f"--data {args.data}: known built-in data sets: {', '.join(BUILTIN)}"
+        args.label, args.positive = args.label or BUILTIN[str(args.data)][0], args.positive or BUILTIN[str(args.data)][1]
     if args.job != "membership":
         if args.data is None and args.site_data is None:
             return f"--job {args.job} needs --data CSV or --site-data CSV ..."
@@ -348,7 +376,10 @@ def _make_harness(args: argparse.Namespace, workdir: Path) -> Harness:
     site_data = None
     if args.job != "membership":
         if args.data is not None:
-            site_data = split_csv(args.data, args.label, args.sites, args.split, args.seed, workdir / "splits")
+            source = args.data
+            if str(source).startswith("builtin:"):
+                source = builtin_csv(str(source), workdir / "builtin.csv")
+            site_data = split_csv(source, args.label, args.sites, args.split, args.seed, workdir / "splits")
         else:
             site_data = [p.resolve() for p in args.site_data]
     data_settings = {"label": args.label or "", "positive": args.positive or "",
@@ -372,7 +403,14 @@ def _job_params(kind_name: str, pairs: list[str]) -> dict[str, Any]:
 
 
 async def _run_job(harness: Harness, args: argparse.Namespace) -> dict:
-    job_id = await harness.propose(0, args.job, _job_params(args.job, args.param))
+    from .jobs.kinds import job_kinds
+
+    params = _job_params(args.job, args.param)
+    known = job_kinds()[args.job].params
+    for name, value in (("seed", args.seed), ("variant", args.variant), ("baseline", args.baseline)):
+        if value is not None and name in known:
+            params.setdefault(name, value)
+    job_id = await harness.propose(0, args.job, params)
     records = await harness.wait_job(job_id, args.timeout_s)
     proposer = records.get(0) or {}
     states = {r["state"] for r in records.values() if r is not None}

@@ -20,15 +20,8 @@ SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 
 def breast_cancer_csv(path: Path) -> Path:
     """scikit-learn's bundled Wisconsin data as a CSV (no download, no ../shared)."""
-    from sklearn.datasets import load_breast_cancer
-    ds = load_breast_cancer()
-    names = [n.replace(" ", "_") for n in ds.feature_names]
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow([*names, "diagnosis"])
-        for row, target in zip(ds.data, ds.target):
-            w.writerow([*(repr(float(v)) for v in row), "malignant" if target == 0 else "benign"])
-    return path
+    from fedpeer.harness import builtin_csv
+    return builtin_csv("builtin:breast_cancer", path)
 
 
 def read_matrix(path: Path, label: str, positive: str) -> tuple[list[str], np.ndarray, np.ndarray]:

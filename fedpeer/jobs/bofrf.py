@@ -1,0 +1,359 @@
+"""`bofrf`: decentralized Boosting-based Federated Random Forest (ALGORITHMS.md §1; thesis
+seeds/001 ch. 3–5), over the job's Channel, with secure sums only.
+
+Every member runs the same coroutine:
+1. split its rows into a training and a test part (stratified, seeded; `personalized` also
+   keeps a validation part of the training rows) and train a scikit-learn random forest on the
+   training part (min_samples_leaf >= 2 always);
+2. send its forest, as validated arrays, to every other member, and receive theirs;
+3. agree on the forests everybody holds: a secure sum of "I hold forest j" indicators; a forest
+   counts only if every participant holds it — so all members use the same trees in the same
+   order even when a member died while forests were travelling;
+4. score every tree (its own and the foreign ones) on its own training rows: one confusion matrix
+   per tree, (tp, tn, fp, fn); a tree abstains where it splits on a feature this site lacks;
+5. secure-sum all matrices at once (eq. 3.5): no site sees another site's matrices. Forests of
+   members lost during this sum are dropped;
+6. weights alpha = MCC(C) if MCC > tau else 0 (eq. 3.6–3.7); local F_n = own trees, global F = all
+   trees; score(x) = Σ alpha (2 p(x) - 1);
+7. keep F if its AUC on the site's own test part beats F_n's, else F_n (eq. 3.11), store the kept
+   model (validated arrays, no pickle) and report local RF, F_n, F (and BOPPID) metrics.
+
+Instead of each forest travelling the ring with masked matrices (thesis §4.3), forests are sent
+directly and all matrices go through one secure sum: the same totals reach the same sites, each
+site's matrices stay hidden exactly as in the ring form, and one primitive does the summing.
+
+The steps are pure functions (`prepare_site`, `score_site`, `finish_site`); the coroutine only
+moves their inputs and outputs, and `reference()` runs the very same steps in one process with a
+plain sum — a test checks that both give identical weights and predictions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import wire
+from ..errors import JobError
+from ..ml import data as mldata
+from ..protocols.fixedpoint import encode_counts
+from ..protocols.securesum import secure_sum
+from .base import JobContext, JobKind, Param
+
+FOREST_RECV_TIMEOUT_HOPS = 4        # waiting for a forest: this many hop timeouts
+COUNT_MAX = 2**40                   # per-site confusion counts are row counts: far below this
+TAU_GRID = tuple(round(0.05 * i, 2) for i in range(11))
+
+PARAMS = {
+    "n_estimators": Param(int, 100, "trees in each site's random forest", low=1, high=2000),
+    "max_depth": Param(int, 0, "maximum tree depth (0: as deep as peers accept, 64)", low=0, high=64),
+    "min_samples_leaf": Param(int, 2, "smallest leaf; never below 2 (a 1-row leaf singles a person out)", low=2,
+                              high=10_000),
+    "grid_search": Param(bool, False, "pick max_depth and min_samples_leaf by 3-fold CV on the training part"),
+    "test_fraction": Param(float, 0.25, "share of each site's rows kept for its test part", low=0.05, high=0.9),
+    "validation_fraction": Param(float, 0.25, "personalized: share of the training part used to choose tau",
+                                 low=0.05, high=0.9),
+    "tau": Param(float, 0.2, "MCC threshold: trees at or below get weight 0", low=-1.0, high=1.0),
+    "variant": Param(str, "base", "base | personalized (each site picks tau on its validation rows) | "
+                     "clustered (sites grouped by characteristic vectors)", choices=("base", "personalized", "clustered")),
+    "clusters": Param(int, 2, "clustered: number of site clusters", low=1, high=100),
+    "distance": Param(str, "euclidean", "clustered: distance between characteristic vectors",
+                      choices=("euclidean", "manhattan")),
+    "baseline": Param(str, "none", "also run a baseline side by side", choices=("none", "boppid")),
+    "boppid_rounds": Param(int, 50, "BOPPID baseline: boosting rounds", low=1, high=1000),
+    "seed": Param(int, 0, "seed of the splits and the forests", low=0, high=2**31 - 1),
+    "secure_sum": Param(str, "pairwise", "secure-sum mode", choices=("ring", "pairwise")),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure steps, shared by the job and the in-process reference.
+# ---------------------------------------------------------------------------------------------
+
+def site_seed(seed: int, member: bytes) -> int:
+    """A site's own seed: derived from the job seed and its key, the same in the reference."""
+    return int.from_bytes(hashlib.sha256(seed.to_bytes(8, "big") + member).digest()[:4], "big")
+
+
+@dataclass(frozen=True)
+class SitePart:
+    """One site's private state between steps: it never leaves the site."""
+
+    fit: Any            # Dataset the forest is trained on
+    validation: Any     # Dataset for choosing tau (personalized), else None
+    test: Any           # Dataset the site reports on
+    forest: Any         # fedpeer.ml.trees.Forest of the site's own trees
+    local_model: Any    # the sklearn forest (for the plain local RF metrics)
+
+
+def prepare_site(dataset: Any, params: Mapping[str, Any], member: bytes) -> SitePart:
+    from ..ml import bofrf as mb
+    from ..ml import trees
+
+    seed = site_seed(params["seed"], member)
+    train, test = mldata.split_train_test(dataset, params["test_fraction"], seed=seed, stratify=True)
+    validation = None
+    if params["variant"] == "personalized":
+        train, validation = mldata.split_train_test(train, params["validation_fraction"], seed=seed + 1, stratify=True)
+    grid = {"max_depth": [None, 8], "min_samples_leaf": [2, 5]} if params["grid_search"] else None
+    # depth is capped at what peers accept on the wire (trees.DEPTH_MAX), so no forest is refused
+    model = mb.train_local_forest(train.X, train.y, n_estimators=params["n_estimators"],
+                                  max_depth=min(params["max_depth"] or trees.DEPTH_MAX, trees.DEPTH_MAX),
+                                  min_samples_leaf=params["min_samples_leaf"],
+                                  seed=seed, grid=grid)
+    return SitePart(fit=train, validation=validation, test=test,
+                    forest=trees.from_sklearn(model, dataset.features), local_model=model)
+
+
+def score_site(part: SitePart, forest: Any) -> np.ndarray:
+    """This site's confusion matrices (T, 4) of every tree of `forest` on its training rows."""
+    from ..ml import bofrf as mb
+    from ..ml import trees
+
+    return mb.confusion_per_tree(trees.predict_trees(forest, part.fit.X, part.fit.features), part.fit.y)
+
+
+def finish_site(part: SitePart, forest: Any, owners: np.ndarray, me_index: int, confusion: np.ndarray,
+                params: Mapping[str, Any], tau: float | None = None) -> tuple[dict, Any, np.ndarray]:
+    """From the summed matrices to this site's kept model and metrics.
+
+    forest: every tree in agreed order; owners[t] = index of the member that trained tree t.
+    Returns (result, kept forest, kept weights)."""
+    from ..ml import bofrf as mb
+    from ..ml import trees
+
+    mcc = mb.mcc(confusion)
+    if params["variant"] == "personalized":
+        val = part.validation
+        tau = mb.choose_tau(trees.predict_trees(forest, val.X, val.features), val.y, mcc, grid=TAU_GRID)
+    tau = params["tau"] if tau is None else tau
+    alpha = mb.tree_weights(mcc, tau)
+    proba = trees.predict_trees(forest, part.test.X, part.test.features)
+    own = owners == me_index
+    y = part.test.y
+    local_rf = mb.binary_metrics(y, mb.local_rf_score(proba[own]))
+    local = mb.binary_metrics(y, mb.ensemble_score(proba[own], alpha[own]))
+    glob = mb.binary_metrics(y, mb.ensemble_score(proba, alpha))
+    kept = mb.select_final(glob["auc"], local["auc"])
+    keep = np.flatnonzero((alpha > 0) & (own if kept == "local" else True))
+    result = {
+        "local_rf": local_rf, "bofrf_local": local, "bofrf_global": glob,
+        "final": {**(glob if kept == "global" else local), "model": kept},
+        "tau": float(tau), "trees_total": int(len(alpha)), "trees_kept": int(len(keep)),
+        "trees_weighted": int((alpha > 0).sum()), "rows": {"train": int(part.fit.X.shape[0]),
+                                                           "test": int(part.test.X.shape[0])},
+    }
+    return result, trees.take(forest, keep), alpha[keep]
+
+
+# ---------------------------------------------------------------------------------------------
+# Messages
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ForestMsg:
+    tag: str
+    forest: Any          # fedpeer.ml.trees.Forest, validated on arrival
+
+
+@dataclass(frozen=True)
+class VectorMsg:
+    tag: str
+    vector: np.ndarray   # float64: a characteristic vector (clustered variant)
+
+
+def _forest_field(value: Any, where: str) -> Any:
+    from ..ml import trees
+    return trees.from_wire(value)
+
+
+def _register() -> None:
+    from ..ml import trees
+
+    wire.register("bofrf_forest", ForestMsg, {"tag": wire.v_str(256), "forest": _forest_field},
+                  to_body=lambda m: {"tag": m.tag, "forest": trees.to_wire(m.forest)})
+    wire.register("bofrf_vector", VectorMsg, {"tag": wire.v_str(256),
+                                              "vector": wire.v_array(100_000, frozenset({"<f8"}))},
+                  to_body=lambda m: {"tag": m.tag, "vector": wire.encode_array(m.vector)})
+
+
+_register()
+
+
+# ---------------------------------------------------------------------------------------------
+# The job
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SubChannel:
+    """The job's channel restricted to a cluster's members (clustered BOFRF)."""
+
+    base: Any
+    members: tuple[bytes, ...]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.base, name)
+
+
+async def run(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
+    data = ctx.data
+    ch.progress("training the local forest", 1, 5)
+    part = await asyncio.to_thread(prepare_site, data, params, ch.me)
+    cluster_info = None
+    if params["variant"] == "clustered":
+        ch, cluster_info = await _cluster(ch, part, params, ctx)
+    result, kept, weights = await _federate(ch, part, params, ctx)
+    if params["baseline"] == "boppid":
+        ch.progress("BOPPID baseline", 5, 5)
+        from .boppid import run_boppid
+        result["boppid"] = await run_boppid(ch, part, params, ctx)
+    if cluster_info:
+        result["cluster"] = cluster_info
+    result["_model"] = (kept, weights)     # taken out and stored by the registry's model hook
+    return result
+
+
+async def _federate(ch: Any, part: SitePart, params: Mapping[str, Any], ctx: JobContext) -> tuple[dict, Any, np.ndarray]:
+    from ..ml import trees
+
+    members = list(ch.members)
+    me = members.index(ch.me)
+    if len(members) == 1:      # a cluster of one: no federation, the site's own trees and matrices
+        confusion = await asyncio.to_thread(score_site, part, part.forest)
+        owners = np.zeros(part.forest.n_trees, dtype=np.int64)
+        return await asyncio.to_thread(finish_site, part, part.forest, owners, 0, confusion, params)
+    ch.progress("exchanging forests", 2, 5)
+    forests = await _exchange_forests(ch, part.forest, ctx)
+    held = np.array([1 if m in forests else 0 for m in members], dtype=np.int64)
+    roster = await secure_sum(ch, "bofrf/roster", encode_counts(held, len(members), count_max=1),
+                              mode=params["secure_sum"], hop_timeout_ms=ctx.hop_timeout_ms)
+    agreed = [m for i, m in enumerate(members) if int(roster.total[i]) == len(roster.participants)]
+    ch.progress("scoring every tree on this site's rows", 3, 5)
+    forest, owners = _combine(forests, agreed, members)
+    confusion = await asyncio.to_thread(score_site, part, forest)
+    ch.progress("secure sum of confusion matrices", 4, 5)
+    summed = await secure_sum(ch, "bofrf/confusion", encode_counts(confusion.ravel(), len(members), COUNT_MAX),
+                              mode=params["secure_sum"], hop_timeout_ms=ctx.hop_timeout_ms)
+    if ch.me not in summed.participants:
+        raise JobError("this site was left out of the secure sum")
+    total = summed.total.astype(np.int64).reshape(-1, 4)
+    survivors = [m for m in agreed if m in summed.participants]
+    if survivors != agreed:     # forests of members lost during the sum are dropped
+        keep = np.flatnonzero(np.isin(owners, [members.index(m) for m in survivors]))
+        forest, owners, total = trees.take(forest, keep), owners[keep], total[keep]
+    result, kept, weights = await asyncio.to_thread(finish_site, part, forest, owners, me, total, params)
+    result["participants"] = [ctx.names.get(m, m.hex()[:16]) for m in survivors]
+    return result, kept, weights
+
+
+async def _exchange_forests(ch: Any, own: Any, ctx: JobContext) -> dict[bytes, Any]:
+    """Send our forest to every member and collect theirs; members that do not deliver are left out."""
+    others = [m for m in ch.members if m != ch.me]
+
+    async def send(peer: bytes) -> None:
+        try:
+            await ch.send(peer, ForestMsg(tag="bofrf/forest", forest=own))
+        except JobError:
+            pass     # unreachable: the roster sum will leave that member's forest out
+
+    async def receive(peer: bytes) -> tuple[bytes, Any] | None:
+        try:
+            _, msg = await ch.recv(ForestMsg, "bofrf/forest", src=peer,
+                                   timeout_ms=FOREST_RECV_TIMEOUT_HOPS * ctx.hop_timeout_ms)
+            return peer, msg.forest
+        except JobError:
+            return None
+    results = await asyncio.gather(*(send(p) for p in others), *(receive(p) for p in others))
+    forests = {ch.me: own}
+    forests.update(dict(r for r in results if r is not None))
+    return forests
+
+
+def _combine(forests: Mapping[bytes, Any], agreed: Sequence[bytes], members: Sequence[bytes]) -> tuple[Any, np.ndarray]:
+    from ..ml import trees
+
+    parts = [forests[m] for m in agreed]
+    owners = np.concatenate([np.full(f.n_trees, members.index(m), dtype=np.int64) for m, f in zip(agreed, parts)])
+    features = parts[0].features
+    if any(f.features != features for f in parts):
+        raise JobError("forests were trained on different feature lists")
+    return trees.concat(parts), owners
+
+
+async def _cluster(ch: Any, part: SitePart, params: Mapping[str, Any], ctx: JobContext) -> tuple[Any, dict]:
+    """Clustered BOFRF (ch. 5): agree bounds, share characteristic vectors, cluster, return the
+    channel of this site's cluster. Bounds are federation-wide mean ± 3 sd from a secure sum, so
+    no site's minimum or maximum is revealed; the characteristic vectors themselves are shared
+    (per-column means of normalised values — what the thesis' clustering needs)."""
+    from ..ml import bofrf as mb
+    from .stats import FIXED, local_moments
+
+    members = list(ch.members)
+    X = part.fit.X
+    moments = await secure_sum(ch, "bofrf/bounds", FIXED.encode(local_moments(X, part.fit.y), len(members)),
+                               mode=params["secure_sum"], hop_timeout_ms=ctx.hop_timeout_ms)
+    totals = FIXED.decode(moments.total)
+    d = X.shape[1]
+    n = totals[0]
+    mean = totals[2:2 + d] / n
+    std = np.sqrt(np.maximum(totals[2 + d:] / n - mean * mean, 0.0))
+    vector = mb.characteristic_vector(X, mean - 3 * std, mean + 3 * std)
+    others = [m for m in members if m != ch.me]
+    await asyncio.gather(*(ch.send(p, VectorMsg(tag="bofrf/vector", vector=vector)) for p in others))
+    vectors = {ch.me: vector}
+    for p in others:
+        _, msg = await ch.recv(VectorMsg, "bofrf/vector", src=p, timeout_ms=FOREST_RECV_TIMEOUT_HOPS * ctx.hop_timeout_ms)
+        vectors[p] = np.asarray(msg.vector, dtype=np.float64)
+    labels = mb.farthest_first_clusters(np.stack([vectors[m] for m in members]), min(params["clusters"], len(members)),
+                                        metric=params["distance"], first=0)
+    mine = labels[members.index(ch.me)]
+    cluster = tuple(m for m, lab in zip(members, labels) if lab == mine)
+    info = {"cluster": int(mine), "members": [ctx.names.get(m, m.hex()[:16]) for m in cluster],
+            "all": {ctx.names.get(m, m.hex()[:16]): int(lab) for m, lab in zip(members, labels)}}
+    return SubChannel(ch, cluster), info
+
+
+# ---------------------------------------------------------------------------------------------
+# In-process reference: the same steps, a plain sum, no network.
+# ---------------------------------------------------------------------------------------------
+
+def reference(datasets: Sequence[Any], members: Sequence[bytes], params: Mapping[str, Any]) -> list[dict]:
+    """BOFRF for `datasets[i]` held by `members[i]` (members in ring order = sorted keys), base or
+    personalized variant, every member present. Returns each site's (result, kept forest, weights)."""
+    assert list(members) == sorted(members), "members must be in ring order"
+    parts = [prepare_site(ds, params, m) for ds, m in zip(datasets, members)]
+    forest, owners = _combine({m: p.forest for m, p in zip(members, parts)}, list(members), list(members))
+    total = sum(score_site(p, forest) for p in parts)
+    return [finish_site(p, forest, owners, i, total, params) for i, p in enumerate(parts)]
+
+
+def save_model(path: Any, model: tuple[Any, np.ndarray]) -> None:
+    """The kept ensemble: validated tree arrays and their weights, no pickle (fedpeer.ml.trees.save)."""
+    from ..ml import trees
+    forest, weights = model
+    trees.save(path, forest, weights=np.asarray(weights, dtype=np.float64))
+
+
+def load_model(path: Any) -> tuple[Any, np.ndarray]:
+    from ..ml import trees
+    forest, arrays = trees.load(path)
+    weights = np.asarray(arrays["weights"], dtype=np.float64)
+    if weights.shape != (forest.n_trees,) or not np.isfinite(weights).all():
+        raise JobError(f"{path}: model weights do not match its trees")
+    return forest, weights
+
+
+def predict(model: tuple[Any, np.ndarray], X: np.ndarray, features: Sequence[str]) -> np.ndarray:
+    """score(x) = Σ alpha (2 p(x) - 1); positive score = positive class."""
+    from ..ml import bofrf as mb
+    from ..ml import trees
+    forest, weights = model
+    return mb.ensemble_score(trees.predict_trees(forest, X, features), weights)
+
+
+KIND = JobKind(name="bofrf", help="decentralized Boosting-based Federated Random Forest (secure sums only)",
+               params=PARAMS, run=run, needs_data=True, binary_label=True, save_model=save_model)
