@@ -225,7 +225,9 @@ async def _federate(ch: Any, part: SitePart, params: Mapping[str, Any], ctx: Job
     if len(members) == 1:      # a cluster of one: no federation, the site's own trees and matrices
         confusion = await asyncio.to_thread(score_site, part, part.forest)
         owners = np.zeros(part.forest.n_trees, dtype=np.int64)
-        return await asyncio.to_thread(finish_site, part, part.forest, owners, 0, confusion, params)
+        result, kept, weights = await asyncio.to_thread(finish_site, part, part.forest, owners, 0, confusion, params)
+        result["participants"] = [ctx.names.get(ch.me, ch.me.hex()[:16])]
+        return result, kept, weights
     ch.progress("exchanging forests", 2, 5)
     forests = await _exchange_forests(ch, part.forest, ctx)
     held = np.array([1 if m in forests else 0 for m in members], dtype=np.int64)
@@ -288,7 +290,9 @@ async def _cluster(ch: Any, part: SitePart, params: Mapping[str, Any], ctx: JobC
     """Clustered BOFRF (ch. 5): agree bounds, share characteristic vectors, cluster, return the
     channel of this site's cluster. Bounds are federation-wide mean ± 3 sd from a secure sum, so
     no site's minimum or maximum is revealed; the characteristic vectors themselves are shared
-    (per-column means of normalised values — what the thesis' clustering needs)."""
+    (per-column means of normalised values — what the thesis' clustering needs). A member lost
+    during the bounds sum is left out of the clustering; one lost after it fails the job cleanly
+    (its vector never arrives, or sending to it fails)."""
     from ..ml import bofrf as mb
     from .stats import FIXED, local_moments
 
@@ -302,6 +306,8 @@ async def _cluster(ch: Any, part: SitePart, params: Mapping[str, Any], ctx: JobC
     mean = totals[2:2 + d] / n
     std = np.sqrt(np.maximum(totals[2 + d:] / n - mean * mean, 0.0))
     vector = mb.characteristic_vector(X, mean - 3 * std, mean + 3 * std)
+    # every survivor agrees on the bounds sum's participants: cluster exactly those sites
+    members = list(moments.participants)
     others = [m for m in members if m != ch.me]
     await asyncio.gather(*(ch.send(p, VectorMsg(tag="bofrf/vector", vector=vector)) for p in others))
     vectors = {ch.me: vector}

@@ -210,9 +210,14 @@ def choose_tau(proba_val: np.ndarray, y_val: np.ndarray, mcc_values: np.ndarray,
     best_tau, best_auc = taus[0], None
     for tau in taus:
         auc = _auc(y, ensemble_score(p, tree_weights(m, tau)))
-        if auc is not None and (best_auc is None or auc > best_auc):
+        # AUCs equal in exact arithmetic can come back 1 ulp apart from roc_auc_score: only a
+        # real improvement moves to a larger tau, so ties go to the smaller one as documented
+        if auc is not None and (best_auc is None or auc > best_auc + AUC_TIE_TOLERANCE):
             best_tau, best_auc = tau, auc
     return best_tau
+
+
+AUC_TIE_TOLERANCE = 1e-12
 
 
 def select_final(auc_global: float | None, auc_local: float | None) -> str:

@@ -1,0 +1,384 @@
+"""The decentralized BOFRF job (`fedpeer.jobs.bofrf.run`) over the in-memory network.
+
+Every member's coroutine runs in this one process over a `MemoryNetwork`, with real time (the
+forests are trained in `asyncio.to_thread`, so virtual time would fire timeouts while threads
+work) and short delays. Each test compares the members' results with `bofrf.reference`, which
+runs the same pure steps with a plain sum: on the full federation, on the survivors of a crash,
+or on each cluster. A failing case prints its seeds and parameters; it replays with the same
+values (MemoryNetwork(keys, seed=...), params["seed"], the data seed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Callable, Sequence
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fedpeer.jobs import bofrf
+from fedpeer.jobs.base import JobContext
+from fedpeer.ml import trees
+from fedpeer.ml.data import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint
+from fedpeer.net.channel import MemoryChannel, MemoryNetwork
+from fedpeer.protocols.securesum import SumChunk, SumRestart
+
+HOP_MS = 1_000
+N_EST = 10
+JOB_TIMEOUT_S = 30          # a hanging job fails the test instead of the whole run
+NET = {"delay_ms": (0.0, 2.0), "unreachable_ms": 100.0, "detect_ms": 200.0}
+RESULT_BLOCKS = ("local_rf", "bofrf_local", "bofrf_global", "final", "tau", "trees_total", "trees_kept",
+                 "trees_weighted", "rows")
+FOREST_FIELDS = ("features", "tree_offsets", "left", "right", "feature", "threshold", "value")
+
+
+# ---------------------------------------------------------------------------------------------
+# Data, keys, parameters
+# ---------------------------------------------------------------------------------------------
+
+def _breast_cancer() -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_breast_cancer
+    raw = load_breast_cancer()
+    X = np.ascontiguousarray(raw.data, dtype=np.float64)
+    y = (raw.target == 0).astype(np.int8)                    # malignant = positive
+    return tuple(n.replace(" ", "_") for n in raw.feature_names), X, y
+
+
+FEATURES, X_ALL, Y_ALL = _breast_cancer()
+
+
+def _dataset(X: np.ndarray, y: np.ndarray) -> Dataset:
+    """As benchmarks/bofrf_experiment.py builds a site's Dataset."""
+    X, y = np.ascontiguousarray(X, dtype=np.float64), np.asarray(y, dtype=np.int8)
+    X.setflags(write=False)
+    y.setflags(write=False)
+    labels = np.where(y == 1, "pos", "neg")
+    return Dataset(FEATURES, X, y, labels, 0,
+                   schema_fingerprint(FEATURES, [FEATURE_TYPE_FLOAT] * len(FEATURES)))
+
+
+def make_sites(n: int, data_seed: int, noise: Sequence[float] = (),
+               shift: Sequence[float] = ()) -> list[Dataset]:
+    """n sites of random, disjoint breast-cancer rows; site i flips a share noise[i] of its labels
+    (so trees differ in quality and tau matters) and adds shift[i] column sd to every feature."""
+    rng = np.random.default_rng(data_seed)
+    sd = X_ALL.std(axis=0)
+    sites = []
+    for i, rows in enumerate(np.array_split(rng.permutation(len(Y_ALL)), n)):
+        rows = np.sort(rows)
+        y = Y_ALL[rows].copy()
+        flip = rng.random(len(y)) < (noise[i] if i < len(noise) else 0.0)
+        y[flip] = 1 - y[flip]
+        X = X_ALL[rows] + (shift[i] if i < len(shift) else 0.0) * sd
+        sites.append(_dataset(X, y))
+    return sites
+
+
+def make_keys(n: int, salt: str) -> list[bytes]:
+    """Member keys in ring order (sorted)."""
+    return sorted(hashlib.sha256(f"{salt}-{i}".encode()).digest() for i in range(n))
+
+
+def make_params(**over: Any) -> dict[str, Any]:
+    return bofrf.KIND.check_params({"n_estimators": N_EST} | over)
+
+
+# ---------------------------------------------------------------------------------------------
+# Running the job
+# ---------------------------------------------------------------------------------------------
+
+class CrashOnTag:
+    """A member that crashes when it is about to send its first message whose tag starts with
+    `prefix`: it marks itself crashed in the network (peers' sends to it fail, the failure
+    detector reports it dead after detect_ms) and never sends anything again."""
+
+    def __init__(self, inner: MemoryChannel, prefix: str) -> None:
+        self.inner = inner
+        self.prefix = prefix
+        self.crashed_on: str | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def send(self, dst: bytes, msg: Any) -> None:
+        if self.crashed_on is None and msg.tag.startswith(self.prefix):
+            self.crashed_on = msg.tag
+            self.inner.net.crash(self.inner.me)
+        if self.crashed_on is not None:
+            await asyncio.Event().wait()          # dead: blocks until cancelled
+        await self.inner.send(dst, msg)
+
+
+async def run_job(net: MemoryNetwork, sites: dict[bytes, Dataset], params: dict[str, Any],
+                  names: dict[bytes, str], *, skip: Sequence[bytes] = (),
+                  wrap: Callable[[bytes, MemoryChannel], Any] | None = None,
+                  expect_done: Sequence[bytes] | None = None) -> dict[bytes, dict]:
+    """Start `run` for every member not in `skip`; wait for those of `expect_done` (default: all
+    started) and return their results. Other members' tasks are cancelled at the end."""
+    started = [k for k in net.members if k not in skip]
+    expect = list(started if expect_done is None else expect_done)
+    tasks = {}
+    for key in started:
+        ch = net.channel(key)
+        if wrap is not None:
+            ch = wrap(key, ch)
+        ctx = JobContext(site_name=names[key], names=names, hop_timeout_ms=HOP_MS, data=sites[key])
+        tasks[key] = asyncio.create_task(bofrf.run(ch, params, ctx))
+    try:
+        async with asyncio.timeout(JOB_TIMEOUT_S):
+            results = await asyncio.gather(*(tasks[k] for k in expect))
+    finally:
+        for task in tasks.values():
+            task.cancel()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+    return dict(zip(expect, results))
+
+
+def assert_same_forest(got: Any, want: Any, where: str) -> None:
+    for field in FOREST_FIELDS:
+        a, b = getattr(got, field), getattr(want, field)
+        same = a == b if field == "features" else np.array_equal(a, b)
+        assert same, f"{where}: kept forest differs in {field}"
+
+
+def assert_matches_reference(results: dict[bytes, dict], datasets: Sequence[Dataset], members: Sequence[bytes],
+                             params: dict[str, Any], where: str) -> list[tuple[dict, Any, np.ndarray]]:
+    """Every member's result (minus the job-only keys) and kept model equal the reference's for it."""
+    expected = bofrf.reference(datasets, members, params)
+    for key, (ref, ref_forest, ref_weights) in zip(members, expected):
+        got = results[key]
+        at = f"{where}, member {key.hex()[:8]}"
+        for block in RESULT_BLOCKS:
+            assert got[block] == ref[block], f"{at}: {block}: job {got[block]!r} != reference {ref[block]!r}"
+        forest, weights = got["_model"]
+        assert forest.n_trees == ref["trees_kept"] == len(weights), at
+        assert_same_forest(forest, ref_forest, at)
+        assert np.array_equal(weights, ref_weights), f"{at}: weights {weights} != reference {ref_weights}"
+    return expected
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. No faults
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n, net_seed, data_seed, over", [
+    (3, 1, 1, {"seed": 0, "tau": 0.45}),
+    (4, 2, 1, {"seed": 1, "tau": 0.45, "secure_sum": "ring"}),
+])
+async def test_no_faults_equals_reference(n: int, net_seed: int, data_seed: int, over: dict) -> None:
+    params = make_params(**over)
+    where = f"n={n} net_seed={net_seed} data_seed={data_seed} params={over}"
+    keys = make_keys(n, f"nofault-{net_seed}")
+    names = {k: f"site{i}" for i, k in enumerate(keys)}
+    datasets = make_sites(n, data_seed, noise=(0.0, 0.1, 0.25, 0.35)[:n])
+    net = MemoryNetwork(keys, seed=net_seed, **NET)
+    results = await run_job(net, dict(zip(keys, datasets)), params, names)
+
+    expected = assert_matches_reference(results, datasets, keys, params, where)
+    for key in keys:
+        assert results[key]["participants"] == [names[k] for k in keys], where
+        assert results[key]["trees_total"] == n * N_EST, where
+        assert "cluster" not in results[key], where
+    # the case is not trivial: the threshold cuts some trees, and the sites do not all keep the same model
+    assert any(r["trees_weighted"] < n * N_EST for r, _, _ in expected), f"{where}: tau cuts no tree"
+    kinds = {r["final"]["model"] for r, _, _ in expected}
+    assert kinds == {"local", "global"}, f"{where}: every site kept {kinds}"
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. A member dead before the job starts
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dead_index, net_seed", [(2, 3), (3, 4)])
+async def test_member_dead_before_the_job(dead_index: int, net_seed: int) -> None:
+    n = 4
+    params = make_params(seed=5, tau=0.3)
+    where = f"dead_index={dead_index} net_seed={net_seed} params_seed={params['seed']}"
+    keys = make_keys(n, f"dead-{net_seed}")
+    names = {k: f"site{i}" for i, k in enumerate(keys)}
+    datasets = make_sites(n, 7, noise=(0.0, 0.1, 0.2, 0.3))
+    dead = keys[dead_index]
+    net = MemoryNetwork(keys, seed=net_seed, **NET)
+    net.crash(dead)                                # at time 0: its coroutine never runs
+    results = await run_job(net, dict(zip(keys, datasets)), params, names, skip=[dead])
+
+    survivors = [k for k in keys if k != dead]
+    assert_matches_reference(results, [d for k, d in zip(keys, datasets) if k != dead], survivors, params, where)
+    for key in survivors:
+        assert results[key]["participants"] == [names[k] for k in survivors], where
+        assert names[dead] not in results[key]["participants"], where
+        assert results[key]["trees_total"] == len(survivors) * N_EST, where
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. A member that dies during the confusion-matrix secure sum
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dead_index, net_seed, mode", [(2, 5, "pairwise"), (3, 6, "ring")])
+async def test_member_dies_during_confusion_sum(dead_index: int, net_seed: int, mode: str) -> None:
+    n = 4
+    params = make_params(seed=9, tau=0.3, secure_sum=mode)
+    where = f"dead_index={dead_index} net_seed={net_seed} mode={mode} params_seed={params['seed']}"
+    keys = make_keys(n, f"midsum-{net_seed}")
+    names = {k: f"site{i}" for i, k in enumerate(keys)}
+    datasets = make_sites(n, 8, noise=(0.0, 0.1, 0.2, 0.3))
+    dead = keys[dead_index]
+    wrapped: dict[bytes, CrashOnTag] = {}
+
+    def wrap(key: bytes, ch: MemoryChannel) -> Any:
+        if key != dead:
+            return ch
+        wrapped[key] = CrashOnTag(ch, "bofrf/confusion")
+        return wrapped[key]
+
+    net = MemoryNetwork(keys, seed=net_seed, **NET)
+    survivors = [k for k in keys if k != dead]
+    results = await run_job(net, dict(zip(keys, datasets)), params, names, wrap=wrap, expect_done=survivors)
+
+    assert wrapped[dead].crashed_on is not None and wrapped[dead].crashed_on.startswith(
+        f"bofrf/confusion/ss-{mode}/a1/"), f"{where}: crashed on {wrapped[dead].crashed_on}"
+    # the dead member's forest went out and was agreed on: it was dropped after the sum
+    assert any(src == dead and getattr(m, "tag", "") == "bofrf/forest" for src, _, m in net.sent), where
+    assert_matches_reference(results, [d for k, d in zip(keys, datasets) if k != dead], survivors, params, where)
+    for key in survivors:
+        assert results[key]["participants"] == [names[k] for k in survivors], where
+        assert results[key]["trees_total"] == len(survivors) * N_EST, where
+
+    # the sum was re-run as attempt 2 over the survivors, with fresh masks
+    prefix = f"bofrf/confusion/ss-{mode}/"
+    restarts = [m for src, _, m in net.sent if isinstance(m, SumRestart) and m.tag == prefix + "restart"]
+    assert restarts and {m.attempt for m in restarts} == {2}, f"{where}: restarts {restarts}"
+    assert all(m.participants == tuple(survivors) for m in restarts), where
+    first = {a: [m.data for src, _, m in net.sent if src == keys[0] and isinstance(m, SumChunk)
+                 and m.tag == f"{prefix}a{a}/c0"] for a in (1, 2)}
+    assert len(first[1]) == len(first[2]) == 1, f"{where}: initiator's first chunks {first}"
+    # same vector, new ring mask (and new pairwise masks): no entry is sent twice
+    assert not np.any(first[1][0] == first[2][0]), f"{where}: a mask was reused across attempts"
+    assert not any(src == dead and getattr(m, "tag", "").startswith(prefix) for src, _, m in net.sent), where
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Clustered variant
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("net_seed, data_seed", [(7, 2)])
+async def test_clustered_groups_shifted_sites(net_seed: int, data_seed: int) -> None:
+    n = 4
+    params = make_params(seed=13, tau=0.3, variant="clustered", clusters=2)
+    where = f"net_seed={net_seed} data_seed={data_seed} params_seed={params['seed']}"
+    keys = make_keys(n, f"cluster-{net_seed}")
+    names = {k: f"site{i}" for i, k in enumerate(keys)}
+    # sites 1 and 3 (in ring order) are shifted by 4 sd in every feature: the clusters interleave
+    datasets = make_sites(n, data_seed, noise=(0.0, 0.1, 0.2, 0.0), shift=(0.0, 4.0, 0.0, 4.0))
+    net = MemoryNetwork(keys, seed=net_seed, **NET)
+    results = await run_job(net, dict(zip(keys, datasets)), params, names)
+
+    groups = {0: [keys[0], keys[2]], 1: [keys[1], keys[3]]}    # label 0 = the cluster of the first centroid
+    want_all = {names[k]: label for label, ks in groups.items() for k in ks}
+    for label, members in groups.items():
+        for key in members:
+            info = results[key]["cluster"]
+            assert info == {"cluster": label, "members": [names[k] for k in members], "all": want_all}, \
+                f"{where}: member {names[key]}: {info}"
+            assert results[key]["participants"] == [names[k] for k in members], where
+            assert results[key]["trees_total"] == len(members) * N_EST, where
+        assert_matches_reference(results, [datasets[keys.index(k)] for k in members], members, params,
+                                 f"{where}, cluster {label}")
+
+
+async def test_clustered_with_a_member_dead_from_the_start() -> None:
+    """A member dead before the job is left out of the bounds sum, so the survivors cluster among
+    themselves and finish (it used to fail every survivor: the vectors were sent to the dead)."""
+    n = 5
+    params = make_params(seed=13, tau=0.3, variant="clustered", clusters=2)
+    keys = make_keys(n, "cluster-dead")
+    names = {k: f"site{i}" for i, k in enumerate(keys)}
+    datasets = make_sites(n, 2, noise=(0.0, 0.1, 0.2, 0.0, 0.1), shift=(0.0, 4.0, 0.0, 4.0, 0.0))
+    dead = keys[3]
+    net = MemoryNetwork(keys, seed=8, **NET)
+    net.crash(dead)
+    results = await run_job(net, dict(zip(keys, datasets)), params, names, skip=[dead])
+    survivors = [k for k in keys if k != dead]
+    alls = {tuple(sorted(results[k]["cluster"]["all"].items())) for k in survivors}
+    assert len(alls) == 1, "every survivor must see the same clustering"
+    mapping = dict(next(iter(alls)))
+    assert names[dead] not in mapping and set(mapping) == {names[k] for k in survivors}
+    assert mapping[names[keys[1]]] != mapping[names[keys[0]]], "the shifted site forms its own cluster"
+    for key in survivors:
+        members = [k for k in survivors if mapping[names[k]] == results[key]["cluster"]["cluster"]]
+        assert results[key]["participants"] == [names[k] for k in members]
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. Personalized variant
+# ---------------------------------------------------------------------------------------------
+
+def exact_auc(y: np.ndarray, score: np.ndarray) -> Fraction:
+    """AUC as an exact fraction: P(score of a positive > score of a negative), ties count 1/2."""
+    pos, neg = score[y == 1], score[y == 0]
+    above = int((pos[:, None] > neg[None, :]).sum())
+    tied = int((pos[:, None] == neg[None, :]).sum())
+    return Fraction(2 * above + tied, 2 * len(pos) * len(neg))
+
+
+def independent_tau(parts: Sequence[Any], me: int) -> tuple[float, int]:
+    """The tau of the grid whose ensemble over every tree has the best validation AUC at site
+    `me`, ties going to the smaller tau (fedpeer.ml.bofrf.choose_tau's documented rule), and how
+    many trees it weights; from the sites' prepared parts, with plain numpy and exact AUCs."""
+    forest = trees.concat([p.forest for p in parts])
+    total = np.zeros((forest.n_trees, 4), dtype=np.int64)
+    for p in parts:
+        pred = trees.predict_trees(forest, p.fit.X, p.fit.features) > 0.5
+        pos = p.fit.y == 1
+        total += np.stack([(pred & pos).sum(1), (~pred & ~pos).sum(1), (pred & ~pos).sum(1),
+                           (~pred & pos).sum(1)], axis=1)
+    tp, tn, fp, fn = (total[:, i].astype(float) for i in range(4))
+    den = np.sqrt((tp + fp) * (tp + fn)) * np.sqrt((tn + fp) * (tn + fn))
+    mcc = np.divide(tp * tn - fp * fn, den, out=np.zeros_like(den), where=den > 0)
+    val = parts[me].validation
+    votes = 2.0 * trees.predict_trees(forest, val.X, val.features) - 1.0
+    best, best_auc = None, None
+    for tau in sorted(bofrf.TAU_GRID):
+        alpha = np.where(mcc > tau, mcc, 0.0)
+        auc = exact_auc(val.y, alpha @ votes)
+        if best_auc is None or auc > best_auc:
+            best, best_auc = tau, auc
+    return float(best), int((mcc > best).sum())
+
+
+CHOOSE_TAU_FLOAT_TIES = (
+    "fedpeer/ml/bofrf.py choose_tau compares sklearn's float AUCs with `>`: exactly tied AUCs that "
+    "differ in the last bit (here site 2: tau 0.25 and 0.35 both give AUC 13/18, sklearn returns "
+    "0.7222222222222222 and 0.7222222222222223) go to the LARGER tau, against its documented tie rule")
+
+
+@pytest.mark.parametrize("net_seed, data_seed, seed", [
+    (8, 0, 0),
+    (9, 1, 0),
+    pytest.param(10, 4, 1),   # regression: tau ties 1 ulp apart once picked the larger tau
+])
+async def test_personalized_tau_per_site(net_seed: int, data_seed: int, seed: int) -> None:
+    n = 3
+    params = make_params(seed=seed, variant="personalized")
+    where = f"net_seed={net_seed} data_seed={data_seed} params_seed={seed}"
+    keys = make_keys(n, "personalized")
+    names = {k: f"site{i}" for i, k in enumerate(keys)}
+    datasets = make_sites(n, data_seed, noise=(0.0, 0.15, 0.3))
+    net = MemoryNetwork(keys, seed=net_seed, **NET)
+    results = await run_job(net, dict(zip(keys, datasets)), params, names)
+
+    assert_matches_reference(results, datasets, keys, params, where)
+    parts = [bofrf.prepare_site(d, params, k) for d, k in zip(datasets, keys)]
+    taus = []
+    for i, key in enumerate(keys):
+        tau, weighted = independent_tau(parts, i)
+        got = results[key]
+        assert got["tau"] == tau, f"{where}: site {i}: job tau {got['tau']} != best validation tau {tau}"
+        assert got["trees_weighted"] == weighted, f"{where}: site {i}"
+        assert got["rows"]["train"] == parts[i].fit.X.shape[0] < datasets[i].rows - got["rows"]["test"], \
+            f"{where}: site {i}: no validation rows were held out"
+        taus.append(got["tau"])
+    assert len(set(taus)) > 1, f"{where}: every site chose tau {taus[0]}"

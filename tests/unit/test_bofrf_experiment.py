@@ -1,0 +1,28 @@
+"""The thesis' headline claim, on fixed seeds: averaged over seeds, BOFRF's AUC is at least each
+site's local random forest's, including a small and an imbalanced site (benchmarks/bofrf_experiment.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import bofrf_experiment as exp  # noqa: E402
+
+from fedpeer.jobs import bofrf  # noqa: E402
+
+PARAMS = {k: p.default for k, p in bofrf.PARAMS.items()} | {"n_estimators": 40}
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+
+
+@pytest.mark.parametrize("name", ["sklearn_breast_cancer", "sonar"])
+def test_bofrf_never_below_local_rf_on_average(name: str) -> None:
+    if name == "sonar" and not (DATA / "Sonar.csv").exists():
+        pytest.skip("needs ../shared/data")
+    result = exp.run(name, DATA, seeds=5, params=PARAMS)
+    for site in result["sites"]:
+        assert site["bofrf_auc"] >= site["local_rf_auc"], (name, site)
+    weakest = min(result["sites"], key=lambda s: s["local_rf_auc"])
+    assert weakest["change_pct"] > 0, (name, weakest)
