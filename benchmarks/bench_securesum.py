@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -107,16 +109,23 @@ async def fedpeer_sums(h: Harness, entries: int, repeats: int, mode: str) -> lis
     return seconds
 
 
-async def ring(n: int, repeats: int) -> dict:
+@contextlib.asynccontextmanager
+async def federation(n: int) -> AsyncIterator[Harness]:
+    """N real daemons, all alive; stopped afterwards whatever happens."""
     with tempfile.TemporaryDirectory() as tmp:
         h = Harness(Path(tmp), n)
         h.create()
         h.start()
         try:
             await h.wait_all_alive(60)
-            fed = {mode: await fedpeer_sums(h, ENTRIES, repeats, mode) for mode in ("ring", "pairwise")}
+            yield h
         finally:
             h.stop()
+
+
+async def ring(n: int, repeats: int) -> dict:
+    async with federation(n) as h:
+        fed = {mode: await fedpeer_sums(h, ENTRIES, repeats, mode) for mode in ("ring", "pairwise")}
     bare = await bare_ring(n, repeats)
     mib = ENTRIES * 8 / 2**20
     best = {k: mib / statistics.median(v) for k, v in fed.items()}
@@ -127,15 +136,8 @@ async def ring(n: int, repeats: int) -> dict:
 
 
 async def small_latency(n: int, count: int) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        h = Harness(Path(tmp), n)
-        h.create()
-        h.start()
-        try:
-            await h.wait_all_alive(60)
-            secs = await fedpeer_sums(h, 16, count, "pairwise")
-        finally:
-            h.stop()
+    async with federation(n) as h:
+        secs = await fedpeer_sums(h, 16, count, "pairwise")
     secs.sort()
     return {"sites": n, "sums": count, "p50_ms": 1000 * secs[len(secs) // 2],
             "p99_ms": 1000 * secs[min(len(secs) - 1, int(0.99 * len(secs)))]}
