@@ -107,11 +107,12 @@ class Node:
         try:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
-                ticker = tg.create_task(self._tick_loop())
-                syncer = tg.create_task(self._sync_loop())
+                tg.create_task(self._tick_loop())
+                tg.create_task(self._sync_loop())
                 await stop.wait()
-                ticker.cancel()
-                syncer.cancel()
+                raise _Stopping   # the group cancels every task it owns: loops, sends, jobs
+        except* _Stopping:
+            pass
         finally:
             self._tg = None
             _sd_notify(b"STOPPING=1")
@@ -327,6 +328,10 @@ class Node:
             return web.json_response({"error": f"bad request: {exc}"}, status=400)
         except (ConfigError, SendError) as exc:
             return web.json_response({"error": str(exc)}, status=400)
+
+
+class _Stopping(Exception):
+    """Raised inside the TaskGroup on SIGTERM/SIGINT so that it cancels all its tasks."""
 
 
 def _payload_bytes(msg: object) -> int:

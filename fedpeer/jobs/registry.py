@@ -399,8 +399,11 @@ class JobRegistry:
         try:
             await work
         except asyncio.CancelledError:
+            # an operator's cancel or a peer's abort finished the record first; what is left is
+            # the daemon stopping (a restarted daemon shows this record, not a running one)
             if record.state not in TERMINAL:
-                self._finish(record, "cancelled", "cancelled")
+                self._finish(record, "cancelled", f"{self.config.node.name}: the daemon was stopped while the job ran")
+            raise
         except _SiteFailure as exc:
             about = self.names.get(exc.site, fingerprint(exc.site))
             first = record.state not in TERMINAL

@@ -158,3 +158,29 @@ def _rows(path: Path) -> int:
 def _fedpeer(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "fedpeer", *args], capture_output=True, text=True,
                           timeout=120, stdin=subprocess.DEVNULL)
+
+
+async def test_cancel_running_job_and_sigterm_during_a_job(make_federation) -> None:
+    import asyncio
+    import signal as sig
+    h: Harness = make_federation(2)
+    await h.wait_all_alive(timeout_s=15)
+    big = {"entries": 8 * 1024 * 1024, "secure_sum": "pairwise"}     # 64 MiB: runs for seconds
+    job_id = await h.propose(0, "sumcheck", big)
+    await asyncio.sleep(0.5)
+    cancel = _fedpeer("job", "cancel", job_id, "--config", str(h.sites[1].config_path))
+    assert cancel.returncode == 0, cancel.stderr
+    records = await h.wait_job(job_id, timeout_s=60)
+    assert records[1]["state"] == "cancelled" and "cancelled by the operator" in records[1]["error"]
+    assert records[0]["state"] in ("failed", "cancelled") and "site-2" in records[0]["error"], records[0]
+
+    # SIGTERM while a job runs: the daemon exits 0 promptly; restarted, it shows the job ended
+    job_id = await h.propose(0, "sumcheck", big)
+    await asyncio.sleep(0.5)
+    proc = h.sites[0].process
+    proc.send_signal(sig.SIGTERM)
+    assert await asyncio.to_thread(proc.wait, 20) == 0
+    h.start(0)
+    await h.wait_all_alive(timeout_s=15)
+    record = await h.job(0, job_id)
+    assert record["state"] in ("cancelled", "failed") and "stopped" in record["error"], record

@@ -1,0 +1,511 @@
+"""Raft-style leader election, as a pure state machine (no log replication).
+
+References are to Ongaro and Ousterhout, "In Search of an Understandable
+Consensus Algorithm (Extended Version)" (2014): §5.1 terms, §5.2 leader
+election, §5.4.1 election restriction (the "up-to-date" rule); and to Ongaro,
+"Consensus: Bridging Theory and Practice" (PhD thesis, 2014): §9.6 PreVote and
+CheckQuorum ("preventing disruptions when a server rejoins the cluster"). The
+shape (a tick-driven core that hands the shell what to persist and what to
+send) follows etcd-io/raft's `Ready`.
+
+The federated XGBoost layer runs its rounds under the leader of a term; this
+module only decides who leads, in which term.
+
+Rules of this module:
+
+* Pure. Nothing here reads a clock, touches a socket, sleeps or draws from the
+  global `random` module. Time arrives as `now_ms` (monotonic milliseconds,
+  never decreasing) on every call; randomness comes from the `random.Random`
+  given to the constructor. Call `tick(now_ms)` every ~50 ms (well under
+  heartbeat_interval_ms); timers fire at the first tick at or after their
+  deadline.
+* Every entry point (`tick`, `receive`) returns a `Ready(persist, sends)`.
+  The shell MUST durably store `persist` (when not None) BEFORE performing any
+  of `sends`: a vote or a new term that was sent but not stored could be cast
+  again differently after a crash, and two leaders could win one term.
+  Construct a restarted node with the last stored `HardState`.
+* Membership is fixed: the quorum is a majority of the CONFIGURED members
+  (`len(members) // 2 + 1`), never of those currently alive, so a minority
+  partition can never elect a leader. Messages from non-members (and from
+  myself) are ignored.
+* Terms only grow. A message carrying a higher term makes us a follower of
+  that term with no vote (§5.1) -- except the three cases that exist to keep
+  a rejoining or partitioned node from disrupting a healthy leader (§9.6):
+  a PreVote never changes anyone's term; a granted PreVoteReply carries the
+  requester's prospective term, not ours; and a RequestVote that reaches a
+  node "in lease" (a leader, or a follower that heard its leader within
+  election_timeout_min_ms) is ignored entirely.
+* One vote per term, persisted: voted_for is set at most once per term.
+  A vote (and a pre-vote) is granted only to a candidate whose commit point
+  (commit_term, commit_index) is at least ours, compared as a pair (§5.4.1
+  applied to committed rounds: commit_term is the term of the leader that
+  committed the round, commit_index the round number).
+* PreVote (§9.6): an expired election timer first makes us a pre-candidate,
+  which asks "would you vote for me at term+1?" without changing any term.
+  Only with a majority of pre-votes do we become a candidate (term + 1,
+  vote for self). Nobody grants a pre-vote while in lease.
+* CheckQuorum (§9.6): a leader that has not heard a HeartbeatReply of its
+  term from a majority (itself included) within election_timeout_min_ms steps
+  down to follower. This bounds how long a leader cut off in a minority keeps
+  believing it leads, and it is what lets followers treat "heard the leader
+  recently" as a lease.
+* At most one leader per term, ever (§5.2: majority votes, one vote per term,
+  persisted). Every leader-originated message carries its term; the XGBoost
+  layer fences its own job messages with `is_stale(term)`.
+* A heartbeat from a lower term is answered with our (higher) term, so a
+  stale leader learns it and steps down; other lower-term messages are
+  answered with a rejection (votes) or ignored (replies).
+* Leader timing (heartbeats, CheckQuorum) and follower leases run on the same
+  clock as everyone else only in the sense of durations: safety (one leader
+  per term) never depends on time; liveness and non-disruption do.
+* Every limit and timeout is a field of ElectionConfig with its unit in the
+  name; the member count is capped at MEMBERS_MAX. State is bounded by the
+  member count (one tally slot and one last-heard time per member).
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+
+NodeId = bytes  # a member's 32-byte Ed25519 public key; the canonical id on the wire
+
+MEMBERS_MAX = 100  # cross-silo federations: 2..100 sites (1 is allowed for a lone site and tests)
+TERM_MAX = 2**63 - 1  # terms travel as msgpack int64; a larger one is a malformed message
+
+
+class Role(enum.StrEnum):
+    FOLLOWER = "follower"
+    PRE_CANDIDATE = "pre_candidate"
+    CANDIDATE = "candidate"
+    LEADER = "leader"
+
+
+@dataclass(frozen=True)
+class HardState:
+    """What must survive a crash: persist it before sending anything (see module rules)."""
+
+    term: int = 0
+    voted_for: NodeId | None = None  # whom we voted for in `term`; None: no vote yet
+
+
+@dataclass(frozen=True, order=True)
+class Commit:
+    """The last committed XGBoost round: ordered as the pair (term, index), as §5.4.1 orders logs."""
+
+    term: int = 0   # term of the leader that committed the round
+    index: int = 0  # round number
+
+
+@dataclass(frozen=True)
+class ElectionConfig:
+    heartbeat_interval_ms: int = 200     # leader -> every follower
+    election_timeout_min_ms: int = 1000  # also the follower lease and the CheckQuorum window
+    election_timeout_max_ms: int = 2000  # timeouts are drawn uniformly in [min, max)
+
+    def __post_init__(self) -> None:
+        if self.heartbeat_interval_ms < 1:
+            raise ValueError("heartbeat_interval_ms must be >= 1")
+        # At least two heartbeats per lease: one lost heartbeat must not start an election.
+        if 2 * self.heartbeat_interval_ms > self.election_timeout_min_ms:
+            raise ValueError("need 2 * heartbeat_interval_ms <= election_timeout_min_ms")
+        # A spread is what breaks split votes (§5.2); without one, candidates collide forever.
+        if self.election_timeout_max_ms <= self.election_timeout_min_ms:
+            raise ValueError("need election_timeout_min_ms < election_timeout_max_ms")
+
+
+# -- messages (plain int/bool fields; the sender is the authenticated transport src) ------------
+
+@dataclass(frozen=True)
+class PreVote:  # "would you vote for me at `term`?" (term = sender's term + 1; nobody adopts it)
+    term: int
+    commit_term: int
+    commit_index: int
+
+
+@dataclass(frozen=True)
+class PreVoteReply:  # granted: term echoes the PreVote's term; refused: the replier's own term
+    term: int
+    granted: bool
+
+
+@dataclass(frozen=True)
+class RequestVote:
+    term: int
+    commit_term: int
+    commit_index: int
+
+
+@dataclass(frozen=True)
+class RequestVoteReply:
+    term: int
+    granted: bool
+
+
+@dataclass(frozen=True)
+class Heartbeat:  # leader -> follower; carries the leader's last committed round
+    term: int
+    commit_term: int
+    commit_index: int
+
+
+@dataclass(frozen=True)
+class HeartbeatReply:  # also the answer to a stale heartbeat, carrying the higher term
+    term: int
+
+
+Message = PreVote | PreVoteReply | RequestVote | RequestVoteReply | Heartbeat | HeartbeatReply
+MESSAGE_TYPES: tuple[type, ...] = (PreVote, PreVoteReply, RequestVote, RequestVoteReply,
+                                   Heartbeat, HeartbeatReply)
+
+
+@dataclass(frozen=True)
+class Send:  # effect: the shell sends msg to dst (it knows dst's address from membership)
+    dst: NodeId
+    msg: Message
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The result of one step: persist `persist` (if not None) durably, THEN perform `sends`."""
+
+    persist: HardState | None
+    sends: tuple[Send, ...]
+
+
+@dataclass(slots=True)
+class ElectionStats:  # counters for the status API and for tests; never reset
+    pre_votes_started: int = 0
+    elections_started: int = 0      # terms this node started (pre-vote won)
+    elections_won: int = 0
+    check_quorum_step_downs: int = 0
+    higher_term_step_downs: int = 0  # left leader/candidate because a higher term appeared
+    ignored_messages: int = 0        # malformed, from a non-member, or a conflicting leader
+
+
+def _well_formed(msg: Message) -> bool:
+    # The wire codec validates types; this guards the invariants our arithmetic relies on.
+    for f in fields(msg):
+        value = getattr(msg, f.name)
+        if f.name == "granted":
+            if not isinstance(value, bool):
+                return False
+        elif not (isinstance(value, int) and not isinstance(value, bool)
+                  and 0 <= value <= TERM_MAX):
+            return False
+    return True
+
+
+class Election:
+    """One member's view of who leads. See the module docstring for the rules."""
+
+    def __init__(self, me: NodeId, members: Sequence[NodeId], config: ElectionConfig,
+                 rng: random.Random, hard_state: HardState, now_ms: int,
+                 commit: Commit = Commit()) -> None:
+        if len(set(members)) != len(members):
+            raise ValueError("members must be distinct")
+        if me not in members:
+            raise ValueError("members must include me")
+        if not 1 <= len(members) <= MEMBERS_MAX:
+            raise ValueError(f"need 1..{MEMBERS_MAX} members, got {len(members)}")
+        if not 0 <= hard_state.term <= TERM_MAX or commit.term < 0 or commit.index < 0:
+            raise ValueError("terms and indexes must be non-negative")
+        self._me = me
+        self._members = tuple(sorted(members))
+        self._peers = tuple(m for m in self._members if m != me)
+        self._quorum = len(self._members) // 2 + 1
+        self._cfg = config
+        self._rng = rng
+        self._now_ms = now_ms
+        # A round committed in term T proves we reached T, even if a crash beat the shell to
+        # persisting it (an async shell may let the job layer commit while persist is pending).
+        # Adopting T without a vote is safe: a vote never stored was never sent.
+        self._term = max(hard_state.term, commit.term)
+        self._voted_for = hard_state.voted_for if self._term == hard_state.term else None
+        self._commit = commit
+        self._role = Role.FOLLOWER
+        self._leader: NodeId | None = None
+        self._leader_contact_ms = 0     # when we last heard _leader (meaningful if _leader set)
+        self._leader_commit: Commit | None = None
+        self._granted: set[NodeId] = set()   # this campaign's (pre-)votes, me included
+        self._refused: set[NodeId] = set()
+        self._peer_heard_ms: dict[NodeId, int] = {}  # leader only: last reply of my term
+        self._next_heartbeat_ms = 0
+        self._stats = ElectionStats()
+        self._election_deadline_ms = 0
+        self._reset_election_timer()  # a (re)started node listens for a leader before campaigning
+
+    # -- public API -------------------------------------------------------------------------
+
+    @property
+    def me(self) -> NodeId:
+        return self._me
+
+    @property
+    def members(self) -> tuple[NodeId, ...]:
+        return self._members
+
+    @property
+    def quorum(self) -> int:
+        return self._quorum
+
+    @property
+    def role(self) -> Role:
+        return self._role
+
+    @property
+    def term(self) -> int:
+        return self._term
+
+    @property
+    def leader(self) -> NodeId | None:
+        """The leader of the current term as far as we know (me if I lead); None if unknown."""
+        return self._leader
+
+    @property
+    def hard_state(self) -> HardState:
+        return HardState(self._term, self._voted_for)
+
+    @property
+    def commit(self) -> Commit:
+        return self._commit
+
+    @property
+    def leader_commit(self) -> Commit | None:
+        """The commit point carried by the current leader's latest heartbeat (mine if I lead)."""
+        return self._commit if self._role is Role.LEADER else self._leader_commit
+
+    @property
+    def stats(self) -> ElectionStats:
+        return replace(self._stats)
+
+    def is_stale(self, term: int) -> bool:
+        """True if a message of `term` comes from a deposed leader and must be rejected.
+
+        A term above ours is not stale but not yet known either: the election layer will
+        learn it from that leader's heartbeat; the job layer should hold or drop the message.
+        """
+        return term < self._term
+
+    def set_commit(self, term: int, index: int) -> None:
+        """Record the last round the XGBoost layer has durably committed (never goes back).
+
+        For §5.4.1's guarantee (every later leader holds every committed round), a round
+        counts as committed only once a majority of configured members have stored it, and a
+        member stores rounds only from the leader of its current term.
+        """
+        new = Commit(term, index)
+        if term < 0 or index < 0:
+            raise ValueError("commit term and index must be non-negative")
+        if term > self._term:
+            raise ValueError(f"commit term {term} is ahead of the current term {self._term}")
+        if new < self._commit:
+            raise ValueError(f"commit went backwards: {new} < {self._commit}")
+        self._commit = new
+
+    def tick(self, now_ms: int) -> Ready:
+        self._advance_clock(now_ms)
+        before = self.hard_state
+        return self._ready(before, self._on_tick(now_ms))
+
+    def receive(self, src: NodeId, msg: Message, now_ms: int) -> Ready:
+        """Handle msg from src (its NodeId, authenticated by the transport)."""
+        self._advance_clock(now_ms)
+        if not isinstance(msg, MESSAGE_TYPES):
+            raise TypeError(f"not an election message: {type(msg).__name__}")
+        before = self.hard_state
+        if src == self._me or src not in self._peers or not _well_formed(msg):
+            self._stats.ignored_messages += 1
+            return self._ready(before, [])
+        return self._ready(before, self._on_message(src, msg))
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _advance_clock(self, now_ms: int) -> None:
+        assert now_ms >= self._now_ms, f"time went backwards: {now_ms} < {self._now_ms}"
+        self._now_ms = now_ms
+
+    def _ready(self, before: HardState, sends: list[Send]) -> Ready:
+        after = self.hard_state
+        assert after.term >= before.term, "terms only grow"
+        assert after.term > before.term or before.voted_for in (None, after.voted_for), \
+            "one vote per term"
+        return Ready(after if after != before else None, tuple(sends))
+
+    def _reset_election_timer(self) -> None:
+        timeout_ms = self._rng.randrange(self._cfg.election_timeout_min_ms,
+                                         self._cfg.election_timeout_max_ms)
+        self._election_deadline_ms = self._now_ms + timeout_ms
+
+    def _in_lease(self) -> bool:
+        # §9.6: while a leader is known to be alive, nobody helps a challenger. A leader's own
+        # lease is guaranteed by CheckQuorum (it steps down when it loses its majority).
+        if self._role is Role.LEADER:
+            return True
+        return (self._leader is not None
+                and self._now_ms - self._leader_contact_ms < self._cfg.election_timeout_min_ms)
+
+    def _up_to_date(self, msg: PreVote | RequestVote) -> bool:
+        return Commit(msg.commit_term, msg.commit_index) >= self._commit
+
+    def _broadcast(self, make: type[PreVote] | type[RequestVote] | type[Heartbeat],
+                   term: int, commit: Commit) -> list[Send]:
+        return [Send(p, make(term, commit.term, commit.index)) for p in self._peers]
+
+    # -- timers -----------------------------------------------------------------------------
+
+    def _on_tick(self, now_ms: int) -> list[Send]:
+        if self._role is Role.LEADER:
+            if not self._has_quorum_contact(now_ms):  # CheckQuorum (§9.6)
+                self._stats.check_quorum_step_downs += 1
+                self._become_follower(self._term)
+                return []
+            if now_ms >= self._next_heartbeat_ms:
+                self._next_heartbeat_ms = now_ms + self._cfg.heartbeat_interval_ms
+                return self._broadcast(Heartbeat, self._term, self._commit)
+            return []
+        if now_ms >= self._election_deadline_ms:
+            return self._start_pre_vote()
+        return []
+
+    def _has_quorum_contact(self, now_ms: int) -> bool:
+        window_ms = self._cfg.election_timeout_min_ms
+        recent = sum(1 for heard_ms in self._peer_heard_ms.values() if now_ms - heard_ms < window_ms)
+        return 1 + recent >= self._quorum
+
+    # -- role changes -----------------------------------------------------------------------
+
+    def _become_follower(self, term: int) -> None:
+        assert term >= self._term
+        if term > self._term:
+            if self._role in (Role.LEADER, Role.CANDIDATE):
+                self._stats.higher_term_step_downs += 1
+            self._term = term
+            self._voted_for = None  # a new term: no vote cast in it yet
+        self._role = Role.FOLLOWER
+        self._leader = None
+        self._leader_commit = None
+        self._granted.clear()
+        self._refused.clear()
+        self._peer_heard_ms.clear()
+        self._reset_election_timer()
+
+    def _start_pre_vote(self) -> list[Send]:
+        # §9.6: ask first, at term + 1, changing nothing durable: a node that cannot win (cut off,
+        # or behind on commits, or facing a live leader) never bumps anyone's term.
+        self._stats.pre_votes_started += 1
+        self._role = Role.PRE_CANDIDATE
+        self._leader = None
+        self._leader_commit = None
+        self._granted = {self._me}
+        self._refused = set()
+        self._reset_election_timer()
+        if len(self._granted) >= self._quorum:  # a federation of one
+            return self._start_election()
+        return self._broadcast(PreVote, self._term + 1, self._commit)
+
+    def _start_election(self) -> list[Send]:
+        self._stats.elections_started += 1
+        self._term += 1
+        self._voted_for = self._me  # persisted (Ready.persist) before the RequestVotes go out
+        self._role = Role.CANDIDATE
+        self._granted = {self._me}
+        self._refused = set()
+        self._reset_election_timer()
+        if len(self._granted) >= self._quorum:
+            return self._become_leader()
+        return self._broadcast(RequestVote, self._term, self._commit)
+
+    def _become_leader(self) -> list[Send]:
+        self._stats.elections_won += 1
+        self._role = Role.LEADER
+        self._leader = self._me
+        self._granted.clear()
+        self._refused.clear()
+        # CheckQuorum grace: every peer counts as heard now, so a new leader gets one full
+        # window to collect replies before it can step down.
+        self._peer_heard_ms = dict.fromkeys(self._peers, self._now_ms)
+        self._next_heartbeat_ms = self._now_ms + self._cfg.heartbeat_interval_ms
+        return self._broadcast(Heartbeat, self._term, self._commit)  # announce at once
+
+    def _tally(self) -> list[Send]:
+        if len(self._granted) >= self._quorum:
+            return self._start_election() if self._role is Role.PRE_CANDIDATE else self._become_leader()
+        if len(self._refused) > len(self._members) - self._quorum:  # the majority is out of reach
+            self._become_follower(self._term)
+        return []
+
+    # -- messages ---------------------------------------------------------------------------
+
+    def _on_message(self, src: NodeId, msg: Message) -> list[Send]:
+        if isinstance(msg, PreVote):
+            return self._on_pre_vote(src, msg)  # never changes our term (§9.6)
+        if msg.term > self._term:
+            if isinstance(msg, RequestVote) and self._in_lease():
+                return []  # a live leader exists: do not even learn the challenger's term
+            if not (isinstance(msg, PreVoteReply) and msg.granted):
+                self._become_follower(msg.term)  # §5.1
+        match msg:
+            case PreVoteReply():
+                return self._on_pre_vote_reply(src, msg)
+            case RequestVote():
+                return self._on_request_vote(src, msg)
+            case RequestVoteReply():
+                return self._on_request_vote_reply(src, msg)
+            case Heartbeat():
+                return self._on_heartbeat(src, msg)
+            case HeartbeatReply():
+                return self._on_heartbeat_reply(src, msg)
+        raise AssertionError("unreachable")
+
+    def _on_pre_vote(self, src: NodeId, msg: PreVote) -> list[Send]:
+        if msg.term > self._term and not self._in_lease() and self._up_to_date(msg):
+            return [Send(src, PreVoteReply(msg.term, True))]
+        return [Send(src, PreVoteReply(self._term, False))]  # our term lets a laggard catch up
+
+    def _on_pre_vote_reply(self, src: NodeId, msg: PreVoteReply) -> list[Send]:
+        if self._role is not Role.PRE_CANDIDATE:
+            return []
+        if msg.granted and msg.term == self._term + 1:
+            self._granted.add(src)
+        elif not msg.granted:
+            self._refused.add(src)
+        return self._tally()
+
+    def _on_request_vote(self, src: NodeId, msg: RequestVote) -> list[Send]:
+        if msg.term < self._term:
+            return [Send(src, RequestVoteReply(self._term, False))]
+        grant = self._voted_for in (None, src) and self._up_to_date(msg)
+        if grant:
+            self._voted_for = src
+            self._reset_election_timer()  # §5.2: granting a vote counts as hearing from a candidate
+        return [Send(src, RequestVoteReply(self._term, grant))]
+
+    def _on_request_vote_reply(self, src: NodeId, msg: RequestVoteReply) -> list[Send]:
+        if self._role is not Role.CANDIDATE or msg.term != self._term:
+            return []  # late reply from an earlier campaign
+        (self._granted if msg.granted else self._refused).add(src)
+        return self._tally()
+
+    def _on_heartbeat(self, src: NodeId, msg: Heartbeat) -> list[Send]:
+        if msg.term < self._term:
+            return [Send(src, HeartbeatReply(self._term))]  # tell the deposed leader
+        # msg.term == self._term from here on (a higher term made us a follower above)
+        if self._role is Role.LEADER or self._leader not in (None, src):
+            # Two leaders in one term: impossible with honest members. Refuse to follow either.
+            self._stats.ignored_messages += 1
+            return []
+        if self._role is not Role.FOLLOWER:
+            self._become_follower(self._term)  # someone else won this term (§5.2)
+        self._leader = src
+        self._leader_contact_ms = self._now_ms
+        self._leader_commit = Commit(msg.commit_term, msg.commit_index)
+        self._reset_election_timer()
+        return [Send(src, HeartbeatReply(self._term))]
+
+    def _on_heartbeat_reply(self, src: NodeId, msg: HeartbeatReply) -> list[Send]:
+        if self._role is Role.LEADER and msg.term == self._term:
+            self._peer_heard_ms[src] = self._now_ms
+        return []
