@@ -142,8 +142,12 @@ def test_example_peers_toml_loads_and_documents_every_key() -> None:
     example = Path(__file__).resolve().parents[2] / "peers.toml"
     config = cfg.load(example)
     assert config.node.name == "hospital-a" and len(config.peers) == 2
+    assert config.data is not None and config.data.label == "Class" and config.data.ignore == ("Id",)
+    import dataclasses as dc
+    for f in dc.fields(cfg.DataSection):
+        assert f"\n{f.name} = " in example.read_text(), f"peers.toml does not document data.{f.name}"
     text = example.read_text()
-    for section in (cfg.Limits, cfg.MembershipTiming, cfg.Policy):
+    for section in (cfg.Limits, cfg.MembershipTiming, cfg.Policy, cfg.JobLimits):
         defaults = section()
         for f in dataclasses.fields(section):
             assert f"\n{f.name} = " in text, f"peers.toml does not document {f.name}"
@@ -151,4 +155,5 @@ def test_example_peers_toml_loads_and_documents_every_key() -> None:
 
 
 def _section_values(config: cfg.Config, section: type) -> object:
-    return {cfg.Limits: config.limits, cfg.MembershipTiming: config.membership, cfg.Policy: config.policy}[section]
+    return {cfg.Limits: config.limits, cfg.MembershipTiming: config.membership, cfg.Policy: config.policy,
+            cfg.JobLimits: config.jobs}[section]
