@@ -25,9 +25,10 @@ Trees document (what a site sends; bytes, canonical JSON as below):
   Nodes are numbered breadth-first from the root: the k-th internal node (by index) has children
   2k+1 and 2k+2, so every tree has exactly one encoding. At a leaf, children are -1 and
   split_indices, default_left, loss_changes are 0. Not carried: xgboost's `base_weights`
-  (internal nodes' unshrunk weights, used by no prediction, SHAP included: the model writes the
-  leaf value at leaves and 0 at internal nodes), `parents` and ids (recomputed: xgboost trusts
-  `parents` and can crash on bad ones), categorical splits (refused), vector leaves (refused).
+  (internal nodes' unshrunk weights; the model writes the leaf value at leaves and 0 at internal
+  nodes — predictions and SHAP values, exact and approximate, stay identical, see the tests),
+  `parents` and ids (recomputed: xgboost trusts `parents` and can crash on bad ones), categorical
+  splits (refused), vector leaves (refused).
 
 Global model (what `append_round` returns): an xgboost JSON model that
 `xgboost.Booster().load_model(bytearray(model))` loads, written from a fixed template — schema
@@ -37,9 +38,10 @@ ids 0..T-1, tree_info t % K, iteration_indptr [0, K, 2K, .., T] (one iteration =
 boosting round of one member, so `iteration_range` slices in those units), num_parallel_tree 1,
 boost_from_average "0" (so a warm start never re-estimates the intercept), attribute
 "fedpeer_format". base_score: binary:logistic writes the prior probability as a scalar string
-(xgboost 2.x and 3.x read it); multi:softprob writes a vector of K margins "[m0,m1,..]" — xgboost
-3.x stores one intercept per class, in margin space (verified with 3.2; releases that keep a
-scalar intercept cannot load such a model).
+(the form xgboost 2.x wrote; 3.2 reads it); multi:softprob writes a vector of K margins
+"[m0,m1,..]": xgboost 3.2 keeps one intercept per class, in margin space (checked: a model with
+base_score [a,b,c] predicts margins a,b,c before any tree). Tested with xgboost 3.2 only; a
+release with a scalar multi-class intercept would not load the multi-class model.
 
 Canonical JSON (both documents): `json.dumps(sort_keys=True, separators=(",", ":"),
 ensure_ascii=True, allow_nan=False)`; every float is a float32 value (xgboost's precision),
@@ -64,6 +66,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -98,7 +102,7 @@ _TREE_BYTES_MAX = 256
 _ROOT_PARENT = 2147483647     # xgboost's "no parent"
 _TREE_KEYS = ("default_left", "left_children", "loss_changes", "right_children", "split_conditions",
               "split_indices", "sum_hessian")
-_REFUSED_PARAMS = {
+_ALLOWED_PARAMS = {                                # the only values tree bagging accepts
     "booster": ("gbtree",),                        # dart rescales old trees, gblinear has none
     "num_parallel_tree": (1, "1"),                 # one tree per class and round: the indexing below
     "multi_strategy": ("one_output_per_tree",),    # vector leaves are not carried
@@ -108,9 +112,6 @@ _REFUSED_PARAMS = {
 
 class TreesError(RemoteProtocolError, ValueError):
     """A trees document or a global model is malformed. `reason` is "xgb_trees" or "xgb_model"."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(reason, detail)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -176,6 +177,10 @@ class _Tree:
     gain: np.ndarray          # float64 (float32 values) >= 0, 0 at a leaf
     cover: np.ndarray         # float64 (float32 values) >= 0
     depth: int
+
+    def __post_init__(self) -> None:
+        for name in ("left", "right", "feature", "value", "default_left", "gain", "cover"):
+            getattr(self, name).flags.writeable = False     # shared through the model cache
 
     @property
     def n_nodes(self) -> int:
@@ -499,7 +504,12 @@ def validate_trees(trees_doc: Any, *, num_feature: int, num_class: int, num_loca
     breadth-first numbering (so: a tree, no cycles, no shared or unreachable nodes), depth <=
     max_depth, split features in [0, num_feature), integers and float32-exact finite floats,
     |leaf value| <= leaf_abs_max, gain and cover >= 0, zeros where a leaf has no split, and the
-    bytes equal to the canonical encoding."""
+    bytes equal to the canonical encoding.
+
+    A hard leaf bound comes from the training parameters: with `max_delta_step` d > 0 xgboost
+    clips every leaf weight to [-d, d] before the learning rate, so |leaf| <= eta_i * d and
+    leaf_abs_max = eta * d is safe for every member. Without it, binary:logistic leaves stay
+    below eta_i * (max |g| / min h per leaf) — no fixed bound: pick one with room (e.g. 10 * eta)."""
     if objective is None:
         objective = "multi:softprob" if num_class >= 2 else "binary:logistic"
     groups = _groups(objective, num_class)
@@ -591,9 +601,33 @@ def _get(obj: Any, path: Sequence[str], kind: type) -> Any:
     return obj
 
 
+_MODEL_CACHE: OrderedDict[bytes, ModelInfo] = OrderedDict()
+_MODEL_CACHE_SIZE = 4
+_MODEL_CACHE_LOCK = threading.Lock()
+
+
 def _read_model(model: Any) -> ModelInfo:
     """A canonical global model (bytes) -> ModelInfo; TreesError("xgb_model", ...) for anything else.
-    A model from the leader is untrusted too: it passes the same tree checks as a member's trees."""
+    A model from the leader is untrusted too: it passes the same tree checks as a member's trees.
+    The last few results are kept by SHA-256 of the bytes (a round reads the same model several
+    times: every simulated site, then append_round); ModelInfo and its arrays are immutable."""
+    if not isinstance(model, (bytes, bytearray, memoryview)):
+        raise TreesError("xgb_model", f"global model must be bytes, got {type(model).__name__}")
+    digest = hashlib.sha256(model).digest()
+    with _MODEL_CACHE_LOCK:
+        info = _MODEL_CACHE.get(digest)
+        if info is not None:
+            _MODEL_CACHE.move_to_end(digest)
+            return info
+    info = _read_model_uncached(bytes(model))
+    with _MODEL_CACHE_LOCK:
+        _MODEL_CACHE[digest] = info
+        while len(_MODEL_CACHE) > _MODEL_CACHE_SIZE:
+            _MODEL_CACHE.popitem(last=False)
+    return info
+
+
+def _read_model_uncached(model: bytes) -> ModelInfo:
     raw = _loads(model, "xgb_model", "global model", MODEL_BYTES_MAX)
     learner = ("learner",)
     param = learner + ("learner_model_param",)
@@ -688,12 +722,21 @@ def load_booster(model: bytes) -> Any:
     return booster
 
 
-def predict_proba(model: bytes, X: Any) -> np.ndarray:
+def predict_proba(model: bytes, X: Any, nthread: int | None = None) -> np.ndarray:
     """Probabilities of a global model: (rows,) P(positive) for binary, (rows, K) for multi-class."""
     import xgboost as xgb
 
-    X = _features(X)
-    return load_booster(model).predict(xgb.DMatrix(X))
+    X = _features(X, _read_model(model).num_feature)
+    booster = load_booster(model)
+    if nthread is not None:
+        booster.set_param("nthread", int(nthread))
+    return booster.predict(xgb.DMatrix(X, nthread=_nthread(nthread)))
+
+
+def _nthread(value: Any) -> int:
+    """xgboost's thread count for a DMatrix: the params' nthread, else all (-1). One thread is much
+    faster for small data on some machines (OpenMP start-up costs milliseconds per call)."""
+    return -1 if value is None or int(value) <= 0 else int(value)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -737,7 +780,7 @@ def _site_params(params: Mapping[str, Any], objective: str, groups: int, eta_i: 
         out["num_class"] = groups
     elif int(out.get("num_class", 0)) not in (0, 1):
         raise ValueError("binary:logistic takes no num_class")
-    for key, allowed in _REFUSED_PARAMS.items():
+    for key, allowed in _ALLOWED_PARAMS.items():
         if key in out and out[key] not in allowed:
             raise ValueError(f"params {key}={out[key]!r} is not supported by tree bagging (allowed: {allowed})")
     updater = str(out.get("updater", ""))
@@ -829,26 +872,30 @@ def train_local_round(global_model: bytes | None, X: Any, y: Any, params: Mappin
         old = ()
     y = _labels(y, X.shape[0], groups)
     train_params = _site_params(params, objective, groups, eta_i, seed, warm=global_model is not None)
-    dtrain = xgb.DMatrix(X, label=y)
-    start = None
-    if global_model is not None:
-        start = xgb.Booster()
-        start.load_model(bytearray(global_model))
+    if base is None:
+        base = _base_vector(train_params["base_score"], objective, groups)
+    dtrain = xgb.DMatrix(X, label=y, nthread=_nthread(train_params.get("nthread")))
+    start = None if global_model is None else bytearray(global_model)   # checked by _read_model above
     booster = xgb.train(train_params, dtrain, num_boost_round=int(num_local_round), xgb_model=start,
                         verbose_eval=False)
-    raw = json.loads(bytes(booster.save_raw("json")))
-    learner = raw["learner"]
+    # Only the last old iteration (for the invariant check) and the new ones leave xgboost.
+    first = max(len(old) // groups - 1, 0)
+    learner = json.loads(bytes(booster[first:].save_raw("json")))["learner"]
     items = learner["gradient_booster"]["model"]["trees"]
-    if base is not None:        # invariants of warm starting: intercept and old trees untouched
-        kept = _f32([float(v) for v in learner["learner_model_param"]["base_score"].strip("[]").split(",")])
-        assert np.array_equal(kept, base), f"xgboost changed the intercept: {kept} != {base}"
-        assert all(_canonical_tree(items[i], f"tree {i}").same_as(t) for i, t in enumerate(old)), \
-            "xgboost changed a tree of the global model"
-    new = items[len(old):]
-    assert len(new) == num_local_round * groups, f"xgboost made {len(new)} trees, not {num_local_round * groups}"
-    assert learner["gradient_booster"]["model"]["tree_info"][len(old):] == [t % groups for t in range(len(new))]
-    trees = [_canonical_tree(t, f"new tree {i}") for i, t in enumerate(new)]
-    return _trees_doc(trees, groups)
+    kept_old = len(items) - num_local_round * groups
+    assert kept_old == (groups if old else 0), \
+        f"xgboost made {len(items) - kept_old} trees, not {num_local_round * groups}"
+    assert learner["gradient_booster"]["model"]["tree_info"] == [t % groups for t in range(len(items))]
+    kept = _f32([float(v) for v in learner["learner_model_param"]["base_score"].strip("[]").split(",")])
+    assert np.array_equal(kept, base), f"xgboost did not keep the federation's intercept: {kept} != {base}"
+    assert all(_canonical_tree(items[i], "old").same_as(t) for i, t in enumerate(old[len(old) - kept_old:])), \
+        "xgboost changed the trees of the global model"
+    trees = [_canonical_tree(t, f"new tree {i}") for i, t in enumerate(items[kept_old:])]
+    doc = _trees_doc(trees, groups)
+    # What we send must pass the leader's structural gate; fail here, with the reason, if not.
+    _parse_trees(doc, num_feature=X.shape[1], groups=groups, expected=len(trees), trees_max=len(trees),
+                 nodes_max=NODES_PER_TREE_MAX, depth_max=DEPTH_MAX, leaf_abs_max=math.inf)
+    return doc
 
 
 # ---------------------------------------------------------------------------------------------
