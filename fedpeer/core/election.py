@@ -23,6 +23,7 @@ Rules of this module:
   The shell MUST durably store `persist` (when not None) BEFORE performing any
   of `sends`: a vote or a new term that was sent but not stored could be cast
   again differently after a crash, and two leaders could win one term.
+  `persist` is None when the hard state is unchanged since the last Ready.
   Construct a restarted node with the last stored `HardState`.
 * Membership is fixed: the quorum is a majority of the CONFIGURED members
   (`len(members) // 2 + 1`), never of those currently alive, so a minority
@@ -93,7 +94,7 @@ class HardState:
 
 @dataclass(frozen=True, order=True)
 class Commit:
-    """The last committed XGBoost round: ordered as the pair (term, index), as §5.4.1 orders logs."""
+    """The last committed XGBoost round, ordered as the pair (term, index) (§5.4.1 on logs)."""
 
     term: int = 0   # term of the leader that committed the round
     index: int = 0  # round number
@@ -224,6 +225,7 @@ class Election:
         # Adopting T without a vote is safe: a vote never stored was never sent.
         self._term = max(hard_state.term, commit.term)
         self._voted_for = hard_state.voted_for if self._term == hard_state.term else None
+        self._reported = hard_state  # the last hard state handed to the shell (or given by it)
         self._commit = commit
         self._role = Role.FOLLOWER
         self._leader: NodeId | None = None
@@ -307,19 +309,17 @@ class Election:
 
     def tick(self, now_ms: int) -> Ready:
         self._advance_clock(now_ms)
-        before = self.hard_state
-        return self._ready(before, self._on_tick(now_ms))
+        return self._ready(self._on_tick(now_ms))
 
     def receive(self, src: NodeId, msg: Message, now_ms: int) -> Ready:
         """Handle msg from src (its NodeId, authenticated by the transport)."""
         self._advance_clock(now_ms)
         if not isinstance(msg, MESSAGE_TYPES):
             raise TypeError(f"not an election message: {type(msg).__name__}")
-        before = self.hard_state
         if src == self._me or src not in self._peers or not _well_formed(msg):
             self._stats.ignored_messages += 1
-            return self._ready(before, [])
-        return self._ready(before, self._on_message(src, msg))
+            return self._ready([])
+        return self._ready(self._on_message(src, msg))
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -327,11 +327,12 @@ class Election:
         assert now_ms >= self._now_ms, f"time went backwards: {now_ms} < {self._now_ms}"
         self._now_ms = now_ms
 
-    def _ready(self, before: HardState, sends: list[Send]) -> Ready:
-        after = self.hard_state
+    def _ready(self, sends: list[Send]) -> Ready:
+        before, after = self._reported, self.hard_state
         assert after.term >= before.term, "terms only grow"
         assert after.term > before.term or before.voted_for in (None, after.voted_for), \
             "one vote per term"
+        self._reported = after
         return Ready(after if after != before else None, tuple(sends))
 
     def _reset_election_timer(self) -> None:
@@ -350,8 +351,8 @@ class Election:
     def _up_to_date(self, msg: PreVote | RequestVote) -> bool:
         return Commit(msg.commit_term, msg.commit_index) >= self._commit
 
-    def _broadcast(self, make: type[PreVote] | type[RequestVote] | type[Heartbeat],
-                   term: int, commit: Commit) -> list[Send]:
+    def _broadcast(self, make: type[PreVote | RequestVote | Heartbeat], term: int,
+                   commit: Commit) -> list[Send]:
         return [Send(p, make(term, commit.term, commit.index)) for p in self._peers]
 
     # -- timers -----------------------------------------------------------------------------
@@ -372,7 +373,8 @@ class Election:
 
     def _has_quorum_contact(self, now_ms: int) -> bool:
         window_ms = self._cfg.election_timeout_min_ms
-        recent = sum(1 for heard_ms in self._peer_heard_ms.values() if now_ms - heard_ms < window_ms)
+        recent = sum(1 for heard_ms in self._peer_heard_ms.values()
+                     if now_ms - heard_ms < window_ms)
         return 1 + recent >= self._quorum
 
     # -- role changes -----------------------------------------------------------------------
@@ -432,7 +434,9 @@ class Election:
 
     def _tally(self) -> list[Send]:
         if len(self._granted) >= self._quorum:
-            return self._start_election() if self._role is Role.PRE_CANDIDATE else self._become_leader()
+            if self._role is Role.PRE_CANDIDATE:
+                return self._start_election()
+            return self._become_leader()
         if len(self._refused) > len(self._members) - self._quorum:  # the majority is out of reach
             self._become_follower(self._term)
         return []
@@ -480,7 +484,7 @@ class Election:
         grant = self._voted_for in (None, src) and self._up_to_date(msg)
         if grant:
             self._voted_for = src
-            self._reset_election_timer()  # §5.2: granting a vote counts as hearing from a candidate
+            self._reset_election_timer()  # §5.2: a granted vote counts as hearing a candidate
         return [Send(src, RequestVoteReply(self._term, grant))]
 
     def _on_request_vote_reply(self, src: NodeId, msg: RequestVoteReply) -> list[Send]:

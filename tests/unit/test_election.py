@@ -37,9 +37,9 @@ F, P, C, L = Role.FOLLOWER, Role.PRE_CANDIDATE, Role.CANDIDATE, Role.LEADER
 
 
 def make(i: int = 0, n: int = 3, *, term: int = 0, voted_for: bytes | None = None,
-         commit: Commit = Commit(), now_ms: int = 0, seed: int = 0) -> Election:
+         commit: Commit | None = None, now_ms: int = 0, seed: int = 0) -> Election:
     return Election(IDS[i], IDS[:n], CFG, random.Random(seed * 100 + i),
-                    HardState(term, voted_for), now_ms, commit)
+                    HardState(term, voted_for), now_ms, commit or Commit())
 
 
 def msgs(ready: Ready, kind: type | None = None) -> list:
@@ -68,7 +68,7 @@ class Cluster:
         assert node is not None
         return node
 
-    def _handle(self, i: int, ready: Ready) -> None:
+    def handle(self, i: int, ready: Ready) -> None:
         queue: deque[tuple[int, Send]] = deque()
 
         def apply(src: int, r: Ready) -> None:  # what the shell does with each Ready, at once
@@ -90,7 +90,7 @@ class Cluster:
     def step(self) -> None:
         for i in range(self.n):
             if i not in self.down:
-                self._handle(i, self.e(i).tick(self.now_ms))
+                self.handle(i, self.e(i).tick(self.now_ms))
         self.now_ms += STEP_MS
 
     def run_for(self, duration_ms: int) -> None:
@@ -158,6 +158,8 @@ def test_construction_is_validated():
 def test_commit_ahead_of_persisted_term_adopts_that_term_without_a_vote():
     e = make(0, term=3, voted_for=IDS[1], commit=Commit(5, 9))
     assert e.hard_state == HardState(5, None) and e.commit == Commit(5, 9)
+    assert e.tick(1).persist == HardState(5, None)  # handed to the shell at the first step
+    assert e.tick(2).persist is None
     e = make(0, term=5, voted_for=IDS[1], commit=Commit(5, 9))
     assert e.hard_state == HardState(5, IDS[1])
 
@@ -276,8 +278,10 @@ def test_node_behind_on_commits_can_never_lead():
     c.now_ms = CFG.election_timeout_max_ms  # node 0 times out first, with the oldest commit
     r = c.e(0).tick(c.now_ms)
     assert msgs(r) == [PreVote(1, 0, 0)] * 2
-    assert [c.e(i).receive(IDS[0], m, c.now_ms) for i, m in ((1, r.sends[0].msg),)] == [
-        Ready(None, (Send(IDS[0], PreVoteReply(0, False)),))]
+    assert c.e(1).receive(IDS[0], r.sends[0].msg, c.now_ms) == Ready(
+        None, (Send(IDS[0], PreVoteReply(0, False)),))
+    c.handle(0, r)  # both refuse: node 0 gives up without having touched a term
+    assert c.e(0).role is F and all(c.e(i).term == 0 for i in range(3))
     lead = c.run_until_leader()
     assert lead != 0 and c.e(0).stats.elections_won == 0
     assert c.e(0).stats.pre_votes_started >= 1 and c.e(0).stats.elections_started == 0
