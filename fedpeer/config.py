@@ -102,6 +102,15 @@ class MembershipTiming:
 
 
 @dataclass(frozen=True)
+class ElectionTiming:
+    """Raft-style leader election (fedpeer/core/election.py); the leader will coordinate XGBoost."""
+
+    heartbeat_interval_ms: int = 200      # leader -> every follower
+    election_timeout_min_ms: int = 1_000  # also the follower lease and the CheckQuorum window
+    election_timeout_max_ms: int = 2_000  # timeouts are drawn uniformly in [min, max)
+
+
+@dataclass(frozen=True)
 class Policy:
     """What this site agrees to take part in. Each site decides for itself."""
 
@@ -164,12 +173,13 @@ class Config:
     membership: MembershipTiming = field(default_factory=MembershipTiming)
     data: DataSection | None = None
     jobs: JobLimits = field(default_factory=JobLimits)
+    election: ElectionTiming = field(default_factory=ElectionTiming)
 
     def peer_by_key(self, key: bytes) -> PeerEntry | None:
         return next((p for p in self.peers if p.public_key == key), None)
 
 
-_TOP_KEYS = {"node", "peer", "policy", "limits", "membership", "data", "jobs"}
+_TOP_KEYS = {"node", "peer", "policy", "limits", "membership", "data", "jobs", "election"}
 _NODE_KEYS = {"name", "listen", "advertise", "key_file", "state_dir", "admin"}
 _PEER_KEYS = {"name", "address", "public_key"}
 
@@ -199,6 +209,7 @@ def load(path: str | os.PathLike[str]) -> Config:
         membership=_section(path, "membership", raw.get("membership", {}), MembershipTiming),
         data=_data(path, raw["data"]) if "data" in raw else None,
         jobs=_section(path, "jobs", raw.get("jobs", {}), JobLimits),
+        election=_section(path, "election", raw.get("election", {}), ElectionTiming),
     )
     _check_peer_uniqueness(config)
     return config

@@ -22,6 +22,7 @@ from aiohttp import web
 
 from . import wire
 from .config import Config
+from .core import election as el
 from .core import membership as mb
 from .errors import ConfigError, JobError, RemoteProtocolError
 from .jobs.kinds import job_kinds
@@ -93,6 +94,15 @@ class Node:
         self.jobs = JobRegistry(config, self, {**self._names, self.me: config.node.name}, job_kinds(),
                                 self._spawn)
         self._peer_states = {v.node: v.state for v in self.membership.view()}
+        term, voted_for = self.state.load_vote()
+        e = config.election
+        self.election = el.Election(
+            me=self.me, members=sorted([self.me, *self._names]),
+            config=el.ElectionConfig(heartbeat_interval_ms=e.heartbeat_interval_ms,
+                                     election_timeout_min_ms=e.election_timeout_min_ms,
+                                     election_timeout_max_ms=e.election_timeout_max_ms),
+            rng=self._rng, hard_state=el.HardState(term=term, voted_for=voted_for), now_ms=_monotonic_ms())
+        self._leader: bytes | None = None
         self._tg: asyncio.TaskGroup | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -143,10 +153,31 @@ class Node:
     # -- membership ----------------------------------------------------------------------------
 
     async def _tick_loop(self) -> None:
-        tick_s = self.config.membership.tick_ms / 1000
+        tick_s = min(self.config.membership.tick_ms, self.config.election.heartbeat_interval_ms // 2) / 1000
         while True:
-            self._apply(self.membership.tick(_monotonic_ms()))
+            now = _monotonic_ms()
+            self._apply(self.membership.tick(now))
+            self._apply_election(self.election.tick(now))
             await asyncio.sleep(tick_s)
+
+    def _apply_election(self, ready: el.Ready) -> None:
+        """Persist the term and vote before any message that depends on them leaves (Raft)."""
+        if ready.persist is not None:
+            self.state.save_vote(ready.persist.term, ready.persist.voted_for)
+        if self.election.leader != self._leader:
+            self._leader = self.election.leader
+            log.info("leader", extra=fields(leader=self._name(self._leader), term=self.election.term))
+        if self._tg is None:
+            return
+        timeout_ms = self.config.election.heartbeat_interval_ms * 2
+        for send in ready.sends:
+            frame = self._sealer.seal(send.dst, send.msg, _wall_us(), term=self.election.term)
+            self._tg.create_task(self._client.send_best_effort(self.membership.address_of(send.dst), frame, timeout_ms))
+
+    def _name(self, key: bytes | None) -> str | None:
+        if key is None:
+            return None
+        return self.config.node.name if key == self.me else self._names.get(key, fingerprint(key))
 
     async def _sync_loop(self) -> None:
         while True:
@@ -184,6 +215,8 @@ class Node:
             envelope = self._gate.open(frame, now_ms)
         if isinstance(envelope.msg, (mb.Ping, mb.Ack, mb.PingReq, mb.IndirectAck)):
             self._apply(self.membership.receive(envelope.src, envelope.msg, _monotonic_ms()))
+        elif isinstance(envelope.msg, el.MESSAGE_TYPES):
+            self._apply_election(self.election.receive(envelope.src, envelope.msg, _monotonic_ms()))
         elif isinstance(envelope.msg, wire.DiagProbe):
             pass   # delivered through the whole gate: that is all a probe is for
         elif envelope.job:
@@ -226,7 +259,9 @@ class Node:
                      "uptime_s": round((now - self._started_ms) / 1000, 3),
                      "incarnation": self.membership.incarnation, "pid": os.getpid()},
             "peers": peers,
-            "leader": None,
+            "leader": self._name(self.election.leader),
+            "term": self.election.term,
+            "role": self.election.role.value,
             "jobs": [{k: j[k] for k in ("id", "kind", "state", "phase", "progress", "error")}
                      for j in self.jobs.list()[:STATUS_JOBS_MAX]],
             "rejected": dict(sorted(self.rejected.items())),

@@ -98,5 +98,14 @@ class StateDir:
     def save_incarnation(self, incarnation: int) -> None:
         write_json(self.root / "node.json", {"incarnation": incarnation})
 
+    def load_vote(self) -> tuple[int, bytes | None]:
+        """The election's hard state (term, voted_for): must survive restarts (one vote per term)."""
+        doc = read_json(self.root / "election.json", {}) or {}
+        voted = doc.get("voted_for")
+        return int(doc.get("term", 0)), bytes.fromhex(voted) if voted else None
+
+    def save_vote(self, term: int, voted_for: bytes | None) -> None:
+        write_json(self.root / "election.json", {"term": term, "voted_for": voted_for.hex() if voted_for else None})
+
     def counter(self, *parts: str) -> Counter:
         return Counter(self.root.joinpath(*parts))

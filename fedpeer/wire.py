@@ -212,6 +212,23 @@ def _register_membership() -> None:
 _register_membership()
 
 
+def _register_election() -> None:
+    from .core import election as el
+
+    term = v_int(0, INT64_MAX)
+    with_commit = {"term": term, "commit_term": term, "commit_index": term}
+    reply = {"term": term, "granted": v_bool}
+    for kind, cls, fields in (("el_pre_vote", el.PreVote, with_commit), ("el_pre_vote_reply", el.PreVoteReply, reply),
+                              ("el_request_vote", el.RequestVote, with_commit),
+                              ("el_request_vote_reply", el.RequestVoteReply, reply),
+                              ("el_heartbeat", el.Heartbeat, with_commit), ("el_heartbeat_reply", el.HeartbeatReply,
+                                                                            {"term": term})):
+        register(kind, cls, fields)
+
+
+_register_election()
+
+
 @dataclass(frozen=True)
 class DiagProbe:
     """`fedpeer ping`: a message that only has to pass the gate; its delivery time is the

@@ -57,3 +57,31 @@ async def test_wrong_public_key_never_becomes_alive(make_federation) -> None:
 def _other_key() -> str:
     from fedpeer.identity import Identity, encode_public_key
     return encode_public_key(Identity.generate().public_key)
+
+
+async def test_leader_election_failover_and_rejoin(make_federation) -> None:
+    """Every status agrees on one leader and term; kill -9 it and the others elect another in a
+    higher term; the old leader, restarted, follows without bumping the term (PreVote, leases)."""
+    h: Harness = make_federation(3)
+    await h.wait_all_alive(timeout_s=10)
+
+    async def agreed(among: list[int], timeout_s: float, not_leader: str | None = None) -> tuple[str, int]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            docs = (await h.statuses(among)).values()
+            views = {(d["leader"], d["term"]) for d in docs if d}
+            if len(views) == 1 and None not in next(iter(views)) and next(iter(views))[0] != not_leader:
+                return next(iter(views))
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"no agreed leader among {among}: {views}")
+
+    leader, term = await agreed([0, 1, 2], 10)
+    assert sum(d["role"] == "leader" for d in (await h.statuses()).values()) == 1
+    old = next(i for i, s in enumerate(h.sites) if s.name == leader)
+    h.kill9(old)
+    survivors = [i for i in range(3) if i != old]
+    new_leader, new_term = await agreed(survivors, 10, not_leader=leader)
+    assert new_leader != leader and new_term > term
+    h.start(old)
+    final = await agreed([0, 1, 2], 10)
+    assert final == (new_leader, new_term), "a rejoining node must not depose a healthy leader"

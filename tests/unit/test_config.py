@@ -147,7 +147,7 @@ def test_example_peers_toml_loads_and_documents_every_key() -> None:
     for f in dc.fields(cfg.DataSection):
         assert f"\n{f.name} = " in example.read_text(), f"peers.toml does not document data.{f.name}"
     text = example.read_text()
-    for section in (cfg.Limits, cfg.MembershipTiming, cfg.Policy, cfg.JobLimits):
+    for section in (cfg.Limits, cfg.MembershipTiming, cfg.Policy, cfg.JobLimits, cfg.ElectionTiming):
         defaults = section()
         for f in dataclasses.fields(section):
             assert f"\n{f.name} = " in text, f"peers.toml does not document {f.name}"
@@ -156,4 +156,4 @@ def test_example_peers_toml_loads_and_documents_every_key() -> None:
 
 def _section_values(config: cfg.Config, section: type) -> object:
     return {cfg.Limits: config.limits, cfg.MembershipTiming: config.membership, cfg.Policy: config.policy,
-            cfg.JobLimits: config.jobs}[section]
+            cfg.JobLimits: config.jobs, cfg.ElectionTiming: config.election}[section]
