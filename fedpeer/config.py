@@ -18,6 +18,7 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .core.election import ElectionConfig
 from .errors import ConfigError
 
 DEFAULT_PORT = 7400
@@ -101,15 +102,11 @@ class MembershipTiming:
     retransmit_mult: int = 3
 
 
-@dataclass(frozen=True)
-class ElectionTiming:
-    """Raft-style leader election (fedpeer/core/election.py); the leader will coordinate XGBoost."""
-
-    # 500 ms heartbeats: a leader of 31 followers sends 62 frames/s, not 155 (idle CPU of a
-    # 32-daemon federation measured 0.56 cores with 200 ms); failover takes a few seconds more
-    heartbeat_interval_ms: int = 500      # leader -> every follower
-    election_timeout_min_ms: int = 2_500  # also the follower lease and the CheckQuorum window
-    election_timeout_max_ms: int = 5_000  # timeouts are drawn uniformly in [min, max)
+# A site's election timing (fedpeer/core/election.py keeps faster defaults for its simulations):
+# 500 ms heartbeats — a leader of 31 followers sends 62 frames/s, not 155; a 32-daemon federation
+# idled at 0.435 cores with these and at 0.56 with 200 ms; failover takes a few seconds more.
+SITE_ELECTION = ElectionConfig(heartbeat_interval_ms=500, election_timeout_min_ms=2_500,
+                               election_timeout_max_ms=5_000)
 
 
 @dataclass(frozen=True)
@@ -175,7 +172,7 @@ class Config:
     membership: MembershipTiming = field(default_factory=MembershipTiming)
     data: DataSection | None = None
     jobs: JobLimits = field(default_factory=JobLimits)
-    election: ElectionTiming = field(default_factory=ElectionTiming)
+    election: ElectionConfig = field(default_factory=lambda: SITE_ELECTION)   # [election]
 
     def peer_by_key(self, key: bytes) -> PeerEntry | None:
         return next((p for p in self.peers if p.public_key == key), None)
@@ -211,7 +208,7 @@ def load(path: str | os.PathLike[str]) -> Config:
         membership=_section(path, "membership", raw.get("membership", {}), MembershipTiming),
         data=_data(path, raw["data"]) if "data" in raw else None,
         jobs=_section(path, "jobs", raw.get("jobs", {}), JobLimits),
-        election=_section(path, "election", raw.get("election", {}), ElectionTiming),
+        election=_section(path, "election", raw.get("election", {}), ElectionConfig, SITE_ELECTION),
     )
     _check_peer_uniqueness(config)
     return config
@@ -335,8 +332,9 @@ def check_own_key_not_peer(config: Config, own_key: bytes) -> None:
 _T = typing.TypeVar("_T")
 
 
-def _section(path: Path, name: str, table: object, cls: type[_T]) -> _T:
-    """A flat table of scalars onto a frozen dataclass, with type and range checks."""
+def _section(path: Path, name: str, table: object, cls: type[_T], defaults: _T | None = None) -> _T:
+    """A flat table of scalars onto a frozen dataclass, with type and range checks; keys not
+    given take `defaults`' values (or the class defaults)."""
     table = _table(path, name, table)
     hints = typing.get_type_hints(cls)
     fields = {f.name for f in dataclasses.fields(cls)}
@@ -358,7 +356,10 @@ def _section(path: Path, name: str, table: object, cls: type[_T]) -> _T:
         else:
             raise AssertionError(f"config field type {expected} has no checker")
         values[key] = value
-    return cls(**values)
+    try:
+        return dataclasses.replace(defaults, **values) if defaults is not None else cls(**values)
+    except ValueError as exc:      # the section's own consistency checks (e.g. min < max)
+        raise ConfigError(path, f"[{name}]", str(exc)) from None
 
 
 def check_key_file_mode(path: Path, key: str = "node.key_file", config_path: Path | None = None) -> None:

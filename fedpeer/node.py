@@ -95,12 +95,8 @@ class Node:
                                 self._spawn)
         self._peer_states = {v.node: v.state for v in self.membership.view()}
         term, voted_for = self.state.load_vote()
-        e = config.election
         self.election = el.Election(
-            me=self.me, members=sorted([self.me, *self._names]),
-            config=el.ElectionConfig(heartbeat_interval_ms=e.heartbeat_interval_ms,
-                                     election_timeout_min_ms=e.election_timeout_min_ms,
-                                     election_timeout_max_ms=e.election_timeout_max_ms),
+            me=self.me, members=sorted([self.me, *self._names]), config=config.election,
             rng=self._rng, hard_state=el.HardState(term=term, voted_for=voted_for), now_ms=_monotonic_ms())
         self._leader: bytes | None = None
         self._tg: asyncio.TaskGroup | None = None

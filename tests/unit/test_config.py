@@ -56,6 +56,7 @@ def test_unknown_key_is_an_error_naming_the_key(two_sites: tuple[Path, Path]) ->
     ('probe_interval_ms = 500', 'probe_interval_ms = "fast"', "membership.probe_interval_ms", "integer"),
     ('allowed_jobs = ["stats", "sumcheck", "bofrf", "xgboost"]', 'allowed_jobs = "stats"', "policy.allowed_jobs", "list"),
     ('members_max = 100', 'members_max = -1', "policy.members_max", "non-negative"),
+    ('[limits]', '[election]\nelection_timeout_max_ms = 100\n\n[limits]', "[election]", "election_timeout"),
 ])
 def test_bad_values_name_the_key(two_sites: tuple[Path, Path], old: str, new: str, key: str, problem: str | None) -> None:
     a, _ = two_sites
@@ -147,8 +148,8 @@ def test_example_peers_toml_loads_and_documents_every_key() -> None:
     for f in dc.fields(cfg.DataSection):
         assert f"\n{f.name} = " in example.read_text(), f"peers.toml does not document data.{f.name}"
     text = example.read_text()
-    for section in (cfg.Limits, cfg.MembershipTiming, cfg.Policy, cfg.JobLimits, cfg.ElectionTiming):
-        defaults = section()
+    for section in (cfg.Limits, cfg.MembershipTiming, cfg.Policy, cfg.JobLimits, cfg.ElectionConfig):
+        defaults = cfg.SITE_ELECTION if section is cfg.ElectionConfig else section()
         for f in dataclasses.fields(section):
             assert f"\n{f.name} = " in text, f"peers.toml does not document {f.name}"
         assert _section_values(config, section) == defaults, f"peers.toml disagrees with {section.__name__} defaults"
@@ -156,4 +157,4 @@ def test_example_peers_toml_loads_and_documents_every_key() -> None:
 
 def _section_values(config: cfg.Config, section: type) -> object:
     return {cfg.Limits: config.limits, cfg.MembershipTiming: config.membership, cfg.Policy: config.policy,
-            cfg.JobLimits: config.jobs, cfg.ElectionTiming: config.election}[section]
+            cfg.JobLimits: config.jobs, cfg.ElectionConfig: config.election}[section]
