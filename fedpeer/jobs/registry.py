@@ -39,6 +39,7 @@ log = logging.getLogger("fedpeer.jobs")
 TERMINAL = ("done", "failed", "cancelled")
 JOB_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 ABORT_SEND_TIMEOUT_MS = 5_000
+ABORT_GRACE_MS = 1_000          # a local failure waits this long for a peer's abort with the cause
 RECORDS_LISTED_MAX = 200
 
 
@@ -405,6 +406,11 @@ class JobRegistry:
                 self._finish(record, "cancelled", f"{self.config.node.name}: the daemon was stopped while the job ran")
             raise
         except _SiteFailure as exc:
+            if record.announced and record.state not in TERMINAL:
+                # a failure here is often the echo of another member ending the job (it then
+                # refuses our frames as unknown_job): give its JobAbort, which carries the real
+                # reason, a moment to arrive and win (_on_abort cancels this wait)
+                await asyncio.sleep(ABORT_GRACE_MS / 1000)
             about = self.names.get(exc.site, fingerprint(exc.site))
             first = record.state not in TERMINAL
             self._finish(record, "failed", f"{about}: {exc.reason}")

@@ -150,9 +150,13 @@ def test_systemd_readiness_notification(site_pair: tuple[Path, Path], tmp_path: 
         try:
             assert listener.recv(100) == b"READY=1"
             assert fedpeer("status", "--config", str(ca)).returncode == 0, "ready means the admin API answers"
-            proc.terminate()
+            proc.terminate()     # once: a second SIGTERM during teardown may find the handlers gone
             assert listener.recv(100) == b"STOPPING=1"
         finally:
-            proc.terminate()
-            proc.wait(timeout=15)
+            if proc.returncode is None:
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
     assert proc.returncode == 0
