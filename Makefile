@@ -14,8 +14,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/fedpeer harness --sites 4 --job bofrf --data builtin:breast_cancer --split 0.4,0.3,0.2,0.1 \
-		--baseline boppid --seed 1 --workdir .demo
+	$(BIN)/fedpeer harness --sites 3 --job bofrf --data builtin:sonar --split 0.5,0.3,0.2 \
+		--baseline boppid --seed 2 --workdir .demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -277,7 +277,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     data = p.add_mutually_exclusive_group()
     data.add_argument("--data", type=Path, help="one CSV split across the sites (see --split); "
                       "builtin:breast_cancer uses scikit-learn's bundled Wisconsin data (label diagnosis, "
-                      "positive malignant)")
+                      "positive malignant); builtin:sonar the bundled UCI Sonar data (label Class, positive M)")
     data.add_argument("--site-data", type=Path, nargs="+", metavar="CSV", help="one CSV per site, in site order")
     p.add_argument("--split", default="stratified",
                    help="how --data is split: 'stratified' (equal parts, same class mix) or comma-separated "
@@ -335,15 +335,20 @@ def main(args: argparse.Namespace) -> int:
     return 0 if report["job"]["state"] == "done" else 1
 
 
-BUILTIN = {"builtin:breast_cancer": ("diagnosis", "malignant")}
+BUILTIN = {"builtin:breast_cancer": ("diagnosis", "malignant"), "builtin:sonar": ("Class", "M")}
 
 
 def builtin_csv(name: str, path: Path) -> Path:
-    """Write a dataset bundled with scikit-learn as a CSV (no download)."""
+    """Write a bundled dataset as a CSV (no download): scikit-learn's breast cancer, or the UCI
+    Sonar data (208 rows, 60 features; mines vs rocks) shipped in fedpeer/data."""
     import csv
 
     from sklearn.datasets import load_breast_cancer
 
+    if name == "builtin:sonar":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(Path(__file__).parent / "data" / "sonar.csv", path)
+        return path
     assert name == "builtin:breast_cancer", name
     ds = load_breast_cancer()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -484,3 +484,11 @@ def test_invalid_utf8_is_located_exactly(tmp_path: Path, text: str, draw: st.Dat
     before = raw[:cut]
     line = 1 + before.count(b"\n") + before.count(b"\r") - before.count(b"\r\n")
     assert (int(found[1]), int(found[2])) == (cut, line)
+
+
+def test_bundled_demo_data_loads(tmp_path) -> None:
+    """`make demo` uses the Sonar CSV shipped inside the package (no ../shared needed)."""
+    from fedpeer.harness import builtin_csv
+    from fedpeer.ml.data import DataSpec, load_csv
+    ds = load_csv(DataSpec(csv=builtin_csv("builtin:sonar", tmp_path / "s.csv"), label="Class", positive="M"))
+    assert ds.X.shape == (208, 60) and int(ds.y.sum()) == 111
