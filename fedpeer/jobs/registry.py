@@ -78,8 +78,8 @@ class JobRecord:
     start_signal: asyncio.Future | None = field(default=None, repr=False)   # member: set by JobStart
     announced: bool = False      # other members know of the job (so they must hear how it ends)
 
-    def to_json(self, names: Mapping[bytes, str]) -> dict:
-        end = self.finished_ms or int(time.time() * 1000)
+    def to_json(self, names: Mapping[bytes, str], now_ms: int) -> dict:
+        end = self.finished_ms or now_ms
         return {
             "id": self.id, "kind": self.kind, "params": self.params, "state": self.state,
             "proposer": names.get(self.proposer, fingerprint(self.proposer)),
@@ -153,12 +153,12 @@ class JobRegistry:
                 continue
             if record.state not in TERMINAL:
                 record.state, record.error = "failed", "this daemon stopped while the job was running"
-                record.finished_ms = record.finished_ms or int(time.time() * 1000)
+                record.finished_ms = record.finished_ms or self.transport.now_ms()
                 self._save(record)
             self.jobs[record.id] = record
 
     def _save(self, record: JobRecord) -> None:
-        doc = record.to_json(self.names)
+        doc = record.to_json(self.names, self.transport.now_ms())
         doc["_members"] = [k.hex() for k in record.members]
         doc["_proposer"] = record.proposer.hex()
         write_json(self._root / record.id / "job.json", doc)
@@ -167,13 +167,13 @@ class JobRegistry:
 
     def list(self) -> list[dict]:
         records = sorted(self.jobs.values(), key=lambda r: r.created_ms, reverse=True)[:RECORDS_LISTED_MAX]
-        return [{k: v for k, v in r.to_json(self.names).items() if k not in ("result", "params")} for r in records]
+        return [{k: v for k, v in r.to_json(self.names, self.transport.now_ms()).items() if k not in ("result", "params")} for r in records]
 
     def show(self, job_id: str) -> dict:
         record = self.jobs.get(job_id)
         if record is None:
             raise JobError(f"no job {job_id!r} on this site")
-        return record.to_json(self.names)
+        return record.to_json(self.names, self.transport.now_ms())
 
     def running(self) -> int:
         return sum(r.state not in TERMINAL for r in self.jobs.values())
@@ -457,7 +457,7 @@ class JobRegistry:
             record.task.cancel()
         if record.announced:
             self._spawn(self._broadcast_abort(record, self.transport.me, "cancelled by the operator"))
-        return record.to_json(self.names)
+        return record.to_json(self.names, self.transport.now_ms())
 
 
 class _SiteFailure(Exception):

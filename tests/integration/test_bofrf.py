@@ -11,11 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedpeer.harness import Harness, split_csv
 from fedpeer.identity import parse_public_key
 from fedpeer.jobs import bofrf
 from fedpeer.ml.data import DataSpec, load_csv
-from tests.integration.test_jobs import _attach_data, breast_cancer_csv
+from tests.integration.test_jobs import breast_cancer_federation
 
 pytestmark = pytest.mark.integration
 PARAMS = {"n_estimators": 15, "seed": 7, "baseline": "boppid", "boppid_rounds": 10}
@@ -23,12 +22,7 @@ PARAMS = {"n_estimators": 15, "seed": 7, "baseline": "boppid", "boppid_rounds": 
 
 @pytest.mark.parametrize("variant", ["base", "personalized"])
 async def test_decentralized_equals_reference(make_federation, tmp_path: Path, variant: str) -> None:
-    full = breast_cancer_csv(tmp_path / "bc.csv")
-    parts = split_csv(full, "diagnosis", 3, "0.5,0.35,0.15", seed=5, out_dir=tmp_path / "parts")
-    h: Harness = make_federation(3, start=False)
-    _attach_data(h, parts, label="diagnosis", positive="malignant")
-    h.start()
-    await h.wait_all_alive(timeout_s=15)
+    h, full, parts = await breast_cancer_federation(make_federation, tmp_path, 3, "0.5,0.35,0.15", seed=5)
     params = {**PARAMS, "variant": variant}
     job_id = await h.propose(2, "bofrf", params)
     records = await h.wait_job(job_id, timeout_s=240)

@@ -24,6 +24,18 @@ def breast_cancer_csv(path: Path) -> Path:
     return builtin_csv("builtin:breast_cancer", path)
 
 
+async def breast_cancer_federation(make_federation, tmp_path: Path, n: int, split: str, seed: int,
+                                   settings: dict | None = None) -> tuple[Harness, Path, list[Path]]:
+    """n daemons, each holding a stratified share of the breast cancer data, all alive."""
+    full = breast_cancer_csv(tmp_path / "bc.csv")
+    parts = split_csv(full, "diagnosis", n, split, seed=seed, out_dir=tmp_path / "parts")
+    h: Harness = make_federation(n, settings, start=False)
+    _attach_data(h, parts, label="diagnosis", positive="malignant")
+    h.start()
+    await h.wait_all_alive(timeout_s=15)
+    return h, full, parts
+
+
 def read_matrix(path: Path, label: str, positive: str) -> tuple[list[str], np.ndarray, np.ndarray]:
     with open(path) as f:
         rows = list(csv.reader(f))
@@ -36,12 +48,7 @@ def read_matrix(path: Path, label: str, positive: str) -> tuple[list[str], np.nd
 
 
 async def test_stats_equals_pooled_numpy_on_every_member(make_federation, tmp_path: Path) -> None:
-    full = breast_cancer_csv(tmp_path / "bc.csv")
-    parts = split_csv(full, "diagnosis", 3, "0.5,0.3,0.2", seed=1, out_dir=tmp_path / "parts")
-    h: Harness = make_federation(3, start=False)
-    _attach_data(h, parts, label="diagnosis", positive="malignant")
-    h.start()
-    await h.wait_all_alive(timeout_s=15)
+    h, full, parts = await breast_cancer_federation(make_federation, tmp_path, 3, "0.5,0.3,0.2", seed=1)
     job_id = await h.propose(1, "stats", {"bins": 8, "secure_sum": "pairwise"})
     records = await h.wait_job(job_id, timeout_s=120)
     assert {r["state"] for r in records.values()} == {"done"}, [r["error"] for r in records.values()]
@@ -119,12 +126,7 @@ async def test_schema_mismatch_and_unresponsive_member(make_federation, tmp_path
 
 
 async def test_cli_run_wait_jobs_show(make_federation, tmp_path: Path) -> None:
-    full = breast_cancer_csv(tmp_path / "bc.csv")
-    parts = split_csv(full, "diagnosis", 2, "stratified", seed=3, out_dir=tmp_path / "parts")
-    h: Harness = make_federation(2, start=False)
-    _attach_data(h, parts, label="diagnosis", positive="malignant")
-    h.start()
-    await h.wait_all_alive(timeout_s=15)
+    h, full, parts = await breast_cancer_federation(make_federation, tmp_path, 2, "stratified", seed=3)
     conf = str(h.sites[0].config_path)
     r = _fedpeer("run", "stats", "--config", conf, "--wait", "--json", "--bins", "5", "--secure-sum", "ring")
     assert r.returncode == 0, r.stderr
