@@ -89,7 +89,8 @@ def _add_job_commands(sub: argparse._SubParsersAction) -> None:
                                default=param.default, help=param.help)
             else:
                 k.add_argument(flag, dest=f"param_{name}", type=param.type, default=param.default,
-                               choices=param.choices, help=f"{param.help} (default: {param.default})")
+                               choices=param.choices, metavar=None if param.choices else name.upper(),
+                               help=f"{param.help} (default: {param.default})")
 
     s = sub.add_parser("jobs", help="list this site's jobs")
     s.add_argument("--config", required=True, type=Path)
