@@ -126,6 +126,7 @@ class DataSection:
     positive: str = ""                # the positive class value, for binary jobs
     ignore: tuple[str, ...] = ()      # columns that are not features (identifiers such as "Id")
     missing: str = "error"            # "error": a missing value stops the job; "drop": such rows are dropped
+    test_csv: str = ""                # optional held-out rows (same columns) a job scores its final model on
 
 
 @dataclass(frozen=True)
@@ -282,8 +283,9 @@ def _data(path: Path, table: object) -> DataSection:
             raise ConfigError(path, f"data.{key}", "missing (required when [data] is present)")
     if data.missing not in ("error", "drop"):
         raise ConfigError(path, "data.missing", "expected \"error\" or \"drop\"")
-    csv = Path(data.csv)
-    return dataclasses.replace(data, csv=str(csv if csv.is_absolute() else path.parent / csv))
+    def resolve(name: str) -> str:
+        return name and str(Path(name) if Path(name).is_absolute() else path.parent / name)
+    return dataclasses.replace(data, csv=resolve(data.csv), test_csv=resolve(data.test_csv))
 
 
 def _peers(path: Path, value: object) -> tuple[PeerEntry, ...]:

@@ -88,6 +88,7 @@ class Harness:
     log_level: str = "info"
     site_data: list[Path] | None = None      # one CSV per site, copied into the site as data.csv
     data_settings: dict[str, Any] = field(default_factory=dict)          # [data] keys other than csv
+    test_data: Path | None = None            # a held-out CSV copied into every site as test.csv
     sites: list[Site] = field(default_factory=list)
 
     def create(self) -> None:
@@ -109,6 +110,9 @@ class Harness:
             if self.site_data is not None:
                 shutil.copyfile(self.site_data[i], site.dir / "data.csv")
                 settings["data"] = {**self.data_settings, "csv": "data.csv"}
+                if self.test_data is not None:
+                    shutil.copyfile(self.test_data, site.dir / "test.csv")
+                    settings["data"]["test_csv"] = "test.csv"
             add_peers(site.config_path, others, settings)
             site.config = cfg.load(site.config_path)
 
@@ -291,6 +295,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baseline", choices=["none", "boppid"], help="bofrf: a baseline reported side by side")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="a job parameter (see 'fedpeer run KIND --help'); repeatable")
+    p.add_argument("--rounds", type=int, help="xgboost: communication rounds")
+    p.add_argument("--num-local-round", type=int, help="xgboost: trees per site and round (1 = tree, >1 = tree+)")
+    p.add_argument("--test-data", type=Path, metavar="CSV",
+                   help="a held-out CSV every site also scores its final model on (xgboost: result.auc)")
+    p.add_argument("--holdout", type=float, metavar="FRACTION",
+                   help="carve a stratified held-out part off --data and use it as --test-data (e.g. 0.2)")
+    p.add_argument("--kill-leader-at-round", type=int, metavar="R",
+                   help="xgboost: kill -9 the leader while round R runs; report how long until the next commit")
     p.add_argument("--chaos", action="store_true",
                    help="also kill -9 one site, wait until the others see it dead, restart it, wait until alive")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
@@ -374,6 +386,10 @@ def _check_arguments(args: argparse.Namespace) -> str | None:
             return "--label is required with a job"
         if args.site_data is not None and len(args.site_data) != args.sites:
             return f"--site-data has {len(args.site_data)} files for --sites {args.sites}"
+    if args.holdout is not None and (args.data is None or args.test_data is not None or not 0 < args.holdout < 1):
+        return "--holdout needs --data (not --test-data) and a fraction between 0 and 1"
+    if args.kill_leader_at_round is not None and (args.job != "xgboost" or args.kill_leader_at_round < 1):
+        return "--kill-leader-at-round needs --job xgboost and a round >= 1"
     return None
 
 
@@ -384,12 +400,16 @@ def _make_harness(args: argparse.Namespace, workdir: Path) -> Harness:
             source = args.data
             if str(source).startswith("builtin:"):
                 source = builtin_csv(str(source), workdir / "builtin.csv")
+            if args.holdout is not None:
+                source, args.test_data = split_csv(source, args.label, 2, f"{1 - args.holdout},{args.holdout}",
+                                                   args.seed, workdir / "holdout")
             site_data = split_csv(source, args.label, args.sites, args.split, args.seed, workdir / "splits")
         else:
             site_data = [p.resolve() for p in args.site_data]
     data_settings = {"label": args.label or "", "positive": args.positive or "",
                      "ignore": [c.strip() for c in args.ignore.split(",") if c.strip()], "missing": args.missing}
-    return Harness(workdir, args.sites, site_data=site_data, data_settings=data_settings)
+    return Harness(workdir, args.sites, site_data=site_data, data_settings=data_settings,
+                   test_data=args.test_data.resolve() if args.test_data else None)
 
 
 def _job_params(kind_name: str, pairs: list[str]) -> dict[str, Any]:
@@ -412,11 +432,26 @@ async def _run_job(harness: Harness, args: argparse.Namespace) -> dict:
 
     params = _job_params(args.job, args.param)
     known = job_kinds()[args.job].params
-    for name, value in (("seed", args.seed), ("variant", args.variant), ("baseline", args.baseline)):
+    for name, value in (("seed", args.seed), ("variant", args.variant), ("baseline", args.baseline),
+                        ("rounds", args.rounds), ("num_local_round", args.num_local_round)):
         if value is not None and name in known:
             params.setdefault(name, value)
     job_id = await harness.propose(0, args.job, params)
-    records = await harness.wait_job(job_id, args.timeout_s)
+    failover = None
+    if args.kill_leader_at_round is not None:
+        failover = asyncio.create_task(kill_leader_at_round(harness, job_id, args.kill_leader_at_round,
+                                                            args.timeout_s))
+    try:
+        records = await harness.wait_job(job_id, args.timeout_s)
+    finally:
+        if failover is not None and not failover.done():
+            failover.cancel()
+    if failover is not None and not failover.cancelled():
+        try:
+            chaos = failover.result()
+        except HarnessError as exc:
+            chaos = {"error": str(exc)}
+        records = {i: r for i, r in records.items() if harness.sites[i].name != chaos.get("killed")}
     proposer = records.get(0) or {}
     states = {r["state"] for r in records.values() if r is not None}
     errors = sorted({r["error"] for r in records.values() if r is not None and r.get("error")})
@@ -426,7 +461,46 @@ async def _run_job(harness: Harness, args: argparse.Namespace) -> dict:
               "state": (r or {}).get("state", "no record" if harness._running(i) else "daemon gone"),
               "result": (r or {}).get("result")}
              for i, r in records.items()]
+    if failover is not None:
+        job["failover"] = chaos
     return {"job": job, "sites": sites}
+
+
+async def kill_leader_at_round(harness: Harness, job_id: str, rnd: int, timeout_s: float) -> dict:
+    """kill -9 the federation's leader while round `rnd` of an xgboost job runs (its record shows
+    rnd - 1 rounds committed); then time how long the survivors take to commit the next round."""
+    started = time.monotonic()
+    while True:
+        if time.monotonic() - started > timeout_s:
+            raise HarnessError(f"round {rnd} never started")
+        statuses = await harness.statuses()
+        leader = next((i for i, doc in statuses.items() if doc and doc["role"] == "leader"), None)
+        record = await harness.job(leader, job_id) if leader is not None else None
+        if record is not None and record["state"] in TERMINAL:
+            raise HarnessError(f"the job ended ({record['state']}) before round {rnd}")
+        if record is not None and record["state"] == "running" and record["progress"]["step"] >= rnd - 1:
+            break
+        await asyncio.sleep(0.02)
+    term = statuses[leader]["term"]
+    harness.kill9(leader)
+    killed_at = time.monotonic()
+    committed = record["progress"]["step"]
+    survivors = [i for i in range(harness.n_sites) if i != leader]
+    new_leader, elected_s = None, None
+    while time.monotonic() - killed_at < timeout_s:
+        if new_leader is None:
+            docs = await harness.statuses(survivors)
+            found = next((i for i, d in docs.items() if d and d["role"] == "leader" and d["term"] > term), None)
+            if found is not None:
+                new_leader, elected_s = found, time.monotonic() - killed_at
+        records = await asyncio.gather(*(harness.job(i, job_id) for i in survivors))
+        if any(r is not None and (r["progress"]["step"] > committed or r["state"] == "done") for r in records):
+            return {"killed": harness.sites[leader].name, "at_round": committed + 1,
+                    "new_leader": harness.sites[new_leader].name if new_leader is not None else None,
+                    "elected_after_s": None if elected_s is None else round(elected_s, 3),
+                    "next_commit_after_s": round(time.monotonic() - killed_at, 3)}
+        await asyncio.sleep(0.02)
+    raise HarnessError(f"no round committed within {timeout_s:.0f} s after the leader was killed")
 
 
 async def _chaos(harness: Harness, timeout_s: float) -> dict:
@@ -506,6 +580,14 @@ def format_report(report: dict, workdir: Path, temp: bool) -> str:
         lines.append(_stats_table(report["sites"]))
     elif job["kind"] == "bofrf":
         lines.append(bofrf_table(report["sites"]))
+    elif job["kind"] == "xgboost":
+        if job.get("failover"):
+            f = job["failover"]
+            lines.append(f"failover: killed the leader {f.get('killed')} (kill -9) in round {f.get('at_round')}; "
+                         f"{f.get('new_leader')} elected after {f.get('elected_after_s')} s; next round "
+                         f"committed {f.get('next_commit_after_s')} s after the kill" if "error" not in f
+                         else f"failover: {f['error']}")
+        lines.append(xgboost_table(report["sites"]))
     if not temp:
         lines.append(f"sites, keys and daemon logs: {workdir}")
     return "\n".join(lines)
@@ -544,6 +626,21 @@ def bofrf_table(sites: list[dict]) -> str:
         rows.append((s["name"], s.get("rows") or "-", auc(r["local_rf"]), auc(r["final"]), change,
                      auc(r.get("boppid")), r["final"]["model"], f"{r['tau']:.2f}",
                      f"{r['trees_kept']}/{r['trees_total']}"))
+    return _table(rows)
+
+
+def xgboost_table(sites: list[dict]) -> str:
+    rows = [("SITE", "ROWS", "STATE", "ROUNDS", "AUC", "AUC OF", "FED. LOGLOSS", "FED. ACCURACY", "TREES", "MODEL SHA-256")]
+    for s in sites:
+        r = s.get("result") or {}
+        if not r:
+            rows.append((s["name"], s.get("rows") or "-", s.get("state", "-"), *["-"] * 7))
+            continue
+        fed = r.get("federated_test") or {}
+        rows.append((s["name"], s.get("rows") or "-", s.get("state", "-"), r["rounds"],
+                     "-" if r.get("auc") is None else f"{r['auc']:.4f}", r.get("auc_source") or "-",
+                     f"{fed['logloss']:.4f}" if fed else "-", f"{fed['accuracy']:.4f}" if fed else "-", r["trees"],
+                     r["model_sha256"][:16]))
     return _table(rows)
 
 

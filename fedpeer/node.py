@@ -290,6 +290,9 @@ class Node:
     def alive(self, peer: bytes) -> bool:
         return self._peer_states.get(peer) == mb.MemberState.ALIVE
 
+    def leadership(self) -> tuple[int, bytes | None]:
+        return self.election.term, self.election.leader
+
     def pairwise_seed(self, peer: bytes, label: bytes) -> bytes:
         return self.identity.pairwise_seed(peer, label)
 

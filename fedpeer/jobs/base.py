@@ -7,8 +7,11 @@ proposer validates what the operator typed, and every member validates what arri
 
 from __future__ import annotations
 
+import hashlib
+
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..errors import JobError
@@ -43,6 +46,8 @@ class JobContext:
     names: Mapping[bytes, str]      # member key -> this site's name for it
     hop_timeout_ms: int
     data: Any = None                # fedpeer.ml.data.Dataset when the kind needs data
+    test_data: Any = None           # Dataset of [data] test_csv, if the site has one
+    workdir: Path | None = None     # state/jobs/<id>: where a job keeps what must survive its steps
 
 
 @dataclass(frozen=True)
@@ -56,9 +61,15 @@ class JobKind:
     members_min: int = 2
     save_model: Callable[[Any, Any], None] | None = None   # (path, model) -> None; model = result.pop("_model")
     model_file: str = "model.npz"
+    member_failure_aborts: bool = True     # False: a member that fails leaves; the others go on
 
     def check_params(self, given: Mapping[str, Any]) -> dict[str, Any]:
         unknown = set(given) - set(self.params)
         if unknown:
             raise JobError(f"{self.name}: unknown parameter(s) {sorted(unknown)}; known: {sorted(self.params)}")
         return {name: p.check(name, given.get(name, p.default)) for name, p in self.params.items()}
+
+
+def site_seed(seed: int, member: bytes) -> int:
+    """A site's own seed: derived from the job seed and its key (the same in in-process references)."""
+    return int.from_bytes(hashlib.sha256(seed.to_bytes(8, "big") + member).digest()[:4], "big")

@@ -30,7 +30,6 @@ plain sum — a test checks that both give identical weights and predictions.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +41,8 @@ from ..errors import JobError
 from ..ml import data as mldata
 from ..protocols.fixedpoint import encode_counts
 from ..protocols.securesum import secure_sum
-from .base import JobContext, JobKind, Param
+from ..net.channel import SubChannel
+from .base import JobContext, JobKind, Param, site_seed
 
 FOREST_RECV_TIMEOUT_HOPS = 4        # waiting for a forest: this many hop timeouts
 COUNT_MAX = 2**40                   # per-site confusion counts are row counts: far below this
@@ -73,11 +73,6 @@ PARAMS = {
 # ---------------------------------------------------------------------------------------------
 # Pure steps, shared by the job and the in-process reference.
 # ---------------------------------------------------------------------------------------------
-
-def site_seed(seed: int, member: bytes) -> int:
-    """A site's own seed: derived from the job seed and its key, the same in the reference."""
-    return int.from_bytes(hashlib.sha256(seed.to_bytes(8, "big") + member).digest()[:4], "big")
-
 
 @dataclass(frozen=True)
 class SitePart:
@@ -187,17 +182,6 @@ _register()
 # ---------------------------------------------------------------------------------------------
 # The job
 # ---------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class SubChannel:
-    """The job's channel restricted to a cluster's members (clustered BOFRF)."""
-
-    base: Any
-    members: tuple[bytes, ...]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.base, name)
-
 
 async def run(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
     data = ctx.data

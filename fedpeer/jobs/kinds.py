@@ -8,6 +8,6 @@ from .base import JobKind
 
 def job_kinds() -> dict[str, JobKind]:
     from . import messages  # noqa: F401  (registers the lifecycle messages with the wire)
-    from . import bofrf, stats, sumcheck
+    from . import bofrf, stats, sumcheck, xgboost
 
-    return {k.name: k for k in (stats.KIND, sumcheck.KIND, bofrf.KIND)}
+    return {k.name: k for k in (stats.KIND, sumcheck.KIND, bofrf.KIND, xgboost.KIND)}

@@ -1,13 +1,18 @@
 """`fedpeer predict`: score new rows with a job's stored model, locally (no daemon needed).
 
-The model is read from this site's state directory (validated arrays, never pickle); the CSV is
-read by the same checked reader as job data, keeping only the model's feature columns.
+The model is read from this site's state directory, never unpickled: BOFRF's validated tree arrays,
+or xgboost's JSON model (checked to be one fedpeer built before xgboost loads it). The CSV is
+read by the same checked reader as job data, keeping only the model's feature columns. Binary
+models give a score (BOFRF: the weighted vote, positive = positive class; xgboost: P(positive))
+and a 0/1 prediction; multi-class xgboost gives the predicted class and one probability per class.
 """
 
 from __future__ import annotations
 
 import csv
 from pathlib import Path
+
+import numpy as np
 
 from ..config import Config
 from ..errors import DataError, JobError
@@ -26,17 +31,31 @@ def predict_csv(config: Config, job_id: str, data: Path) -> list[dict]:
         raise JobError(f"job {job_id} has no stored model (state {record['state']})")
     kind = job_kinds()[record["kind"]]
     model_path = record_path.parent / kind.model_file
+    header = _header(data)
+    if record["kind"] == "xgboost":
+        from . import xgboost
+        model = xgboost.load_model(model_path)
+        features = tuple(record["result"]["features"])
+        proba = xgboost.predict(model, _rows(data, header, features))
+        classes = record["result"].get("classes") or []
+        if not classes:
+            return [{"row": i + 1, "score": float(p), "prediction": int(p > 0.5)} for i, p in enumerate(proba)]
+        return [{"row": i + 1, "prediction": classes[int(row.argmax())],
+                 **{f"p_{c}": float(v) for c, v in zip(classes, row)}} for i, row in enumerate(proba)]
     from . import bofrf
     model = bofrf.load_model(model_path)
-    forest = model[0]
-    header = _header(data)
-    missing = [f for f in forest.features if f not in header]
+    scores = bofrf.predict(model, _rows(data, header, model[0].features), model[0].features)
+    return [{"row": i + 1, "score": float(s), "prediction": int(s > 0)} for i, s in enumerate(scores)]
+
+
+def _rows(data: Path, header: list[str], features: tuple[str, ...]) -> np.ndarray:
+    """The CSV's values of the model's feature columns, in the model's column order."""
+    missing = [f for f in features if f not in header]
     if missing:
         raise DataError(f"{data}: lacks the model's feature column(s) {missing[:10]}")
-    ignore = tuple(c for c in header if c not in forest.features)
+    ignore = tuple(c for c in header if c not in features)
     dataset = load_csv(DataSpec(csv=data, label=None, ignore=ignore), binary=False)
-    scores = bofrf.predict(model, dataset.X, dataset.features)
-    return [{"row": i + 1, "score": float(s), "prediction": int(s > 0)} for i, s in enumerate(scores)]
+    return dataset.X[:, [dataset.features.index(f) for f in features]]
 
 
 def _header(path: Path) -> list[str]:

@@ -22,7 +22,7 @@ import re
 import secrets
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -50,6 +50,7 @@ class Transport(Protocol):
 
     def now_ms(self) -> int: ...
     def alive(self, peer: bytes) -> bool: ...
+    def leadership(self) -> tuple[int, bytes | None]: ...    # (term, leader) of the federation's election
     def pairwise_seed(self, peer: bytes, label: bytes) -> bytes: ...
     async def send(self, dst: bytes, msg: object, job_id: str, timeout_ms: int) -> None: ...
     # delivered within timeout_ms (retries included) or raises PeerUnreachable
@@ -75,6 +76,7 @@ class JobRecord:
     mailbox: Mailbox = field(default_factory=Mailbox, repr=False)
     task: asyncio.Task | None = field(default=None, repr=False)
     data: Any = field(default=None, repr=False)
+    test_data: Any = field(default=None, repr=False)
     start_signal: asyncio.Future | None = field(default=None, repr=False)   # member: set by JobStart
     announced: bool = False      # other members know of the job (so they must hear how it ends)
 
@@ -111,6 +113,9 @@ class NodeChannel:
 
     def alive(self, peer: bytes) -> bool:
         return peer == self.me or self._registry.transport.alive(peer)
+
+    def leadership(self) -> tuple[int, bytes | None]:
+        return self._registry.transport.leadership()
 
     def progress(self, phase: str, step: int, total: int) -> None:
         self._record.phase, self._record.step, self._record.total = phase, step, total
@@ -370,7 +375,15 @@ class JobRegistry:
         dataset = await asyncio.to_thread(load_csv, spec, binary=kind.binary_label,
                                           rows_max=self.config.jobs.data_rows_max,
                                           bytes_max=self.config.jobs.data_bytes_max)
-        record.data, record.rows = dataset, int(dataset.X.shape[0])
+        test = None
+        if data.test_csv:
+            test = await asyncio.to_thread(load_csv, replace(spec, csv=Path(data.test_csv)), binary=kind.binary_label,
+                                           rows_max=self.config.jobs.data_rows_max,
+                                           bytes_max=self.config.jobs.data_bytes_max)
+            if test.fingerprint != dataset.fingerprint:
+                raise DataError(f"{data.test_csv}: [data] test_csv has other columns than {data.csv}: "
+                                + _schema_difference(dataset.features, list(test.features), "test_csv", "csv"))
+        record.data, record.test_data, record.rows = dataset, test, int(dataset.X.shape[0])
         return dataset.fingerprint, dataset.features
 
     async def _execute(self, record: JobRecord, kind: JobKind) -> None:
@@ -378,7 +391,8 @@ class JobRegistry:
         self._save(record)
         log.info("job_started", extra=fields(job=record.id, kind=record.kind, members=len(record.members)))
         ctx = JobContext(site_name=self.config.node.name, names=self.names,
-                         hop_timeout_ms=self.config.jobs.hop_timeout_ms, data=record.data)
+                         hop_timeout_ms=self.config.jobs.hop_timeout_ms, data=record.data,
+                         test_data=record.test_data, workdir=self._root / record.id)
         channel = NodeChannel(self, record)
         try:
             result = await asyncio.wait_for(kind.run(channel, record.params, ctx),
@@ -387,7 +401,7 @@ class JobRegistry:
             raise _SiteFailure(self.transport.me, f"did not finish within {self.config.jobs.job_timeout_ms} ms") from None
         except (JobError, DataError, RecvTimeout) as exc:
             raise _SiteFailure(self.transport.me, str(exc)) from None
-        record.data = None
+        record.data = record.test_data = None
         model = result.pop("_model", None)
         if model is not None and kind.save_model is not None:   # stored before the record says done
             path = self._root / record.id / kind.model_file
@@ -414,7 +428,10 @@ class JobRegistry:
             about = self.names.get(exc.site, fingerprint(exc.site))
             first = record.state not in TERMINAL
             self._finish(record, "failed", f"{about}: {exc.reason}")
-            if first and record.announced:
+            kind = self.kinds.get(record.kind)
+            leaves_alone = record.state == "failed" and kind is not None and not kind.member_failure_aborts \
+                and record.started_ms is not None
+            if first and record.announced and not leaves_alone:
                 await self._broadcast_abort(record, exc.site, exc.reason)
         except Exception as exc:   # a bug: keep the daemon alive, fail the job loudly
             log.exception("job_crashed", extra=fields(job=record.id))
@@ -431,7 +448,7 @@ class JobRegistry:
         record.state, record.error, record.result = state, error, result
         record.phase = state
         record.finished_ms = self.transport.now_ms()
-        record.data = None
+        record.data = record.test_data = None
         self._save(record)
         log.info("job_" + state, extra=fields(job=record.id, kind=record.kind, error=error or "-"))
 

@@ -20,7 +20,7 @@ import asyncio
 import hashlib
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
@@ -51,11 +51,24 @@ class Channel(Protocol):
     def random_bytes(self, n: int) -> bytes: ...                 # OS CSPRNG in the daemon; seeded in tests
     def pairwise_seed(self, peer: NodeId, label: bytes) -> bytes: ...   # 32 bytes only me and peer can derive
     def alive(self, peer: NodeId) -> bool: ...                    # the failure detector's current view
+    def leadership(self) -> tuple[int, NodeId | None]: ...        # (term, leader) as this member's election sees it
     def progress(self, phase: str, step: int, total: int) -> None: ...
     async def send(self, dst: NodeId, msg: object) -> None: ...
     async def recv(self, kind: type[T], tag: str, src: NodeId | None = None,
                    timeout_ms: int = 30_000) -> tuple[NodeId, T]: ...
     def discard(self, tag_prefix: str) -> None: ...              # drop buffered messages of old rounds
+
+
+@dataclass(frozen=True)
+class SubChannel:
+    """A job's channel restricted to some of its members (a cluster, a round's participants):
+    protocols such as the secure sum then run among those members only."""
+
+    base: Channel
+    members: tuple[NodeId, ...]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.base, name)
 
 
 class Mailbox:
@@ -122,6 +135,8 @@ class MemoryNetwork:
     """Job members in one process. Seeded: the same seed gives the same delays and outcomes.
 
     delay_ms: (low, high) uniform per message, so messages overtake each other.
+    leadership: each member's view of (term, leader); by default term 1, led by the first member
+    (simulations plug in real election cores).
     crash(node): the node's sends fail, messages to it are lost, and `alive` reports it dead
     after `detect_ms` (like the failure detector). partition(groups): sends across groups raise
     PeerUnreachable after `unreachable_ms` (the transport's retries giving up).
@@ -138,6 +153,7 @@ class MemoryNetwork:
     groups: list[set[NodeId]] | None = None
     sent: list[tuple[NodeId, NodeId, object]] = field(default_factory=list)   # every delivered message, for tests
     progress_log: list[tuple[NodeId, str, int, int]] = field(default_factory=list)
+    leadership: Callable[[NodeId], tuple[int, NodeId | None]] | None = None
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -186,6 +202,11 @@ class MemoryChannel:
     def alive(self, peer: NodeId) -> bool:
         at = self.net.crashed_at.get(peer)
         return at is None or asyncio.get_running_loop().time() - at < self.net.detect_ms / 1000
+
+    def leadership(self) -> tuple[int, NodeId | None]:
+        if self.net.leadership is None:
+            return 1, self.net.members[0]
+        return self.net.leadership(self.me)
 
     def progress(self, phase: str, step: int, total: int) -> None:
         self.net.progress_log.append((self.me, phase, step, total))

@@ -1,0 +1,716 @@
+"""`xgboost`: federated XGBoost by tree bagging ("tree" / FLeXGBoost "tree+"), run in rounds by
+the federation's elected leader (ALGORITHMS.md §2–§3; seeds/002). The arithmetic is in
+`fedpeer.ml.boosting`; this module moves its inputs and outputs.
+
+Every member runs the same coroutine:
+1. split its rows into a training and a test part (stratified, seeded) and secure-sum the label
+   counts of the training parts: every member derives the same global base_score (the
+   federation's label prior) and the total row count ("samples" learning-rate normalisation);
+2. loop: if its election says it leads term T, it leads (below); otherwise it obeys directives
+   from the leader of the highest term it has seen, and refuses directives of older terms
+   (fencing: a deposed leader's messages are answered "stale_term" and change nothing).
+
+A leader of term T:
+- asks every live member for its commit point (term, round, SHA-256 of the model) and needs
+  answers from a majority of the job's members (itself included) before it does anything;
+- adopts the most recent commit point, ordered as (term, round) like Raft's logs, fetching that
+  model from its holder if it lacks it — so whoever is elected resumes from the last committed
+  round;
+- runs rounds: "round r" (with the full model only to members not known to hold round r - 1) ->
+  each member trains num_local_round trees per class on its own rows on top of it and returns
+  only them -> the leader checks every trees document (`boosting.validate_trees`: structure,
+  depth, node count, leaf magnitudes, tree count and class order), leaves out members whose
+  trees fail or do not come, appends the rest in member order (`boosting.append_round`), stores
+  round r and sends "commit r" (the round's trees documents) to every member; each member
+  rebuilds the model, checks its SHA-256, stores it and acknowledges;
+- after the commit, the round's participants evaluate the model on their test parts with one
+  secure sum (log-loss, accuracy, per-class score histograms -> AUC);
+- when round `rounds` is committed and every live member acknowledged it, sends "finish".
+
+A member stores every committed round (model first, then its commit record; both atomic) under
+the job's directory, so any member can lead. Members that fail leave the job; the others go on
+(`member_failure_aborts=False`). Messages and every wait are bounded: directives and replies
+are size-capped wire messages, replies are awaited in slices that give up when the peer is dead
+(failure detector), when the leader is deposed, or after member_timeout_ms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import wire
+from ..errors import DataError, JobError
+from ..ml import boosting
+from ..ml import data as mldata
+from ..net.channel import PeerUnreachable, RecvTimeout, SubChannel
+from ..protocols.fixedpoint import decode_counts, encode_counts
+from ..protocols.securesum import secure_sum
+from ..store import atomic_write, write_json
+from .base import JobContext, JobKind, Param, site_seed
+
+POLL_MS = 200                    # a member re-checks its election's view this often while waiting
+STATE_TIMEOUT_MS = 5_000         # a leader waits this long for a member's commit point
+EVAL_HOP_TIMEOUT_MS = 5_000      # hop timeout of the per-round evaluation sum (small vectors)
+LEADER_SILENCE_MS = 60_000       # beyond member_timeout_ms: a member without any leader this long fails
+COUNT_MAX = 2**40                # per-site counts are row counts: far below this
+DIRECTIVE_TAG = "xgb/leader"
+OPS = ("state", "fetch", "round", "commit", "finish")
+MODEL_BYTES_MAX = 48 * 1024 * 1024        # a model sent in one message (the frame cap is 64 MiB)
+TREES_BYTES_MAX = 16 * 1024 * 1024        # one member's trees of one round
+MEMBERS_MAX = 128
+
+PARAMS = {
+    "rounds": Param(int, 20, "communication rounds", low=1, high=10_000),
+    "num_local_round": Param(int, 1, "trees each site trains per round (and class): 1 = tree, >1 = tree+",
+                             low=1, high=100),
+    "eta": Param(float, 0.3, "learning rate", low=1e-6, high=1.0),
+    "normalize": Param(str, "none", "normalized learning rate: none | samples (eta x site rows / all rows) | "
+                       "gain (eta x the site's share of the last round's split gain)",
+                       choices=("none", "samples", "gain")),
+    "objective": Param(str, "binary:logistic", "binary:logistic or multi:softprob", choices=boosting.OBJECTIVES),
+    "classes": Param(str, "", "multi:softprob: the label values, comma-separated, in class order"),
+    "max_depth": Param(int, 6, "maximum tree depth", low=1, high=16),
+    "min_child_weight": Param(float, 1.0, "minimum hessian sum in a child", low=0.0, high=1e9),
+    "reg_lambda": Param(float, 1.0, "L2 regularisation of leaf weights (xgboost lambda)", low=0.0, high=1e9),
+    "subsample": Param(float, 1.0, "rows sampled per tree", low=0.01, high=1.0),
+    "colsample_bytree": Param(float, 1.0, "columns sampled per tree", low=0.01, high=1.0),
+    "max_delta_step": Param(float, 0.0, "clip leaf weights to this (0: off)", low=0.0, high=1e6),
+    "tree_method": Param(str, "hist", "xgboost tree method", choices=("hist", "approx", "exact")),
+    "max_bin": Param(int, 256, "histogram bins per feature (hist, approx)", low=2, high=65_536),
+    "nthread": Param(int, 0, "xgboost threads per site (0: all cores)", low=0, high=1024),
+    "leaf_abs_max": Param(float, 10.0, "the leader refuses trees with a larger |leaf value| (margin units, "
+                          "learning rate applied)", low=1e-6, high=1e9),
+    "test_fraction": Param(float, 0.2, "share of each site's rows kept for the per-round evaluation",
+                           low=0.05, high=0.9),
+    "eval_bins": Param(int, 1000, "score histogram bins for the federated AUC", low=10, high=100_000),
+    "member_timeout_ms": Param(int, 600_000, "the leader waits this long for a site's trees", low=1_000,
+                               high=86_400_000),
+    "seed": Param(int, 0, "seed of the splits and of xgboost's sampling", low=0, high=2**31 - 1),
+    "secure_sum": Param(str, "pairwise", "secure-sum mode", choices=("ring", "pairwise")),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Messages
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Directive:
+    """Leader -> member. Every directive carries the leader's term (fencing)."""
+
+    tag: str                 # DIRECTIVE_TAG
+    term: int
+    op: str                  # OPS
+    round: int               # round/commit/finish: the round it is about
+    prev_sha: str            # round/commit: the model the round builds on ("" before round 1)
+    sha: str                 # commit/finish: the resulting model
+    gain_share: float        # round, normalize=gain: this member's share of the last round's gain; -1: none
+    model: bytes             # the whole model (at prev_sha for round, at sha for commit/finish) when the
+                             # member is not known to hold what it needs; else empty
+    commit_term: int         # with model: the term that committed it
+    trees: list              # commit: the round's trees documents, in member order
+    participants: list       # commit: members whose trees are in the round (they evaluate it)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """Member -> leader, tagged with the directive's term, op and round."""
+
+    tag: str
+    commit_term: int         # the member's commit point after handling the directive
+    commit_round: int
+    commit_sha: str
+    trees: bytes             # round: the member's new trees document
+    model: bytes             # fetch: the member's committed model
+    error: str               # "" or why not: "stale_term", "need_model", a training error
+
+
+def _reply_tag(term: int, op: str, rnd: int) -> str:
+    return f"xgb/reply/{term}/{op}/{rnd}"
+
+
+_SHA = wire.v_str(64)
+wire.register("xgb_directive", Directive, {
+    "tag": wire.v_str(32), "term": wire.v_int(), "op": wire.v_str(16, frozenset(OPS)), "round": wire.v_int(),
+    "prev_sha": _SHA, "sha": _SHA, "gain_share": wire.v_float(-1.0, 1.0),
+    "model": wire.v_bytes(max_bytes=MODEL_BYTES_MAX), "commit_term": wire.v_int(),
+    "trees": wire.v_list(wire.v_bytes(max_bytes=TREES_BYTES_MAX), MEMBERS_MAX),
+    "participants": wire.v_list(wire.NODE_ID, MEMBERS_MAX)})
+wire.register("xgb_reply", Reply, {
+    "tag": wire.v_str(96), "commit_term": wire.v_int(), "commit_round": wire.v_int(), "commit_sha": _SHA,
+    "trees": wire.v_bytes(max_bytes=TREES_BYTES_MAX), "model": wire.v_bytes(max_bytes=MODEL_BYTES_MAX),
+    "error": wire.v_str(2048)})
+
+
+def _directive(term: int, op: str, rnd: int = 0, **kw: Any) -> Directive:
+    base = dict(tag=DIRECTIVE_TAG, term=term, op=op, round=rnd, prev_sha="", sha="", gain_share=-1.0,
+                model=b"", commit_term=0, trees=[], participants=[])
+    return Directive(**{**base, **kw})
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure helpers
+# ---------------------------------------------------------------------------------------------
+
+def class_names(params: Mapping[str, Any]) -> list[str]:
+    if params["objective"] == "binary:logistic":
+        return []
+    names = [c.strip() for c in params["classes"].split(",") if c.strip()]
+    if len(names) < 2 or len(set(names)) != len(names):
+        raise JobError("multi:softprob needs classes: at least two distinct label values, comma-separated")
+    return names
+
+
+def site_labels(dataset: Any, params: Mapping[str, Any]) -> np.ndarray:
+    """Class indices of a site's rows: 0/1 (positive = [data] positive) or the index in `classes`."""
+    names = class_names(params)
+    present = sorted(set(dataset.labels.tolist()))
+    if not names:
+        if dataset.y is None:
+            raise DataError("binary:logistic needs the positive class: set [data] positive")
+        if len(present) > 2:
+            raise DataError(f"binary:logistic: the label column has {len(present)} values {present[:10]}, "
+                            "not two; use objective multi:softprob with classes")
+        return np.asarray(dataset.y, dtype=np.int64)
+    unknown = [v for v in present if v not in names]
+    if unknown:
+        raise DataError(f"label value(s) {unknown[:10]} are not among the job's classes {names}")
+    index = {name: i for i, name in enumerate(names)}
+    return np.array([index[v] for v in dataset.labels.tolist()], dtype=np.int64)
+
+
+def train_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """xgboost parameters of the job (eta and seed are set per site and round)."""
+    out = {"objective": params["objective"], "max_depth": params["max_depth"],
+           "min_child_weight": params["min_child_weight"], "lambda": params["reg_lambda"],
+           "subsample": params["subsample"], "colsample_bytree": params["colsample_bytree"],
+           "max_delta_step": params["max_delta_step"], "tree_method": params["tree_method"],
+           "max_bin": params["max_bin"]}
+    if params["objective"] == "multi:softprob":
+        out["num_class"] = len(class_names(params))
+    if params["nthread"]:
+        out["nthread"] = params["nthread"]
+    return out
+
+
+def label_counts(y: np.ndarray, groups: int) -> np.ndarray:
+    """binary: [positives, rows]; multi: rows per class. Secure-summed for the base score."""
+    if groups == 1:
+        return np.array([int(y.sum()), len(y)], dtype=np.int64)
+    return np.bincount(y, minlength=groups).astype(np.int64)
+
+
+def base_from_counts(total: np.ndarray, objective: str, groups: int) -> tuple[Any, int]:
+    """(global base_score, total training rows) from summed `label_counts`."""
+    if groups == 1:
+        return boosting.global_base_score(int(total[0]), int(total[1]), objective), int(total[1])
+    rows = int(total.sum())
+    return boosting.global_base_score(total.astype(np.int64), rows, objective, groups), rows
+
+
+def eval_counts(y: np.ndarray, proba: np.ndarray, bins: int) -> tuple[np.ndarray, float]:
+    """(integer counts: score histograms ++ [correct, rows], log-loss sum) of one site."""
+    hist = boosting.score_histograms(y, proba, bins)
+    correct, rows = boosting.accuracy_counts(y, proba)
+    loss, _ = boosting.logloss_sums(y, proba)
+    return np.concatenate([hist.ravel(), [correct, rows]]).astype(np.int64), loss
+
+
+def eval_metrics(counts: np.ndarray, loss: float, groups: int, bins: int) -> dict:
+    """Federated metrics from summed `eval_counts`."""
+    hist = counts[:-2].reshape((2, bins) if groups == 1 else (groups, 2, bins))
+    correct, rows = int(counts[-2]), int(counts[-1])
+    auc = boosting.auc_from_histograms(hist)
+    if groups > 1:
+        finite = auc[np.isfinite(auc)]
+        auc = float(finite.mean()) if len(finite) else math.nan
+    return {"auc": None if math.isnan(auc) else round(float(auc), 6), "logloss": round(loss / rows, 6),
+            "accuracy": round(correct / rows, 6), "test_rows": rows}
+
+
+def model_auc(model: bytes, X: np.ndarray, y: np.ndarray, groups: int, nthread: int | None = None) -> float | None:
+    """AUC of a model on rows (macro one-vs-rest for multi-class), exact (scikit-learn)."""
+    from sklearn.metrics import roc_auc_score
+
+    proba = boosting.predict_proba(model, X, nthread=nthread)
+    if len(np.unique(y)) < 2:
+        return None
+    if groups == 1:
+        return float(roc_auc_score(y, proba))
+    return float(roc_auc_score(y, proba, multi_class="ovr", labels=list(range(groups))))
+
+
+# ---------------------------------------------------------------------------------------------
+# A member's state and the protocol
+# ---------------------------------------------------------------------------------------------
+
+class _Deposed(Exception):
+    """This member no longer leads the term it was leading."""
+
+
+class _NoMajority(Exception):
+    """Fewer than a majority of the job's members hold the leader's last round."""
+
+
+@dataclass
+class Tools:
+    """What the protocol calls for the heavy lifting; simulations substitute cheap versions."""
+
+    train: Callable[..., bytes] = boosting.train_local_round
+    predict: Callable[..., np.ndarray] = boosting.predict_proba
+    offload: Callable[..., Any] = asyncio.to_thread
+
+
+@dataclass
+class Site:
+    ch: Any
+    params: Mapping[str, Any]
+    ctx: JobContext
+    tools: Tools
+    fit: Any = None                   # (X, y) training rows
+    test: Any = None                  # (X, y) evaluation rows
+    groups: int = 1
+    base: Any = None
+    total_rows: int = 0
+    model: bytes | None = None
+    commit: tuple[int, int, str] = (0, 0, "")      # (term, round, sha) of `model`
+    history: list = field(default_factory=list)
+    seen_term: int = 0                # highest leader term heard from (fencing)
+    led_term: int = 0
+    last_gains: dict = field(default_factory=dict)
+    silent_since_ms: int = 0
+    finished: bool = False
+    _replies: set = field(default_factory=set)
+
+    @property
+    def me(self) -> bytes:
+        return self.ch.me
+
+    @property
+    def round(self) -> int:
+        return self.commit[1]
+
+    def name(self, key: bytes) -> str:
+        return self.ctx.names.get(key, key.hex()[:16])
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def adopt(self, term: int, rnd: int, model: bytes | None) -> None:
+        """Store a committed round: the model file first, then the commit record (both atomic)."""
+        sha = boosting.model_sha256(model) if model is not None else ""
+        if model is not None:
+            info = boosting.model_info(model)      # canonical, parseable: never trust a peer's bytes
+            if not np.array_equal(np.array(info.base_score), np.atleast_1d(np.array(self.base, dtype=np.float64))):
+                raise JobError("a model with another base_score than this federation's")
+            if info.num_feature != self.fit[0].shape[1] or info.groups != self.groups:
+                raise JobError("a model of another shape than this job's")
+        self.model, self.commit = model, (term, rnd, sha)
+        workdir = self.ctx.workdir
+        if workdir is not None:
+            if model is not None:
+                atomic_write(workdir / f"xgb-round-{rnd}.json", model)
+            write_json(workdir / "xgb-commit.json", {"term": term, "round": rnd, "model_sha256": sha,
+                                                     "model_file": f"xgb-round-{rnd}.json"})
+            for old in workdir.glob("xgb-round-*.json"):
+                if old.name != f"xgb-round-{rnd}.json":
+                    old.unlink(missing_ok=True)
+        self.ch.progress(f"round {min(rnd + 1, self.params['rounds'])} of {self.params['rounds']}", rnd,
+                         self.params["rounds"])
+
+    def build(self, trees: list[bytes]) -> bytes:
+        p = self.params
+        return boosting.append_round(self.model, trees, self.base, self.fit[0].shape[1],
+                                     self.groups if self.groups > 1 else 0, p["objective"])
+
+    def stale(self, term: int) -> bool:
+        return term < self.seen_term or term < self.ch.leadership()[0]
+
+    def leading(self, term: int) -> bool:
+        return self.ch.leadership() == (term, self.me)
+
+    # -- replies run in the background so a dead leader never holds a member up ----------------
+
+    def reply(self, leader: bytes, msg: Directive, **kw: Any) -> None:
+        term, rnd, sha = self.commit
+        out = Reply(tag=_reply_tag(msg.term, msg.op, msg.round), commit_term=term, commit_round=rnd, commit_sha=sha,
+                    trees=kw.get("trees", b""), model=kw.get("model", b""), error=kw.get("error", ""))
+
+        async def send() -> None:
+            try:
+                await self.ch.send(leader, out)
+            except JobError:
+                pass     # the leader is gone: its successor asks again
+        task = asyncio.ensure_future(send())
+        self._replies.add(task)
+        task.add_done_callback(self._replies.discard)
+
+    async def close(self) -> None:
+        if self._replies:
+            await asyncio.wait(set(self._replies), timeout=self.ctx.hop_timeout_ms / 1000)
+        for task in list(self._replies):
+            task.cancel()
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    async def run(self) -> dict:
+        self.silent_since_ms = self.ch.now_ms()
+        silence_ms = self.params["member_timeout_ms"] + LEADER_SILENCE_MS
+        while not self.finished:
+            term, leader = self.ch.leadership()
+            if leader == self.me and term > self.led_term and not self.stale(term):
+                self.led_term = term
+                try:
+                    await self.lead(term)
+                except _Deposed:
+                    pass
+                self.silent_since_ms = self.ch.now_ms()
+                continue
+            try:
+                src, msg = await self.ch.recv(Directive, DIRECTIVE_TAG, timeout_ms=POLL_MS)
+            except RecvTimeout:
+                if self.ch.now_ms() - self.silent_since_ms > silence_ms:
+                    who = f"leader {self.name(leader)} (term {term})" if leader else "no leader"
+                    raise JobError(f"no directive from a leader for {silence_ms // 1000} s ({who})") from None
+                continue
+            await self.follow(src, msg)
+        return self.result()
+
+    async def follow(self, src: bytes, msg: Directive) -> None:
+        if self.stale(msg.term):
+            self.reply(src, msg, error="stale_term")
+            return
+        self.seen_term = msg.term
+        self.silent_since_ms = self.ch.now_ms()
+        try:
+            if msg.model and msg.op in ("round", "commit", "finish"):
+                rnd = msg.round - 1 if msg.op == "round" else msg.round
+                want = msg.prev_sha if msg.op == "round" else msg.sha
+                if boosting.model_sha256(msg.model) != want:
+                    raise JobError(f"leader sent a model whose SHA-256 is not the announced {want[:12]}")
+                self.adopt(msg.commit_term, rnd, msg.model)
+            if msg.op == "state":
+                self.reply(src, msg)
+            elif msg.op == "fetch":
+                self.reply(src, msg, model=self.model or b"")
+            elif msg.op == "round":
+                await self._train(src, msg)
+            elif msg.op == "commit":
+                await self._apply_commit(src, msg)
+            elif msg.op == "finish":
+                if self.commit[1:] != (msg.round, msg.sha):
+                    self.reply(src, msg, error="need_model")
+                    return
+                self.reply(src, msg)
+                self.finished = True
+        except (boosting.TreesError, JobError, DataError, ValueError) as exc:
+            self.reply(src, msg, error=f"{type(exc).__name__}: {exc}"[:2000])
+
+    async def _train(self, src: bytes, msg: Directive) -> None:
+        if self.commit[1:] != (msg.round - 1, msg.prev_sha):
+            self.reply(src, msg, error="need_model")
+            return
+        trees, error = await self.local_trees(msg.round, msg.gain_share)
+        self.reply(src, msg, trees=trees, error=error)
+
+    async def local_trees(self, rnd: int, gain_share: float) -> tuple[bytes, str]:
+        """This site's trees of round `rnd` on top of its committed model: (document, "") or (b"", why not)."""
+        p = self.params
+        self.ch.progress(f"round {rnd} of {p['rounds']}: training", rnd - 1, p["rounds"])
+        if p["normalize"] == "gain" and gain_share >= 0:
+            eta_i = boosting.normalized_eta(p["eta"], 0, 0, "gain", gain_share, 1.0)
+        elif p["normalize"] != "none":
+            eta_i = boosting.normalized_eta(p["eta"], len(self.fit[1]), self.total_rows, "samples")
+        else:
+            eta_i = p["eta"]
+        if eta_i <= 0:           # a site whose trees gained nothing last round sits this one out
+            return b"", "no_gain"
+        params = {**train_params(p), "base_score": self.base if self.groups == 1 else list(self.base)}
+        seed = (site_seed(p["seed"], self.me) + rnd) % 2**31
+        try:
+            return await self.tools.offload(self.tools.train, self.model, self.fit[0], self.fit[1], params,
+                                            p["num_local_round"], eta_i, seed), ""
+        except (DataError, ValueError) as exc:
+            return b"", f"training failed: {type(exc).__name__}: {exc}"[:2000]
+
+    async def _apply_commit(self, src: bytes, msg: Directive) -> None:
+        if not msg.model:
+            if self.commit[1:] != (msg.round - 1, msg.prev_sha):
+                self.reply(src, msg, error="need_model")
+                return
+            model = await self.tools.offload(self.build, list(msg.trees))
+            if boosting.model_sha256(model) != msg.sha:
+                self.reply(src, msg, error="need_model")     # cannot happen with honest members
+                return
+            self.adopt(msg.term, msg.round, model)
+        self.reply(src, msg)
+        await self.evaluate(msg.term, msg.round, src, msg)
+
+    # -- evaluation ------------------------------------------------------------------------------
+
+    async def evaluate(self, term: int, rnd: int, leader: bytes, commit: Directive) -> None:
+        """The round's history entry; its participants evaluate the model with one secure sum."""
+        participants = tuple(commit.participants)
+        if not participants and any(h["round"] == rnd for h in self.history):
+            return       # a re-sent commit (the first acknowledgement was lost): keep what we have
+        entry = {"round": rnd, "term": term, "leader": self.name(leader),
+                 "participants": [self.name(m) for m in participants],
+                 "trees_added": len(participants) * self.params["num_local_round"] * self.groups}
+        if self.me in participants and len(participants) >= 2:
+            p = self.params
+            proba = await self.tools.offload(self.tools.predict, self.model, self.test[0], p["nthread"] or None)
+            counts, loss = eval_counts(self.test[1], proba, p["eval_bins"])
+            n = len(participants)
+            from .stats import FIXED
+            vector = np.concatenate([encode_counts(counts, n, COUNT_MAX), FIXED.encode(np.array([loss]), n)])
+            try:
+                out = await secure_sum(SubChannel(self.ch, tuple(sorted(participants))), f"xgb/eval/{term}/{rnd}",
+                                       vector, mode=p["secure_sum"],
+                                       hop_timeout_ms=min(self.ctx.hop_timeout_ms, EVAL_HOP_TIMEOUT_MS))
+                total = decode_counts(out.total[:len(counts)])
+                entry.update(eval_metrics(total, float(FIXED.decode(out.total[len(counts):])[0]), self.groups,
+                                          p["eval_bins"]))
+                entry["evaluated_by"] = [self.name(m) for m in out.participants]
+            except JobError as exc:
+                entry["eval_error"] = str(exc)[:300]
+        self.history = [h for h in self.history if h["round"] < rnd] + [entry]
+
+    # -- leading -------------------------------------------------------------------------------
+
+    async def ask(self, term: int, peer: bytes, directive: Directive, timeout_ms: int,
+                  retry_with: bytes | None = None) -> Reply | None:
+        """Send a directive and wait for its reply (None: unreachable, dead, timed out). A
+        "need_model" answer is retried once with `retry_with` attached."""
+        for attempt in (0, 1):
+            try:
+                await self.ch.send(peer, directive)
+            except PeerUnreachable:
+                return None
+            deadline = self.ch.now_ms() + timeout_ms
+            tag = _reply_tag(term, directive.op, directive.round)
+            while True:
+                if not self.leading(term):
+                    raise _Deposed()
+                try:
+                    _, reply = await self.ch.recv(Reply, tag, src=peer, timeout_ms=POLL_MS)
+                    break
+                except RecvTimeout:
+                    if not self.ch.alive(peer) or self.ch.now_ms() > deadline:
+                        return None
+            if reply.error == "need_model" and attempt == 0 and retry_with is not None:
+                directive = _with_model(directive, retry_with, self.commit[0])
+                continue
+            return reply
+        return reply
+
+    async def lead(self, term: int) -> None:
+        """Lead term `term` to the end of the job. A round counts as committed only once a majority
+        of the job's members (me included) store it; without one, start over from take_over."""
+        self.seen_term = term
+        while True:
+            known = await self.take_over(term)
+            try:
+                while self.round < self.params["rounds"]:
+                    known = self.majority(await self.lead_round(term, known), f"round {self.round}")
+                await self.finish(term, known)
+                return
+            except _NoMajority:
+                await asyncio.sleep(POLL_MS / 1000)
+
+    def majority(self, known: dict[bytes, tuple[int, str]], what: str) -> dict[bytes, tuple[int, str]]:
+        holders = 1 + sum(point == self.commit[1:] for point in known.values())
+        if holders <= len(self.ch.members) // 2:
+            raise _NoMajority(what)
+        return known
+
+    async def take_over(self, term: int) -> dict[bytes, tuple[int, str]]:
+        """Learn the members' commit points (a majority of the job's members must answer) and adopt
+        the most recent one, ordered (term, round). Returns what each member holds."""
+        ch = self.ch
+        deadline = ch.now_ms() + self.params["member_timeout_ms"] + LEADER_SILENCE_MS
+        while True:
+            if not self.leading(term):
+                raise _Deposed()
+            if ch.now_ms() > deadline:
+                raise JobError(f"as leader of term {term}: fewer than a majority of the job's members answered")
+            live = [m for m in ch.members if m != self.me and ch.alive(m)]
+            replies = await _all(*(self.ask(term, m, _directive(term, "state"), STATE_TIMEOUT_MS) for m in live))
+            points = {m: r for m, r in zip(live, replies) if r is not None and not r.error}
+            if 1 + len(points) <= len(ch.members) // 2:
+                await asyncio.sleep(POLL_MS / 1000)
+                continue
+            holder, best = max(points.items(), key=lambda kv: (kv[1].commit_term, kv[1].commit_round))
+            if (best.commit_term, best.commit_round) > self.commit[:2]:
+                got = await self.ask(term, holder, _directive(term, "fetch"), self.params["member_timeout_ms"])
+                if got is None or got.error or boosting.model_sha256(got.model) != best.commit_sha:
+                    await asyncio.sleep(POLL_MS / 1000)
+                    continue     # the holder went away or moved on: ask everyone again
+                self.adopt(best.commit_term, best.commit_round, got.model)
+                self.history = [h for h in self.history if h["round"] <= best.commit_round]
+            return {m: (r.commit_round, r.commit_sha) for m, r in points.items()}
+
+    async def lead_round(self, term: int, known: dict[bytes, tuple[int, str]]) -> dict[bytes, tuple[int, str]]:
+        ch, p = self.ch, self.params
+        rnd, (_, _, prev_sha) = self.round + 1, self.commit
+        targets = [m for m in ch.members if m != self.me and ch.alive(m)]
+        gain_total = sum(self.last_gains.values())
+        asks = []
+        for m in targets:
+            share = self.last_gains.get(m, -1.0) / gain_total if gain_total > 0 and m in self.last_gains else -1.0
+            d = _directive(term, "round", rnd, prev_sha=prev_sha, gain_share=float(min(max(share, -1.0), 1.0)))
+            if known.get(m) != (self.round, prev_sha) and self.model is not None:
+                d = _with_model(d, self.model, self.commit[0])
+            asks.append(self.ask(term, m, d, p["member_timeout_ms"], retry_with=self.model))
+        share = self.last_gains.get(self.me, -1.0) / gain_total if gain_total > 0 and self.me in self.last_gains \
+            else -1.0
+        *replies, own = await _all(*asks, self.local_trees(rnd, share))
+        own_reply = Reply(tag="", commit_term=0, commit_round=0, commit_sha="", trees=own[0], model=b"",
+                          error=own[1])
+        answered = {m: r for m, r in zip(targets, replies) if r is not None}
+        docs, gains, excluded = {}, {}, {}
+        for m in ch.members:
+            reply = own_reply if m == self.me else answered.get(m)
+            if reply is None:
+                if m != self.me and m in targets:
+                    excluded[self.name(m)] = "no answer"
+                continue
+            if reply.error:
+                excluded[self.name(m)] = reply.error[:200]
+                continue
+            try:
+                batch = boosting.validate_trees(
+                    reply.trees, num_feature=self.fit[0].shape[1], num_class=self.groups if self.groups > 1 else 0,
+                    num_local_round=p["num_local_round"], max_depth=p["max_depth"],
+                    max_nodes=2 ** (p["max_depth"] + 1) - 1, leaf_abs_max=p["leaf_abs_max"],
+                    objective=p["objective"])
+            except boosting.TreesError as exc:
+                excluded[self.name(m)] = f"trees refused: {exc}"[:200]
+                continue
+            docs[m], gains[m] = reply.trees, batch.gain
+        if not docs:
+            raise JobError(f"round {rnd}: no site delivered valid trees ({excluded})")
+        if not self.leading(term):
+            raise _Deposed()
+        order = [m for m in ch.members if m in docs]
+        model = await self.tools.offload(self.build, [docs[m] for m in order])
+        self.adopt(term, rnd, model)
+        self.last_gains = gains
+        sha = self.commit[2]
+        commit = _directive(term, "commit", rnd, prev_sha=prev_sha, sha=sha, trees=[docs[m] for m in order],
+                            participants=order)
+        *acks, _ = await _all(*(self.ask(term, m, commit, p["member_timeout_ms"], retry_with=model)
+                                for m in answered), self.evaluate(term, rnd, self.me, commit))
+        if excluded:
+            self.history[-1]["excluded"] = excluded
+        return {m: (r.commit_round, r.commit_sha) for m, r in zip(answered, acks)
+                if r is not None and not r.error}
+
+    async def finish(self, term: int, known: dict[bytes, tuple[int, str]]) -> None:
+        """Bring every live member to the last round (the whole model to those lagging), then
+        tell them the job is done. A member that cannot be reached is left to time out on its own."""
+        ch, (commit_term, rnd, sha) = self.ch, self.commit
+        live = [m for m in ch.members if m != self.me and ch.alive(m)]
+        sync = _with_model(_directive(term, "commit", rnd, sha=sha), self.model or b"", commit_term)
+        lagging = [m for m in live if known.get(m) != (rnd, sha)]
+        for m, r in zip(lagging, await _all(*(self.ask(term, m, sync, STATE_TIMEOUT_MS) for m in lagging))):
+            if r is not None and not r.error:
+                known[m] = (r.commit_round, r.commit_sha)
+        self.majority(known, "the last round")    # so whoever leads next finishes with this very model
+        await _all(*(self.ask(term, m, _directive(term, "finish", rnd, sha=sha), STATE_TIMEOUT_MS,
+                              retry_with=self.model) for m in live))
+        self.finished = True
+
+    # -- result ----------------------------------------------------------------------------------
+
+    def result(self) -> dict:
+        p = self.params
+        out: dict[str, Any] = {
+            "rounds": self.round, "model_sha256": self.commit[2], "history": self.history,
+            "trees": boosting.model_info(self.model).n_trees if self.model else 0,
+            "base_score": self.base if self.groups == 1 else list(self.base),
+            "features": list(self.ctx.data.features), "objective": p["objective"], "classes": class_names(p),
+            "rows": {"train": int(len(self.fit[1])), "test": int(len(self.test[1]))},
+        }
+        last = next((h for h in reversed(self.history) if h.get("auc") is not None), None)
+        out["federated_test"] = {k: last[k] for k in ("auc", "logloss", "accuracy", "test_rows")} if last else None
+        out["auc"], out["auc_source"] = (last["auc"], "federated test parts") if last else (None, None)
+        if self.ctx.test_data is not None and self.model is not None:
+            X, y = self.ctx.test_data.X, site_labels(self.ctx.test_data, p)
+            out["test_csv"] = {"auc": model_auc(self.model, X, y, self.groups, p["nthread"] or None),
+                               "rows": int(len(y))}
+            out["auc"], out["auc_source"] = out["test_csv"]["auc"], "[data] test_csv"
+        out["_model"] = self.model
+        return out
+
+
+async def _all(*aws: Any) -> list[Any]:
+    """Await all; the first failure cancels the rest and is raised as itself."""
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(a) for a in aws]
+    except BaseExceptionGroup as group:
+        raise group.exceptions[0] from None
+    return [t.result() for t in tasks]
+
+
+def _with_model(d: Directive, model: bytes, commit_term: int) -> Directive:
+    return Directive(**{**d.__dict__, "model": model, "commit_term": commit_term})
+
+
+# ---------------------------------------------------------------------------------------------
+# The job
+# ---------------------------------------------------------------------------------------------
+
+def prepare(site: Site) -> None:
+    """Split this site's rows (stratified, seeded by the job seed and the site's key)."""
+    p, data = site.params, site.ctx.data
+    y = site_labels(data, p)
+    labelled = mldata.Dataset(data.features, data.X, y.astype(np.int64), data.labels, data.rows_dropped,
+                              data.fingerprint)
+    train, test = mldata.split_train_test(labelled, p["test_fraction"], seed=site_seed(p["seed"], site.me))
+    site.fit, site.test = (train.X, train.y), (test.X, test.y)
+    site.groups = max(1, len(class_names(p)))
+
+
+async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, tools: Tools | None = None) -> dict:
+    site = Site(ch=ch, params=params, ctx=ctx, tools=tools or Tools())
+    prepare(site)
+    ch.progress("secure sum of label counts", 0, params["rounds"])
+    counts = label_counts(site.fit[1], site.groups)
+    out = await secure_sum(ch, "xgb/labels", encode_counts(counts, len(ch.members), COUNT_MAX),
+                           mode=params["secure_sum"], hop_timeout_ms=ctx.hop_timeout_ms)
+    if ch.me not in out.participants:
+        raise JobError("this site was left out of the label-count sum")
+    site.base, site.total_rows = base_from_counts(decode_counts(out.total), params["objective"], site.groups)
+    site.adopt(0, 0, None)
+    try:
+        return await site.run()
+    finally:
+        await site.close()
+
+
+def save_model(path: Any, model: bytes) -> None:
+    """The global model: a normal XGBoost JSON model file (`xgboost.Booster().load_model(path)`)."""
+    atomic_write(path, model)
+
+
+def load_model(path: Any) -> bytes:
+    with open(path, "rb") as f:
+        model = f.read(boosting.MODEL_BYTES_MAX + 1)
+    boosting.model_info(model)      # canonical and well-formed, or TreesError
+    return model
+
+
+def predict(model: bytes, X: np.ndarray, nthread: int | None = None) -> np.ndarray:
+    return boosting.predict_proba(model, X, nthread=nthread)
+
+
+KIND = JobKind(name="xgboost", help="federated XGBoost (tree bagging / tree+) in rounds run by the elected leader",
+               params=PARAMS, run=functools.partial(run_job, tools=None), needs_data=True, binary_label=False,
+               save_model=save_model, model_file="model.json", member_failure_aborts=False)

@@ -1,0 +1,376 @@
+"""The leader-run `xgboost` job (fedpeer/jobs/xgboost.py) under seeded chaos, in virtual time.
+
+Every member runs the real job coroutine over a `MemoryNetwork`; every member also runs the real
+election core (fedpeer/core/election.py), ticked every TICK_MS, its messages delayed and dropped
+by the seed, and the job asks it who leads (`net.leadership`). Faults, drawn per seed: kill the
+leader in the middle of a round (once or twice), cut the leader off in a minority and heal later
+(it keeps leading its old term for a while: its directives must be fenced), kill a follower.
+
+Checked for every seed:
+* at most one leader per term, across all members, at every tick;
+* every member that was never killed or cut off ends the job with the requested number of rounds and the
+  same model bytes (SHA-256) as every other survivor, and that model holds exactly the trees its
+  history says were added;
+* the rounds a member committed came from non-decreasing terms (no stale leader overwrote a
+  newer round);
+* a member that was cut off either ends like the others or fails (the job finished without it);
+  it never ends with another model.
+
+Training here is a cheap stand-in (`fake_train`: one valid stump per class and local round,
+derived from the seed, taking simulated time); the real xgboost path runs in
+test_real_training_survives_a_leader_kill and in tests/integration. A failing seed is printed
+and replays exactly (looptime's noop_cycles=1 is safe here: no threads; it makes a seed ~3x
+faster). FEDPEER_SIM_SCALE multiplies the seed counts (default 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import looptime
+import numpy as np
+import pytest
+
+from fedpeer.core.election import Election, ElectionConfig, HardState, Role
+from fedpeer.errors import JobError
+from fedpeer.jobs import xgboost as xj
+from fedpeer.jobs.base import JobContext
+from fedpeer.ml import boosting
+from fedpeer.ml.data import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint
+from fedpeer.net.channel import MemoryNetwork
+
+from .test_securesum import SteadyChannel
+
+SCALE = float(os.environ.get("FEDPEER_SIM_SCALE", "1"))
+CFG = ElectionConfig(heartbeat_interval_ms=100, election_timeout_min_ms=500, election_timeout_max_ms=1000)
+TICK_MS = 25
+HOP_MS = 2_000
+TRAIN_MS = (20, 200)          # simulated training time per member and round
+RUN_LIMIT_S = 600             # virtual seconds: a run that has not ended by then is a failure
+
+
+def seeds(n: int, start: int = 0) -> range:
+    return range(start, start + max(1, int(n * SCALE)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Cheap training: valid, deterministic trees documents
+# ---------------------------------------------------------------------------------------------
+
+def fake_train(model: bytes | None, X: np.ndarray, y: np.ndarray, params: dict, n: int, eta: float,
+               seed: int) -> bytes:
+    groups = params.get("num_class", 1) if params["objective"] == "multi:softprob" else 1
+    rng = random.Random(seed * 1_000_003 + (0 if model is None else boosting.model_info(model).n_trees))
+    trees = []
+    for _ in range(n * groups):
+        f = rng.randrange(X.shape[1])
+        cut = float(np.float32(np.median(X[:, f])))
+        leaves = [float(np.float32(eta * rng.uniform(-1, 1))) for _ in range(2)]
+        trees.append(boosting._Tree(
+            left=np.array([1, -1, -1]), right=np.array([2, -1, -1]), feature=np.array([f, 0, 0]),
+            value=np.array([cut, *leaves]), default_left=np.array([1, 0, 0]),
+            gain=np.array([float(np.float32(rng.uniform(0, 5))), 0.0, 0.0]),
+            cover=np.array([float(len(y)), float(np.float32(len(y) / 2)), float(np.float32(len(y) / 2))]),
+            depth=1))
+    return boosting._trees_doc(trees, groups)
+
+
+def fake_predict(model: bytes, X: np.ndarray, nthread: Any = None) -> np.ndarray:
+    """A score that depends on the model and the rows (what the evaluation needs to sum)."""
+    salt = int(boosting.model_sha256(model)[:8], 16) % 997 / 997
+    return 1 / (1 + np.exp(-(X[:, 0] - X[:, 0].mean() + salt)))
+
+
+# ---------------------------------------------------------------------------------------------
+# The world: members, their elections, the job
+# ---------------------------------------------------------------------------------------------
+
+def make_data(n: int, seed: int) -> list[Dataset]:
+    rng = np.random.default_rng(seed)
+    features = ("a", "b", "c")
+    out = []
+    for _ in range(n):
+        X = rng.normal(size=(40, 3))
+        y = (X[:, 0] + rng.normal(scale=0.5, size=40) > 0).astype(np.int8)
+        y[:2] = (0, 1)
+        X.setflags(write=False)
+        y.setflags(write=False)
+        out.append(Dataset(features, X, y, np.where(y == 1, "pos", "neg"), 0,
+                           schema_fingerprint(features, [FEATURE_TYPE_FLOAT] * 3)))
+    return out
+
+
+class World:
+    def __init__(self, seed: int, n: int) -> None:
+        self.seed, self.rng = seed, random.Random(seed)
+        self.keys = sorted(hashlib.sha256(f"xgb-sim-{seed}-{i}".encode()).digest() for i in range(n))
+        self.net = MemoryNetwork(self.keys, seed=seed, delay_ms=(0.5, 5.0), unreachable_ms=100.0, detect_ms=400.0)
+        self.elections = {k: Election(k, self.keys, CFG, random.Random(self.rng.random()), HardState(), 0)
+                          for k in self.keys}
+        self.net.leadership = lambda me: (self.elections[me].term, self.elections[me].leader)
+        self.leaders: dict[int, bytes] = {}
+        self.violations: list[str] = []
+        self.killed: set[bytes] = set()
+        self.isolated: set[bytes] = set()     # cut off for a while: may be left behind (then it fails)
+        self.tasks: dict[bytes, asyncio.Task] = {}
+        self.ticks: dict[bytes, asyncio.Task] = {}
+        self.commits: dict[bytes, list[tuple[int, int]]] = {k: [] for k in self.keys}
+        self.drop_rate = self.rng.choice((0.0, 0.05, 0.2))
+
+    def now_ms(self) -> int:
+        return int(asyncio.get_running_loop().time() * 1000)
+
+    def leader(self) -> bytes | None:
+        for k, e in self.elections.items():
+            if k not in self.killed and e.role is Role.LEADER:
+                return k
+        return None
+
+    def deliver(self, src: bytes, sends: Sequence[Any]) -> None:
+        loop = asyncio.get_running_loop()
+        for s in sends:
+            if self.rng.random() < self.drop_rate:
+                continue
+            loop.call_later(self.rng.uniform(0.5, 5.0) / 1000, self.receive, src, s.dst, s.msg)
+
+    def receive(self, src: bytes, dst: bytes, msg: Any) -> None:
+        if dst in self.killed or not self.net.reachable(src, dst):
+            return
+        self.deliver(dst, self.elections[dst].receive(src, msg, self.now_ms()).sends)
+        self.check(dst)
+
+    def check(self, k: bytes) -> None:
+        e = self.elections[k]
+        if e.role is Role.LEADER and self.leaders.setdefault(e.term, k) != k:
+            self.violations.append(f"two leaders in term {e.term}")
+
+    async def tick(self, k: bytes) -> None:
+        await asyncio.sleep(self.rng.uniform(0, TICK_MS) / 1000)
+        while True:
+            self.deliver(k, self.elections[k].tick(self.now_ms()).sends)
+            self.check(k)
+            await asyncio.sleep(TICK_MS / 1000)
+
+    def kill(self, k: bytes) -> None:
+        self.killed.add(k)
+        self.net.crash(k)
+        self.tasks[k].cancel()
+        self.ticks[k].cancel()
+
+    async def offload(self, fn: Any, *args: Any) -> Any:
+        if fn is fake_train:
+            await asyncio.sleep(self.rng.uniform(*TRAIN_MS) / 1000)
+        return fn(*args)
+
+
+def tools_for(world: World, k: bytes) -> xj.Tools:
+    return xj.Tools(train=fake_train, predict=fake_predict, offload=world.offload)
+
+
+async def run_world(seed: int, n: int, rounds: int, faults: str, tools: Any = tools_for,
+                    data: Sequence[Dataset] | None = None, **params: Any) -> World:
+    w = World(seed, n)
+    data = data or make_data(n, seed)
+    names = {k: f"site-{i + 1}" for i, k in enumerate(w.keys)}
+    p = xj.KIND.check_params({"rounds": rounds, "secure_sum": "ring", "member_timeout_ms": 20_000,
+                              "max_depth": 3, "nthread": 1} | params)
+    original_adopt = xj.Site.adopt
+
+    for k, d in zip(w.keys, data):
+        ctx = JobContext(names[k], names, HOP_MS, data=d)
+        w.ticks[k] = asyncio.create_task(w.tick(k))
+        w.tasks[k] = asyncio.create_task(xj.run_job(SteadyChannel(w.net.channel(k)), p, ctx, tools(w, k)))
+
+    def adopt(site: xj.Site, term: int, rnd: int, model: bytes | None) -> None:
+        original_adopt(site, term, rnd, model)
+        w.commits[site.me].append((term, rnd))
+
+    xj.Site.adopt = adopt  # type: ignore[method-assign]
+    try:
+        await asyncio.wait_for(chaos(w, faults, rounds), RUN_LIMIT_S)
+    finally:
+        xj.Site.adopt = original_adopt  # type: ignore[method-assign]
+        for t in (*w.tasks.values(), *w.ticks.values()):
+            t.cancel()
+        await asyncio.gather(*w.tasks.values(), *w.ticks.values(), return_exceptions=True)
+    return w
+
+
+async def round_reached(w: World, k: bytes, rnd: int) -> None:
+    while not w.commits[k] or w.commits[k][-1][1] < rnd:
+        await asyncio.sleep(0.01)
+
+
+async def chaos(w: World, faults: str, rounds: int) -> None:
+    rng = w.rng
+    if faults in ("leader", "leader_twice", "partition", "follower"):
+        while w.leader() is None:
+            await asyncio.sleep(0.01)
+        victim = w.leader()
+        await round_reached(w, victim, rng.randrange(rounds))
+        await asyncio.sleep(rng.uniform(0, 0.25))      # somewhere inside the next round
+        if faults == "follower":
+            victim = rng.choice([k for k in w.keys if k != w.leader()])
+        if faults == "partition":
+            others = {k for k in w.keys if k != victim}
+            w.isolated.add(victim)
+            w.net.partition({victim}, others)
+            await asyncio.sleep(rng.uniform(0.5, 3.0))
+            w.net.heal()
+        else:
+            w.kill(victim)
+        if faults == "leader_twice":
+            while w.leader() in (None, victim):
+                await asyncio.sleep(0.01)
+            second = w.leader()
+            await asyncio.sleep(rng.uniform(0, 1.0))
+            w.kill(second)
+    await asyncio.gather(*(t for k, t in w.tasks.items() if k not in w.isolated), return_exceptions=True)
+    # A member cut off while the others finished waits out its silence limit, then fails; a few
+    # seconds show whether it is still being led, and it can never finish on its own after that.
+    cut_off = [t for k, t in w.tasks.items() if k in w.isolated]
+    if cut_off:
+        await asyncio.wait(cut_off, timeout=10)
+
+
+def outcome(w: World, rounds: int) -> list[str]:
+    problems = list(w.violations)
+    shas = {}
+    for k, task in w.tasks.items():
+        if k in w.killed:
+            continue
+        if k in w.isolated and (task.cancelled() or isinstance(task.exception(), JobError)):
+            continue     # still waiting for a leader when we stopped, or failed: never another model     # the job ended while it was cut off: it fails, it never keeps another model
+        if task.cancelled() or task.exception() is not None:
+            problems.append(f"survivor {w.keys.index(k)} failed: {task.exception() if not task.cancelled() else 'cancelled'}")
+            continue
+        r = task.result()
+        shas[k] = r["model_sha256"]
+        if r["rounds"] != rounds:
+            problems.append(f"survivor {w.keys.index(k)} ended at round {r['rounds']}")
+        info = boosting.model_info(r["_model"])
+        if boosting.model_sha256(r["_model"]) != r["model_sha256"]:
+            problems.append("model bytes and reported SHA-256 differ")
+        added = [h.get("trees_added") for h in r["history"]]
+        if None not in added and len(added) == rounds and sum(added) != info.n_trees:
+            problems.append(f"history says {sum(added)} trees, the model has {info.n_trees}")
+        terms = [t for t, rnd in w.commits[k] if rnd > 0]
+        if terms != sorted(terms):
+            problems.append(f"survivor {w.keys.index(k)} committed rounds of terms {terms}")
+    if len(set(shas.values())) > 1:
+        problems.append(f"survivors hold different models: {sorted(set(s[:12] for s in shas.values()))}")
+    return problems
+
+
+def run_seeds(seed_range: range, n: int, rounds: int, faults: str) -> None:
+    failures = []
+    for seed in seed_range:
+        loop = looptime.new_event_loop(start=0, noop_cycles=1)
+        try:
+            w = loop.run_until_complete(run_world(seed, n, rounds, faults))
+        finally:
+            loop.close()
+        problems = outcome(w, rounds)
+        if problems:
+            failures.append(f"seed {seed} ({faults}, n={n}): {problems}")
+    assert not failures, f"{len(failures)} of {len(seed_range)} seeds failed:\n" + "\n".join(failures[:20])
+
+
+# ---------------------------------------------------------------------------------------------
+# Tests
+# ---------------------------------------------------------------------------------------------
+
+def test_no_fault_every_member_ends_with_the_same_model():
+    run_seeds(seeds(30), n=3, rounds=4, faults="none")
+
+
+@pytest.mark.parametrize("faults,n,count", [("leader", 5, 400), ("leader", 3, 200), ("leader_twice", 5, 200),
+                                            ("partition", 5, 200), ("follower", 5, 100)])
+def test_failover_ends_with_identical_models_on_survivors(faults, n, count):
+    run_seeds(seeds(count, start=1000), n=n, rounds=5, faults=faults)
+
+
+def test_a_stale_leaders_directives_are_refused():
+    """A deposed leader's directive is answered "stale_term" and changes nothing."""
+    async def go() -> None:
+        keys = sorted(hashlib.sha256(f"stale-{i}".encode()).digest() for i in range(3))
+        net = MemoryNetwork(keys, seed=1)
+        view = {k: (5, keys[1]) for k in keys}
+        net.leadership = lambda me: view[me]
+        ch = SteadyChannel(net.channel(keys[0]))
+        data = make_data(1, 0)[0]
+        site = xj.Site(ch=ch, params=xj.KIND.check_params({"rounds": 2}), ctx=JobContext("a", {}, HOP_MS, data=data),
+                       tools=xj.Tools(train=fake_train, predict=fake_predict))
+        xj.prepare(site)
+        site.base, site.total_rows = 0.5, 40
+        site.adopt(0, 0, None)
+        site.seen_term = 5
+        stale = xj._directive(4, "round", 1, prev_sha="")
+        await site.follow(keys[2], stale)
+        _, reply = await SteadyChannel(net.channel(keys[2])).recv(xj.Reply, "xgb/reply/4/round/1", timeout_ms=1000)
+        assert reply.error == "stale_term" and reply.trees == b"" and site.commit == (0, 0, "")
+        fresh = xj._directive(5, "round", 1, prev_sha="")
+        await site.follow(keys[1], fresh)
+        _, reply = await SteadyChannel(net.channel(keys[1])).recv(xj.Reply, "xgb/reply/5/round/1", timeout_ms=1000)
+        assert reply.error == "" and boosting.validate_trees(
+            reply.trees, num_feature=3, num_class=0, num_local_round=1, max_depth=3, max_nodes=15, leaf_abs_max=10)
+        await site.close()
+
+    loop = looptime.new_event_loop(start=0, noop_cycles=1)
+    try:
+        loop.run_until_complete(go())
+    finally:
+        loop.close()
+
+
+def test_real_training_survives_a_leader_kill():
+    """The same chaos with real xgboost training (few seeds: each trains dozens of boosters)."""
+    from .test_bofrf_jobs import make_sites
+
+    def real(world: World, k: bytes) -> xj.Tools:
+        async def inline(fn: Any, *args: Any) -> Any:
+            if fn is boosting.train_local_round:
+                await asyncio.sleep(world.rng.uniform(*TRAIN_MS) / 1000)
+            return fn(*args)
+        return xj.Tools(offload=inline)
+
+    failures = []
+    for seed in range(3):
+        loop = looptime.new_event_loop(start=0, noop_cycles=1)
+        try:
+            w = loop.run_until_complete(run_world(seed, 5, 4, "leader", tools=real, data=make_sites(5, seed)))
+        finally:
+            loop.close()
+        problems = outcome(w, 4)
+        if problems:
+            failures.append(f"seed {seed}: {problems}")
+        survivors = [t.result() for k, t in w.tasks.items() if k not in w.killed]
+        assert all(r["auc"] is not None and r["auc"] > 0.9 for r in survivors), [r["auc"] for r in survivors]
+    assert not failures, failures
+
+
+def test_a_job_member_that_is_not_led_fails_cleanly():
+    """No leader ever (a lone member of a five-member election): the job fails with the reason."""
+    async def go() -> None:
+        keys = sorted(hashlib.sha256(f"alone-{i}".encode()).digest() for i in range(2))
+        net = MemoryNetwork(keys, seed=2)
+        net.leadership = lambda me: (3, None)
+        data = make_data(2, 1)
+        names = {k: f"site-{i + 1}" for i, k in enumerate(keys)}
+        p = xj.KIND.check_params({"rounds": 2, "member_timeout_ms": 1000, "secure_sum": "ring"})
+        tools = xj.Tools(train=fake_train, predict=fake_predict, offload=lambda fn, *a: asyncio.sleep(0, fn(*a)))
+        results = await asyncio.gather(*(xj.run_job(SteadyChannel(net.channel(k)), p,
+                                                    JobContext(names[k], names, HOP_MS, data=d), tools)
+                                         for k, d in zip(keys, data)), return_exceptions=True)
+        assert all(isinstance(r, JobError) and "no directive from a leader" in str(r) for r in results), results
+
+    loop = looptime.new_event_loop(start=0, noop_cycles=1)
+    try:
+        loop.run_until_complete(go())
+    finally:
+        loop.close()
