@@ -262,6 +262,7 @@ class Node:
                      for j in self.jobs.list()[:STATUS_JOBS_MAX]],
             "rejected": dict(sorted(self.rejected.items())),
             "dropped_sends": self._client.dropped_best_effort,
+            "sent_bytes": dict(self._client.sent_bytes),   # reliable: jobs; best_effort: membership, election
         }
 
     async def _admin_status(self, request: web.Request) -> web.Response:

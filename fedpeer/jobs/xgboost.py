@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -64,6 +65,8 @@ DIRECTIVE_TAG = "xgb/leader"
 OPS = ("state", "fetch", "round", "commit", "finish")
 MODEL_BYTES_MAX = 48 * 1024 * 1024        # a model sent in one message (the frame cap is 64 MiB)
 TREES_BYTES_MAX = 16 * 1024 * 1024        # one member's trees of one round
+HISTORY_BYTES_MAX = 8 * 1024 * 1024       # the history entries that travel with a model
+HISTORY_ENTRY_BYTES_MAX = 64 * 1024
 MEMBERS_MAX = 128
 
 PARAMS = {
@@ -117,6 +120,7 @@ class Directive:
     commit_term: int         # with model: the term that committed it
     trees: list              # commit: the round's trees documents, in member order
     participants: list       # commit: members whose trees are in the round (they evaluate it)
+    history: bytes           # with model: the rounds' history entries (JSON), see Site.history
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,7 @@ class Reply:
     commit_sha: str
     trees: bytes             # round: the member's new trees document
     model: bytes             # fetch: the member's committed model
+    history: bytes           # fetch: its history entries (JSON)
     error: str               # "" or why not: "stale_term", "need_model", a training error
 
 
@@ -142,16 +147,16 @@ wire.register("xgb_directive", Directive, {
     "prev_sha": _SHA, "sha": _SHA, "gain_share": wire.v_float(-1.0, 1.0),
     "model": wire.v_bytes(max_bytes=MODEL_BYTES_MAX), "commit_term": wire.v_int(),
     "trees": wire.v_list(wire.v_bytes(max_bytes=TREES_BYTES_MAX), MEMBERS_MAX),
-    "participants": wire.v_list(wire.NODE_ID, MEMBERS_MAX)})
+    "participants": wire.v_list(wire.NODE_ID, MEMBERS_MAX), "history": wire.v_bytes(max_bytes=HISTORY_BYTES_MAX)})
 wire.register("xgb_reply", Reply, {
     "tag": wire.v_str(96), "commit_term": wire.v_int(), "commit_round": wire.v_int(), "commit_sha": _SHA,
     "trees": wire.v_bytes(max_bytes=TREES_BYTES_MAX), "model": wire.v_bytes(max_bytes=MODEL_BYTES_MAX),
-    "error": wire.v_str(2048)})
+    "history": wire.v_bytes(max_bytes=HISTORY_BYTES_MAX), "error": wire.v_str(2048)})
 
 
 def _directive(term: int, op: str, rnd: int = 0, **kw: Any) -> Directive:
     base = dict(tag=DIRECTIVE_TAG, term=term, op=op, round=rnd, prev_sha="", sha="", gain_share=-1.0,
-                model=b"", commit_term=0, trees=[], participants=[])
+                model=b"", commit_term=0, trees=[], participants=[], history=b"")
     return Directive(**{**base, **kw})
 
 
@@ -300,6 +305,43 @@ class Site:
     def name(self, key: bytes) -> str:
         return self.ctx.names.get(key, key.hex()[:16])
 
+    def named(self, entry: dict) -> dict:
+        """A history entry with this site's names for the members (entries hold their keys)."""
+        def name(h: Any) -> str:
+            try:
+                return self.name(bytes.fromhex(h))
+            except (TypeError, ValueError):
+                return str(h)[:64]
+        out = dict(entry)
+        for key in ("participants", "evaluated_by"):
+            if isinstance(out.get(key), list):
+                out[key] = [name(h) for h in out[key]]
+        if "leader" in out:
+            out["leader"] = name(out["leader"])
+        if isinstance(out.get("excluded"), dict):
+            out["excluded"] = {name(h): why for h, why in out["excluded"].items()}
+        return out
+
+    def history_bytes(self) -> bytes:
+        return json.dumps(self.history, sort_keys=True, separators=(",", ":")).encode()
+
+    def take_history(self, raw: bytes) -> None:
+        """Adopt the history that came with a model: its entries up to our round replace ours (they
+        describe the rounds of that model). Entries are checked: JSON objects with an int round,
+        bounded in size; anything else is dropped."""
+        try:
+            doc = json.loads(raw) if raw else []
+        except (ValueError, UnicodeDecodeError):
+            doc = []
+        theirs = {}
+        for entry in doc if isinstance(doc, list) else []:
+            if (isinstance(entry, dict) and type(entry.get("round")) is int and 1 <= entry["round"] <= self.round
+                    and len(json.dumps(entry)) <= HISTORY_ENTRY_BYTES_MAX):
+                theirs[entry["round"]] = entry
+        mine = {h["round"]: h for h in self.history if (h["round"], h.get("model_sha256")) == self.commit[1:]}
+        merged = {**mine, **theirs}
+        self.history = [merged[r] for r in sorted(merged)]
+
     # -- state ---------------------------------------------------------------------------------
 
     def adopt(self, term: int, rnd: int, model: bytes | None) -> None:
@@ -340,7 +382,8 @@ class Site:
     def reply(self, leader: bytes, msg: Directive, **kw: Any) -> None:
         term, rnd, sha = self.commit
         out = Reply(tag=_reply_tag(msg.term, msg.op, msg.round), commit_term=term, commit_round=rnd, commit_sha=sha,
-                    trees=kw.get("trees", b""), model=kw.get("model", b""), error=kw.get("error", ""))
+                    trees=kw.get("trees", b""), model=kw.get("model", b""), history=kw.get("history", b""),
+                    error=kw.get("error", ""))
 
         async def send() -> None:
             try:
@@ -395,10 +438,11 @@ class Site:
                 if boosting.model_sha256(msg.model) != want:
                     raise JobError(f"leader sent a model whose SHA-256 is not the announced {want[:12]}")
                 self.adopt(msg.commit_term, rnd, msg.model)
+                self.take_history(msg.history)
             if msg.op == "state":
                 self.reply(src, msg)
             elif msg.op == "fetch":
-                self.reply(src, msg, model=self.model or b"")
+                self.reply(src, msg, model=self.model or b"", history=self.history_bytes())
             elif msg.op == "round":
                 await self._train(src, msg)
             elif msg.op == "commit":
@@ -455,31 +499,35 @@ class Site:
     # -- evaluation ------------------------------------------------------------------------------
 
     async def evaluate(self, term: int, rnd: int, leader: bytes, commit: Directive) -> None:
-        """The round's history entry; its participants evaluate the model with one secure sum."""
+        """The round's history entry (first, so that it stays even if the evaluation is cut short);
+        then its participants evaluate the model with one secure sum."""
         participants = tuple(commit.participants)
-        if not participants and any(h["round"] == rnd for h in self.history):
-            return       # a re-sent commit (the first acknowledgement was lost): keep what we have
-        entry = {"round": rnd, "term": term, "leader": self.name(leader),
-                 "participants": [self.name(m) for m in participants],
-                 "trees_added": len(participants) * self.params["num_local_round"] * self.groups}
-        if self.me in participants and len(participants) >= 2:
-            p = self.params
-            proba = await self.tools.offload(self.tools.predict, self.model, self.test[0], p["nthread"] or None)
-            counts, loss = eval_counts(self.test[1], proba, p["eval_bins"])
-            n = len(participants)
-            from .stats import FIXED
-            vector = np.concatenate([encode_counts(counts, n, COUNT_MAX), FIXED.encode(np.array([loss]), n)])
-            try:
-                out = await secure_sum(SubChannel(self.ch, tuple(sorted(participants))), f"xgb/eval/{term}/{rnd}",
-                                       vector, mode=p["secure_sum"],
-                                       hop_timeout_ms=min(self.ctx.hop_timeout_ms, EVAL_HOP_TIMEOUT_MS))
-                total = decode_counts(out.total[:len(counts)])
-                entry.update(eval_metrics(total, float(FIXED.decode(out.total[len(counts):])[0]), self.groups,
-                                          p["eval_bins"]))
-                entry["evaluated_by"] = [self.name(m) for m in out.participants]
-            except JobError as exc:
-                entry["eval_error"] = str(exc)[:300]
+        if not participants:
+            return       # a model sent to bring us up to date: its history came with it
+        entry = {"round": rnd, "term": term, "leader": leader.hex(), "model_sha256": self.commit[2],
+                 "participants": [m.hex() for m in participants],
+                 "trees_added": len(participants) * self.params["num_local_round"] * self.groups,
+                 "committed_ms": self.ch.now_ms()}      # when this site stored the round (its clock)
         self.history = [h for h in self.history if h["round"] < rnd] + [entry]
+        if self.me not in participants or len(participants) < 2:
+            return
+        p = self.params
+        proba = await self.tools.offload(self.tools.predict, self.model, self.test[0], p["nthread"] or None)
+        counts, loss = eval_counts(self.test[1], proba, p["eval_bins"])
+        n = len(participants)
+        from .stats import FIXED
+        vector = np.concatenate([encode_counts(counts, n, COUNT_MAX), FIXED.encode(np.array([loss]), n)])
+        try:
+            out = await secure_sum(SubChannel(self.ch, tuple(sorted(participants))), f"xgb/eval/{term}/{rnd}",
+                                   vector, mode=p["secure_sum"],
+                                   hop_timeout_ms=min(self.ctx.hop_timeout_ms, EVAL_HOP_TIMEOUT_MS))
+        except JobError as exc:
+            entry["eval_error"] = str(exc)[:300]
+            return
+        total = decode_counts(out.total[:len(counts)])
+        entry.update(eval_metrics(total, float(FIXED.decode(out.total[len(counts):])[0]), self.groups,
+                                  p["eval_bins"]))
+        entry["evaluated_by"] = [m.hex() for m in out.participants]
 
     # -- leading -------------------------------------------------------------------------------
 
@@ -504,7 +552,7 @@ class Site:
                     if not self.ch.alive(peer) or self.ch.now_ms() > deadline:
                         return None
             if reply.error == "need_model" and attempt == 0 and retry_with is not None:
-                directive = _with_model(directive, retry_with, self.commit[0])
+                directive = _with_model(directive, retry_with, self.commit[0], self.history_bytes())
                 continue
             return reply
         return reply
@@ -552,7 +600,7 @@ class Site:
                     await asyncio.sleep(POLL_MS / 1000)
                     continue     # the holder went away or moved on: ask everyone again
                 self.adopt(best.commit_term, best.commit_round, got.model)
-                self.history = [h for h in self.history if h["round"] <= best.commit_round]
+                self.take_history(got.history)
             return {m: (r.commit_round, r.commit_sha) for m, r in points.items()}
 
     async def lead_round(self, term: int, known: dict[bytes, tuple[int, str]]) -> dict[bytes, tuple[int, str]]:
@@ -565,23 +613,23 @@ class Site:
             share = self.last_gains.get(m, -1.0) / gain_total if gain_total > 0 and m in self.last_gains else -1.0
             d = _directive(term, "round", rnd, prev_sha=prev_sha, gain_share=float(min(max(share, -1.0), 1.0)))
             if known.get(m) != (self.round, prev_sha) and self.model is not None:
-                d = _with_model(d, self.model, self.commit[0])
+                d = _with_model(d, self.model, self.commit[0], self.history_bytes())
             asks.append(self.ask(term, m, d, p["member_timeout_ms"], retry_with=self.model))
         share = self.last_gains.get(self.me, -1.0) / gain_total if gain_total > 0 and self.me in self.last_gains \
             else -1.0
         *replies, own = await _all(*asks, self.local_trees(rnd, share))
         own_reply = Reply(tag="", commit_term=0, commit_round=0, commit_sha="", trees=own[0], model=b"",
-                          error=own[1])
+                          history=b"", error=own[1])
         answered = {m: r for m, r in zip(targets, replies) if r is not None}
         docs, gains, excluded = {}, {}, {}
         for m in ch.members:
             reply = own_reply if m == self.me else answered.get(m)
             if reply is None:
                 if m != self.me and m in targets:
-                    excluded[self.name(m)] = "no answer"
+                    excluded[m.hex()] = "no answer"
                 continue
             if reply.error:
-                excluded[self.name(m)] = reply.error[:200]
+                excluded[m.hex()] = reply.error[:200]
                 continue
             try:
                 batch = boosting.validate_trees(
@@ -590,7 +638,7 @@ class Site:
                     max_nodes=2 ** (p["max_depth"] + 1) - 1, leaf_abs_max=p["leaf_abs_max"],
                     objective=p["objective"])
             except boosting.TreesError as exc:
-                excluded[self.name(m)] = f"trees refused: {exc}"[:200]
+                excluded[m.hex()] = f"trees refused: {exc}"[:200]
                 continue
             docs[m], gains[m] = reply.trees, batch.gain
         if not docs:
@@ -616,7 +664,8 @@ class Site:
         tell them the job is done. A member that cannot be reached is left to time out on its own."""
         ch, (commit_term, rnd, sha) = self.ch, self.commit
         live = [m for m in ch.members if m != self.me and ch.alive(m)]
-        sync = _with_model(_directive(term, "commit", rnd, sha=sha), self.model or b"", commit_term)
+        sync = _with_model(_directive(term, "commit", rnd, sha=sha), self.model or b"", commit_term,
+                           self.history_bytes())
         lagging = [m for m in live if known.get(m) != (rnd, sha)]
         for m, r in zip(lagging, await _all(*(self.ask(term, m, sync, STATE_TIMEOUT_MS) for m in lagging))):
             if r is not None and not r.error:
@@ -631,7 +680,7 @@ class Site:
     def result(self) -> dict:
         p = self.params
         out: dict[str, Any] = {
-            "rounds": self.round, "model_sha256": self.commit[2], "history": self.history,
+            "rounds": self.round, "model_sha256": self.commit[2], "history": [self.named(h) for h in self.history],
             "trees": boosting.model_info(self.model).n_trees if self.model else 0,
             "base_score": self.base if self.groups == 1 else list(self.base),
             "features": list(self.ctx.data.features), "objective": p["objective"], "classes": class_names(p),
@@ -659,8 +708,8 @@ async def _all(*aws: Any) -> list[Any]:
     return [t.result() for t in tasks]
 
 
-def _with_model(d: Directive, model: bytes, commit_term: int) -> Directive:
-    return Directive(**{**d.__dict__, "model": model, "commit_term": commit_term})
+def _with_model(d: Directive, model: bytes, commit_term: int, history: bytes = b"") -> Directive:
+    return Directive(**{**d.__dict__, "model": model, "commit_term": commit_term, "history": history})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -85,6 +85,7 @@ class PeerClient:
         self._session: aiohttp.ClientSession | None = None
         self._best_effort = asyncio.Semaphore(limits.outbound_inflight_max)
         self.dropped_best_effort = 0
+        self.sent_bytes = {"reliable": 0, "best_effort": 0}   # frames accepted by peers (for status)
 
     async def start(self) -> None:
         timeout = aiohttp.ClientTimeout(total=self._limits.http_timeout_ms / 1000,
@@ -115,6 +116,7 @@ class PeerClient:
         for attempt in range(limits.send_retries_max + 1):
             try:
                 await self._post(address, frame, None)
+                self.sent_bytes["reliable"] += len(frame)
                 return
             except SendError:
                 raise
@@ -133,6 +135,7 @@ class PeerClient:
         async with self._best_effort:
             try:
                 await self._post(address, frame, timeout_ms)
+                self.sent_bytes["best_effort"] += len(frame)
                 return True
             except (SendError, aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
                 log.debug("best-effort send to %s failed: %s", address, exc)

@@ -9,8 +9,8 @@ leader in the middle of a round (once or twice), cut the leader off in a minorit
 Checked for every seed:
 * at most one leader per term, across all members, at every tick;
 * every member that was never killed or cut off ends the job with the requested number of rounds and the
-  same model bytes (SHA-256) as every other survivor, and that model holds exactly the trees its
-  history says were added;
+  same model bytes (SHA-256) as every other survivor, and its history has one entry per round
+  whose added trees sum to the model's trees (histories travel with synced models);
 * the rounds a member committed came from non-decreasing terms (no stale leader overwrote a
   newer round);
 * a member that was cut off either ends like the others or fails (the job finished without it);
@@ -202,14 +202,14 @@ async def run_world(seed: int, n: int, rounds: int, faults: str, tools: Any = to
 
 
 async def round_reached(w: World, k: bytes, rnd: int) -> None:
-    while not w.commits[k] or w.commits[k][-1][1] < rnd:
+    while (not w.commits[k] or w.commits[k][-1][1] < rnd) and not w.tasks[k].done():
         await asyncio.sleep(0.01)
 
 
 async def chaos(w: World, faults: str, rounds: int) -> None:
     rng = w.rng
     if faults in ("leader", "leader_twice", "partition", "follower"):
-        while w.leader() is None:
+        while w.leader() is None and not all(t.done() for t in w.tasks.values()):
             await asyncio.sleep(0.01)
         victim = w.leader()
         await round_reached(w, victim, rng.randrange(rounds))
@@ -225,11 +225,12 @@ async def chaos(w: World, faults: str, rounds: int) -> None:
         else:
             w.kill(victim)
         if faults == "leader_twice":
-            while w.leader() in (None, victim):
+            while w.leader() in (None, victim) and not all(t.done() for t in w.tasks.values()):
                 await asyncio.sleep(0.01)
             second = w.leader()
             await asyncio.sleep(rng.uniform(0, 1.0))
-            w.kill(second)
+            if second is not None:
+                w.kill(second)
     await asyncio.gather(*(t for k, t in w.tasks.items() if k not in w.isolated), return_exceptions=True)
     # A member cut off while the others finished waits out its silence limit, then fails; a few
     # seconds show whether it is still being led, and it can never finish on its own after that.
@@ -256,9 +257,13 @@ def outcome(w: World, rounds: int) -> list[str]:
         info = boosting.model_info(r["_model"])
         if boosting.model_sha256(r["_model"]) != r["model_sha256"]:
             problems.append("model bytes and reported SHA-256 differ")
-        added = [h.get("trees_added") for h in r["history"]]
-        if None not in added and len(added) == rounds and sum(added) != info.n_trees:
-            problems.append(f"history says {sum(added)} trees, the model has {info.n_trees}")
+        if [h["round"] for h in r["history"]] != list(range(1, rounds + 1)):
+            problems.append(f"history rounds {[h['round'] for h in r['history']]}")
+        elif sum(h["trees_added"] for h in r["history"]) != info.n_trees:
+            problems.append(f"history says {sum(h['trees_added'] for h in r['history'])} trees, "
+                            f"the model has {info.n_trees}")
+        elif r["history"][-1]["model_sha256"] != r["model_sha256"]:
+            problems.append("the last history entry names another model")
         terms = [t for t, rnd in w.commits[k] if rnd > 0]
         if terms != sorted(terms):
             problems.append(f"survivor {w.keys.index(k)} committed rounds of terms {terms}")
