@@ -299,6 +299,19 @@ def format_job(record: dict) -> str:
         rows = [("COLUMN", "MEAN", "STD")] + [(c, f"{result['mean'][c]:.6g}", f"{result['std'][c]:.6g}")
                                               for c in result["mean"]]
         lines.append(_table(rows, indent="  "))
+    elif result and record["kind"] == "xgboost":
+        auc = "-" if result.get("auc") is None else f"{result['auc']:.4f}"
+        lines.append(f"  model: {result['rounds']} rounds, {result['trees']} trees, SHA-256 {result['model_sha256']}")
+        lines.append(f"  AUC {auc} ({result.get('auc_source') or '-'}); model file {result.get('model_file', '-')}")
+        rows = [("ROUND", "TERM", "LEADER", "SITES", "TREES", "FED. AUC", "LOGLOSS", "ACCURACY")]
+        for h in result["history"]:
+            fmt = lambda k: "-" if h.get(k) is None else f"{h[k]:.4f}"  # noqa: E731
+            rows.append((h["round"], h["term"], h["leader"], len(h["participants"]), h["trees_added"],
+                         fmt("auc"), fmt("logloss"), fmt("accuracy")))
+        lines.append(_table(rows, indent="  "))
+        for h in result["history"]:
+            for site, why in (h.get("excluded") or {}).items():
+                lines.append(f"  round {h['round']}: {site} left out: {why}")
     elif result:
         lines.append("  result: " + json.dumps(result, indent=2).replace("\n", "\n  "))
     return "\n".join(lines)

@@ -74,8 +74,9 @@ PARAMS = {
     "num_local_round": Param(int, 1, "trees each site trains per round (and class): 1 = tree, >1 = tree+",
                              low=1, high=100),
     "eta": Param(float, 0.3, "learning rate", low=1e-6, high=1.0),
-    "normalize": Param(str, "none", "normalized learning rate: none | samples (eta x site rows / all rows) | "
-                       "gain (eta x the site's share of the last round's split gain)",
+    "normalize": Param(str, "samples", "normalized learning rate: samples (eta x site rows / all rows: a round's "
+                       "trees add up to one step) | gain (eta x the site's share of the last round's split gain) | "
+                       "none (every site's trees step eta)",
                        choices=("none", "samples", "gain")),
     "objective": Param(str, "binary:logistic", "binary:logistic or multi:softprob", choices=boosting.OBJECTIVES),
     "classes": Param(str, "", "multi:softprob: the label values, comma-separated, in class order"),
@@ -260,6 +261,10 @@ class _Deposed(Exception):
     """This member no longer leads the term it was leading."""
 
 
+class _Died(Exception):
+    """The peer a wait depended on was reported dead by the failure detector."""
+
+
 class _NoMajority(Exception):
     """Fewer than a majority of the job's members hold the leader's last round."""
 
@@ -359,7 +364,7 @@ class Site:
             if model is not None:
                 atomic_write(workdir / f"xgb-round-{rnd}.json", model)
             write_json(workdir / "xgb-commit.json", {"term": term, "round": rnd, "model_sha256": sha,
-                                                     "model_file": f"xgb-round-{rnd}.json"})
+                                                     "model_file": f"xgb-round-{rnd}.json" if model else None})
             for old in workdir.glob("xgb-round-*.json"):
                 if old.name != f"xgb-round-{rnd}.json":
                     old.unlink(missing_ok=True)
@@ -395,8 +400,8 @@ class Site:
         task.add_done_callback(self._replies.discard)
 
     async def close(self) -> None:
-        if self._replies:
-            await asyncio.wait(set(self._replies), timeout=self.ctx.hop_timeout_ms / 1000)
+        if self._replies:     # the last acknowledgements; a dead leader's are not worth a long wait
+            await asyncio.wait(set(self._replies), timeout=min(self.ctx.hop_timeout_ms, STATE_TIMEOUT_MS) / 1000)
         for task in list(self._replies):
             task.cancel()
 
@@ -517,17 +522,34 @@ class Site:
         n = len(participants)
         from .stats import FIXED
         vector = np.concatenate([encode_counts(counts, n, COUNT_MAX), FIXED.encode(np.array([loss]), n)])
-        try:
-            out = await secure_sum(SubChannel(self.ch, tuple(sorted(participants))), f"xgb/eval/{term}/{rnd}",
-                                   vector, mode=p["secure_sum"],
-                                   hop_timeout_ms=min(self.ctx.hop_timeout_ms, EVAL_HOP_TIMEOUT_MS))
-        except JobError as exc:
+        ring = tuple(sorted(participants))
+        try:     # the sum's initiator (first member) dying would hold everyone for many hops: watch it
+            out = await self.while_alive(ring[0], secure_sum(
+                SubChannel(self.ch, ring), f"xgb/eval/{term}/{rnd}", vector, mode=p["secure_sum"],
+                hop_timeout_ms=min(self.ctx.hop_timeout_ms, EVAL_HOP_TIMEOUT_MS)))
+        except (JobError, _Died) as exc:
             entry["eval_error"] = str(exc)[:300]
             return
         total = decode_counts(out.total[:len(counts)])
         entry.update(eval_metrics(total, float(FIXED.decode(out.total[len(counts):])[0]), self.groups,
                                   p["eval_bins"]))
         entry["evaluated_by"] = [m.hex() for m in out.participants]
+
+    async def while_alive(self, peer: bytes, work: Any) -> Any:
+        """Await `work`, but give up (raise _Died) once the failure detector reports `peer` dead:
+        a send to a dead peer would retry for a whole hop timeout, a sum led by it for many."""
+        task = asyncio.ensure_future(work)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=POLL_MS / 1000)
+                if done:
+                    return task.result()
+                if peer != self.me and not self.ch.alive(peer):
+                    raise _Died(f"{self.name(peer)} is no longer alive")
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
     # -- leading -------------------------------------------------------------------------------
 
@@ -537,8 +559,8 @@ class Site:
         "need_model" answer is retried once with `retry_with` attached."""
         for attempt in (0, 1):
             try:
-                await self.ch.send(peer, directive)
-            except PeerUnreachable:
+                await self.while_alive(peer, self.ch.send(peer, directive))
+            except (PeerUnreachable, _Died):
                 return None
             deadline = self.ch.now_ms() + timeout_ms
             tag = _reply_tag(term, directive.op, directive.round)
@@ -596,10 +618,13 @@ class Site:
             holder, best = max(points.items(), key=lambda kv: (kv[1].commit_term, kv[1].commit_round))
             if (best.commit_term, best.commit_round) > self.commit[:2]:
                 got = await self.ask(term, holder, _directive(term, "fetch"), self.params["member_timeout_ms"])
-                if got is None or got.error or boosting.model_sha256(got.model) != best.commit_sha:
+                try:
+                    if got is None or got.error or boosting.model_sha256(got.model) != best.commit_sha:
+                        raise JobError("the holder went away or moved on")
+                    self.adopt(best.commit_term, best.commit_round, got.model)
+                except (JobError, ValueError):
                     await asyncio.sleep(POLL_MS / 1000)
-                    continue     # the holder went away or moved on: ask everyone again
-                self.adopt(best.commit_term, best.commit_round, got.model)
+                    continue     # ask everyone again
                 self.take_history(got.history)
             return {m: (r.commit_round, r.commit_sha) for m, r in points.items()}
 

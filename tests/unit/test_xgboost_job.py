@@ -1,0 +1,100 @@
+"""Pure parts of the xgboost job (fedpeer/jobs/xgboost.py): labels, base score, evaluation counts,
+history adoption, parameters; the protocol itself runs in tests/sim/test_xgboost_sim.py."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from fedpeer import wire
+from fedpeer.errors import DataError, JobError
+from fedpeer.jobs import xgboost as xj
+from fedpeer.jobs.base import JobContext
+from fedpeer.ml import boosting
+from fedpeer.ml.data import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint
+
+
+def ds(labels: list[str], positive: str | None = None) -> Dataset:
+    X = np.arange(len(labels) * 2, dtype=np.float64).reshape(-1, 2)
+    y = None if positive is None else np.array([v == positive for v in labels], dtype=np.int8)
+    return Dataset(("a", "b"), X, y, np.array(labels), 0, schema_fingerprint(("a", "b"), [FEATURE_TYPE_FLOAT] * 2))
+
+
+def params(**over) -> dict:
+    return xj.KIND.check_params(over)
+
+
+def test_binary_labels_need_positive_and_two_values():
+    assert xj.site_labels(ds(["m", "b", "m"], "m"), params()).tolist() == [1, 0, 1]
+    assert xj.site_labels(ds(["b", "b"], "m"), params()).tolist() == [0, 0]      # one class at a site is fine
+    with pytest.raises(DataError, match="positive"):
+        xj.site_labels(ds(["m", "b"]), params())
+    with pytest.raises(DataError, match="not two"):
+        xj.site_labels(ds(["m", "b", "x"], "m"), params())
+
+
+def test_multiclass_labels_follow_the_job_class_order():
+    p = params(objective="multi:softprob", classes="low, mid,high")
+    assert xj.class_names(p) == ["low", "mid", "high"]
+    assert xj.site_labels(ds(["high", "low", "high"]), p).tolist() == [2, 0, 2]
+    with pytest.raises(DataError, match="not among"):
+        xj.site_labels(ds(["low", "top"]), p)
+    for bad in ("", "a", "a,a"):
+        with pytest.raises(JobError, match="classes"):
+            xj.class_names(params(objective="multi:softprob", classes=bad))
+
+
+def test_base_score_from_summed_label_counts():
+    y1, y2 = np.array([1, 0, 0, 1]), np.array([1, 1, 0])
+    total = xj.label_counts(y1, 1) + xj.label_counts(y2, 1)
+    base, rows = xj.base_from_counts(total, "binary:logistic", 1)
+    assert rows == 7 and base == pytest.approx(4 / 7, rel=1e-6)
+    total = xj.label_counts(np.array([0, 2, 2]), 3) + xj.label_counts(np.array([1]), 3)
+    base, rows = xj.base_from_counts(total, "multi:softprob", 3)
+    assert rows == 4 and len(base) == 3 and np.argmax(base) == 2
+
+
+def test_evaluation_counts_add_up_to_the_pooled_metrics():
+    from sklearn.metrics import log_loss, roc_auc_score
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 300)
+    p = np.clip(0.3 * y + 0.7 * rng.random(300), 0, 1)
+    counts, loss = zip(*(xj.eval_counts(y[i::3], p[i::3], 1000) for i in range(3)))
+    m = xj.eval_metrics(sum(counts), sum(loss), 1, 1000)
+    assert m["test_rows"] == 300 and m["accuracy"] == pytest.approx(((p > 0.5) == y).mean(), abs=1e-6)
+    assert m["logloss"] == pytest.approx(log_loss(y, p), abs=1e-6)
+    assert m["auc"] == pytest.approx(roc_auc_score(y, p), abs=2e-3)      # ties inside a bin count 1/2
+
+
+def test_directives_and_replies_round_trip_the_wire_schema():
+    d = xj._directive(7, "commit", 3, prev_sha="a" * 64, sha="b" * 64, trees=[b"{}", b"[]"],
+                      participants=[b"k" * 32])
+    spec = wire._BY_CLASS[xj.Directive]
+    body = spec.to_body(d)
+    assert spec.from_body(spec.schema(body, "body")) == d
+    with pytest.raises(wire.RemoteProtocolError):
+        spec.schema({**body, "op": "overwrite"}, "body")
+    with pytest.raises(wire.RemoteProtocolError):
+        spec.schema({**body, "gain_share": 2.0}, "body")
+
+
+def test_history_from_a_peer_is_checked_and_only_covers_adopted_rounds():
+    site = xj.Site(ch=None, params=params(), ctx=JobContext("a", {}, 1000), tools=xj.Tools())
+    site.commit = (2, 3, "s3")
+    site.history = [{"round": 1, "model_sha256": "old"}, {"round": 3, "model_sha256": "s3", "mine": True}]
+    raw = json.dumps([{"round": 1, "model_sha256": "s1"}, {"round": 2, "model_sha256": "s2"},
+                      {"round": 9, "model_sha256": "future"}, {"round": "2"}, "junk",
+                      {"round": 2, "pad": "x" * (xj.HISTORY_ENTRY_BYTES_MAX + 1)}]).encode()
+    site.take_history(raw)
+    assert [(h["round"], h["model_sha256"]) for h in site.history] == [(1, "s1"), (2, "s2"), (3, "s3")]
+    site.take_history(b"\xff not json")
+    assert [h["round"] for h in site.history] == [3]
+
+
+def test_the_leader_refuses_trees_it_cannot_parse():
+    """validate_trees is the leader's gate for a member's trees: garbage is a TreesError."""
+    with pytest.raises(boosting.TreesError):
+        boosting.validate_trees(b'{"format": "x"}', num_feature=2, num_class=0, num_local_round=1, max_depth=3,
+                                max_nodes=15, leaf_abs_max=10.0)
