@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
 import signal
 import socket
@@ -636,7 +635,7 @@ def xgboost_table(sites: list[dict]) -> str:
         if not r:
             rows.append((s["name"], s.get("rows") or "-", s.get("state", "-"), *["-"] * 7))
             continue
-        fed = r.get("federated_test") or {}
+        fed = r.get("federated_eval") or {}
         rows.append((s["name"], s.get("rows") or "-", s.get("state", "-"), r["rounds"],
                      "-" if r.get("auc") is None else f"{r['auc']:.4f}", r.get("auc_source") or "-",
                      f"{fed['logloss']:.4f}" if fed else "-", f"{fed['accuracy']:.4f}" if fed else "-", r["trees"],

@@ -25,7 +25,9 @@ A leader of term T:
   rebuilds the model, checks its SHA-256, stores it and acknowledges;
 - after the commit, the round's participants evaluate the model on their test parts with one
   secure sum (log-loss, accuracy, per-class score histograms -> AUC);
-- when round `rounds` is committed and every live member acknowledged it, sends "finish".
+- when round `rounds` is committed and a majority stores it, sends "finish" to every live member
+  and, once all confirmed, "release". A member told "finish" lingers (LINGER_MS) until released,
+  so that if the leader dies half-way, a finished member elected next can still finish the rest.
 
 A member stores every committed round (model first, then its commit record; both atomic) under
 the job's directory, so any member can lead. Members that fail leave the job; the others go on
@@ -62,7 +64,9 @@ EVAL_HOP_TIMEOUT_MS = 5_000      # hop timeout of the per-round evaluation sum (
 LEADER_SILENCE_MS = 60_000       # beyond member_timeout_ms: a member without any leader this long fails
 COUNT_MAX = 2**40                # per-site counts are row counts: far below this
 DIRECTIVE_TAG = "xgb/leader"
-OPS = ("state", "fetch", "round", "commit", "finish")
+OPS = ("state", "fetch", "round", "commit", "finish", "release")
+LINGER_MS = 20_000               # a member told "finish" stays this long for sites that did not hear it
+                                 # (unless the leader says "release": every live member has finished)
 MODEL_BYTES_MAX = 48 * 1024 * 1024        # a model sent in one message (the frame cap is 64 MiB)
 TREES_BYTES_MAX = 16 * 1024 * 1024        # one member's trees of one round
 HISTORY_BYTES_MAX = 8 * 1024 * 1024       # the history entries that travel with a model
@@ -91,8 +95,9 @@ PARAMS = {
     "nthread": Param(int, 0, "xgboost threads per site (0: all cores)", low=0, high=1024),
     "leaf_abs_max": Param(float, 10.0, "the leader refuses trees with a larger |leaf value| (margin units, "
                           "learning rate applied)", low=1e-6, high=1e9),
-    "test_fraction": Param(float, 0.2, "share of each site's rows kept for the per-round evaluation",
-                           low=0.05, high=0.9),
+    "test_fraction": Param(float, 0.2, "share of each site's rows kept out of training for the per-round "
+                           "evaluation (0: train on every row; the rounds are then evaluated on the training rows)",
+                           low=0.0, high=0.9),
     "eval_bins": Param(int, 1000, "score histogram bins for the federated AUC", low=10, high=100_000),
     "member_timeout_ms": Param(int, 600_000, "the leader waits this long for a site's trees", low=1_000,
                                high=86_400_000),
@@ -296,8 +301,9 @@ class Site:
     led_term: int = 0
     last_gains: dict = field(default_factory=dict)
     silent_since_ms: int = 0
-    finished: bool = False
-    _replies: set = field(default_factory=set)
+    finished_ms: int | None = None    # when this site learned the job is over (it then lingers)
+    released: bool = False
+    _replies: dict = field(default_factory=dict)     # reply tasks in flight (a dict: ordered, deterministic)
 
     @property
     def me(self) -> bytes:
@@ -396,12 +402,12 @@ class Site:
             except JobError:
                 pass     # the leader is gone: its successor asks again
         task = asyncio.ensure_future(send())
-        self._replies.add(task)
-        task.add_done_callback(self._replies.discard)
+        self._replies[task] = None
+        task.add_done_callback(lambda t: self._replies.pop(t, None))
 
     async def close(self) -> None:
         if self._replies:     # the last acknowledgements; a dead leader's are not worth a long wait
-            await asyncio.wait(set(self._replies), timeout=min(self.ctx.hop_timeout_ms, STATE_TIMEOUT_MS) / 1000)
+            await asyncio.wait(list(self._replies), timeout=min(self.ctx.hop_timeout_ms, STATE_TIMEOUT_MS) / 1000)
         for task in list(self._replies):
             task.cancel()
 
@@ -410,7 +416,9 @@ class Site:
     async def run(self) -> dict:
         self.silent_since_ms = self.ch.now_ms()
         silence_ms = self.params["member_timeout_ms"] + LEADER_SILENCE_MS
-        while not self.finished:
+        while not self.released:
+            if self.lingered():
+                break        # lingered long enough: whoever still needed us has had time to ask
             term, leader = self.ch.leadership()
             if leader == self.me and term > self.led_term and not self.stale(term):
                 self.led_term = term
@@ -423,7 +431,7 @@ class Site:
             try:
                 src, msg = await self.ch.recv(Directive, DIRECTIVE_TAG, timeout_ms=POLL_MS)
             except RecvTimeout:
-                if self.ch.now_ms() - self.silent_since_ms > silence_ms:
+                if self.finished_ms is None and self.ch.now_ms() - self.silent_since_ms > silence_ms:
                     who = f"leader {self.name(leader)} (term {term})" if leader else "no leader"
                     raise JobError(f"no directive from a leader for {silence_ms // 1000} s ({who})") from None
                 continue
@@ -457,7 +465,11 @@ class Site:
                     self.reply(src, msg, error="need_model")
                     return
                 self.reply(src, msg)
-                self.finished = True
+                self.finish_now()
+            elif msg.op == "release":
+                self.reply(src, msg)
+                if self.finished_ms is not None:
+                    self.released = True
         except (boosting.TreesError, JobError, DataError, ValueError) as exc:
             self.reply(src, msg, error=f"{type(exc).__name__}: {exc}"[:2000])
 
@@ -605,8 +617,8 @@ class Site:
         ch = self.ch
         deadline = ch.now_ms() + self.params["member_timeout_ms"] + LEADER_SILENCE_MS
         while True:
-            if not self.leading(term):
-                raise _Deposed()
+            if not self.leading(term) or self.lingered():
+                raise _Deposed()     # (a finished member whose linger is over just ends)
             if ch.now_ms() > deadline:
                 raise JobError(f"as leader of term {term}: fewer than a majority of the job's members answered")
             live = [m for m in ch.members if m != self.me and ch.alive(m)]
@@ -684,9 +696,21 @@ class Site:
         return {m: (r.commit_round, r.commit_sha) for m, r in zip(answered, acks)
                 if r is not None and not r.error}
 
+    def lingered(self) -> bool:
+        return self.finished_ms is not None and self.ch.now_ms() - self.finished_ms > LINGER_MS
+
+    def finish_now(self) -> None:
+        if self.finished_ms is None:
+            self.finished_ms = self.ch.now_ms()
+            self.ch.progress(f"finished; waiting up to {LINGER_MS // 1000} s for sites that may not have heard it",
+                             self.round, self.params["rounds"])
+
     async def finish(self, term: int, known: dict[bytes, tuple[int, str]]) -> None:
-        """Bring every live member to the last round (the whole model to those lagging), then
-        tell them the job is done. A member that cannot be reached is left to time out on its own."""
+        """Bring every live member to the last round (the whole model to those lagging), make sure a
+        majority holds it, tell every live member "finish", and once they all confirmed, "release".
+
+        Members told "finish" linger (LINGER_MS) until released: if this leader dies half-way
+        through, one of them may be elected next, and it must still be there to finish the rest."""
         ch, (commit_term, rnd, sha) = self.ch, self.commit
         live = [m for m in ch.members if m != self.me and ch.alive(m)]
         sync = _with_model(_directive(term, "commit", rnd, sha=sha), self.model or b"", commit_term,
@@ -696,9 +720,20 @@ class Site:
             if r is not None and not r.error:
                 known[m] = (r.commit_round, r.commit_sha)
         self.majority(known, "the last round")    # so whoever leads next finishes with this very model
-        await _all(*(self.ask(term, m, _directive(term, "finish", rnd, sha=sha), STATE_TIMEOUT_MS,
-                              retry_with=self.model) for m in live))
-        self.finished = True
+        self.finish_now()
+        told: set[bytes] = set()
+        while True:
+            pending = [m for m in ch.members if m != self.me and m not in told and ch.alive(m)]
+            if not pending or self.lingered():
+                break
+            answers = await _all(*(self.ask(term, m, _directive(term, "finish", rnd, sha=sha), STATE_TIMEOUT_MS,
+                                            retry_with=self.model) for m in pending))
+            told |= {m for m, r in zip(pending, answers) if r is not None and not r.error}
+            if not told.issuperset(pending):
+                await asyncio.sleep(POLL_MS / 1000)
+        await _all(*(self.ask(term, m, _directive(term, "release", rnd, sha=sha), STATE_TIMEOUT_MS)
+                     for m in sorted(told)))
+        self.released = True
 
     # -- result ----------------------------------------------------------------------------------
 
@@ -709,11 +744,13 @@ class Site:
             "trees": boosting.model_info(self.model).n_trees if self.model else 0,
             "base_score": self.base if self.groups == 1 else list(self.base),
             "features": list(self.ctx.data.features), "objective": p["objective"], "classes": class_names(p),
-            "rows": {"train": int(len(self.fit[1])), "test": int(len(self.test[1]))},
+            "rows": {"train": int(len(self.fit[1])), "test": int(len(self.test[1])) if p["test_fraction"] else 0},
         }
         last = next((h for h in reversed(self.history) if h.get("auc") is not None), None)
-        out["federated_test"] = {k: last[k] for k in ("auc", "logloss", "accuracy", "test_rows")} if last else None
-        out["auc"], out["auc_source"] = (last["auc"], "federated test parts") if last else (None, None)
+        on = "the sites' test parts" if p["test_fraction"] else "the sites' training rows"
+        out["federated_eval"] = {**{k: last[k] for k in ("auc", "logloss", "accuracy", "test_rows")}, "rows": on} \
+            if last else None
+        out["auc"], out["auc_source"] = (last["auc"], f"federated, on {on}") if last else (None, None)
         if self.ctx.test_data is not None and self.model is not None:
             X, y = self.ctx.test_data.X, site_labels(self.ctx.test_data, p)
             out["test_csv"] = {"auc": model_auc(self.model, X, y, self.groups, p["nthread"] or None),
@@ -747,7 +784,10 @@ def prepare(site: Site) -> None:
     y = site_labels(data, p)
     labelled = mldata.Dataset(data.features, data.X, y.astype(np.int64), data.labels, data.rows_dropped,
                               data.fingerprint)
-    train, test = mldata.split_train_test(labelled, p["test_fraction"], seed=site_seed(p["seed"], site.me))
+    if p["test_fraction"] > 0:
+        train, test = mldata.split_train_test(labelled, p["test_fraction"], seed=site_seed(p["seed"], site.me))
+    else:
+        train = test = labelled
     site.fit, site.test = (train.X, train.y), (test.X, test.y)
     site.groups = max(1, len(class_names(p)))
 

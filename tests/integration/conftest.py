@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import csv
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import pytest
 
 from fedpeer.harness import Harness
@@ -27,6 +31,15 @@ def make_federation(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
     yield make
     for h in made:
         h.stop()
+
+
+def predict_scores(config_path: Path, job_id: str, data: Path, out: Path) -> np.ndarray:
+    """`fedpeer predict` as an operator runs it; the CSV's score column."""
+    r = subprocess.run([sys.executable, "-m", "fedpeer", "predict", "--config", str(config_path),
+                        "--job", job_id, "--data", str(data), "--out", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    with open(out) as f:
+        return np.array([float(row["score"]) for row in csv.DictReader(f)])
 
 
 def rss_kib(pid: int) -> int:

@@ -10,7 +10,6 @@ import socket
 import time
 
 import aiohttp
-import msgpack
 import pytest
 
 from fedpeer import wire

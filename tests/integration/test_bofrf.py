@@ -3,9 +3,6 @@ kept trees and weights, same predictions through `fedpeer predict`."""
 
 from __future__ import annotations
 
-import csv
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +11,7 @@ import pytest
 from fedpeer.identity import parse_public_key
 from fedpeer.jobs import bofrf
 from fedpeer.ml.data import DataSpec, load_csv
+from tests.integration.conftest import predict_scores
 from tests.integration.test_jobs import breast_cancer_federation
 
 pytestmark = pytest.mark.integration
@@ -44,13 +42,7 @@ async def test_decentralized_equals_reference(make_federation, tmp_path: Path, v
         assert np.array_equal(forest.threshold, ref_forest.threshold) and np.array_equal(forest.value, ref_forest.value)
         assert "auc" in result["boppid"]
     # fedpeer predict with the stored model gives the reference model's scores
-    i = order[0]
-    out = tmp_path / "scores.csv"
-    r = subprocess.run([sys.executable, "-m", "fedpeer", "predict", "--config", str(h.sites[i].config_path),
-                        "--job", job_id, "--data", str(full), "--out", str(out)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    with open(out) as f:
-        scores = np.array([float(row["score"]) for row in csv.DictReader(f)])
+    scores = predict_scores(h.sites[order[0]].config_path, job_id, full, tmp_path / "scores.csv")
     data = load_csv(DataSpec(csv=full, label="diagnosis", positive="malignant"))
     want = bofrf.predict((expected[0][1], expected[0][2]), data.X, data.features)
     assert np.allclose(scores, want, rtol=0, atol=1e-12) and len(scores) == 569

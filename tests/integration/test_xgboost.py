@@ -4,7 +4,6 @@ with byte-identical models, which xgboost loads and `fedpeer predict` scores."""
 
 from __future__ import annotations
 
-import csv
 import json
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import pytest
 
 from fedpeer.harness import kill_leader_at_round, split_csv
 from fedpeer.ml import boosting
+from tests.integration.conftest import predict_scores
 from tests.integration.test_jobs import _attach_data, breast_cancer_csv
 
 pytestmark = pytest.mark.integration
@@ -60,12 +60,7 @@ async def test_leader_killed_mid_round_survivors_finish_with_identical_models(ma
 
     # fedpeer predict on a survivor gives xgboost's probabilities
     i = survivors[0]
-    out = tmp_path / "scores.csv"
-    r = subprocess.run([sys.executable, "-m", "fedpeer", "predict", "--config", str(h.sites[i].config_path),
-                        "--job", job_id, "--data", str(test), "--out", str(out)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    with open(out) as f:
-        got = np.array([float(row["score"]) for row in csv.DictReader(f)])
+    got = predict_scores(h.sites[i].config_path, job_id, test, tmp_path / "scores.csv")
     assert np.allclose(got, want, rtol=0, atol=1e-6) and len(got) == len(rows.y)
 
     # `fedpeer job show` names the model's SHA-256; the killed leader, restarted, says why it stopped
