@@ -44,6 +44,8 @@ async def test_wrong_public_key_never_becomes_alive(make_federation) -> None:
     h.sites[0].config = cfg.load(conf)
     h.start()
     await h.wait_all_alive(timeout_s=10.0, among=[1, 2])
+    # sites 2 and 3 can see each other before site-1's daemon answers at all: wait for it too
+    await h.wait_until(lambda st: st[0] is not None, 10.0, "site-1 answers", among=[0])
     deadline = time.monotonic() + 4.0
     while time.monotonic() < deadline:
         doc = await h.status(0)
