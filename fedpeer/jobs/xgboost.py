@@ -535,10 +535,12 @@ class Site:
         from .stats import FIXED
         vector = np.concatenate([encode_counts(counts, n, COUNT_MAX), FIXED.encode(np.array([loss]), n)])
         ring = tuple(sorted(participants))
-        try:     # the sum's initiator (first member) dying would hold everyone for many hops: watch it
+        # The sum's initiator (first member) dying would hold everyone for many hops, and a new
+        # leader's term means the round's leader is gone: its successor must not find us busy.
+        try:
             out = await self.while_alive(ring[0], secure_sum(
                 SubChannel(self.ch, ring), f"xgb/eval/{term}/{rnd}", vector, mode=p["secure_sum"],
-                hop_timeout_ms=min(self.ctx.hop_timeout_ms, EVAL_HOP_TIMEOUT_MS)))
+                hop_timeout_ms=min(self.ctx.hop_timeout_ms, EVAL_HOP_TIMEOUT_MS)), term=term)
         except (JobError, _Died) as exc:
             entry["eval_error"] = str(exc)[:300]
             return
@@ -547,9 +549,10 @@ class Site:
                                   p["eval_bins"]))
         entry["evaluated_by"] = [m.hex() for m in out.participants]
 
-    async def while_alive(self, peer: bytes, work: Any) -> Any:
-        """Await `work`, but give up (raise _Died) once the failure detector reports `peer` dead:
-        a send to a dead peer would retry for a whole hop timeout, a sum led by it for many."""
+    async def while_alive(self, peer: bytes, work: Any, term: int | None = None) -> Any:
+        """Await `work`, but give up (raise _Died) once the failure detector reports `peer` dead
+        (a send to a dead peer would retry for a whole hop timeout, a sum led by it for many) or,
+        with `term`, once the election has moved past that term."""
         task = asyncio.ensure_future(work)
         try:
             while True:
@@ -558,6 +561,8 @@ class Site:
                     return task.result()
                 if peer != self.me and not self.ch.alive(peer):
                     raise _Died(f"{self.name(peer)} is no longer alive")
+                if term is not None and self.ch.leadership()[0] > term:
+                    raise _Died(f"a new leader was elected (term {self.ch.leadership()[0]})")
         finally:
             if not task.done():
                 task.cancel()
