@@ -469,18 +469,22 @@ async def kill_leader_at_round(harness: Harness, job_id: str, rnd: int, timeout_
     """kill -9 the federation's leader while round `rnd` of an xgboost job runs (its record shows
     rnd - 1 rounds committed); then time how long the survivors take to commit the next round."""
     started = time.monotonic()
+    leader, term = None, 0
     while True:
         if time.monotonic() - started > timeout_s:
             raise HarnessError(f"round {rnd} never started")
-        statuses = await harness.statuses()
-        leader = next((i for i, doc in statuses.items() if doc and doc["role"] == "leader"), None)
+        if leader is None:       # find the leader once; then watch only its record (rounds can be fast)
+            statuses = await harness.statuses()
+            leader = next((i for i, doc in statuses.items() if doc and doc["role"] == "leader"), None)
+            term = statuses[leader]["term"] if leader is not None else 0
         record = await harness.job(leader, job_id) if leader is not None else None
         if record is not None and record["state"] in TERMINAL:
             raise HarnessError(f"the job ended ({record['state']}) before round {rnd}")
         if record is not None and record["state"] == "running" and record["progress"]["step"] >= rnd - 1:
             break
-        await asyncio.sleep(0.02)
-    term = statuses[leader]["term"]
+        if record is None or record["state"] != "running":
+            leader = None
+        await asyncio.sleep(0.01)
     harness.kill9(leader)
     killed_at = time.monotonic()
     committed = record["progress"]["step"]

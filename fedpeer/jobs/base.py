@@ -17,6 +17,11 @@ from typing import Any
 from ..errors import JobError
 
 
+class JobFailsEverywhere(JobError):
+    """A failure that ends the job for every member, even of a kind whose members may fail alone
+    (`member_failure_aborts=False`): e.g. no site could train at all."""
+
+
 @dataclass(frozen=True)
 class Param:
     type: type                      # int, float, str or bool

@@ -33,7 +33,7 @@ from ..logs import fields
 from ..net.channel import Mailbox, PeerUnreachable, RecvTimeout
 from ..store import read_json, write_json
 from . import messages as m
-from .base import JobContext, JobKind
+from .base import JobContext, JobFailsEverywhere, JobKind
 
 log = logging.getLogger("fedpeer.jobs")
 TERMINAL = ("done", "failed", "cancelled")
@@ -400,7 +400,7 @@ class JobRegistry:
         except TimeoutError:
             raise _SiteFailure(self.transport.me, f"did not finish within {self.config.jobs.job_timeout_ms} ms") from None
         except (JobError, DataError, RecvTimeout) as exc:
-            raise _SiteFailure(self.transport.me, str(exc)) from None
+            raise _SiteFailure(self.transport.me, str(exc), everywhere=isinstance(exc, JobFailsEverywhere)) from None
         record.data = record.test_data = None
         model = result.pop("_model", None)
         if model is not None and kind.save_model is not None:   # stored before the record says done
@@ -430,7 +430,7 @@ class JobRegistry:
             self._finish(record, "failed", f"{about}: {exc.reason}")
             kind = self.kinds.get(record.kind)
             leaves_alone = record.state == "failed" and kind is not None and not kind.member_failure_aborts \
-                and record.started_ms is not None
+                and record.started_ms is not None and not exc.everywhere
             if first and record.announced and not leaves_alone:
                 await self._broadcast_abort(record, exc.site, exc.reason)
         except Exception as exc:   # a bug: keep the daemon alive, fail the job loudly
@@ -480,9 +480,9 @@ class JobRegistry:
 class _SiteFailure(Exception):
     """A job ended because of `site` (this one or a member), for `reason`."""
 
-    def __init__(self, site: bytes, reason: str) -> None:
+    def __init__(self, site: bytes, reason: str, everywhere: bool = False) -> None:
         super().__init__(reason)
-        self.site, self.reason = site, reason
+        self.site, self.reason, self.everywhere = site, reason, everywhere
 
 
 def _schema_difference(mine: tuple[str, ...], theirs: list[str], their_name: str, my_name: str) -> str:

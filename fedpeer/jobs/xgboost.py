@@ -56,7 +56,7 @@ from ..net.channel import PeerUnreachable, RecvTimeout, SubChannel
 from ..protocols.fixedpoint import decode_counts, encode_counts
 from ..protocols.securesum import secure_sum
 from ..store import atomic_write, write_json
-from .base import JobContext, JobKind, Param, site_seed
+from .base import JobContext, JobFailsEverywhere, JobKind, Param, site_seed
 
 POLL_MS = 200                    # a member re-checks its election's view this often while waiting
 STATE_TIMEOUT_MS = 5_000         # a leader waits this long for a member's commit point
@@ -645,21 +645,24 @@ class Site:
                 self.take_history(got.history)
             return {m: (r.commit_round, r.commit_sha) for m, r in points.items()}
 
+    def gain_share(self, member: bytes) -> float:
+        """`member`'s share of the last round's split gain ("gain" normalisation); -1: unknown."""
+        total = sum(self.last_gains.values())
+        if total <= 0 or member not in self.last_gains:
+            return -1.0
+        return min(max(self.last_gains[member] / total, 0.0), 1.0)
+
     async def lead_round(self, term: int, known: dict[bytes, tuple[int, str]]) -> dict[bytes, tuple[int, str]]:
         ch, p = self.ch, self.params
         rnd, (_, _, prev_sha) = self.round + 1, self.commit
         targets = [m for m in ch.members if m != self.me and ch.alive(m)]
-        gain_total = sum(self.last_gains.values())
         asks = []
         for m in targets:
-            share = self.last_gains.get(m, -1.0) / gain_total if gain_total > 0 and m in self.last_gains else -1.0
-            d = _directive(term, "round", rnd, prev_sha=prev_sha, gain_share=float(min(max(share, -1.0), 1.0)))
+            d = _directive(term, "round", rnd, prev_sha=prev_sha, gain_share=self.gain_share(m))
             if known.get(m) != (self.round, prev_sha) and self.model is not None:
                 d = _with_model(d, self.model, self.commit[0], self.history_bytes())
             asks.append(self.ask(term, m, d, p["member_timeout_ms"], retry_with=self.model))
-        share = self.last_gains.get(self.me, -1.0) / gain_total if gain_total > 0 and self.me in self.last_gains \
-            else -1.0
-        *replies, own = await _all(*asks, self.local_trees(rnd, share))
+        *replies, own = await _all(*asks, self.local_trees(rnd, self.gain_share(self.me)))
         own_reply = Reply(tag="", commit_term=0, commit_round=0, commit_sha="", trees=own[0], model=b"",
                           history=b"", error=own[1])
         answered = {m: r for m, r in zip(targets, replies) if r is not None}
@@ -683,8 +686,9 @@ class Site:
                 excluded[m.hex()] = f"trees refused: {exc}"[:200]
                 continue
             docs[m], gains[m] = reply.trees, batch.gain
-        if not docs:
-            raise JobError(f"round {rnd}: no site delivered valid trees ({excluded})")
+        if not docs:     # nobody can train (bad parameters, data every site refuses): stop everyone
+            reasons = "; ".join(f"{self.name(bytes.fromhex(k))}: {why}" for k, why in excluded.items())
+            raise JobFailsEverywhere(f"round {rnd}: no site delivered valid trees ({reasons})")
         if not self.leading(term):
             raise _Deposed()
         order = [m for m in ch.members if m in docs]

@@ -39,11 +39,12 @@ async def test_leader_killed_mid_round_survivors_finish_with_identical_models(ma
     results = [r["result"] for r in records.values()]
     shas = {r["model_sha256"] for r in results}
     assert len(shas) == 1 and all(r["rounds"] == 6 for r in results), (shas, [r["rounds"] for r in results])
-    assert failover["at_round"] == 3 and failover["new_leader"] != failover["killed"]
+    # the kill lands in round 3 (4 if round 3 committed between the harness's polls: rounds are fast)
+    assert failover["at_round"] in (3, 4) and failover["new_leader"] != failover["killed"]
     first = results[0]
-    # history: every round once, the leader of round 3 onwards is the new one, AUC from secure sums
+    # history: every round once; the rounds from the kill on were led by the new leader
     assert [h_["round"] for h_ in first["history"]] == list(range(1, 7))
-    assert first["history"][-1]["leader"] == failover["new_leader"] != first["history"][0]["leader"]
+    assert {h_["leader"] for h_ in first["history"][failover["at_round"] - 1:]} == {failover["new_leader"]}
     assert all(entry["auc"] > 0.9 for entry in first["history"] if "auc" in entry)
     assert first["auc_source"] == "[data] test_csv" and first["auc"] > 0.95
 
@@ -86,3 +87,16 @@ def test_harness_runs_xgboost_and_reports_per_site_results(tmp_path: Path) -> No
     for res in results:
         assert res["rounds"] == 4 and res["trees"] == 4 * 3 * 2 and 0.9 < res["auc"] <= 1.0
         assert len(res["history"]) == 4 and res["auc_source"] == "[data] test_csv"
+
+
+async def test_when_no_site_can_contribute_every_member_fails_with_the_reason(make_federation, tmp_path: Path):
+    """Members of an xgboost job may fail alone; but if no site delivers valid trees (here: a leaf
+    bound nothing meets), the leader ends the job everywhere, naming each site's problem."""
+    from tests.integration.test_jobs import breast_cancer_federation
+
+    h, _, _ = await breast_cancer_federation(make_federation, tmp_path, 3, "stratified", seed=2)
+    job_id = await h.propose(1, "xgboost", {**PARAMS, "rounds": 2, "leaf_abs_max": 1e-6})
+    records = await h.wait_job(job_id, timeout_s=120)
+    assert {r["state"] for r in records.values()} == {"failed"}, [r["state"] for r in records.values()]
+    for r in records.values():
+        assert "no site delivered valid trees" in r["error"] and "trees refused" in r["error"], r["error"]
