@@ -117,6 +117,9 @@ class NodeChannel:
     def leadership(self) -> tuple[int, bytes | None]:
         return self._registry.transport.leadership()
 
+    async def sleep_ms(self, ms: int) -> None:
+        await asyncio.sleep(ms / 1000)
+
     def progress(self, phase: str, step: int, total: int) -> None:
         self._record.phase, self._record.step, self._record.total = phase, step, total
 
@@ -372,14 +375,13 @@ class JobRegistry:
             raise JobError("this site has no [data] section in peers.toml")
         spec = DataSpec(csv=Path(data.csv), label=data.label, positive=data.positive or None,
                         ignore=tuple(data.ignore), missing=data.missing)
-        dataset = await asyncio.to_thread(load_csv, spec, binary=kind.binary_label,
-                                          rows_max=self.config.jobs.data_rows_max,
-                                          bytes_max=self.config.jobs.data_bytes_max)
+        def load(spec: DataSpec) -> Any:
+            return load_csv(spec, binary=kind.binary_label, rows_max=self.config.jobs.data_rows_max,
+                            bytes_max=self.config.jobs.data_bytes_max)
+        dataset = await asyncio.to_thread(load, spec)
         test = None
         if data.test_csv:
-            test = await asyncio.to_thread(load_csv, replace(spec, csv=Path(data.test_csv)), binary=kind.binary_label,
-                                           rows_max=self.config.jobs.data_rows_max,
-                                           bytes_max=self.config.jobs.data_bytes_max)
+            test = await asyncio.to_thread(load, replace(spec, csv=Path(data.test_csv)))
             if test.fingerprint != dataset.fingerprint:
                 raise DataError(f"{data.test_csv}: [data] test_csv has other columns than {data.csv}: "
                                 + _schema_difference(dataset.features, list(test.features), "test_csv", "csv"))

@@ -355,9 +355,12 @@ class Site:
 
     # -- state ---------------------------------------------------------------------------------
 
-    def adopt(self, term: int, rnd: int, model: bytes | None) -> None:
-        """Store a committed round: the model file first, then the commit record (both atomic)."""
+    def adopt(self, term: int, rnd: int, model: bytes | None, expect: str | None = None) -> None:
+        """Store a committed round: the model file first, then the commit record (both atomic).
+        `expect`: the SHA-256 the sender announced for a model that came over the network."""
         sha = boosting.model_sha256(model) if model is not None else ""
+        if expect is not None and sha != expect:
+            raise JobError(f"received a model whose SHA-256 is not the announced {expect[:12]}")
         if model is not None:
             info = boosting.model_info(model)      # canonical, parseable: never trust a peer's bytes
             if not np.array_equal(np.array(info.base_score), np.atleast_1d(np.array(self.base, dtype=np.float64))):
@@ -447,10 +450,7 @@ class Site:
         try:
             if msg.model and msg.op in ("round", "commit", "finish"):
                 rnd = msg.round - 1 if msg.op == "round" else msg.round
-                want = msg.prev_sha if msg.op == "round" else msg.sha
-                if boosting.model_sha256(msg.model) != want:
-                    raise JobError(f"leader sent a model whose SHA-256 is not the announced {want[:12]}")
-                self.adopt(msg.commit_term, rnd, msg.model)
+                self.adopt(msg.commit_term, rnd, msg.model, expect=msg.prev_sha if msg.op == "round" else msg.sha)
                 self.take_history(msg.history)
             if msg.op == "state":
                 self.reply(src, msg)
@@ -608,7 +608,7 @@ class Site:
                 await self.finish(term, known)
                 return
             except _NoMajority:
-                await asyncio.sleep(POLL_MS / 1000)
+                await self.ch.sleep_ms(POLL_MS)
 
     def majority(self, known: dict[bytes, tuple[int, str]], what: str) -> dict[bytes, tuple[int, str]]:
         holders = 1 + sum(point == self.commit[1:] for point in known.values())
@@ -630,17 +630,17 @@ class Site:
             replies = await _all(*(self.ask(term, m, _directive(term, "state"), STATE_TIMEOUT_MS) for m in live))
             points = {m: r for m, r in zip(live, replies) if r is not None and not r.error}
             if 1 + len(points) <= len(ch.members) // 2:
-                await asyncio.sleep(POLL_MS / 1000)
+                await self.ch.sleep_ms(POLL_MS)
                 continue
             holder, best = max(points.items(), key=lambda kv: (kv[1].commit_term, kv[1].commit_round))
             if (best.commit_term, best.commit_round) > self.commit[:2]:
                 got = await self.ask(term, holder, _directive(term, "fetch"), self.params["member_timeout_ms"])
                 try:
-                    if got is None or got.error or boosting.model_sha256(got.model) != best.commit_sha:
-                        raise JobError("the holder went away or moved on")
-                    self.adopt(best.commit_term, best.commit_round, got.model)
+                    if got is None or got.error:
+                        raise JobError("the holder went away")
+                    self.adopt(best.commit_term, best.commit_round, got.model, expect=best.commit_sha)
                 except (JobError, ValueError):
-                    await asyncio.sleep(POLL_MS / 1000)
+                    await self.ch.sleep_ms(POLL_MS)
                     continue     # ask everyone again
                 self.take_history(got.history)
             return {m: (r.commit_round, r.commit_sha) for m, r in points.items()}
@@ -739,7 +739,7 @@ class Site:
                                             retry_with=self.model) for m in pending))
             told |= {m for m, r in zip(pending, answers) if r is not None and not r.error}
             if not told.issuperset(pending):
-                await asyncio.sleep(POLL_MS / 1000)
+                await self.ch.sleep_ms(POLL_MS)
         await _all(*(self.ask(term, m, _directive(term, "release", rnd, sha=sha), STATE_TIMEOUT_MS)
                      for m in sorted(told)))
         self.released = True

@@ -53,6 +53,7 @@ class Channel(Protocol):
     def alive(self, peer: NodeId) -> bool: ...                    # the failure detector's current view
     def leadership(self) -> tuple[int, NodeId | None]: ...        # (term, leader) as this member's election sees it
     def progress(self, phase: str, step: int, total: int) -> None: ...
+    async def sleep_ms(self, ms: int) -> None: ...                # pause (virtual time under looptime)
     async def send(self, dst: NodeId, msg: object) -> None: ...
     async def recv(self, kind: type[T], tag: str, src: NodeId | None = None,
                    timeout_ms: int = 30_000) -> tuple[NodeId, T]: ...
@@ -210,6 +211,9 @@ class MemoryChannel:
 
     def progress(self, phase: str, step: int, total: int) -> None:
         self.net.progress_log.append((self.me, phase, step, total))
+
+    async def sleep_ms(self, ms: int) -> None:
+        await asyncio.sleep(ms / 1000)
 
     async def send(self, dst: NodeId, msg: object) -> None:
         assert dst in self.members and dst != self.me, "send to a non-member or to self"

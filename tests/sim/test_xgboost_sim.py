@@ -186,8 +186,8 @@ async def run_world(seed: int, n: int, rounds: int, faults: str, tools: Any = to
         w.ticks[k] = asyncio.create_task(w.tick(k))
         w.tasks[k] = asyncio.create_task(xj.run_job(SteadyChannel(w.net.channel(k)), p, ctx, tools(w, k)))
 
-    def adopt(site: xj.Site, term: int, rnd: int, model: bytes | None) -> None:
-        original_adopt(site, term, rnd, model)
+    def adopt(site: xj.Site, term: int, rnd: int, model: bytes | None, expect: str | None = None) -> None:
+        original_adopt(site, term, rnd, model, expect)
         w.commits[site.me].append((term, rnd))
 
     xj.Site.adopt = adopt  # type: ignore[method-assign]
