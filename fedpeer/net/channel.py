@@ -8,7 +8,11 @@ they call `await ch.send(peer, msg)`, `await ch.recv(Kind, tag, src=...)`, `ch.n
   crashes and partitions, for fast deterministic tests (under `looptime`, time is virtual).
 
 Delivery contract (both implementations): `send` is reliable — it returns once the peer has
-accepted the message, or raises `PeerUnreachable` after the transport's bounded retries. A message
+accepted the message, or raises `PeerUnreachable` after the transport's bounded retries, or
+`PeerRefused` at once when the peer received the message and refused it (an authenticated refusal:
+the peer is alive; the fault is in what was sent). On the receiving side, a message from a member
+that this node's gate refused (malformed for this job) makes `recv` from that member raise
+`MalformedFrom` at once, so nobody waits out a timeout for data that will never be accepted. A message
 is delivered at most once (the real gate drops replays and duplicates). Messages from one sender
 may arrive out of order. Every message a job protocol sends is a registered wire dataclass with a
 `tag: str` field; `recv` matches on (type, tag[, src]).
@@ -36,6 +40,25 @@ class PeerUnreachable(JobError):
     def __init__(self, peer: NodeId, detail: str = "") -> None:
         self.peer = peer
         super().__init__(f"peer {peer.hex()[:16]} unreachable{': ' + detail if detail else ''}")
+
+
+class PeerRefused(PeerUnreachable):
+    """The peer received our message and refused it (`reason`: its gate's verdict). Not a dead
+    peer: blame the message (and so the sender), never the refusing peer. A subclass of
+    PeerUnreachable so that code which only knows "the send failed" still stops."""
+
+    def __init__(self, peer: NodeId, reason: str) -> None:
+        self.reason = reason
+        JobError.__init__(self, f"peer {peer.hex()[:16]} refused the message: {reason}")
+        self.peer = peer
+
+
+class MalformedFrom(JobError):
+    """A member sent this job a message our gate refused (`reason`); raised by `recv` from it."""
+
+    def __init__(self, peer: NodeId, reason: str) -> None:
+        self.peer, self.reason = peer, reason
+        super().__init__(f"member {peer.hex()[:16]} sent a malformed message: {reason}")
 
 
 class RecvTimeout(JobError):
@@ -83,6 +106,15 @@ class Mailbox:
         self._waiters: list[tuple[type, str, NodeId | None, asyncio.Future]] = []
         self._limit = limit
         self.dropped = 0
+        self.refused: dict[NodeId, str] = {}   # member -> why its message was refused (first reason)
+
+    def refuse(self, src: NodeId, reason: str) -> None:
+        """`src` sent this job a message that failed our checks: every receive waiting for a
+        message from `src` (and every later one) raises MalformedFrom instead of timing out."""
+        self.refused.setdefault(src, reason)
+        for waiter in [w for w in self._waiters if w[2] == src and not w[3].done()]:
+            self._waiters.remove(waiter)
+            waiter[3].set_exception(MalformedFrom(src, self.refused[src]))
 
     def put(self, src: NodeId, msg: object) -> None:
         for i, (kind, tag, want, future) in enumerate(self._waiters):
@@ -106,6 +138,8 @@ class Mailbox:
         found = self._take(kind, tag, src)
         if found is not None:
             return found  # type: ignore[return-value]
+        if src is not None and src in self.refused:
+            raise MalformedFrom(src, self.refused[src])
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         waiter = (kind, tag, src, future)
         self._waiters.append(waiter)
@@ -140,7 +174,9 @@ class MemoryNetwork:
     (simulations plug in real election cores).
     crash(node): the node's sends fail, messages to it are lost, and `alive` reports it dead
     after `detect_ms` (like the failure detector). partition(groups): sends across groups raise
-    PeerUnreachable after `unreachable_ms` (the transport's retries giving up).
+    PeerUnreachable after `unreachable_ms` (the transport's retries giving up). refuse(src, dst,
+    msg) -> reason plays the receiver's gate: a refused message raises PeerRefused at the sender
+    and makes the receiver's `recv` from src raise MalformedFrom (as over the real daemon).
     """
 
     members: Sequence[NodeId]
@@ -155,6 +191,7 @@ class MemoryNetwork:
     sent: list[tuple[NodeId, NodeId, object]] = field(default_factory=list)   # every delivered message, for tests
     progress_log: list[tuple[NodeId, str, int, int]] = field(default_factory=list)
     leadership: Callable[[NodeId], tuple[int, NodeId | None]] | None = None
+    refuse: Callable[[NodeId, NodeId, object], str | None] | None = None   # (src, dst, msg) -> reason to refuse
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -224,11 +261,14 @@ class MemoryChannel:
             raise PeerUnreachable(dst, "simulated")
         low, high = self.net.delay_ms
         await asyncio.sleep(self.net.rng.uniform(low, high) / 1000)
-        if self.net.reachable(self.me, dst):
-            self.net.sent.append((self.me, dst, msg))
-            self.net.mailbox(self.job_id, dst).put(self.me, msg)
-        else:
+        if not self.net.reachable(self.me, dst):
             raise PeerUnreachable(dst, "simulated")
+        reason = self.net.refuse(self.me, dst, msg) if self.net.refuse is not None else None
+        if reason is not None:   # as the real gate: the receiver's job learns it, the sender is told
+            self.net.mailbox(self.job_id, dst).refuse(self.me, reason)
+            raise PeerRefused(dst, reason)
+        self.net.sent.append((self.me, dst, msg))
+        self.net.mailbox(self.job_id, dst).put(self.me, msg)
 
     async def recv(self, kind: type[T], tag: str, src: NodeId | None = None,
                    timeout_ms: int = 30_000) -> tuple[NodeId, T]:
