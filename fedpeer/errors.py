@@ -46,3 +46,20 @@ class LocalProtocolError(ProtocolError):
 
 class NoDaemonError(FedpeerError):
     """The local daemon's admin endpoint did not answer."""
+
+
+class StateError(ConfigError):
+    """A state file lies (wrong type, out of range, not JSON) or the state directory cannot hold
+    this boot's facts: the node must not start. The message names the file and the fix; the CLI
+    prints it in one line and exits 2 (a configuration error: the operator has to act)."""
+
+
+class StateWriteError(FedpeerError):
+    """A write under the state directory did not happen (disk full, I/O error, too many open files,
+    read-only, or a value the store refuses to record). One line naming the state_dir and the fix.
+    The daemon keeps running: the caller fails only what depended on the write, and retries later.
+    `errno` is the OSError's errno, None for a refused value."""
+
+    def __init__(self, message: str, *, path: object = None, errno: int | None = None) -> None:
+        self.path, self.errno = path, errno
+        super().__init__(message)
