@@ -342,10 +342,10 @@ class StateDir:
         incarnation = 1 if doc is None else _state_int(path, doc, "incarnation", _NODE_FIX) + 1
         if incarnation >= STATE_INT_MAX:
             raise StateError(path, "incarnation", f"{incarnation - 1} is the last allowed; {_NODE_FIX}")
-        try:
-            self.save_incarnation(incarnation)
-        except StateWriteError as exc:
-            problem = os.strerror(exc.errno) if exc.errno else str(exc)
+        try:   # not through the health tracker: this failure is the one line the operator sees
+            atomic_write(path, _json_bytes({"incarnation": incarnation}))
+        except OSError as exc:
+            problem = exc.strerror or str(exc)
             what = f"disk full ({problem})" if exc.errno in _DISK_FULL else problem
             raise StateError(self.root, "", f"cannot record this boot's incarnation: {what}; "
                                             f"{_fix(exc.errno or 0)}") from None

@@ -131,6 +131,35 @@ def test_counter_that_is_not_8_bytes_reads_as_now_and_says_so(tmp_path: Path, ca
     assert path.stat().st_size == 8 and struct.unpack("<Q", path.read_bytes())[0] == counter.value
 
 
+@pytest.mark.parametrize("size", [0, 3, 7])
+def test_frames_captured_before_a_restart_stay_refused_when_the_counter_file_is_truncated(tmp_path: Path,
+                                                                                          size: int) -> None:
+    from fedpeer import wire
+    from fedpeer.errors import RemoteProtocolError
+
+    def guard(state: StateDir) -> wire.ReplayGuard:   # as node.py builds it
+        return wire.ReplayGuard(window_us=10_000_000, recent_max=4096,
+                                counter_for=lambda key: state.counter("replay", key.hex()[:32] + ".seq"))
+    sender = bytes(range(32))
+    captured = [time.time_ns() // 1000 - 2_000_000 + i for i in range(12)]   # 2 s old when replayed
+    before = guard(StateDir(tmp_path / "state"))
+    for seq in captured:
+        before.check_and_record(sender, seq)
+    before.close()
+    path = tmp_path / "state" / "replay" / (sender.hex()[:32] + ".seq")
+    path.write_bytes(path.read_bytes()[:size])   # what a crash, a bad disk or an intruder leaves
+    after = guard(StateDir(tmp_path / "state"))
+    accepted = 0
+    for seq in captured:
+        try:
+            after.check_and_record(sender, seq)
+            accepted += 1
+        except RemoteProtocolError as exc:
+            assert exc.reason == "replay"
+    assert accepted == 0
+    after.check_and_record(sender, time.time_ns() // 1000 + 1_000)   # the peer's next real frame passes
+
+
 def test_counter_write_failure_keeps_the_mark_and_fails_closed_at_the_next_start(tmp_path: Path,
                                                                                  monkeypatch) -> None:
     state = StateDir(tmp_path / "state")
@@ -368,11 +397,12 @@ def test_probe_and_require_writable_notice_freed_space(tmp_path: Path, monkeypat
     assert state.health()["writable"] is True and not (root / ".probe").exists() and temps(root) == []
 
 
-def test_start_on_a_full_disk_is_one_line_state_error(tmp_path: Path, monkeypatch) -> None:
+def test_start_on_a_full_disk_is_one_line_state_error(tmp_path: Path, monkeypatch, caplog) -> None:
     root = tmp_path / "state"
     monkeypatch.setattr(os, "write", failing(errno.ENOSPC))
     with pytest.raises(StateError) as info:
         StateDir(root).next_incarnation()
+    assert caplog.records == []   # the error is the one line the CLI prints; no log line before it
     assert str(info.value) == (f"{root}: cannot record this boot's incarnation: disk full "
                                "(No space left on device); free space or move [node] state_dir")
 
