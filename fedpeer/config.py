@@ -75,7 +75,15 @@ class Limits:
     """Hard bounds on everything a peer can make us hold or wait for."""
 
     message_bytes_max: int = 64 * 1024 * 1024     # one frame on the wire, header included
-    inbound_concurrent_max: int = 16              # frames being read/decoded at once
+    inbound_concurrent_max: int = 16              # frames being read/decoded at once (authenticated senders only)
+    inbound_per_peer_max: int = 8                 # of those, from one peer
+    connections_max: int = 1024                   # open peer-port connections (also kept under the open-files limit)
+    unverified_connections_max: int = 64          # connections whose sender is not yet authenticated; oldest dropped first
+    unverified_per_ip_max: int = 16               # of those, from one IP address
+    header_timeout_ms: int = 5_000                # from a connection's first byte to the end of the frame header
+    idle_timeout_ms: int = 60_000                 # an authenticated keep-alive connection with no request
+    body_timeout_ms: int = 10_000                 # a frame body, plus its size at body_bytes_per_s_min
+    body_bytes_per_s_min: int = 16_384
     outbound_inflight_max: int = 64               # best-effort sends in flight (gossip); more are dropped
     clock_skew_ms_max: int = 30_000               # |sender ts - our clock| accepted
     replay_window_ms: int = 10_000                # out-of-order seqs accepted this far below the high-water mark

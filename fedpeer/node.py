@@ -1,14 +1,18 @@
 """The daemon: wires config, identity, the wire gate, transport, membership and the admin API.
 
-Rules: every task lives in one TaskGroup owned by `Node.run`; nothing is fire-and-forget. The node
-is the only place that reads the real clock and hands time to the pure cores. State that must
-survive a crash (incarnation, replay marks) is persisted before the messages that depend on it
-are sent.
+Rules: every task lives in one TaskGroup owned by `Node.run`; nothing is fire-and-forget. Only the
+node's own loops may end the group; everything else it runs (jobs, sends) is supervised: a failure
+there, even inside its own error handling, is logged and ends that task alone. A loop step that
+fails (a state write on a full disk) is logged and retried at the next step. The node is the only
+place that reads the real clock and hands time to the pure cores. State that must survive a crash
+(the election's vote) is persisted before the messages that depend on it are sent; when it cannot
+be, those messages are not sent (as if lost).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import os
@@ -16,6 +20,7 @@ import random
 import socket
 import time
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 from aiohttp import web
@@ -24,20 +29,22 @@ from . import wire
 from .config import Config
 from .core import election as el
 from .core import membership as mb
-from .errors import ConfigError, JobError, RemoteProtocolError
+from .errors import ConfigError, FedpeerError, JobError, RemoteProtocolError
 from .jobs.kinds import job_kinds
 from .jobs.registry import JobRegistry
-from .net.channel import PeerUnreachable
+from .net.channel import PeerRefused, PeerUnreachable
 from .identity import Identity, encode_public_key, fingerprint
 from .logs import fields
 from .net.admin import AdminServer
-from .net.transport import PeerClient, PeerServer, SendError
+from .net.transport import PeerClient, PeerServer, SendError, SendRefused, raise_open_files_limit
 from .store import StateDir
 
 log = logging.getLogger("fedpeer.node")
 REPLAY_SYNC_MS = 1_000            # fsync of replay marks (kill -9 is covered without it)
 REJECT_LOG_INTERVAL_MS = 5_000    # per reason: log the first rejection, then at most this often
 PING_COUNT_MAX = 10_000           # probes one `fedpeer ping` may send
+PING_BYTES_MAX = 256 * 1024 * 1024   # and count x payload_bytes at most (a diagnostic, not a flood)
+LOOP_ERROR_LOG_INTERVAL_MS = 5_000   # a failing loop step logs once per interval (with a count)
 STATUS_JOBS_MAX = 20               # most recent jobs listed in `status`
 OFF_LOOP_BYTES_MIN = 256 * 1024   # frames larger than this are sealed/opened in a worker thread
 
@@ -65,13 +72,17 @@ class Node:
             recent_max=config.limits.replay_recent_max,
             counter_for=lambda key: self.state.counter("replay", key.hex()[:32] + ".seq"))
         self._replay = replay
+        self._keys = wire.PairKeys(identity)
         self._gate = wire.Gate(identity, self._allowed.__contains__, replay,
                                message_bytes_max=config.limits.message_bytes_max,
-                               clock_skew_ms_max=config.limits.clock_skew_ms_max)
-        self._sealer = wire.Sealer(identity)
+                               clock_skew_ms_max=config.limits.clock_skew_ms_max, keys=self._keys)
+        self._sealer = wire.Sealer(identity, self._keys)
         self._rng = random.Random(os.urandom(16))
         self._client = PeerClient(config.limits, self._rng)
-        self._server = PeerServer(config.node.listen, config.limits, self._on_frame, self._on_reject)
+        self._server = PeerServer(config.node.listen, config.limits, self._gate.open_header, self._on_frame,
+                                  self._on_reject, self._gate.refusal_tag)
+        self._loop_errors: Counter[str] = Counter()
+        self._loop_error_logged_ms: dict[str, int] = {}
         self._admin = AdminServer(config, {("GET", "/v1/status"): self._admin_status,
                                            ("POST", "/v1/diag/ping"): self._admin_ping,
                                            ("POST", "/v1/jobs"): self._admin_propose,
@@ -100,11 +111,14 @@ class Node:
             rng=self._rng, hard_state=el.HardState(term=term, voted_for=voted_for), now_ms=_monotonic_ms())
         self._leader: bytes | None = None
         self._tg: asyncio.TaskGroup | None = None
+        self._synced_ms = _monotonic_ms()
+        self._open_files = 0
 
     # -- lifecycle --------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set. Raises ConfigError if the listen or admin address is unusable."""
+        self._open_files = raise_open_files_limit()
         await self._start_servers()
         log.info("started", extra=fields(name=self.config.node.name, fingerprint=self.identity.fingerprint,
                                          listen=str(self.config.node.listen), peers=len(self.config.peers),
@@ -114,7 +128,6 @@ class Node:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
                 tg.create_task(self._tick_loop())
-                tg.create_task(self._sync_loop())
                 await stop.wait()
                 raise _Stopping   # the group cancels every task it owns: loops, sends, jobs
         except* _Stopping:
@@ -152,12 +165,40 @@ class Node:
         tick_s = min(self.config.membership.tick_ms, self.config.election.heartbeat_interval_ms // 2) / 1000
         while True:
             now = _monotonic_ms()
-            self._apply(self.membership.tick(now))
-            self._apply_election(self.election.tick(now))
+            with self._step("membership_tick"):
+                self._apply(self.membership.tick(now))
+            with self._step("election_tick"):
+                self._apply_election(self.election.tick(now))
+            if now - self._synced_ms >= REPLAY_SYNC_MS:   # fsync: off the loop
+                self._synced_ms = now
+                try:
+                    await asyncio.to_thread(self._replay.sync)
+                except Exception as exc:
+                    self._log_loop_error("replay_sync", exc)
             await asyncio.sleep(tick_s)
 
+    @contextlib.contextmanager
+    def _step(self, what: str) -> Iterator[None]:
+        """One step of a node loop: an error (a full disk, EMFILE, a bug) is logged, rate-limited,
+        and the loop goes on to retry at its next step; it never ends the daemon."""
+        try:
+            yield
+        except Exception as exc:
+            self._log_loop_error(what, exc)
+
+    def _log_loop_error(self, what: str, exc: BaseException) -> None:
+        self._loop_errors[what] += 1
+        now = _monotonic_ms()
+        if now - self._loop_error_logged_ms.get(what, -LOOP_ERROR_LOG_INTERVAL_MS) < LOOP_ERROR_LOG_INTERVAL_MS:
+            return
+        self._loop_error_logged_ms[what] = now
+        log.error("loop_step_failed", extra=fields(step=what, error=f"{type(exc).__name__}: {exc}",
+                                                   count=self._loop_errors[what]),
+                  exc_info=not isinstance(exc, (OSError, FedpeerError)))
+
     def _apply_election(self, ready: el.Ready) -> None:
-        """Persist the term and vote before any message that depends on them leaves (Raft)."""
+        """Persist the term and vote before any message that depends on them leaves (Raft): if the
+        write fails, the sends are dropped (as if lost) and the error goes to the caller's step."""
         if ready.persist is not None:
             self.state.save_vote(ready.persist.term, ready.persist.voted_for)
         if self.election.leader != self._leader:
@@ -167,30 +208,35 @@ class Node:
             return
         timeout_ms = self.config.election.heartbeat_interval_ms * 2
         for send in ready.sends:
-            frame = self._sealer.seal(send.dst, send.msg, _wall_us(), term=self.election.term)
-            self._tg.create_task(self._client.send_best_effort(self.membership.address_of(send.dst), frame, timeout_ms))
+            address = self._address(send.dst)
+            if address is not None:
+                frame = self._sealer.seal(send.dst, send.msg, _wall_us(), term=self.election.term)
+                self._tg.create_task(self._client.send_best_effort(address, frame, timeout_ms))
+
+    def _address(self, peer: bytes) -> str | None:
+        try:
+            return self.membership.address_of(peer)
+        except KeyError:   # not (or no longer) a member: nothing to send to
+            return None
 
     def _name(self, key: bytes | None) -> str | None:
         if key is None:
             return None
         return self.config.node.name if key == self.me else self._names.get(key, fingerprint(key))
 
-    async def _sync_loop(self) -> None:
-        while True:
-            await asyncio.sleep(REPLAY_SYNC_MS / 1000)
-            self._replay.sync()
-
     def _apply(self, sends: list[mb.Send]) -> None:
-        if self.membership.incarnation != self._saved_incarnation:   # persist before send
+        """Send membership's messages. A raised incarnation is persisted first when the disk lets
+        us; when it does not, the messages go anyway (a site that cannot refute a suspicion is
+        declared dead) and the write is retried at the next step."""
+        self._log_state_changes()
+        if self._tg is not None:
+            timeout_ms = 2 * self.config.membership.probe_interval_ms
+            for send in sends:
+                frame = self._sealer.seal(send.dst, send.msg, _wall_us())
+                self._tg.create_task(self._client.send_best_effort(send.address, frame, timeout_ms))
+        if self.membership.incarnation != self._saved_incarnation:
             self.state.save_incarnation(self.membership.incarnation)
             self._saved_incarnation = self.membership.incarnation
-        self._log_state_changes()
-        if self._tg is None:
-            return
-        timeout_ms = 2 * self.config.membership.probe_interval_ms
-        for send in sends:
-            frame = self._sealer.seal(send.dst, send.msg, _wall_us())
-            self._tg.create_task(self._client.send_best_effort(send.address, frame, timeout_ms))
 
     def _log_state_changes(self) -> None:
         for view in self.membership.view():
@@ -203,12 +249,26 @@ class Node:
 
     # -- inbound ----------------------------------------------------------------------------
 
-    async def _on_frame(self, frame: bytes, peer_ip: str) -> None:
+    async def _on_frame(self, frame: bytes, header: wire.FrameHeader, peer_ip: str) -> None:
+        """A whole frame whose header verified. Raises RemoteProtocolError to refuse it; a refused
+        frame that belongs to a job is also reported to that job (its member sent bad data)."""
         now_ms = time.time_ns() // 1_000_000
-        if len(frame) > OFF_LOOP_BYTES_MIN:   # hashing and decrypting MiBs would stall the loop
-            envelope = await asyncio.to_thread(self._gate.open, frame, now_ms)
-        else:
-            envelope = self._gate.open(frame, now_ms)
+        try:
+            if len(frame) > OFF_LOOP_BYTES_MIN:   # hashing and decrypting MiBs would stall the loop
+                envelope = await asyncio.to_thread(self._gate.open, frame, now_ms)
+            else:
+                envelope = self._gate.open(frame, now_ms)
+            self._dispatch(envelope)
+        except RemoteProtocolError as exc:
+            sender, job = getattr(exc, "sender", None), getattr(exc, "job", "")
+            if sender is not None and job and exc.reason not in ("replay", "unknown_job"):
+                self.jobs.on_refused(sender, job, f"{exc.reason}: {exc.detail}")
+            raise
+        except Exception as exc:   # a bug in a handler: refuse this frame, keep serving
+            log.exception("frame_handler_failed", extra=fields(sender=self._name(header.sender)))
+            raise RemoteProtocolError("internal_error", type(exc).__name__) from None
+
+    def _dispatch(self, envelope: wire.Envelope) -> None:
         if isinstance(envelope.msg, (mb.Ping, mb.Ack, mb.PingReq, mb.IndirectAck)):
             self._apply(self.membership.receive(envelope.src, envelope.msg, _monotonic_ms()))
         elif isinstance(envelope.msg, el.MESSAGE_TYPES):
@@ -220,17 +280,19 @@ class Node:
         else:
             raise RemoteProtocolError("unexpected_kind", f"no handler for {envelope.kind}")
 
-    def _on_reject(self, exc: RemoteProtocolError, frame: bytes | None, peer_ip: str) -> None:
+    def _on_reject(self, exc: RemoteProtocolError, peer_ip: str) -> None:
+        """Count every refusal; log the first of each reason, then at most once per interval. The
+        log names a sender only when its frame header verified: a claim is not a sender."""
         self.rejected[exc.reason] += 1
         now = _monotonic_ms()
         if now - self._reject_logged_ms.get(exc.reason, -REJECT_LOG_INTERVAL_MS) < REJECT_LOG_INTERVAL_MS:
             return
         self._reject_logged_ms[exc.reason] = now
-        sender = self._gate.sender_of(frame) if frame is not None else None
+        sender = getattr(exc, "sender", None)
         log.warning("rejected", extra=fields(
             reason=exc.reason, detail=exc.detail, from_ip=peer_ip,
-            sender=fingerprint(sender) if sender else "-",
-            sender_name=self._names.get(sender, "not-a-member") if sender else "-",
+            sender=fingerprint(sender) if sender else "unverified claim",
+            sender_name=self._name(sender) if sender else "-",
             count=self.rejected[exc.reason]))
 
     # -- status -----------------------------------------------------------------------------
@@ -262,6 +324,9 @@ class Node:
                      for j in self.jobs.list()[:STATUS_JOBS_MAX]],
             "rejected": dict(sorted(self.rejected.items())),
             "dropped_sends": self._client.dropped_best_effort,
+            "connections": {**self._server.connections(), "shed": dict(self._server.shed),
+                            "open_files_limit": self._open_files},
+            "loop_errors": dict(self._loop_errors),
             "sent_bytes": dict(self._client.sent_bytes),   # reliable: jobs; best_effort: membership, election
         }
 
@@ -298,11 +363,19 @@ class Node:
         return self.identity.pairwise_seed(peer, label)
 
     async def send(self, dst: bytes, msg: object, job_id: str, timeout_ms: int) -> None:
-        """Deliver within timeout_ms (the transport's retries included) or raise PeerUnreachable."""
+        """Deliver within timeout_ms (the transport's retries included) or raise PeerUnreachable;
+        PeerRefused when the peer proved that it refused the message."""
+        address = self._address(dst)
+        if address is None:
+            raise PeerUnreachable(dst, "not a member in this site's peers.toml")
         try:
-            await asyncio.wait_for(self.send_reliable(dst, self.membership.address_of(dst), msg, job=job_id,
+            await asyncio.wait_for(self.send_reliable(dst, address, msg, job=job_id,
                                                       large=_payload_bytes(msg) > OFF_LOOP_BYTES_MIN),
                                    timeout_ms / 1000)
+        except SendRefused as exc:
+            if exc.frame is not None and wire.refusal_verified(self._keys, dst, exc.frame, exc.reason, exc.tag):
+                raise PeerRefused(dst, exc.reason) from None
+            raise PeerUnreachable(dst, str(exc)) from None   # an unproven 400: from anyone on the path
         except SendError as exc:
             raise PeerUnreachable(dst, str(exc)) from None
         except TimeoutError:
@@ -312,7 +385,14 @@ class Node:
         if self._tg is None:
             coro.close()
             raise JobError("the daemon is shutting down")
-        return self._tg.create_task(coro)
+        return self._tg.create_task(self._supervised(coro))
+
+    async def _supervised(self, coro: Any) -> None:
+        """A job's task: whatever it raises (its own error handling included) ends it alone."""
+        try:
+            await coro
+        except Exception as exc:
+            self._log_loop_error("job_task", exc)
 
     async def send_reliable(self, dst: bytes, address: str, msg: object, *, job: str = "", term: int = 0,
                             large: bool = False) -> None:
@@ -322,7 +402,11 @@ class Node:
             frame = await asyncio.to_thread(self._sealer.seal, dst, msg, _wall_us(), job=job, term=term)
         else:
             frame = self._sealer.seal(dst, msg, _wall_us(), job=job, term=term)
-        await self._client.send(address, frame)
+        try:
+            await self._client.send(address, frame)
+        except SendRefused as exc:
+            exc.frame = frame     # the caller checks the refusal's proof against what was sent
+            raise
 
     async def _admin_propose(self, request: web.Request) -> web.Response:
         try:
@@ -355,8 +439,10 @@ class Node:
         try:
             doc = await request.json()
             peer, count, size = str(doc["peer"]), int(doc.get("count", 10)), int(doc.get("payload_bytes", 64))
-            if not (1 <= count <= PING_COUNT_MAX and 0 <= size <= self.config.limits.message_bytes_max // 2):
-                raise ValueError("count or payload_bytes out of range")
+            if not (1 <= count <= PING_COUNT_MAX and 0 <= size <= self.config.limits.message_bytes_max // 2
+                    and count * size <= PING_BYTES_MAX):
+                raise ValueError(f"count or payload_bytes out of range (count <= {PING_COUNT_MAX}, "
+                                 f"count x payload_bytes <= {PING_BYTES_MAX})")
             return web.json_response({"peer": peer, "payload_bytes": size,
                                       "delivery_ms": await self.ping(peer, count, size)})
         except (KeyError, ValueError, TypeError) as exc:

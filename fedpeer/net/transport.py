@@ -1,9 +1,18 @@
-"""aiohttp transport between peers: one POST per frame, nothing else on the peer port.
+"""The peer port: one POST per frame, nothing else — a small HTTP/1.1 server of our own, and an
+aiohttp client.
 
-The server knows nothing of messages: it caps the size, bounds how many bodies are read at once,
-and hands the bytes to `on_frame`, which raises `RemoteProtocolError` to reject. The client keeps
-connections alive (one pooled session), and retries a reliable send with exponential backoff and
-full jitter; best-effort sends (gossip) are tried once.
+The server is written for strangers as much as for peers (DESIGN §5): it reads the request's head
+and the frame's 64-byte header (`wire.HEADER_BYTES`) under a deadline, has the header
+authenticated (`admit`: who sent it, how long it is), and only then takes a read slot and reads the
+body — also under a deadline sized by the body. So without a member's key nobody makes us read,
+buffer or wait for a body. Connections are bounded in total (and under the process's open-files
+limit, leaving descriptors for state writes and the admin socket), and connections that have not
+yet sent an authenticated header have a small budget of their own: when it is full, the oldest such
+connection from the busiest address is closed to make room. A refusal after the header verified is
+answered with a tag (`X-Fedpeer-Refusal`) that proves to the sender that this node refused it.
+
+The client keeps connections alive (one pooled session), and retries a reliable send with
+exponential backoff and full jitter; best-effort sends (gossip) are tried once.
 """
 
 from __future__ import annotations
@@ -11,15 +20,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import resource
+from collections import Counter
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 import aiohttp
-from aiohttp import web
 
 from ..config import Address, Limits
 from ..errors import RemoteProtocolError
+from ..logs import fields
+from ..wire import HEADER_BYTES, FrameHeader
 
 PATH = "/fedpeer/v1/frame"
+REFUSAL_HEADER = "X-Fedpeer-Refusal"
+HTTP_HEAD_BYTES_MAX = 8 * 1024          # request line + headers; our client sends ~200 bytes
+FDS_RESERVED = 320                      # descriptors kept for outbound connections, state files, admin
+OUTBOUND_CONNECTIONS_MAX = 256          # the client's pool (counted in FDS_RESERVED)
 log = logging.getLogger("fedpeer.transport")
 
 
@@ -27,55 +44,280 @@ class SendError(Exception):
     """A frame could not be delivered (after the allowed retries)."""
 
 
+class SendRefused(SendError):
+    """The peer answered 400: it refused the frame. `tag` proves the refusal if the peer verified us."""
+
+    def __init__(self, address: str, reason: str, tag: str) -> None:
+        super().__init__(f"{address} refused the frame: {reason}")
+        self.reason, self.tag = reason, tag
+        self.frame: bytes | None = None      # set by the node: the refused frame, to check the tag
+
+
+def raise_open_files_limit() -> int:
+    """Raise the soft open-files limit to the hard one (the usual 1,024 is few for a server);
+    returns the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as exc:
+            log.warning("open_files_limit", extra=fields(soft=soft, hard=hard, error=str(exc)))
+    return soft
+
+
+class _Reply(Exception):
+    """Answer the current request with `status` and `reason`, then close unless `keep`."""
+
+    def __init__(self, status: int, reason: str, keep: bool = False, tag: str = "") -> None:
+        super().__init__(reason)
+        self.status, self.reason, self.keep, self.tag = status, reason, keep, tag
+
+
+_STATUS_TEXT = {204: "No Content", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout",
+                405: "Method Not Allowed", 411: "Length Required", 413: "Payload Too Large", 431: "Request Header Fields Too Large",
+                500: "Internal Server Error", 503: "Service Unavailable"}
+
+
+@dataclass(eq=False)
+class _Conn:
+    writer: asyncio.StreamWriter
+    ip: str
+    sender: bytes | None = None            # set once a frame header from this connection verified
+
+
+@dataclass
+class _Books:
+    """Who holds which connection: the budgets the server enforces."""
+
+    conns: dict[_Conn, None] = field(default_factory=dict)            # insertion order = age
+    unverified: dict[_Conn, None] = field(default_factory=dict)
+    unverified_by_ip: Counter[str] = field(default_factory=Counter)
+
+    def add(self, conn: _Conn) -> None:
+        self.conns[conn] = None
+        self.unverified[conn] = None
+        self.unverified_by_ip[conn.ip] += 1
+
+    def verify(self, conn: _Conn, sender: bytes) -> None:
+        if conn.sender is None:
+            self.unverified.pop(conn, None)
+            self._drop_ip(conn.ip)
+        conn.sender = sender
+
+    def remove(self, conn: _Conn) -> None:
+        self.conns.pop(conn, None)
+        if self.unverified.pop(conn, 0) is None:
+            self._drop_ip(conn.ip)
+
+    def _drop_ip(self, ip: str) -> None:
+        self.unverified_by_ip[ip] -= 1
+        if self.unverified_by_ip[ip] <= 0:
+            del self.unverified_by_ip[ip]
+
+    def oldest_unverified(self, ip: str | None = None) -> _Conn | None:
+        """The oldest unauthenticated connection from `ip`, or from the busiest address."""
+        if ip is None and self.unverified_by_ip:
+            ip = self.unverified_by_ip.most_common(1)[0][0]
+        return next((c for c in self.unverified if c.ip == ip), None)
+
+
 class PeerServer:
     def __init__(self, listen: Address, limits: Limits,
-                 on_frame: Callable[[bytes, str], Awaitable[None]],
-                 on_reject: Callable[[RemoteProtocolError, bytes | None, str], None]) -> None:
-        """on_frame(frame, peer_ip) raises RemoteProtocolError to reject; on_reject(error, frame,
-        peer_ip) is told of frames refused before on_frame (oversize) for counting and logging."""
+                 admit: Callable[[bytes], FrameHeader],
+                 on_frame: Callable[[bytes, FrameHeader, str], Awaitable[None]],
+                 on_reject: Callable[[RemoteProtocolError, str], None],
+                 refusal_tag: Callable[[bytes, int, str], str]) -> None:
+        """admit(first 64 bytes) authenticates a frame header or raises RemoteProtocolError;
+        on_frame(frame, header, peer_ip) raises RemoteProtocolError to refuse a whole frame;
+        on_reject(error, peer_ip) counts and logs every refusal; refusal_tag(sender, seq, reason)
+        proves a refusal to an authenticated sender."""
         self._listen = listen
         self._limits = limits
+        self._admit = admit
         self._on_frame = on_frame
         self._on_reject = on_reject
+        self._refusal_tag = refusal_tag
         self._reading = asyncio.Semaphore(limits.inbound_concurrent_max)
-        self._runner: web.AppRunner | None = None
+        self._per_peer: dict[bytes, asyncio.Semaphore] = {}
+        self._books = _Books()
+        self._server: asyncio.Server | None = None
         self.port: int | None = None
+        self.shed = Counter[str]()          # connections closed to keep the budgets, by reason
 
     async def start(self) -> None:
-        app = web.Application(client_max_size=self._limits.message_bytes_max)
-        app.router.add_post(PATH, self._handle)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
-                                     shutdown_timeout=self._limits.shutdown_grace_ms / 1000)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self._listen.host, self._listen.port,
-                           reuse_address=True, reuse_port=False)
-        await site.start()   # OSError (e.g. port in use) propagates to the node
-        sockets = self._runner.addresses
-        self.port = sockets[0][1] if sockets else self._listen.port
+        self._server = await asyncio.start_server(
+            self._serve, self._listen.host, self._listen.port, limit=HTTP_HEAD_BYTES_MAX,
+            reuse_address=True, backlog=128)   # OSError (e.g. port in use) propagates to the node
+        self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._server is None:
+            return
+        self._server.close()
+        for conn in list(self._books.conns):
+            conn.writer.transport.abort()
+        try:
+            async with asyncio.timeout(self._limits.shutdown_grace_ms / 1000):
+                await self._server.wait_closed()
+        except TimeoutError:
+            pass
+        self._server = None
 
-    async def _handle(self, request: web.Request) -> web.Response:
-        peer_ip = request.remote or "?"
-        length = request.content_length
-        if length is not None and length > self._limits.message_bytes_max:
-            self._on_reject(RemoteProtocolError("oversize", f"content-length {length}"), None, peer_ip)
-            return web.Response(status=413, text="oversize")
-        async with self._reading:   # bounds the memory held by bodies being read and decoded
-            try:
-                frame = await request.read()
-            except web.HTTPRequestEntityTooLarge:
-                self._on_reject(RemoteProtocolError("oversize", "body over the cap"), None, peer_ip)
-                return web.Response(status=413, text="oversize")
-            try:
-                await self._on_frame(frame, peer_ip)
-            except RemoteProtocolError as exc:
-                self._on_reject(exc, frame, peer_ip)
-                return web.Response(status=400, text=exc.reason)
-        return web.Response(status=204)
+    def connections(self) -> dict[str, int]:
+        return {"open": len(self._books.conns), "unverified": len(self._books.unverified)}
+
+    # -- admission -----------------------------------------------------------------------------
+
+    def _connections_cap(self) -> int:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]   # read each time: an operator may lower it
+        return max(1, min(self._limits.connections_max, soft - FDS_RESERVED))
+
+    def _make_room(self, conn: _Conn) -> bool:
+        """Evict unauthenticated connections until `conn` fits every budget; False if it cannot."""
+        books, limits = self._books, self._limits
+        while True:
+            if books.unverified_by_ip[conn.ip] >= limits.unverified_per_ip_max:
+                victim, why = books.oldest_unverified(conn.ip), "per_ip"
+            elif len(books.unverified) >= limits.unverified_connections_max:
+                victim, why = books.oldest_unverified(), "unverified"
+            elif len(books.conns) >= self._connections_cap():
+                victim, why = books.oldest_unverified(), "total"
+            else:
+                return True
+            if victim is None:
+                self.shed["refused_" + why] += 1
+                return False
+            self.shed["evicted_" + why] += 1
+            books.remove(victim)
+            victim.writer.transport.abort()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        conn = _Conn(writer=writer, ip=str(peer[0]) if peer else "?")
+        if not self._make_room(conn):
+            writer.transport.abort()
+            return
+        self._books.add(conn)
+        try:
+            while await self._one_request(conn, reader):
+                pass
+        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
+            pass
+        except Exception:   # a bug: this connection ends, the server goes on
+            log.exception("peer_connection_failed", extra=fields(from_ip=conn.ip))
+        finally:
+            self._books.remove(conn)
+            writer.transport.abort()
+
+    # -- one request ---------------------------------------------------------------------------
+
+    async def _one_request(self, conn: _Conn, reader: asyncio.StreamReader) -> bool:
+        """Serve one request; False when the connection is to be closed."""
+        idle_s = (self._limits.idle_timeout_ms if conn.sender else self._limits.header_timeout_ms) / 1000
+        async with asyncio.timeout(idle_s):
+            first = await reader.read(1)
+        if not first:
+            return False
+        try:
+            return await self._handle(conn, reader, first)
+        except _Reply as reply:
+            self._on_reject(RemoteProtocolError(reply.reason, f"HTTP {reply.status}"), conn.ip)
+            await self._respond(conn, reply.status, reply.reason, reply.keep, reply.tag)
+            return reply.keep
+
+    async def _handle(self, conn: _Conn, reader: asyncio.StreamReader, first: bytes) -> bool:
+        limits = self._limits
+        try:
+            async with asyncio.timeout(limits.header_timeout_ms / 1000):
+                length, keep = _parse_head(first + await reader.readuntil(b"\r\n\r\n"), limits.message_bytes_max)
+                head = await reader.readexactly(min(length, HEADER_BYTES))
+        except asyncio.LimitOverrunError:
+            raise _Reply(431, "head_too_large") from None
+        except TimeoutError:
+            raise _Reply(408, "header_timeout") from None
+        try:
+            if length < HEADER_BYTES:
+                raise RemoteProtocolError("frame", "truncated or not a fedpeer frame")
+            header = self._admit(head)
+            if header.length != length:
+                raise RemoteProtocolError("frame", f"content-length {length}, the header says {header.length}")
+        except RemoteProtocolError as exc:
+            self._on_reject(exc, conn.ip)
+            await self._respond(conn, 413 if exc.reason == "oversize" else 400, exc.reason, False, "")
+            return False
+        self._books.verify(conn, header.sender)
+        frame = await self._read_body(conn, reader, header, head)
+        try:
+            await self._on_frame(frame, header, conn.ip)
+        except RemoteProtocolError as exc:
+            self._on_reject(exc, conn.ip)
+            tag = self._refusal_tag(header.sender, header.seq, exc.reason)
+            await self._respond(conn, 400, exc.reason, keep, tag)
+            return keep
+        await self._respond(conn, 204, "", keep, "")
+        return keep
+
+    async def _read_body(self, conn: _Conn, reader: asyncio.StreamReader, header: FrameHeader, head: bytes) -> bytes:
+        """Take a read slot (this peer's, then the node's) and read the rest within the deadline."""
+        limits = self._limits
+        rest = header.length - HEADER_BYTES
+        deadline_s = (limits.body_timeout_ms + 1000 * rest / max(1, limits.body_bytes_per_s_min)) / 1000
+        per_peer = self._per_peer.setdefault(header.sender, asyncio.Semaphore(limits.inbound_per_peer_max))
+        try:
+            async with asyncio.timeout(deadline_s):
+                async with per_peer, self._reading:
+                    body = await reader.readexactly(rest) if rest else b""
+        except TimeoutError:
+            raise _Reply(408, "body_timeout") from None
+        return head + body
+
+    async def _respond(self, conn: _Conn, status: int, reason: str, keep: bool, tag: str) -> None:
+        body = reason.encode() if status != 204 else b""
+        lines = [f"HTTP/1.1 {status} {_STATUS_TEXT.get(status, 'Error')}"]
+        if status != 204:
+            lines += ["Content-Type: text/plain", f"Content-Length: {len(body)}"]
+        if tag:
+            lines.append(f"{REFUSAL_HEADER}: {tag}")
+        if not keep:
+            lines.append("Connection: close")
+        conn.writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+        async with asyncio.timeout(self._limits.header_timeout_ms / 1000):
+            await conn.writer.drain()
+
+
+def _parse_head(head: bytes, bytes_max: int) -> tuple[int, bool]:
+    """(content length, keep-alive) of a request for our one path; raises _Reply otherwise."""
+    try:
+        text = head.decode("latin-1")
+        request_line, *header_lines = text[:-4].split("\r\n")
+        method, target, version = request_line.split(" ")
+    except ValueError:
+        raise _Reply(400, "bad_request") from None
+    if target != PATH:
+        raise _Reply(404, "not_found")
+    if method != "POST":
+        raise _Reply(405, "method_not_allowed")
+    headers: dict[str, str] = {}
+    for line in header_lines:
+        name, sep, value = line.partition(":")
+        if not sep:
+            raise _Reply(400, "bad_request")
+        name = name.strip().lower()
+        if name in headers and name in ("content-length", "transfer-encoding"):
+            raise _Reply(400, "bad_request")      # request smuggling shapes: refuse, do not guess
+        headers[name] = value.strip()
+    if "transfer-encoding" in headers:
+        raise _Reply(411, "length_required")     # frames have a length; no chunked bodies
+    length_text = headers.get("content-length", "")
+    if not length_text.isdigit() or len(length_text) > 12:
+        raise _Reply(411, "length_required")
+    length = int(length_text)
+    if length > bytes_max:
+        raise _Reply(413, "oversize")
+    connection = headers.get("connection", "").lower()
+    keep = connection != "close" if version == "HTTP/1.1" else connection == "keep-alive"
+    return length, keep
 
 
 class PeerClient:
@@ -90,7 +332,7 @@ class PeerClient:
     async def start(self) -> None:
         timeout = aiohttp.ClientTimeout(total=self._limits.http_timeout_ms / 1000,
                                         sock_connect=self._limits.http_connect_timeout_ms / 1000)
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=8, keepalive_timeout=30)
+        connector = aiohttp.TCPConnector(limit=OUTBOUND_CONNECTIONS_MAX, limit_per_host=8, keepalive_timeout=30)
         self._session = aiohttp.ClientSession(timeout=timeout, connector=connector)
 
     async def stop(self) -> None:
@@ -104,7 +346,9 @@ class PeerClient:
         async with self._session.post(f"http://{address}{PATH}", data=frame,
                                       timeout=timeout or aiohttp.helpers.sentinel) as resp:
             if resp.status != 204:
-                reason = (await resp.text())[:100]
+                reason = (await resp.text(errors="replace"))[:100]
+                if resp.status == 400:
+                    raise SendRefused(address, reason, resp.headers.get(REFUSAL_HEADER, "")[:64])
                 raise SendError(f"{address} refused the frame: HTTP {resp.status} {reason}")
 
     async def send(self, address: str, frame: bytes) -> None:

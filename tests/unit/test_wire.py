@@ -72,7 +72,7 @@ def test_every_single_bit_flip_is_rejected(peers: Peers) -> None:
     for i in range(0, len(frame) * 8, 7):    # every 7th bit: header, signature, nonce, body
         flipped = bytearray(frame)
         flipped[i // 8] ^= 1 << (i % 8)
-        assert reason(peers.gate, bytes(flipped)) in {"frame", "unknown_sender", "signature"}
+        assert reason(peers.gate, bytes(flipped)) in {"frame", "unknown_sender", "header", "oversize", "signature"}
 
 
 def test_replay_rejected_also_after_restart(peers: Peers) -> None:
@@ -92,7 +92,7 @@ def test_out_of_order_inside_window_accepted_once(peers: Peers) -> None:
 def test_addressed_to_another_node(peers: Peers) -> None:
     carol = Identity.generate()
     frame = peers.alice_sealer.seal(carol.public_key, peers.ping(), NOW_US)
-    assert reason(peers.gate, frame) == "decrypt"   # sealed to carol: bob cannot open it
+    assert reason(peers.gate, frame) == "header"   # sealed to carol: the header tag is not for bob
 
 
 def test_wrong_dst_inside_a_frame_bob_can_open(peers: Peers) -> None:
@@ -220,3 +220,77 @@ def test_array_codec_checks_length_and_dtype() -> None:
         check({**enc, "shape": [1000, 1000]}, "x")
     with pytest.raises(RemoteProtocolError):
         check(wire.encode_array(np.array([np.nan])), "x")
+
+
+# -- the frame header: the sender is known from the first 64 bytes ----------------------------
+
+def test_header_authenticates_the_sender_before_the_body(peers: Peers) -> None:
+    frame = peers.frame()
+    header = peers.gate.open_header(frame[:wire.HEADER_BYTES])
+    assert (header.sender, header.length) == (peers.alice.public_key, len(frame))
+    stranger = wire.Sealer(peers.mallory).seal(peers.bob.public_key, peers.ping(), NOW_US)
+    with pytest.raises(RemoteProtocolError, match="unknown_sender"):
+        peers.gate.open_header(stranger[:wire.HEADER_BYTES])
+    # a stranger claiming Alice's key cannot make the tag; nor can anyone lengthen a real header
+    forged = frame[:4] + peers.alice.public_key + frame[36:wire.HEADER_BYTES]
+    longer = bytearray(frame[:wire.HEADER_BYTES])
+    longer[44:48] = (len(frame) + 1000).to_bytes(4, "little")
+    for bad in (forged[:-1] + bytes([forged[-1] ^ 1]), bytes(longer)):
+        with pytest.raises(RemoteProtocolError) as err:
+            peers.gate.open_header(bad)
+        assert err.value.reason == "header"
+        assert getattr(err.value, "sender", None) is None      # not verified: nobody to blame
+
+
+def test_a_replayed_header_is_refused_before_its_body(peers: Peers) -> None:
+    frame = peers.frame()
+    peers.gate.open(frame, NOW_MS)
+    with pytest.raises(RemoteProtocolError) as err:
+        peers.gate.open_header(frame[:wire.HEADER_BYTES])
+    assert err.value.reason == "replay" and err.value.sender == peers.alice.public_key
+
+
+def test_header_declaring_more_than_the_cap_is_oversize(peers: Peers) -> None:
+    gate = peers.new_gate(bytes_max=1024)
+    big = peers.frame(msg=wire.DiagProbe(b"x" * 2000))
+    with pytest.raises(RemoteProtocolError, match="oversize"):
+        gate.open_header(big[:wire.HEADER_BYTES])
+
+
+def test_errors_after_the_header_name_the_verified_sender_and_job(peers: Peers) -> None:
+    env = msgpack.packb({"v": 1, "kind": "ping", "src": peers.alice.public_key, "dst": peers.bob.public_key,
+                         "job": "stats-1", "term": 0, "seq": NOW_US + 5, "ts_ms": NOW_MS, "body": {"x": 1}})
+    with pytest.raises(RemoteProtocolError) as err:
+        peers.gate.open(frames.seal_raw(peers.alice, peers.bob.public_key, env), NOW_MS)
+    assert (err.value.reason, err.value.sender, err.value.job) == ("schema", peers.alice.public_key, "stats-1")
+
+
+def test_refusals_are_authenticated(peers: Peers) -> None:
+    frame = peers.frame()
+    tag = peers.gate.refusal_tag(peers.alice.public_key, wire.parse_header(frame).seq, "schema")
+    keys = peers.alice_sealer.keys
+    assert wire.refusal_verified(keys, peers.bob.public_key, frame, "schema", tag)
+    assert not wire.refusal_verified(keys, peers.bob.public_key, frame, "replay", tag)   # other reason
+    assert not wire.refusal_verified(keys, peers.mallory.public_key, frame, "schema", tag)
+    assert not wire.refusal_verified(keys, peers.bob.public_key, frame, "schema", "zz")
+
+
+def test_decoded_item_budget_stops_amplification_early(peers: Peers) -> None:
+    """24 arrays of 2^20 empty arrays: within every length and depth limit, 24 MiB on the wire,
+    1.8 GiB and 22 s to decode whole. The budget stops msgpack after DECODED_ITEMS_MAX items."""
+    import time
+
+    inner = b"\xdd" + (1 << 20).to_bytes(4, "big") + b"\x90" * (1 << 20)
+    plaintext = b"\xdc" + (24).to_bytes(2, "big") + inner * 24
+    gate = peers.new_gate(bytes_max=64 << 20)
+    frame = frames.seal_raw(peers.alice, peers.bob.public_key, plaintext, seq=NOW_US)
+    started = time.perf_counter()
+    with pytest.raises(RemoteProtocolError) as err:
+        gate.open(frame, NOW_MS)
+    assert err.value.reason == "decode" and "decoded items" in err.value.detail
+    assert time.perf_counter() - started < 5    # generous: the point is seconds, not 22 s
+
+
+def test_legit_large_lists_fit_the_budget(peers: Peers) -> None:
+    features = [f"f{i}" for i in range(100_000)]     # the largest list a job message may carry
+    assert len(wire._decode(msgpack.packb({"features": features}), 1 << 30)["features"]) == 100_000
