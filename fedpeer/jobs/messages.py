@@ -5,12 +5,23 @@ All travel with the job id in the envelope's `job` field too; the registry check
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from .. import wire
 from ..wire import NODE_ID, v_bytes, v_int, v_list, v_str
 
-JOB_ID = v_str(64)
+# A job id names a directory under state/jobs: always `fullmatch` (`match` with `$` lets a trailing
+# newline through, and the directory name would then hold it).
+JOB_ID_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
+
+
+def JOB_ID(value: object, where: str) -> str:   # noqa: N802  (a validator, named like the others)
+    text = v_str(64)(value, where)
+    if not JOB_ID_RE.fullmatch(text):
+        raise wire.RemoteProtocolError("schema", f"{where}: a job id is 1-64 of [a-z0-9-], starting with a letter or digit")
+    return text
+
 REASON = v_str(2048)
 MEMBERS_MAX = 128
 _PARAM_VALUE = lambda v, where: _param_value(v, where)  # noqa: E731

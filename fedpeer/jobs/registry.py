@@ -7,9 +7,19 @@ Rules:
   member's record ends `failed` with the reason and the site it is about.
 - Every wait is bounded ([jobs] limits): no answer, no start, a job running too long: failed.
 - A member whose job fails tells the other members (JobAbort), so nobody waits for it in vain;
-  the first reason a member hears is the one it keeps.
+  the first reason a member hears is the one it keeps. A member that refuses a proposal tells only
+  the proposer (one JobReject); the proposer, who announced the job, tells the others.
 - Records live in state/jobs/<id>/job.json, written atomically at every state change; a record
-  found non-terminal at start-up (the daemon died mid-job) is marked failed.
+  found non-terminal at start-up (the daemon died mid-job) is marked failed. A write that fails
+  (disk full, EIO, EMFILE) leaves the record in memory and is retried at its next change; while
+  the state dir takes no writes, new proposals (ours and peers') are refused with its reason.
+- Supervision: every job task runs under `_guard`, and nothing in it — its error handling
+  included — propagates to the node's task group: a failure ends that job only.
+- A member's key buys it bounded load here: a proposal rate (token bucket) and a number of
+  pending proposals per proposer; beyond them, proposals are refused at the gate (no record, no
+  task, no send). Only running jobs hold `jobs_concurrent_max` slots. A peer's proposal is written
+  to disk only once it runs: refused or never-started ones live in a small in-memory list.
+- We never send to a key that is not in peers.toml: a proposal naming one is refused, naming it.
 - Rows never leave the site: the registry only ever sends fingerprints and column names.
 """
 
@@ -18,9 +28,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,17 +40,23 @@ from ..config import Config
 from ..errors import DataError, FedpeerError, JobError, RemoteProtocolError
 from ..identity import fingerprint
 from ..logs import fields
-from ..net.channel import Mailbox, PeerUnreachable, RecvTimeout
+from ..net.channel import Mailbox, MalformedFrom, PeerRefused, PeerUnreachable, RecvTimeout
 from ..store import read_json, write_json
 from . import messages as m
 from .base import JobContext, JobFailsEverywhere, JobKind
+from .messages import JOB_ID_RE
 
 log = logging.getLogger("fedpeer.jobs")
 TERMINAL = ("done", "failed", "cancelled")
-JOB_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+PENDING = ("proposed", "accepted")      # known, not yet running: holds no jobs_concurrent_max slot
 ABORT_SEND_TIMEOUT_MS = 5_000
 ABORT_GRACE_MS = 1_000          # a local failure waits this long for a peer's abort with the cause
 RECORDS_LISTED_MAX = 200
+# Insider load (issue 11 item 4): a member's key must not fill our disk, memory or job slots.
+PROPOSALS_BURST_MAX = 8         # proposals one member may send at once (token bucket size) ...
+PROPOSAL_REFILL_MS = 2_000      # ... then one more per this interval: honest sites propose by hand
+PENDING_PER_PROPOSER_MAX = 4    # proposed or accepted, not yet running, per proposing member
+UNSTORED_RECORDS_MAX = 64       # refused / never-started peer proposals kept in memory (oldest out)
 
 
 class Transport(Protocol):
@@ -79,6 +95,8 @@ class JobRecord:
     test_data: Any = field(default=None, repr=False)
     start_signal: asyncio.Future | None = field(default=None, repr=False)   # member: set by JobStart
     announced: bool = False      # other members know of the job (so they must hear how it ends)
+    stored: bool = True          # written to disk; a peer's proposal only once it runs
+    dirty: bool = False          # the last write failed: retried at the next state change
 
     def to_json(self, names: Mapping[bytes, str], now_ms: int) -> dict:
         end = self.finished_ms or now_ms
@@ -136,14 +154,19 @@ class NodeChannel:
 
 class JobRegistry:
     def __init__(self, config: Config, transport: Transport, names: Mapping[bytes, str],
-                 kinds: Mapping[str, JobKind], spawn: Callable[[Any], asyncio.Task]) -> None:
+                 kinds: Mapping[str, JobKind], spawn: Callable[[Any], asyncio.Task], *,
+                 state: Any = None) -> None:
         self.config = config
         self.transport = transport
         self.names = names                     # every member key, me included -> local name
         self.kinds = kinds
         self._spawn = spawn
+        self.state = state                     # fedpeer.store.StateDir (write_record, health), or None
         self._root = config.node.state_dir / "jobs"
         self.jobs: dict[str, JobRecord] = {}
+        self.unstored: OrderedDict[str, JobRecord] = OrderedDict()   # peers' proposals that never ran
+        self._unsaved: dict[str, JobRecord] = {}                       # records whose last write failed
+        self._buckets: dict[bytes, tuple[float, int]] = {}             # proposer -> (tokens, at_ms)
         self._replies: dict[tuple[str, bytes], asyncio.Future] = {}
         self._load_records()
 
@@ -166,42 +189,97 @@ class JobRegistry:
             self.jobs[record.id] = record
 
     def _save(self, record: JobRecord) -> None:
-        doc = record.to_json(self.names, self.transport.now_ms())
-        doc["_members"] = [k.hex() for k in record.members]
-        doc["_proposer"] = record.proposer.hex()
-        write_json(self._root / record.id / "job.json", doc)
+        """Write the record; never raises. A failed write keeps the record in memory (it is the
+        truth) and is retried at the next state change of any record."""
+        if not record.stored:
+            return
+        if self._write(record):
+            for other in [r for r in self._unsaved.values() if r is not record]:
+                if not self._write(other):
+                    break
+
+    def _write(self, record: JobRecord) -> bool:
+        path = self._root / record.id / "job.json"
+        try:
+            doc = record.to_json(self.names, self.transport.now_ms())
+            doc["_members"] = [k.hex() for k in record.members]
+            doc["_proposer"] = record.proposer.hex()
+            if self.state is not None:
+                self.state.write_record(path, doc)
+            else:
+                write_json(path, doc)
+        except Exception as exc:   # ENOSPC, EIO, EMFILE, or a bug: this record waits, the node goes on
+            first = not record.dirty
+            record.dirty = True
+            self._unsaved[record.id] = record
+            if first:   # the state dir's health logs the episode; here once per record
+                log.warning("job_record_not_saved", extra=fields(job=record.id, state=record.state,
+                                                                  error=f"{type(exc).__name__}: {exc}"))
+            return False
+        record.dirty = False
+        self._unsaved.pop(record.id, None)
+        return True
+
+    def _disk_problem(self) -> str | None:
+        """Why new jobs must be refused now (the state dir takes no writes), or None."""
+        if self.state is None or self.state.health().get("writable", True):
+            return None
+        probe = getattr(self.state, "probe", None)   # one small write, rate-limited by the store
+        if probe is not None and probe():
+            return None
+        return self.state.health().get("error") or f"disk full at {self.config.node.state_dir}"
 
     # -- queries -----------------------------------------------------------------------------
 
+    def _all(self) -> list[JobRecord]:
+        return [*self.jobs.values(), *self.unstored.values()]
+
+    def _find(self, job_id: str) -> JobRecord | None:
+        return self.jobs.get(job_id) or self.unstored.get(job_id)
+
     def list(self) -> list[dict]:
-        records = sorted(self.jobs.values(), key=lambda r: r.created_ms, reverse=True)[:RECORDS_LISTED_MAX]
+        records = sorted(self._all(), key=lambda r: r.created_ms, reverse=True)[:RECORDS_LISTED_MAX]
         return [{k: v for k, v in r.to_json(self.names, self.transport.now_ms()).items() if k not in ("result", "params")} for r in records]
 
     def show(self, job_id: str) -> dict:
-        record = self.jobs.get(job_id)
+        record = self._find(job_id)
         if record is None:
             raise JobError(f"no job {job_id!r} on this site")
         return record.to_json(self.names, self.transport.now_ms())
 
     def running(self) -> int:
-        return sum(r.state not in TERMINAL for r in self.jobs.values())
+        """Jobs holding a [jobs] jobs_concurrent_max slot: running ones only, not pending proposals."""
+        return sum(r.state == "running" for r in self.jobs.values())
+
+    def _pending_of(self, proposer: bytes) -> int:
+        return sum(r.state in PENDING and r.proposer == proposer for r in self.jobs.values())
 
     # -- proposing ---------------------------------------------------------------------------
 
     def propose(self, kind_name: str, params: Mapping[str, Any], member_names: list[str] | None = None) -> str:
+        problem = self._disk_problem()
+        if problem is not None:
+            raise JobError(f"{problem}: no new job until the state dir takes writes again")
         kind = self._kind_allowed(kind_name)
         checked = kind.check_params(params)
         members = self._choose_members(member_names)
         if len(members) < kind.members_min:
             raise JobError(f"{kind_name} needs at least {kind.members_min} members; alive now: "
                            f"{', '.join(self.names[k] for k in members)}")
+        if self._pending_of(self.transport.me) >= PENDING_PER_PROPOSER_MAX:
+            raise JobError(f"{PENDING_PER_PROPOSER_MAX} proposals of this site still wait for their members; "
+                           "retry when they have started (PENDING_PER_PROPOSER_MAX)")
         now = self.transport.now_ms()
         job_id = f"{kind_name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now / 1000))}-{secrets.token_hex(3)}"
         record = JobRecord(id=job_id, kind=kind_name, params=checked, proposer=self.transport.me,
                            members=members, created_ms=now)
         self.jobs[job_id] = record
         self._save(record)
-        record.task = self._spawn(self._guard(record, self._run_proposer(record, kind)))
+        try:
+            record.task = self._spawn(self._guard(record, self._run_proposer(record, kind)))
+        except JobError as exc:   # the daemon is stopping
+            self._finish(record, "failed", f"{self.config.node.name}: {exc}")
+            raise
         log.info("job_proposed", extra=fields(job=job_id, kind=kind_name, members=len(members)))
         return job_id
 
@@ -261,9 +339,15 @@ class JobRegistry:
         try:
             await self.transport.send(peer, msg, record.id, self.config.jobs.job_accept_timeout_ms)
         except PeerUnreachable as exc:
-            future = self._replies.get((record.id, peer))
-            if future is not None and not future.done():
-                future.set_result(m.JobReject(job_id=record.id, reason=f"unreachable: {exc}"))
+            reason = f"refused the proposal ({exc.reason})" if isinstance(exc, PeerRefused) else f"unreachable: {exc}"
+            self._answer(record.id, peer, m.JobReject(job_id=record.id, reason=reason))
+
+    def _answer(self, job_id: str, peer: bytes, answer: m.JobAccept | m.JobReject) -> bool:
+        future = self._replies.get((job_id, peer))
+        if future is None or future.done():
+            return False
+        future.set_result(answer)
+        return True
 
     async def _send_start(self, record: JobRecord, peer: bytes, msg: m.JobStart) -> None:
         try:
@@ -291,10 +375,8 @@ class JobRegistry:
         if isinstance(msg, m.JobPropose):
             self._on_propose(src, msg)
         elif isinstance(msg, (m.JobAccept, m.JobReject)):
-            future = self._replies.get((job_id, src))
-            if future is None or future.done():
+            if not self._answer(job_id, src, msg):
                 raise RemoteProtocolError("unknown_job", f"unexpected answer for job {job_id}")
-            future.set_result(msg)
         elif isinstance(msg, m.JobStart):
             self._on_start(src, msg)
         elif isinstance(msg, m.JobAbort):
@@ -305,34 +387,94 @@ class JobRegistry:
                 raise RemoteProtocolError("unknown_job", f"no running job {job_id!r} with that member")
             record.mailbox.put(src, msg)
 
+    def on_refused(self, src: bytes, job_id: str, reason: str) -> None:
+        """The gate refused a frame an authenticated member sent for `job_id`: whatever that job
+        waits for from `src` will not come. Its receives from `src` fail at once (MalformedFrom),
+        and an answer it owed to our proposal counts as a refusal naming it. Unknown job: ignored."""
+        record = self.jobs.get(job_id)
+        if record is None or src not in record.members or record.state in TERMINAL:
+            return
+        self._answer(job_id, src, m.JobReject(job_id=job_id, reason=f"sent a malformed answer ({reason})"))
+        record.mailbox.refuse(src, reason)
+
     def _on_propose(self, src: bytes, msg: m.JobPropose) -> None:
-        if msg.job_id in self.jobs or not JOB_ID_RE.match(msg.job_id):
+        if msg.job_id in self.jobs or msg.job_id in self.unstored or not JOB_ID_RE.fullmatch(msg.job_id):
             raise RemoteProtocolError("unknown_job", f"job id {msg.job_id!r} reused or malformed")
         members = tuple(msg.members)
         if src not in members or self.transport.me not in members or tuple(sorted(set(members))) != members:
             raise RemoteProtocolError("schema", "proposal members must be sorted, distinct, include proposer and me")
+        self._take_proposal_budget(src)
         record = JobRecord(id=msg.job_id, kind=msg.kind, params=dict(msg.params), proposer=src,
-                           members=members, created_ms=msg.created_ms, announced=True)
+                           members=members, created_ms=msg.created_ms, announced=True, stored=False)
+        refusal = self._policy_refusal(record)
+        if refusal is not None:
+            self._refuse(record, refusal)
+            return
         self.jobs[record.id] = record
-        record.task = self._spawn(self._guard(record, self._answer_proposal(record)))
+        try:
+            record.task = self._spawn(self._guard(record, self._answer_proposal(record)))
+        except JobError as exc:   # the daemon is stopping
+            self._finish(record, "failed", f"{self.config.node.name}: {exc}")
+
+    def _take_proposal_budget(self, src: bytes) -> None:
+        """Bounded load per member: refused here, a proposal costs no record, no task, no send."""
+        who = self.names.get(src, fingerprint(src))
+        pending = self._pending_of(src)
+        if pending >= PENDING_PER_PROPOSER_MAX:
+            raise RemoteProtocolError("job_limit", f"{who} already has {pending} pending proposals here "
+                                                   "(PENDING_PER_PROPOSER_MAX)")
+        now = self.transport.now_ms()
+        tokens, at_ms = self._buckets.get(src, (float(PROPOSALS_BURST_MAX), now))
+        tokens = min(float(PROPOSALS_BURST_MAX), tokens + max(0, now - at_ms) / PROPOSAL_REFILL_MS)
+        if tokens < 1.0:
+            self._buckets[src] = (tokens, now)
+            raise RemoteProtocolError("job_limit", f"{who} proposes faster than one job per "
+                                                   f"{PROPOSAL_REFILL_MS} ms (PROPOSALS_BURST_MAX)")
+        self._buckets[src] = (tokens - 1.0, now)
+
+    def _policy_refusal(self, record: JobRecord) -> str | None:
+        """Why this site declines the proposal without looking at its data, or None."""
+        unknown = [k for k in record.members if k not in self.names]
+        if unknown:
+            listed = ", ".join(fingerprint(k) for k in unknown[:4])
+            return (f"member(s) {listed} not in this site's peers.toml; add them there (and on every member) "
+                    "before proposing a job with them")
+        problem = self._disk_problem()
+        if problem is not None:
+            return f"{problem}: this site takes no new job until its state dir takes writes again"
+        if len(record.members) > self.config.policy.members_max:
+            return f"{len(record.members)} members exceed this site's [policy] members_max"
+        try:
+            record.params = self._kind_allowed(record.kind).check_params(record.params)
+        except JobError as exc:
+            return str(exc)
+        return None
+
+    def _refuse(self, record: JobRecord, reason: str) -> None:
+        """Decline a peer's proposal at once: see `_decline`; the JobReject goes out in its own task."""
+        reject = self._decline(record, reason)
+        try:
+            self._spawn(self._send_quietly(record.proposer, reject, record.id))
+        except JobError:
+            pass   # the daemon is stopping: the proposer's wait times out
+
+    def _decline(self, record: JobRecord, reason: str) -> m.JobReject:
+        """End a peer's proposal we will not run. Its proposer (who announced it) tells the other
+        members; we send one JobReject to it and nothing to anyone else, who may not even be known
+        here. The record lives in memory only."""
+        self._finish(record, "failed", f"{self.config.node.name}: {reason}")
+        log.info("job_refused", extra=fields(job=record.id, proposer=self.names.get(record.proposer, "?"),
+                                             reason=reason))
+        return m.JobReject(job_id=record.id, reason=reason)
 
     async def _answer_proposal(self, record: JobRecord) -> None:
+        kind = self.kinds[record.kind]    # _policy_refusal checked it
         try:
-            unknown = [k for k in record.members if k not in self.names]
-            if unknown:
-                raise JobError(f"member {fingerprint(unknown[0])} is not in this site's peers.toml")
-            kind = self._kind_allowed(record.kind)
-            record.params = kind.check_params(record.params)
-            if len(record.members) > self.config.policy.members_max:
-                raise JobError(f"{len(record.members)} members exceed this site's [policy] members_max")
             fp, features = await self._check_data(record, kind)
         except (JobError, DataError) as exc:
-            reason = str(exc)
-            await self._send_quietly(record.proposer, m.JobReject(job_id=record.id, reason=reason), record.id)
-            raise _SiteFailure(self.transport.me, reason) from None
+            raise _Refused(str(exc)) from None
         record.state, record.phase = "accepted", "waiting for the start"
         record.start_signal = asyncio.get_running_loop().create_future()   # before the accept: a fast start
-        self._save(record)
         accept = m.JobAccept(job_id=record.id, fingerprint=fp, features=list(features))
         try:
             await self.transport.send(record.proposer, accept, record.id, self.config.jobs.job_accept_timeout_ms)
@@ -353,7 +495,7 @@ class JobRegistry:
         record.start_signal.set_result(None)
 
     def _on_abort(self, src: bytes, msg: m.JobAbort) -> None:
-        record = self.jobs.get(msg.job_id)
+        record = self._find(msg.job_id)
         if record is None or src not in record.members:
             raise RemoteProtocolError("unknown_job", f"abort of unknown job {msg.job_id!r}")
         if record.state in TERMINAL:
@@ -389,7 +531,11 @@ class JobRegistry:
         return dataset.fingerprint, dataset.features
 
     async def _execute(self, record: JobRecord, kind: JobKind) -> None:
+        limit = self.config.jobs.jobs_concurrent_max
+        if self.running() >= limit:   # pending proposals hold no slot: the check that counts is here
+            raise _SiteFailure(self.transport.me, f"{self.running()} jobs already running ([jobs] jobs_concurrent_max)")
         record.state, record.phase, record.started_ms = "running", "starting", self.transport.now_ms()
+        record.stored = True          # a job that runs is worth a record on disk
         self._save(record)
         log.info("job_started", extra=fields(job=record.id, kind=record.kind, members=len(record.members)))
         ctx = JobContext(site_name=self.config.node.name, names=self.names,
@@ -401,18 +547,28 @@ class JobRegistry:
                                             self.config.jobs.job_timeout_ms / 1000)
         except TimeoutError:
             raise _SiteFailure(self.transport.me, f"did not finish within {self.config.jobs.job_timeout_ms} ms") from None
+        except MalformedFrom as exc:    # evidence against that member, not against this site
+            raise _SiteFailure(exc.peer, f"sent a malformed message ({exc.reason})") from None
         except (JobError, DataError, RecvTimeout) as exc:
             raise _SiteFailure(self.transport.me, str(exc), everywhere=isinstance(exc, JobFailsEverywhere)) from None
         record.data = record.test_data = None
         model = result.pop("_model", None)
         if model is not None and kind.save_model is not None:   # stored before the record says done
             path = self._root / record.id / kind.model_file
-            await asyncio.to_thread(kind.save_model, path, model)
+            try:
+                await asyncio.to_thread(kind.save_model, path, model)
+            except OSError as exc:
+                raise _SiteFailure(self.transport.me, f"cannot store the model at {path}: "
+                                                      f"{exc.strerror or exc}; free space in the state dir") from None
             result["model_file"] = str(path)
         self._finish(record, "done", None, result)
 
+    # -- supervision -------------------------------------------------------------------------
+
     async def _guard(self, record: JobRecord, work: Any) -> None:
-        """Runs a job task: every failure ends the record with a reason and tells the others."""
+        """Runs a job task: every failure ends the record with a reason and tells whom it must.
+        Nothing but cancellation leaves this coroutine, not even a failure of the failure handling:
+        a job task's exception would take the node's task group, and the daemon, down."""
         try:
             await work
         except asyncio.CancelledError:
@@ -421,30 +577,47 @@ class JobRegistry:
             if record.state not in TERMINAL:
                 self._finish(record, "cancelled", f"{self.config.node.name}: the daemon was stopped while the job ran")
             raise
-        except _SiteFailure as exc:
-            if record.announced and record.state not in TERMINAL:
-                # a failure here is often the echo of another member ending the job (it then
-                # refuses our frames as unknown_job): give its JobAbort, which carries the real
-                # reason, a moment to arrive and win (_on_abort cancels this wait)
-                await asyncio.sleep(ABORT_GRACE_MS / 1000)
-            about = self.names.get(exc.site, fingerprint(exc.site))
-            first = record.state not in TERMINAL
-            self._finish(record, "failed", f"{about}: {exc.reason}")
-            kind = self.kinds.get(record.kind)
-            leaves_alone = record.state == "failed" and kind is not None and not kind.member_failure_aborts \
-                and record.started_ms is not None and not exc.everywhere
-            if first and record.announced and not leaves_alone:
-                await self._broadcast_abort(record, exc.site, exc.reason)
-        except Exception as exc:   # a bug: keep the daemon alive, fail the job loudly
-            log.exception("job_crashed", extra=fields(job=record.id))
-            self._finish(record, "failed", f"{self.config.node.name}: internal error: {type(exc).__name__}: {exc}")
-            if record.announced:
-                await self._broadcast_abort(record, self.transport.me, f"internal error: {type(exc).__name__}")
+        except Exception as exc:
+            try:
+                await self._fail(record, exc)
+            except asyncio.CancelledError:
+                raise
+            except Exception as inner:   # noqa: BLE001  (supervision: this job only, never the node)
+                log.exception("job_failure_handling_failed", extra=fields(job=record.id))
+                self._finish(record, "failed", f"{self.config.node.name}: internal error while ending the job: "
+                                               f"{type(inner).__name__}: {inner}")
         finally:
             for key in [k for k in self._replies if k[0] == record.id]:
                 self._replies.pop(key, None)
 
+    async def _fail(self, record: JobRecord, exc: Exception) -> None:
+        if isinstance(exc, _Refused):      # declined after looking at our data: tell the proposer only
+            await self._send_quietly(record.proposer, self._decline(record, exc.reason), record.id)
+        elif isinstance(exc, _SiteFailure):
+            await self._site_failed(record, exc)
+        else:                              # a bug: keep the daemon alive, fail the job loudly
+            log.error("job_crashed", exc_info=exc, extra=fields(job=record.id))
+            self._finish(record, "failed", f"{self.config.node.name}: internal error: {type(exc).__name__}: {exc}")
+            if record.announced:
+                await self._broadcast_abort(record, self.transport.me, f"internal error: {type(exc).__name__}")
+
+    async def _site_failed(self, record: JobRecord, exc: _SiteFailure) -> None:
+        if record.announced and record.state not in TERMINAL:
+            # a failure here is often the echo of another member ending the job (it then
+            # refuses our frames as unknown_job): give its JobAbort, which carries the real
+            # reason, a moment to arrive and win (_on_abort cancels this wait)
+            await asyncio.sleep(ABORT_GRACE_MS / 1000)
+        about = self.names.get(exc.site, fingerprint(exc.site))
+        first = record.state not in TERMINAL
+        self._finish(record, "failed", f"{about}: {exc.reason}")
+        kind = self.kinds.get(record.kind)
+        leaves_alone = record.state == "failed" and kind is not None and not kind.member_failure_aborts \
+            and record.started_ms is not None and not exc.everywhere
+        if first and record.announced and not leaves_alone:
+            await self._broadcast_abort(record, exc.site, exc.reason)
+
     def _finish(self, record: JobRecord, state: str, error: str | None, result: dict | None = None) -> None:
+        """End the record (first end wins); never raises."""
         if record.state in TERMINAL:
             return
         record.state, record.error, record.result = state, error, result
@@ -452,6 +625,11 @@ class JobRegistry:
         record.finished_ms = self.transport.now_ms()
         record.data = record.test_data = None
         self._save(record)
+        if not record.stored:    # a peer's proposal that never ran: memory only, oldest out
+            self.jobs.pop(record.id, None)
+            self.unstored[record.id] = record
+            while len(self.unstored) > UNSTORED_RECORDS_MAX:
+                self.unstored.popitem(last=False)
         log.info("job_" + state, extra=fields(job=record.id, kind=record.kind, error=error or "-"))
 
     async def _broadcast_abort(self, record: JobRecord, site: bytes, reason: str) -> None:
@@ -460,13 +638,19 @@ class JobRegistry:
         await asyncio.gather(*(self._send_quietly(p, abort, record.id) for p in others))
 
     async def _send_quietly(self, peer: bytes, msg: object, job_id: str) -> None:
+        """Best effort, never raises: used while a job ends, where nothing may fail any more."""
+        if peer not in self.names:   # never address a key this site does not know
+            return
         try:
             await self.transport.send(peer, msg, job_id, ABORT_SEND_TIMEOUT_MS)
         except PeerUnreachable:
             pass
+        except Exception as exc:   # noqa: BLE001  (a bug in the transport must not end the daemon)
+            log.warning("job_send_failed", extra=fields(job=job_id, peer=self.names.get(peer, "?"),
+                                                        error=f"{type(exc).__name__}: {exc}"))
 
     def cancel(self, job_id: str) -> dict:
-        record = self.jobs.get(job_id)
+        record = self._find(job_id)
         if record is None:
             raise JobError(f"no job {job_id!r} on this site")
         if record.state in TERMINAL:
@@ -477,6 +661,14 @@ class JobRegistry:
         if record.announced:
             self._spawn(self._broadcast_abort(record, self.transport.me, "cancelled by the operator"))
         return record.to_json(self.names, self.transport.now_ms())
+
+
+class _Refused(Exception):
+    """This site declines a peer's proposal (its data does not fit): only the proposer is told."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 class _SiteFailure(Exception):

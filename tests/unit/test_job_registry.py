@@ -1,0 +1,314 @@
+"""The job registry under a hostile member and a failing disk, over a fake transport.
+
+Every registry task is spawned into a TaskGroup the test owns, as the daemon spawns them into its
+own: an exception escaping a job task ends the group and fails the test, which is exactly how one
+frame used to take a whole daemon down (issues 10 and 11). Time is the fake transport's clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fedpeer import wire
+from fedpeer.config import Address, Config, JobLimits, NodeSection, Policy
+from fedpeer.errors import JobError, RemoteProtocolError
+from fedpeer.identity import fingerprint
+from fedpeer.jobs import messages as m
+from fedpeer.jobs import registry as reg
+from fedpeer.jobs.base import JobKind
+from fedpeer.jobs.registry import JobRegistry
+
+
+def key(name: str) -> bytes:
+    return hashlib.sha256(name.encode()).digest()
+
+
+ME, ALICE, BOB, STRANGER = key("me"), key("alice"), key("bob"), key("stranger")
+NAMES = {ME: "site-me", ALICE: "alice", BOB: "bob"}        # STRANGER is in nobody's peers.toml
+
+
+@dataclass
+class FakeTransport:
+    me: bytes = ME
+    clock_ms: int = 1_700_000_000_000
+    sent: list[tuple[bytes, object]] = field(default_factory=list)
+    fail_with: Exception | None = None        # every send raises this (a transport bug, a refusal)
+
+    def now_ms(self) -> int:
+        return self.clock_ms
+
+    def alive(self, peer: bytes) -> bool:
+        return True
+
+    def leadership(self) -> tuple[int, bytes | None]:
+        return 1, None
+
+    def pairwise_seed(self, peer: bytes, label: bytes) -> bytes:
+        return bytes(32)
+
+    async def send(self, dst: bytes, msg: object, job_id: str, timeout_ms: int) -> None:
+        self.sent.append((dst, msg))
+        if dst not in NAMES:   # as Node.send did: membership.address_of raised KeyError
+            raise KeyError(dst)
+        if self.fail_with is not None:
+            raise self.fail_with
+        await asyncio.sleep(0)
+
+
+@dataclass
+class FakeState:
+    """fedpeer.store.StateDir's job-record surface: write_record and health."""
+
+    root: Path
+    full: bool = False
+    written: dict[str, dict] = field(default_factory=dict)
+
+    def write_record(self, path: Path, doc: Any) -> None:
+        if self.full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.written[Path(path).parent.name] = doc
+
+    def health(self) -> dict:
+        return {"writable": not self.full, "error": f"disk full at {self.root}" if self.full else None}
+
+
+async def _noop_run(ch: Any, params: Any, ctx: Any) -> dict:
+    return {"ok": 1}
+
+
+async def _failing_run(ch: Any, params: Any, ctx: Any) -> dict:
+    raise JobError("this kind always fails")
+
+
+async def _recv_from_alice(ch: Any, params: Any, ctx: Any) -> dict:
+    await ch.recv(wire.DiagProbe, "never", src=ALICE, timeout_ms=60_000)
+    return {}
+
+
+KINDS = {k.name: k for k in (
+    JobKind(name="noop", help="", params={}, run=_noop_run, needs_data=False),
+    JobKind(name="fails", help="", params={}, run=_failing_run, needs_data=False),
+    JobKind(name="waits", help="", params={}, run=_recv_from_alice, needs_data=False),
+)}
+
+
+def make_config(tmp_path: Path, **jobs: int) -> Config:
+    node = NodeSection(name="site-me", listen=Address("127.0.0.1", 1), advertise=Address("127.0.0.1", 1),
+                       key_file=tmp_path / "key", state_dir=tmp_path / "state", admin="unix:/nonexistent")
+    return Config(path=tmp_path / "peers.toml", node=node, peers=(),
+                  policy=Policy(allowed_jobs=tuple(KINDS)), jobs=JobLimits(**jobs))
+
+
+def proposal(src: bytes, job_id: str, kind: str = "noop", members: tuple[bytes, ...] = ()) -> m.JobPropose:
+    members = tuple(sorted(set(members) | {src, ME}))
+    return m.JobPropose(job_id=job_id, kind=kind, params={}, members=list(members), created_ms=0)
+
+
+def start(job_id: str, *members: bytes) -> m.JobStart:
+    return m.JobStart(job_id=job_id, members=sorted(members))
+
+
+def sent_of(transport: FakeTransport, kind: type) -> list[tuple[bytes, Any]]:
+    return [(dst, msg) for dst, msg in transport.sent if isinstance(msg, kind)]
+
+
+async def settle(rounds: int = 20) -> None:
+    for _ in range(rounds):
+        await asyncio.sleep(0)
+
+
+def job_files(tmp_path: Path) -> list[Path]:
+    return sorted((tmp_path / "state" / "jobs").glob("*/job.json"))
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. One frame must not kill the daemon
+# ---------------------------------------------------------------------------------------------
+
+async def test_proposal_naming_an_unknown_member_is_refused_to_the_proposer_only(tmp_path: Path) -> None:
+    transport = FakeTransport()
+    async with asyncio.TaskGroup() as tg:
+        registry = JobRegistry(make_config(tmp_path), transport, NAMES, KINDS, tg.create_task)
+        registry.on_message(ALICE, "evil-1", proposal(ALICE, "evil-1", members=(BOB, STRANGER)))
+        await settle()
+    # one JobReject, to the proposer, naming the stranger; nothing to bob, nothing to the stranger
+    assert [dst for dst, _ in transport.sent] == [ALICE], transport.sent
+    (_, reject), = sent_of(transport, m.JobReject)
+    assert fingerprint(STRANGER) in reject.reason and "peers.toml" in reject.reason
+    shown = registry.show("evil-1")
+    assert shown["state"] == "failed" and fingerprint(STRANGER) in shown["error"]
+    assert job_files(tmp_path) == [], "a refused proposal must not be written to disk"
+
+
+async def test_a_failure_inside_the_failure_handling_ends_only_that_job(tmp_path: Path) -> None:
+    """The job fails, its abort fan-out meets a transport bug and its record a full disk: the
+    job ends `failed`, the task group (the daemon) lives on."""
+    transport = FakeTransport()
+    state = FakeState(tmp_path / "state")
+    async with asyncio.TaskGroup() as tg:
+        registry = JobRegistry(make_config(tmp_path), transport, NAMES, KINDS, tg.create_task, state=state)
+        registry.on_message(ALICE, "fails-1", proposal(ALICE, "fails-1", "fails", members=(BOB,)))
+        await settle()
+        state.full = True                            # the disk fills while the job runs
+        transport.fail_with = RuntimeError("transport bug")
+        registry.on_message(ALICE, "fails-1", start("fails-1", ALICE, BOB, ME))
+        await asyncio.sleep(reg.ABORT_GRACE_MS / 1000 + 0.2)
+        record = registry.jobs["fails-1"]
+        assert record.state == "failed" and "always fails" in record.error
+        assert record.dirty, "the final state could not be written: it stays in memory, marked for a retry"
+        assert {dst for dst, _ in sent_of(transport, m.JobAbort)} == {ALICE, BOB}
+        # the disk comes back: the next state change (a new job) writes the lost final state too
+        state.full, transport.fail_with = False, None
+        other = registry.propose("noop", {}, ["alice"])
+        await settle()
+        registry.jobs[other].task.cancel()
+    assert state.written["fails-1"]["state"] == "failed" and not record.dirty
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. A full disk
+# ---------------------------------------------------------------------------------------------
+
+async def test_full_disk_refuses_new_jobs_and_never_raises(tmp_path: Path) -> None:
+    transport = FakeTransport()
+    state = FakeState(tmp_path / "state", full=True)
+    async with asyncio.TaskGroup() as tg:
+        registry = JobRegistry(make_config(tmp_path), transport, NAMES, KINDS, tg.create_task, state=state)
+        with pytest.raises(JobError, match="disk full at .*state"):
+            registry.propose("noop", {}, ["alice"])
+        registry.on_message(ALICE, "job-1", proposal(ALICE, "job-1"))
+        await settle()
+    (_, reject), = sent_of(transport, m.JobReject)
+    assert reject.reason.startswith(f"disk full at {tmp_path / 'state'}")
+    assert registry.show("job-1")["state"] == "failed"
+
+
+async def test_record_save_failing_mid_job_keeps_the_job_and_retries(tmp_path: Path) -> None:
+    transport = FakeTransport()
+    state = FakeState(tmp_path / "state")
+    async with asyncio.TaskGroup() as tg:
+        registry = JobRegistry(make_config(tmp_path), transport, NAMES, KINDS, tg.create_task, state=state)
+        registry.on_message(ALICE, "job-2", proposal(ALICE, "job-2"))
+        await settle()
+        state.full = True     # ENOSPC at the "running" and at the "done" write
+        registry.on_message(ALICE, "job-2", start("job-2", ALICE, ME))
+        await settle()
+        record = registry.jobs["job-2"]
+        assert record.state == "done" and record.result == {"ok": 1} and record.dirty
+        assert "job-2" not in state.written
+        state.full = False
+        other = registry.propose("noop", {}, ["alice"])       # the next state change retries
+        await settle()
+        registry.jobs[other].task.cancel()
+    assert state.written["job-2"]["state"] == "done" and not record.dirty
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. A proposal flood from one member
+# ---------------------------------------------------------------------------------------------
+
+async def test_proposal_flood_is_bounded_and_an_honest_job_still_runs(tmp_path: Path) -> None:
+    transport = FakeTransport()
+    refused = 0
+    async with asyncio.TaskGroup() as tg:
+        registry = JobRegistry(make_config(tmp_path, jobs_concurrent_max=1, job_start_timeout_ms=600_000),
+                               transport, NAMES, KINDS, tg.create_task)
+        for i in range(3_000):                     # 3,000 in 12 s, as in the audit
+            transport.clock_ms += 4
+            try:
+                registry.on_message(ALICE, f"flood-{i}", proposal(ALICE, f"flood-{i}", members=(BOB,)))
+            except RemoteProtocolError as exc:
+                assert exc.reason == "job_limit", exc
+                refused += 1
+            if i % 100 == 0:
+                await settle(3)
+        await settle()
+        alice_pending = [r for r in registry.jobs.values() if r.proposer == ALICE]
+        assert len(alice_pending) <= reg.PENDING_PER_PROPOSER_MAX
+        assert len(registry.jobs) + len(registry.unstored) <= reg.PENDING_PER_PROPOSER_MAX + reg.UNSTORED_RECORDS_MAX
+        assert refused >= 3_000 - reg.PROPOSALS_BURST_MAX - 12_000 // reg.PROPOSAL_REFILL_MS - 1
+        # one answer per proposal that got through, to alice only: no fan-out to bob
+        assert {dst for dst, _ in transport.sent} == {ALICE}
+        assert len(transport.sent) <= 3_000 - refused
+        # bob's honest job: accepted and run, although alice's proposals wait (pending holds no slot)
+        registry.on_message(BOB, "honest-1", proposal(BOB, "honest-1"))
+        await settle()
+        registry.on_message(BOB, "honest-1", start("honest-1", BOB, ME))
+        await settle()
+        assert registry.show("honest-1")["state"] == "done"
+        for record in alice_pending:
+            record.task.cancel()
+    assert [p.parent.name for p in job_files(tmp_path)] == ["honest-1"], "only the job that ran is on disk"
+
+
+async def test_pending_proposals_hold_no_running_slot(tmp_path: Path) -> None:
+    transport = FakeTransport()
+    async with asyncio.TaskGroup() as tg:
+        registry = JobRegistry(make_config(tmp_path, jobs_concurrent_max=1), transport, NAMES, KINDS, tg.create_task)
+        registry.on_message(ALICE, "p-1", proposal(ALICE, "p-1"))
+        registry.on_message(ALICE, "p-2", proposal(ALICE, "p-2"))
+        await settle()
+        assert registry.running() == 0
+        job_id = registry.propose("noop", {}, ["bob"])        # still allowed: nothing runs
+        await settle()
+        for job in ("p-1", "p-2"):
+            registry.jobs[job].task.cancel()
+        registry.on_message(BOB, job_id, m.JobAccept(job_id=job_id, fingerprint=b"", features=[]))
+        await settle()
+    assert registry.show(job_id)["state"] == "done"
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Refusals are evidence: the job learns at once whom they are about
+# ---------------------------------------------------------------------------------------------
+
+async def test_refused_frame_from_a_member_ends_its_wait_at_once_naming_it(tmp_path: Path) -> None:
+    transport = FakeTransport()
+    async with asyncio.TaskGroup() as tg:
+        registry = JobRegistry(make_config(tmp_path), transport, NAMES, KINDS, tg.create_task)
+        registry.on_message(ALICE, "w-1", proposal(ALICE, "w-1", "waits", members=(BOB,)))
+        await settle()
+        registry.on_message(ALICE, "w-1", start("w-1", ALICE, BOB, ME))
+        await settle()
+        registry.on_refused(ALICE, "w-1", "schema")
+        registry.on_refused(ALICE, "no-such-job", "schema")      # ignored
+        async with asyncio.timeout(reg.ABORT_GRACE_MS / 1000 + 1):
+            await registry.jobs["w-1"].task
+    record = registry.jobs["w-1"]
+    assert record.state == "failed" and record.error.startswith("alice: ") and "schema" in record.error
+
+
+async def test_a_refused_proposal_is_a_reject_naming_the_refuser(tmp_path: Path) -> None:
+    from fedpeer.net.channel import PeerRefused
+    transport = FakeTransport(fail_with=PeerRefused(ALICE, "job_limit"))
+    async with asyncio.TaskGroup() as tg:
+        registry = JobRegistry(make_config(tmp_path), transport, NAMES, KINDS, tg.create_task)
+        job_id = registry.propose("noop", {}, ["alice"])
+        async with asyncio.timeout(reg.ABORT_GRACE_MS / 1000 + 1):
+            await registry.jobs[job_id].task
+    error = registry.show(job_id)["error"]
+    assert error.startswith("alice: refused the proposal") and "job_limit" in error
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. Job ids
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("job_id", ["abc\n", "abc\n\n", "-abc", "ABC", "a/b", ""])
+async def test_malformed_job_ids_are_refused(tmp_path: Path, job_id: str) -> None:
+    with pytest.raises(RemoteProtocolError):
+        m.JOB_ID(job_id, "job_id")
+    transport = FakeTransport()
+    async with asyncio.TaskGroup() as tg:
+        registry = JobRegistry(make_config(tmp_path), transport, NAMES, KINDS, tg.create_task)
+        with pytest.raises(RemoteProtocolError):
+            registry.on_message(ALICE, job_id, proposal(ALICE, job_id))
+    assert registry.jobs == {} and transport.sent == []
+
