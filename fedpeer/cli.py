@@ -169,7 +169,12 @@ def _start(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await Node(config, identity).run(stop)
+        # Writes the counts of log floods that stopped; lives exactly as long as the node.
+        flusher = asyncio.create_task(logs.flush_repeats_forever())
+        try:
+            await Node(config, identity).run(stop)
+        finally:
+            flusher.cancel()
 
     asyncio.run(serve())
     return EXIT_OK

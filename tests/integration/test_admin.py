@@ -1,0 +1,169 @@
+"""The admin endpoint from a hostile local user's and a web page's side, against a real daemon.
+
+A TCP admin (`admin = "127.0.0.1:PORT"`) is reachable by every local user and by every web page
+in a local browser: it must want the token, refuse a foreign Host (DNS rebinding) and refuse what
+only browsers send, and still serve the CLI. Every answer is JSON, errors included.
+"""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import json
+import os
+import stat
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fedpeer.harness import Harness, free_ports
+from fedpeer.sitefiles import init_site
+
+pytestmark = pytest.mark.integration
+
+
+def fedpeer(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fedpeer", *args], capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def ask(port: int, method: str, path: str, headers: dict[str, str], body: bytes | None = None) -> tuple[int, dict]:
+    """One raw HTTP request, headers exactly as given (http.client adds no Host when one is given)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request(method, path, body=body, headers={"Host": f"127.0.0.1:{port}", **headers})
+        resp = conn.getresponse()
+        raw = resp.read()
+        assert resp.getheader("Content-Type", "").startswith("application/json"), (resp.status, raw)
+        return resp.status, json.loads(raw)
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def tcp_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Harness, int]]:
+    (port,) = free_ports(1)
+    h = Harness(tmp_path_factory.mktemp("admin"), 1, {"node": {"admin": f"127.0.0.1:{port}"}})
+    h.create()
+    h.start()
+    try:
+        import asyncio
+        asyncio.run(h.wait_until(lambda s: s[0] is not None, 20, "the daemon answers on its TCP admin"))
+        yield h, port
+    finally:
+        h.stop()
+
+
+def _token(h: Harness) -> str:
+    return (h.sites[0].config.node.state_dir / "admin.token").read_text().strip()
+
+
+def test_token_file_is_private_and_required(tcp_site: tuple[Harness, int]) -> None:
+    h, port = tcp_site
+    token_file = h.sites[0].config.node.state_dir / "admin.token"
+    assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
+    status, doc = ask(port, "GET", "/v1/status", {})
+    assert status == 401 and "admin token" in doc["error"] and str(token_file) in doc["error"]
+    wrong = "x" * len(_token(h))
+    assert ask(port, "GET", "/v1/status", {"Authorization": f"Bearer {wrong}"})[0] == 401
+    assert ask(port, "GET", "/v1/status", {"Authorization": _token(h)})[0] == 401, "scheme is Bearer"
+    status, doc = ask(port, "GET", "/v1/status", {"Authorization": f"Bearer {_token(h)}"})
+    assert status == 200 and doc["node"]["name"] == "site-1"
+
+
+def test_foreign_host_origin_and_simple_requests_are_refused(tcp_site: tuple[Harness, int]) -> None:
+    h, port = tcp_site
+    auth = {"Authorization": f"Bearer {_token(h)}"}
+    status, doc = ask(port, "GET", "/v1/status", {**auth, "Host": f"rebind.example:{port}"})
+    assert status == 403 and "Host" in doc["error"], doc
+    status, doc = ask(port, "GET", "/v1/status", {**auth, "Origin": "http://evil.example"})
+    assert status == 403 and "Origin" in doc["error"], doc
+    proposal = json.dumps({"kind": "stats", "params": {}}).encode()
+    for headers in ({"Content-Type": "text/plain"},            # a web page's "simple request"
+                    {**auth, "Content-Type": "text/plain"},
+                    {**auth, "Content-Type": "application/x-www-form-urlencoded"},
+                    {**auth}):                                    # no Content-Type at all
+        status, doc = ask(port, "POST", "/v1/jobs", headers, proposal)
+        assert status == 403 and "application/json" in doc["error"], (headers, doc)
+    status, doc = ask(port, "GET", "/v1/jobs", auth)
+    assert status == 200 and doc["jobs"] == [], "no refused proposal may have created a job"
+
+
+def test_every_error_is_json(tcp_site: tuple[Harness, int]) -> None:
+    h, port = tcp_site
+    auth = {"Authorization": f"Bearer {_token(h)}"}
+    status, doc = ask(port, "GET", "/v1/nothing-here", auth)
+    assert status == 404 and "/v1/nothing-here" in doc["error"]
+    status, doc = ask(port, "DELETE", "/v1/status", {**auth, "Content-Type": "application/json"})
+    assert status == 405 and "error" in doc
+    status, doc = ask(port, "POST", "/v1/jobs", {**auth, "Content-Type": "application/json"}, b"{not json")
+    assert status == 400 and "bad request" in doc["error"]
+
+
+def test_cli_reads_the_token(tcp_site: tuple[Harness, int]) -> None:
+    h, _ = tcp_site
+    config = str(h.sites[0].config_path)
+    r = fedpeer("status", "--config", config)
+    assert r.returncode == 0 and "node site-1" in r.stdout, r.stderr
+    token_file = h.sites[0].config.node.state_dir / "admin.token"
+    hidden = token_file.with_name("hidden.token")
+    token_file.rename(hidden)
+    try:
+        r = fedpeer("status", "--config", config)
+    finally:
+        hidden.rename(token_file)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "admin token" in r.stderr and str(token_file) in r.stderr, "the refusal names the file to read"
+    r = fedpeer("job", "cancel", "no-such-job", "--config", config)   # a POST: JSON body, JSON refusal
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "no-such-job" in r.stderr and "ContentType" not in r.stderr
+
+
+def test_cli_answers_a_non_json_server_in_one_line(tmp_path: Path) -> None:
+    """Whatever answers on the admin address (a 500 page, another program), the CLI says one line."""
+    class Plain(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:   # noqa: N802 (http.server's naming)
+            body = b"500 Internal Server Error\n\nServer got itself in trouble"
+            self.send_response(500)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Plain)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        path, _ = init_site(tmp_path, "x", f"127.0.0.1:{free_ports(1)[0]}",
+                            admin=f"127.0.0.1:{server.server_address[1]}")
+        r = fedpeer("status", "--config", str(path))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert r.returncode == 1, r
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "HTTP 500" in lines[0] and "not JSON" in lines[0], r.stderr
+    assert "ContentTypeError" not in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("kind", ["file", "symlink"])
+def test_admin_path_that_is_not_a_socket_is_never_deleted(tmp_path: Path, kind: str) -> None:
+    precious = tmp_path / "important.csv"
+    precious.write_text("id,value\n1,42\n")
+    path, _ = init_site(tmp_path, "x", f"127.0.0.1:{free_ports(1)[0]}",
+                        admin="unix:important.csv" if kind == "file" else "unix:link.sock")
+    if kind == "symlink":
+        (tmp_path / "link.sock").symlink_to(precious)
+    r = fedpeer("start", "--config", str(path), timeout=20)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "exists and is not a socket; refusing to delete it" in lines[0], r.stderr
+    assert precious.read_text() == "id,value\n1,42\n"
+    assert kind == "file" or (tmp_path / "link.sock").is_symlink()
