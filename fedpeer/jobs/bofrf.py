@@ -41,7 +41,7 @@ from ..errors import JobError
 from ..ml import data as mldata
 from ..protocols.fixedpoint import encode_counts
 from ..protocols.securesum import secure_sum
-from ..net.channel import SubChannel
+from ..net.channel import MalformedFrom, PeerRefused, SubChannel
 from .base import JobContext, JobKind, Param, site_seed
 
 FOREST_RECV_TIMEOUT_HOPS = 4        # waiting for a forest: this many hop timeouts
@@ -213,11 +213,13 @@ async def _federate(ch: Any, part: SitePart, params: Mapping[str, Any], ctx: Job
         result["participants"] = [ctx.names.get(ch.me, ch.me.hex()[:16])]
         return result, kept, weights
     ch.progress("exchanging forests", 2, 5)
-    forests = await _exchange_forests(ch, part.forest, ctx)
+    forests, evidence = await _exchange_forests(ch, part.forest, ctx)
     held = np.array([1 if m in forests else 0 for m in members], dtype=np.int64)
     roster = await secure_sum(ch, "bofrf/roster", encode_counts(held, len(members), count_max=1),
                               mode=params["secure_sum"], hop_timeout_ms=ctx.hop_timeout_ms)
     agreed = [m for i, m in enumerate(members) if int(roster.total[i]) == len(roster.participants)]
+    # every site derives the same list from the roster sum; `evidence` is what this site saw itself
+    evidence["forests_left_out"] = [ctx.names.get(m, m.hex()[:16]) for m in members if m not in agreed]
     ch.progress("scoring every tree on this site's rows", 3, 5)
     forest, owners = _combine(forests, agreed, members)
     confusion = await asyncio.to_thread(score_site, part, forest)
@@ -233,16 +235,28 @@ async def _federate(ch: Any, part: SitePart, params: Mapping[str, Any], ctx: Job
         forest, owners, total = trees.take(forest, keep), owners[keep], total[keep]
     result, kept, weights = await asyncio.to_thread(finish_site, part, forest, owners, me, total, params)
     result["participants"] = [ctx.names.get(m, m.hex()[:16]) for m in survivors]
+    result.update(evidence)
     return result, kept, weights
 
 
-async def _exchange_forests(ch: Any, own: Any, ctx: JobContext) -> dict[bytes, Any]:
-    """Send our forest to every member and collect theirs; members that do not deliver are left out."""
+async def _exchange_forests(ch: Any, own: Any, ctx: JobContext) -> tuple[dict[bytes, Any], dict[str, Any]]:
+    """Send our forest to every member and collect theirs; members that do not deliver are left out.
+
+    A refusal is evidence and ends its wait at once (no FOREST_RECV_TIMEOUT_HOPS): a forest our
+    gate refused (MalformedFrom) leaves its sender's forest out here, and the roster sum then
+    leaves it out everywhere, while the sender stays in the sums (as for any missing forest); a
+    peer that refused ours (PeerRefused) is how the sender learns it. Both are named in the
+    result: `forests_refused` {sender: why} and `own_forest_refused_by` {receiver: why}."""
     others = [m for m in ch.members if m != ch.me]
+    name = lambda m: ctx.names.get(m, m.hex()[:16])  # noqa: E731
+    refused: dict[str, str] = {}
+    refused_by: dict[str, str] = {}
 
     async def send(peer: bytes) -> None:
         try:
             await ch.send(peer, ForestMsg(tag="bofrf/forest", forest=own))
+        except PeerRefused as exc:
+            refused_by[name(peer)] = exc.reason
         except JobError:
             pass     # unreachable: the roster sum will leave that member's forest out
 
@@ -250,13 +264,19 @@ async def _exchange_forests(ch: Any, own: Any, ctx: JobContext) -> dict[bytes, A
         try:
             _, msg = await ch.recv(ForestMsg, "bofrf/forest", src=peer,
                                    timeout_ms=FOREST_RECV_TIMEOUT_HOPS * ctx.hop_timeout_ms)
+            if msg.forest.features != own.features:   # members agreed on one schema before the start
+                refused[name(peer)] = "its forest splits on other features than the job's schema"
+                return None
             return peer, msg.forest
+        except MalformedFrom as exc:
+            refused[name(peer)] = exc.reason
+            return None
         except JobError:
             return None
     results = await asyncio.gather(*(send(p) for p in others), *(receive(p) for p in others))
     forests = {ch.me: own}
     forests.update(dict(r for r in results if r is not None))
-    return forests
+    return forests, {"forests_refused": refused, "own_forest_refused_by": refused_by}
 
 
 def _combine(forests: Mapping[bytes, Any], agreed: Sequence[bytes], members: Sequence[bytes]) -> tuple[Any, np.ndarray]:

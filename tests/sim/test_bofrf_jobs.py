@@ -115,7 +115,7 @@ class CrashOnTag:
 async def run_job(net: MemoryNetwork, sites: dict[bytes, Dataset], params: dict[str, Any],
                   names: dict[bytes, str], *, skip: Sequence[bytes] = (),
                   wrap: Callable[[bytes, MemoryChannel], Any] | None = None,
-                  expect_done: Sequence[bytes] | None = None) -> dict[bytes, dict]:
+                  expect_done: Sequence[bytes] | None = None, hop_ms: int = HOP_MS) -> dict[bytes, dict]:
     """Start `run` for every member not in `skip`; wait for those of `expect_done` (default: all
     started) and return their results. Other members' tasks are cancelled at the end."""
     started = [k for k in net.members if k not in skip]
@@ -125,7 +125,7 @@ async def run_job(net: MemoryNetwork, sites: dict[bytes, Dataset], params: dict[
         ch = net.channel(key)
         if wrap is not None:
             ch = wrap(key, ch)
-        ctx = JobContext(site_name=names[key], names=names, hop_timeout_ms=HOP_MS, data=sites[key])
+        ctx = JobContext(site_name=names[key], names=names, hop_timeout_ms=hop_ms, data=sites[key])
         tasks[key] = asyncio.create_task(bofrf.run(ch, params, ctx))
     try:
         async with asyncio.timeout(JOB_TIMEOUT_S):
@@ -382,3 +382,105 @@ async def test_personalized_tau_per_site(net_seed: int, data_seed: int, seed: in
             f"{where}: site {i}: no validation rows were held out"
         taus.append(got["tau"])
     assert len(set(taus)) > 1, f"{where}: every site chose tau {taus[0]}"
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. A forest refused on evidence (issue 11 item 6): no waiting out hop timeouts
+# ---------------------------------------------------------------------------------------------
+
+SLOW_HOP_MS = 20_000        # the daemon's default hop: waiting out 4 of them would take 80 s
+REFUSAL_WAIT_S_MAX = 10.0
+
+
+def reference_without(datasets: Sequence[Dataset], members: Sequence[bytes], params: dict[str, Any],
+                      left_out: bytes) -> list[tuple[dict, Any, np.ndarray]]:
+    """Every member stays in the sums, but `left_out`'s trees are in nobody's forest."""
+    parts = [bofrf.prepare_site(d, params, k) for d, k in zip(datasets, members)]
+    agreed = [k for k in members if k != left_out]
+    forest, owners = bofrf._combine({k: p.forest for k, p in zip(members, parts)}, agreed, list(members))
+    total = sum(bofrf.score_site(p, forest) for p in parts)
+    return [bofrf.finish_site(p, forest, owners, i, total, params) for i, p in enumerate(parts)]
+
+
+def assert_results_equal(results: dict[bytes, dict], expected: list[tuple[dict, Any, np.ndarray]],
+                         members: Sequence[bytes], where: str) -> None:
+    for key, (ref, ref_forest, ref_weights) in zip(members, expected):
+        got = results[key]
+        for block in RESULT_BLOCKS:
+            assert got[block] == ref[block], f"{where}, {key.hex()[:8]}: {block}: {got[block]!r} != {ref[block]!r}"
+        forest, weights = got["_model"]
+        assert_same_forest(forest, ref_forest, where)
+        assert np.array_equal(weights, ref_weights), where
+
+
+async def run_timed(net: MemoryNetwork, sites: dict[bytes, Dataset], params: dict[str, Any], names: dict[bytes, str],
+                    **kw: Any) -> tuple[dict[bytes, dict], float]:
+    import time
+    started = time.monotonic()
+    results = await run_job(net, sites, params, names, hop_ms=SLOW_HOP_MS, **kw)
+    return results, time.monotonic() - started
+
+
+async def test_refused_forest_is_named_and_left_out_at_once() -> None:
+    """site2's gate refuses site1's forest: site2's receive ends at once (MalformedFrom), site1's
+    send raises PeerRefused; the roster sum leaves site1's forest out everywhere; site1 stays in
+    the sums. Every site's result equals the reference without site1's trees."""
+    n = 4
+    params = make_params(seed=3, tau=0.3)
+    keys = make_keys(n, "refused-forest")
+    names = {k: f"site{i}" for i, k in enumerate(keys)}
+    datasets = make_sites(n, 3, noise=(0.0, 0.1, 0.2, 0.3))
+    offender, refuser = keys[1], keys[2]
+
+    def refuse(src: bytes, dst: bytes, msg: Any) -> str | None:
+        forest = isinstance(msg, bofrf.ForestMsg)
+        return "schema: tree depth above the limit" if forest and (src, dst) == (offender, refuser) else None
+
+    net = MemoryNetwork(keys, seed=11, refuse=refuse, **NET)
+    results, elapsed = await run_timed(net, dict(zip(keys, datasets)), params, names)
+
+    assert elapsed < REFUSAL_WAIT_S_MAX, f"the refused forest was waited for: {elapsed:.1f} s"
+    assert_results_equal(results, reference_without(datasets, keys, params, offender), keys, "refused forest")
+    for key in keys:
+        got = results[key]
+        assert got["forests_left_out"] == [names[offender]], got["forests_left_out"]
+        assert got["participants"] == [names[k] for k in keys if k != offender], got["participants"]
+        want_refused = {names[offender]: "schema: tree depth above the limit"} if key == refuser else {}
+        assert got["forests_refused"] == want_refused, (names[key], got["forests_refused"])
+        want_by = {names[refuser]: "schema: tree depth above the limit"} if key == offender else {}
+        assert got["own_forest_refused_by"] == want_by, (names[key], got["own_forest_refused_by"])
+
+
+class RenamesFeatures:
+    """A member whose forest (well-formed, so every gate passes it) splits on features that are
+    not the job's schema: with it, every honest site used to fail the whole job in `_combine`."""
+
+    def __init__(self, inner: MemoryChannel) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def send(self, dst: bytes, msg: Any) -> None:
+        if isinstance(msg, bofrf.ForestMsg):
+            from dataclasses import replace
+            msg = bofrf.ForestMsg(tag=msg.tag, forest=replace(msg.forest, features=tuple(
+                f"x{i}" for i in range(len(msg.forest.features)))))
+        await self.inner.send(dst, msg)
+
+
+async def test_forest_over_other_features_is_left_out_not_fatal() -> None:
+    n = 3
+    params = make_params(seed=4, tau=0.3)
+    keys = make_keys(n, "renamed-forest")
+    names = {k: f"site{i}" for i, k in enumerate(keys)}
+    datasets = make_sites(n, 4, noise=(0.0, 0.1, 0.2))
+    offender = keys[0]
+    net = MemoryNetwork(keys, seed=12, **NET)
+    results, elapsed = await run_timed(net, dict(zip(keys, datasets)), params, names,
+                                       wrap=lambda k, ch: RenamesFeatures(ch) if k == offender else ch)
+    assert elapsed < REFUSAL_WAIT_S_MAX
+    assert_results_equal(results, reference_without(datasets, keys, params, offender), keys, "renamed features")
+    for key in keys:
+        assert results[key]["forests_left_out"] == [names[offender]]
+        assert set(results[key]["forests_refused"]) == ({names[offender]} if key != offender else set())
