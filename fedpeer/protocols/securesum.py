@@ -99,7 +99,7 @@ import numpy as np
 
 from .. import wire
 from ..errors import JobError, LocalProtocolError
-from ..net.channel import Channel, NodeId, PeerUnreachable, RecvTimeout
+from ..net.channel import Channel, MalformedFrom, NodeId, PeerRefused, PeerUnreachable, RecvTimeout
 from ..wire import NODE_ID, v_array, v_bytes, v_int, v_list, v_str
 
 MODES = ("ring", "pairwise")
@@ -132,11 +132,18 @@ class SumChunk:
     data: np.ndarray          # uint64
 
 
+FAULTS = ("unreachable", "refused", "malformed")
+
+
 @dataclass(frozen=True)
 class RingBroken:
-    """A member -> the initiator: my successor `dead` did not acknowledge a chunk."""
+    """A member -> the initiator: the ring edge between me and my neighbour `peer` failed.
+    `fault` is "unreachable" (my successor did not acknowledge my chunk), "refused" (my
+    successor's gate refused my chunk) or "malformed" (my predecessor's chunk failed my checks).
+    A claim, not a verdict: the initiator weighs it (module docstring, "Blame")."""
     tag: str
-    dead: bytes
+    peer: bytes
+    fault: str
 
 
 @dataclass(frozen=True)
@@ -191,7 +198,8 @@ def _register() -> None:
 
     for kind, cls, fields in (
             ("ss_chunk", SumChunk, {"tag": tag, "data": chunk}),
-            ("ss_ring_broken", RingBroken, {"tag": tag, "dead": NODE_ID}),
+            ("ss_ring_broken", RingBroken, {"tag": tag, "peer": NODE_ID,
+                                            "fault": v_str(16, frozenset(FAULTS))}),
             ("ss_restart", SumRestart, {"tag": tag, "attempt": v_int(1, ATTEMPTS_MAX + 1),
                                         "participants": v_list(NODE_ID, PARTICIPANTS_MAX),
                                         "reason": v_str(REASON_BYTES_MAX)}),
@@ -211,7 +219,7 @@ _register()
 @dataclass(frozen=True, eq=False)
 class SumOutcome:
     total: np.ndarray                     # uint64: the sum mod 2^64 over `participants`
-    participants: tuple[bytes, ...]       # members whose vectors are in the sum, ring order
+    participants: tuple[bytes, ...]       # members whose vectors are in the sum, in key order
     attempts: int
 
     def __eq__(self, other: object) -> bool:
@@ -406,9 +414,13 @@ async def _recv_first(ch: Channel, wants: Sequence[Want], timeout_ms: int) -> li
     raise RecvTimeout(f"nothing within {timeout_ms} ms")
 
 
+class _WrongLength(JobError):
+    """A chunk of the wrong length: well-formed on the wire, but not what this sum expects."""
+
+
 def _check_chunk(plan: _Plan, data: np.ndarray, k: int, src: NodeId) -> np.ndarray:
     if data.shape != (plan.chunk_len(k),):
-        raise JobError(f"secure sum '{plan.tag}': {src.hex()[:16]} sent chunk {k} with "
+        raise _WrongLength(f"secure sum '{plan.tag}': {src.hex()[:16]} sent chunk {k} with "
                        f"{data.shape[0]} entries, expected {plan.chunk_len(k)}: members disagree "
                        f"on the vector length or chunk size")
     return data
@@ -438,39 +450,47 @@ async def secure_sum(ch: Channel, tag: str, vector: np.ndarray, *, mode: str = "
 # Initiator
 # ---------------------------------------------------------------------------------------------
 
+Dispute = frozenset[bytes]     # two members on a failed ring edge, neither proven at fault
+
+
 class _RingFault(Exception):
-    """An attempt failed. `suspects` are dropped from the next attempt; `responsive` are kept
-    whatever the failure detector says, since they just answered us (a lagging detector would
-    otherwise shrink the ring for nothing)."""
+    """An attempt failed. `suspects` are dropped from the next attempt (on the initiator's own
+    evidence); `responsive` are kept whatever the failure detector says, since they just answered
+    us (a lagging detector would otherwise shrink the ring for nothing); `disputes` are failed
+    edges between two live members whose claims the initiator cannot check (module docstring)."""
 
     def __init__(self, reason: str, suspects: frozenset[bytes] = frozenset(),
-                 responsive: frozenset[bytes] = frozenset()) -> None:
+                 responsive: frozenset[bytes] = frozenset(), disputes: frozenset[Dispute] = frozenset(),
+                 unconfirmed: frozenset[bytes] = frozenset()) -> None:
         super().__init__(reason)
         self.reason, self.suspects, self.responsive = reason, suspects, responsive
+        self.disputes, self.unconfirmed = disputes, unconfirmed   # unconfirmed: claimed unreachable
 
     @staticmethod
     def merge(faults: Sequence[BaseException]) -> _RingFault:
         rings = [f for f in faults if isinstance(f, _RingFault)]
         return _RingFault("; ".join(f.reason for f in rings),
-                          frozenset().union(*(f.suspects for f in rings)),
-                          frozenset().union(*(f.responsive for f in rings)))
+                          *(frozenset().union(*(getattr(f, name) for f in rings))
+                            for name in ("suspects", "responsive", "disputes", "unconfirmed")))
 
 
 async def _lead(ch: Channel, plan: _Plan) -> SumOutcome:
     att = _Attempt(1, tuple(ch.members))
+    disputes: set[Dispute] = set()      # kept across attempts: a second one names the culprit
     while True:
         try:
             total = await _lead_attempt(ch, plan, att)
         except _RingFault as fault:
             ch.discard(plan.prefix(att.number))
-            att = await _next_attempt(ch, plan, att, fault)
+            disputes |= fault.disputes
+            att = await _next_attempt(ch, plan, att, fault, disputes)
             continue
         except JobError as exc:       # members disagree on the vector: tell them, then fail
             await _broadcast(ch, plan, att.participants[1:],
                              SumRestart(plan.restart_tag(), att.number + 1, (), str(exc)))
             raise
         await _deliver(ch, plan, att, total)
-        return SumOutcome(total=total, participants=att.participants, attempts=att.number)
+        return SumOutcome(total=total, participants=tuple(sorted(att.participants)), attempts=att.number)
 
 
 async def _lead_attempt(ch: Channel, plan: _Plan, att: _Attempt) -> np.ndarray:
@@ -487,8 +507,10 @@ async def _lead_attempt(ch: Channel, plan: _Plan, att: _Attempt) -> np.ndarray:
             ring_masks[k] = mask = _uniform(ch, plan.chunk_len(k))
             try:
                 await _send(ch, plan, succ, SumChunk(plan.chunk_tag(att.number, k), masks.contribution(k) + mask))
-            except PeerUnreachable as exc:
-                raise _RingFault(f"successor {succ.hex()[:16]} unreachable: {exc}", frozenset({succ})) from None
+            except PeerUnreachable as exc:   # refused or unreachable: my own evidence either way
+                raise _RingFault(f"successor {succ.hex()[:16]} "
+                                 f"{'refused' if isinstance(exc, PeerRefused) else 'did not take'} "
+                                 f"our chunk: {exc}", frozenset({succ})) from None
 
     async def receive_chunks() -> None:
         for k in range(plan.chunks):
@@ -512,19 +534,46 @@ async def _lead_attempt(ch: Channel, plan: _Plan, att: _Attempt) -> np.ndarray:
 
 
 async def _await_return(ch: Channel, plan: _Plan, att: _Attempt, k: int, pred: NodeId) -> np.ndarray:
-    wants = [(SumChunk, plan.chunk_tag(att.number, k), pred),
-             (RingBroken, plan.prefix(att.number) + "broken", None)]
-    try:
-        got = await _recv_first(ch, wants, att.round_trip_ms(plan))
-    except RecvTimeout:
-        raise _RingFault(f"chunk {k} did not come back within {att.round_trip_ms(plan)} ms") from None
-    for src, msg in got:
-        if isinstance(msg, RingBroken) and src in att.participants and msg.dead in att.participants[1:]:
-            raise _RingFault(f"{src.hex()[:16]} could not reach {msg.dead.hex()[:16]}", frozenset({msg.dead}))
-    chunks = [(src, m) for src, m in got if isinstance(m, SumChunk)]
-    if not chunks:   # only a RingBroken that names nobody we can drop: treat as a timeout
-        raise _RingFault(f"invalid ring-broken report during chunk {k}")
-    return _check_chunk(plan, chunks[0][1].data, k, pred)
+    """Chunk k back from my predecessor, or a _RingFault: a ring report weighed by `_judge`, a
+    malformed chunk (my own gate's evidence against my predecessor), or a timeout."""
+    wants = [(SumChunk, plan.chunk_tag(att.number, k), pred), (RingBroken, _broken_tag(plan, att), None)]
+    deadline = ch.now_ms() + att.round_trip_ms(plan)
+    while True:
+        try:
+            got = await _recv_first(ch, wants, max(0, deadline - ch.now_ms()))
+        except RecvTimeout:
+            raise _RingFault(f"chunk {k} did not come back within {att.round_trip_ms(plan)} ms") from None
+        except MalformedFrom as exc:
+            raise _RingFault(f"{exc.peer.hex()[:16]} sent a malformed chunk {k}: {exc.reason}",
+                             frozenset({exc.peer})) from None
+        faults = [_judge(ch, att, src, msg) for src, msg in got if isinstance(msg, RingBroken)]
+        if any(faults):
+            raise _RingFault.merge([f for f in faults if f is not None])
+        chunks = [m for _, m in got if isinstance(m, SumChunk)]
+        if chunks:
+            try:
+                return _check_chunk(plan, chunks[0].data, k, pred)
+            except _WrongLength as exc:
+                raise _RingFault(str(exc), frozenset({pred})) from None
+        # only reports from outside this attempt's ring: they prove nothing, keep waiting
+
+
+def _judge(ch: Channel, att: _Attempt, src: NodeId, report: RingBroken) -> _RingFault | None:
+    """What a member's ring report proves to the initiator (module docstring, "Blame"): None
+    for a report from outside the ring; the reporter for a claim that is false on its face;
+    the accused for an unreachable one the failure detector confirms; else a dispute."""
+    if src == ch.me or src not in att.participants:
+        return None
+    pred, succ = att.neighbours(src)
+    who, other = src.hex()[:16], report.peer.hex()[:16]
+    if report.peer != (pred if report.fault == "malformed" else succ) or report.peer == ch.me:
+        # not its neighbour on that side, or me (I know what I sent and I am answering): a lie
+        return _RingFault(f"{who} made a false ring report about {other}", frozenset({src}))
+    if report.fault == "unreachable" and not ch.alive(report.peer):
+        return _RingFault(f"{who} could not reach {other}, which is down", frozenset({report.peer}))
+    unconfirmed = frozenset({report.peer}) if report.fault == "unreachable" else frozenset()
+    return _RingFault(f"{who} reports a {report.fault} chunk between itself and {other}",
+                      disputes=frozenset({frozenset({src, report.peer})}), unconfirmed=unconfirmed)
 
 
 async def _unmask_self(ch: Channel, plan: _Plan, att: _Attempt, total: np.ndarray) -> None:
@@ -541,7 +590,7 @@ async def _unmask_self(ch: Channel, plan: _Plan, att: _Attempt, total: np.ndarra
         try:
             _, msg = await ch.recv(SeedReveal, tag, src=member, timeout_ms=max(0, deadline - ch.now_ms()))
             seeds[member] = msg.seed
-        except RecvTimeout:
+        except (RecvTimeout, MalformedFrom):    # a malformed reveal is no reveal
             pass
     missing = frozenset(members) - set(seeds)
     if missing:
@@ -553,30 +602,91 @@ async def _unmask_self(ch: Channel, plan: _Plan, att: _Attempt, total: np.ndarra
             total[span] -= expand_mask(_SELF_DOMAIN, seed, k, plan.chunk_len(k))
 
 
-async def _next_attempt(ch: Channel, plan: _Plan, att: _Attempt, fault: _RingFault) -> _Attempt:
-    """Drop suspects and dead members, announce the survivors with a new attempt number (again,
-    while announcements find more unreachable members); JobError when out of attempts."""
+def _culprits(disputes: set[Dispute], members: Sequence[bytes]) -> set[bytes]:
+    """Members in disputes with two or more others still in the sum. An honest member only ever
+    disputes a faulty one, so with one faulty member that member is the only one found; with
+    several, those with the most partners go first (the fewest faults that explain them)."""
+    left, out = set(members), set()
+    while True:
+        partners = {p: {q for d in disputes if p in d and d <= left for q in d - {p}} for p in left}
+        most = max((len(v) for v in partners.values()), default=0)
+        if most < 2:
+            return out
+        worst = {p for p, v in partners.items() if len(v) == most}
+        out |= worst
+        left -= worst
+
+
+def _ring_order(me: bytes, members: Sequence[bytes], disputes: set[Dispute]) -> tuple[bytes, ...] | None:
+    """The next ring: me first, the others in key order, except that no two members in a dispute
+    are neighbours (so the same edge cannot fail twice). Called after `_culprits`, so every member
+    is in at most one dispute: the first of each pair, then the undisputed, then the seconds.
+    None if impossible (two disputing members and nobody else to put between them)."""
+    others = sorted(p for p in members if p != me)
+    pairs = sorted(tuple(sorted(d)) for d in disputes if d <= set(others))
+    if not pairs:
+        return (me, *others)
+    paired = {p for pair in pairs for p in pair}
+    order = [a for a, _ in pairs] + [p for p in others if p not in paired] + [b for _, b in pairs]
+    if any(frozenset(edge) in disputes for edge in zip(order, order[1:])):
+        return None
+    return (me, *order)
+
+
+async def _next_attempt(ch: Channel, plan: _Plan, att: _Attempt, fault: _RingFault,
+                        disputes: set[Dispute]) -> _Attempt:
+    """Drop suspects, dead members and culprits of disputes; announce the survivors in a ring
+    order that separates disputing members, with a new attempt number (again, while
+    announcements find more unreachable members); JobError when out of attempts."""
     reason = fault.reason
     survivors = [p for p in att.participants if p == ch.me or p in fault.responsive
                  or (p not in fault.suspects and ch.alive(p))]
     targets = [p for p in att.participants if p != ch.me]
+    # Members claimed unreachable hear first: one that has just crashed (before the failure
+    # detector says so) is found before anyone hears this attempt number, which is then reused.
+    first = fault.unconfirmed
     number = att.number
     while True:
         number += 1
-        if number > plan.attempts_max or len(survivors) < 2:
-            why = (f"secure sum '{plan.tag}' failed after {number - 1} attempt(s)"
-                   + (" with fewer than 2 participants left" if len(survivors) < 2 else "")
-                   + f"; last failure: {reason}")
-            await _broadcast(ch, plan, targets, SumRestart(plan.restart_tag(), number, (), why))
-            raise JobError(why)
-        announce = SumRestart(plan.restart_tag(), number, tuple(survivors), reason)
-        unreachable = await _broadcast(ch, plan, targets, announce)
+        culprits = _culprits(disputes, survivors)
+        if culprits:
+            survivors = [p for p in survivors if p not in culprits]
+            reason += "; dropped " + ", ".join(p.hex()[:16] for p in sorted(culprits)) + \
+                " for disputes with two or more members"
+        order = _ring_order(ch.me, survivors, disputes) if len(survivors) >= 2 else None
+        if number > plan.attempts_max or order is None:
+            raise await _give_up(ch, plan, targets, number, survivors, disputes, reason)
+        announce = SumRestart(plan.restart_tag(), number, order, reason)
+        early = [p for p in targets if p in first and p in survivors]
+        unreachable = await _broadcast(ch, plan, early, announce)
+        first = frozenset()
+        if early and unreachable >= set(early):
+            number -= 1                   # nobody has heard this number: it is still fresh
+        else:
+            unreachable |= await _broadcast(ch, plan, [p for p in targets if p not in early], announce)
         targets = [p for p in targets if p not in unreachable]
         lost = [p for p in survivors if p in unreachable]
         if not lost:
-            return _Attempt(number, tuple(survivors))
+            return _Attempt(number, order)
         survivors = [p for p in survivors if p not in unreachable]
-        reason = "unreachable when announcing attempt " + ", ".join(p.hex()[:16] for p in lost)
+        reason = "unreachable when announcing the next attempt: " + ", ".join(p.hex()[:16] for p in lost)
+
+
+async def _give_up(ch: Channel, plan: _Plan, targets: Sequence[NodeId], number: int,
+                   survivors: Sequence[bytes], disputes: set[Dispute], reason: str) -> JobError:
+    """Tell every member the sum failed and why; the error to raise."""
+    if len(survivors) < 2:
+        detail = " with fewer than 2 participants left"
+    elif number > plan.attempts_max:
+        detail = ""
+    else:
+        pair = next(d for d in disputes if d <= set(survivors))
+        a, b = sorted(pair)
+        detail = (f": {a.hex()[:16]} and {b.hex()[:16]} each blame the other and no other member "
+                  f"can stand between them; one of the two is faulty")
+    why = f"secure sum '{plan.tag}' failed after {number - 1} attempt(s){detail}; last failure: {reason}"
+    await _broadcast(ch, plan, targets, SumRestart(plan.restart_tag(), number, (), why))
+    return JobError(why)
 
 
 async def _deliver(ch: Channel, plan: _Plan, att: _Attempt, total: np.ndarray) -> None:
@@ -630,28 +740,43 @@ async def _follow_attempt(ch: Channel, plan: _Plan, att: _Attempt) -> SumOutcome
 
 
 async def _forward_chunks(ch: Channel, plan: _Plan, att: _Attempt, masks: _Masks) -> _Attempt | bool:
-    """Add my contribution to each chunk and pass it on. False if my successor is unreachable
+    """Add my contribution to each chunk and pass it on. False if a ring edge next to me failed
     (reported to the initiator), the next attempt if one is announced meanwhile."""
     pred, succ = att.neighbours(ch.me)
     for k in range(plan.chunks):
-        got = await _await_initiator(ch, plan, att, [(SumChunk, plan.chunk_tag(att.number, k), pred)])
-        if isinstance(got, _Attempt):
-            return got
-        data = _check_chunk(plan, got.data, k, pred) + masks.contribution(k)
+        tag = plan.chunk_tag(att.number, k)
         try:
-            await _send(ch, plan, succ, SumChunk(plan.chunk_tag(att.number, k), data))
-        except PeerUnreachable as exc:
-            await _report_broken(ch, plan, att, succ, exc)
+            got = await _await_initiator(ch, plan, att, [(SumChunk, tag, pred)])
+            if isinstance(got, _Attempt):
+                return got
+            data = _check_chunk(plan, got.data, k, pred)
+        except (MalformedFrom, _WrongLength) as exc:
+            if pred == att.initiator or (isinstance(exc, MalformedFrom) and exc.peer != pred):
+                raise    # the initiator sent it: there is nobody to tell, this member fails
+            await _report_broken(ch, plan, att, RingBroken(_broken_tag(plan, att), pred, "malformed"), exc)
+            return False
+        try:
+            await _send(ch, plan, succ, SumChunk(tag, data + masks.contribution(k)))
+        except PeerUnreachable as exc:   # PeerRefused included, reported as what it is
+            fault = "refused" if isinstance(exc, PeerRefused) else "unreachable"
+            await _report_broken(ch, plan, att, RingBroken(_broken_tag(plan, att), succ, fault), exc)
             return False
         ch.progress(PHASE, k + 1, plan.chunks)
     return True
 
 
-async def _report_broken(ch: Channel, plan: _Plan, att: _Attempt, succ: NodeId, exc: Exception) -> None:
-    if succ == att.initiator:
-        raise JobError(f"secure sum '{plan.tag}': initiator unreachable: {exc}")
+def _broken_tag(plan: _Plan, att: _Attempt) -> str:
+    return plan.prefix(att.number) + "broken"
+
+
+async def _report_broken(ch: Channel, plan: _Plan, att: _Attempt, report: RingBroken, exc: Exception) -> None:
+    """Tell the initiator which edge failed; if that edge is the one to the initiator, there is
+    nobody to tell and no re-run to wait for: this member fails."""
+    if report.peer == att.initiator:
+        raise JobError(f"secure sum '{plan.tag}': the initiator {att.initiator.hex()[:16]} "
+                       f"{'refused our chunk' if report.fault == 'refused' else 'is unreachable'}: {exc}")
     try:
-        await _send(ch, plan, att.initiator, RingBroken(plan.prefix(att.number) + "broken", succ))
+        await _send(ch, plan, att.initiator, report)
     except PeerUnreachable as exc2:
         raise JobError(f"secure sum '{plan.tag}': initiator unreachable: {exc2}") from None
 
@@ -681,8 +806,8 @@ async def _await_initiator(ch: Channel, plan: _Plan, att: _Attempt, wants: list[
 def _accept_restart(ch: Channel, plan: _Plan, msg: SumRestart) -> _Attempt:
     if not msg.participants:
         raise JobError(msg.reason or f"secure sum '{plan.tag}': the initiator gave up")
-    listed = list(msg.participants)
-    if listed != sorted(set(listed)) or not set(listed) <= set(ch.members) \
+    listed = list(msg.participants)     # ring order: the initiator first, then any order
+    if len(set(listed)) != len(listed) or not set(listed) <= set(ch.members) \
             or listed[0] != ch.members[0] or len(listed) < 2:
         raise JobError(f"secure sum '{plan.tag}': the initiator announced an invalid participant list")
     if ch.me not in msg.participants:
@@ -702,4 +827,4 @@ async def _collect_result(ch: Channel, plan: _Plan, att: _Attempt, first: SumRes
             raise JobError(f"secure sum '{plan.tag}': result chunk {k} did not arrive within "
                            f"{att.patience_ms(plan)} ms; the initiator is presumably down") from None
         total[plan.span(k)] = _check_chunk(plan, msg.data, k, att.initiator)
-    return SumOutcome(total=total, participants=att.participants, attempts=att.number)
+    return SumOutcome(total=total, participants=tuple(sorted(att.participants)), attempts=att.number)
