@@ -56,6 +56,32 @@ Rules of this module:
 * A heartbeat from a lower term is answered with our (higher) term, so a
   stale leader learns it and steps down; other lower-term messages are
   answered with a rejection (votes) or ignored (replies).
+* Terms advance by small steps (issue 11): a message whose term is more than
+  `term_ceiling(now_ms)` = our term + TERM_STEP_MAX + (ms since our term last
+  changed) // election_timeout_min_ms is ignored and counted (`term_jumps_ignored`).
+  Why: a member's key alone could otherwise push every site to a term near
+  TERM_MAX in one message (2**62 was tried), where `term + 1` no longer fits the
+  wire and no honest election can follow. With the rule a member gains at most
+  TERM_STEP_MAX terms per message it gets accepted: at 1,000 messages per second
+  reaching 2**62 takes over 10**7 years.
+  Why it cannot block an honest election: every honest term is reached by one
+  node's own election, which needs its election timer to expire, and that timer
+  restarts whenever the node enters a term; so the highest honest term grows by
+  at most 1 per election_timeout_min_ms (split votes included: rivals share one
+  term). A node that was within TERM_STEP_MAX of the highest honest term when its
+  own term last changed therefore accepts every honest term at any later time:
+  the allowance grows exactly as fast as honest terms can. That covers a node cut
+  off for many elections: its term did not move while it was cut off (PreVote
+  keeps an isolated node's term still), and its allowance grew all that time. A
+  node that is far behind at construction (restarted after more than
+  TERM_STEP_MAX elections happened without it) catches up as soon as the
+  allowance covers the gap: at most (gap - TERM_STEP_MAX) * election_timeout_min_ms
+  after its start, sooner if elections are rarer than one per timeout, which is
+  the normal case (elections happen only when a leader fails). Until then it
+  ignores the leader's heartbeats; it cannot disrupt anyone (PreVote), it only
+  sits out. What the rule does NOT stop: a member announcing itself leader of
+  term + 1 with a heartbeat (Raft trusts a member's claim of a won election;
+  closing that needs signed votes, a quorum certificate, not implemented here).
 * Leader timing (heartbeats, CheckQuorum) and follower leases run on the same
   clock as everyone else only in the sense of durations: safety (one leader
   per term) never depends on time; liveness and non-disruption do.
@@ -75,6 +101,7 @@ NodeId = bytes  # a member's 32-byte Ed25519 public key; the canonical id on the
 
 MEMBERS_MAX = 100  # cross-silo federations: 2..100 sites (1 is allowed for a lone site and tests)
 TERM_MAX = 2**63 - 1  # terms travel as msgpack int64; a larger one is a malformed message
+TERM_STEP_MAX = 16   # terms a message may move us beyond our own, plus one per election timeout
 
 
 class Role(enum.StrEnum):
@@ -184,6 +211,7 @@ class ElectionStats:  # counters for the status API and for tests; never reset
     check_quorum_step_downs: int = 0
     higher_term_step_downs: int = 0  # left leader/candidate because a higher term appeared
     ignored_messages: int = 0        # malformed, from a non-member, or a conflicting leader
+    term_jumps_ignored: int = 0      # also counted in ignored_messages: a term above term_ceiling
 
 
 def _well_formed(msg: Message) -> bool:
@@ -225,6 +253,7 @@ class Election:
         # Adopting T without a vote is safe: a vote never stored was never sent.
         self._term = max(hard_state.term, commit.term)
         self._voted_for = hard_state.voted_for if self._term == hard_state.term else None
+        self._term_since_ms = now_ms    # when _term last changed (start counts): term_ceiling
         self._reported = hard_state  # the last hard state handed to the shell (or given by it)
         self._commit = commit
         self._role = Role.FOLLOWER
@@ -291,6 +320,13 @@ class Election:
         """
         return term < self._term
 
+    def term_ceiling(self, now_ms: int | None = None) -> int:
+        """The highest term a message may carry to be heard at `now_ms` (module rules: terms
+        advance by small steps). The job layer uses the same bound for leader-originated messages."""
+        now_ms = self._now_ms if now_ms is None else max(now_ms, self._now_ms)
+        allowance = (now_ms - self._term_since_ms) // self._cfg.election_timeout_min_ms
+        return min(TERM_MAX, self._term + TERM_STEP_MAX + allowance)
+
     def set_commit(self, term: int, index: int) -> None:
         """Record the last round the XGBoost layer has durably committed (never goes back).
 
@@ -318,6 +354,10 @@ class Election:
             raise TypeError(f"not an election message: {type(msg).__name__}")
         if src == self._me or src not in self._peers or not _well_formed(msg):
             self._stats.ignored_messages += 1
+            return self._ready([])
+        if msg.term > self.term_ceiling():
+            self._stats.ignored_messages += 1
+            self._stats.term_jumps_ignored += 1
             return self._ready([])
         return self._ready(self._on_message(src, msg))
 
@@ -385,6 +425,7 @@ class Election:
             if self._role in (Role.LEADER, Role.CANDIDATE):
                 self._stats.higher_term_step_downs += 1
             self._term = term
+            self._term_since_ms = self._now_ms
             self._voted_for = None  # a new term: no vote cast in it yet
         self._role = Role.FOLLOWER
         self._leader = None
@@ -411,6 +452,7 @@ class Election:
     def _start_election(self) -> list[Send]:
         self._stats.elections_started += 1
         self._term += 1
+        self._term_since_ms = self._now_ms
         self._voted_for = self._me  # persisted (Ready.persist) before the RequestVotes go out
         self._role = Role.CANDIDATE
         self._granted = {self._me}

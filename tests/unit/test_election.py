@@ -14,6 +14,7 @@ import pytest
 
 from fedpeer.core.election import (
     MEMBERS_MAX,
+    TERM_STEP_MAX,
     Commit,
     Election,
     ElectionConfig,
@@ -451,6 +452,62 @@ def test_non_members_myself_and_malformed_messages_are_ignored():
     assert f.hard_state == HardState(2, None) and f.stats.ignored_messages == 6
     with pytest.raises(TypeError):
         f.receive(IDS[0], object(), 0)
+
+
+# -- terms advance by small steps (issue 11) -------------------------------------------------
+
+@pytest.mark.parametrize("msg", [Heartbeat(2**62, 0, 0), RequestVote(2**62, 0, 0), PreVote(2**62, 0, 0),
+                                 HeartbeatReply(2**62), PreVoteReply(2**62, False), RequestVoteReply(2**62, False),
+                                 Heartbeat(2 + TERM_STEP_MAX + 1, 0, 0)])
+def test_a_term_jump_beyond_the_step_is_ignored(msg):
+    """The attack of issue 11: one member's frame pushed every site to term 2**62."""
+    f = make(1, term=2)
+    assert f.receive(IDS[0], msg, 0) == Ready(None, ())
+    assert (f.term, f.leader, f.role) == (2, None, F)
+    assert f.stats.term_jumps_ignored == 1 and f.stats.ignored_messages == 1
+    assert not f.is_stale(2)
+
+
+def test_a_step_within_the_bound_is_followed():
+    f = make(1, term=2)
+    r = f.receive(IDS[0], Heartbeat(2 + TERM_STEP_MAX, 0, 0), 0)
+    assert (f.term, f.leader) == (2 + TERM_STEP_MAX, IDS[0]) and only(r) == HeartbeatReply(2 + TERM_STEP_MAX)
+    assert f.stats.term_jumps_ignored == 0
+
+
+def test_a_member_gains_at_most_one_step_per_message():
+    f = make(1, term=0)
+    for _ in range(10):       # a burst of pushes at one instant: each moves the term by one step at most
+        f.receive(IDS[0], Heartbeat(2**62, 0, 0), 0)
+        f.receive(IDS[0], HeartbeatReply(f.term + TERM_STEP_MAX), 0)
+    assert f.term == 10 * TERM_STEP_MAX and f.stats.term_jumps_ignored == 10
+
+
+def test_a_node_far_behind_catches_up_once_elections_could_have_made_the_gap():
+    """A restarted node 100 terms behind ignores the leader's heartbeats only until the time
+    100 honest elections would have needed (one per election_timeout_min_ms) has passed."""
+    gap = 100
+    f = make(1, term=0, now_ms=0)
+    wait_ms = (gap - TERM_STEP_MAX) * CFG.election_timeout_min_ms
+    assert f.receive(IDS[0], Heartbeat(gap, 0, 0), wait_ms - 1) == Ready(None, ())
+    assert f.term == 0
+    r = f.receive(IDS[0], Heartbeat(gap, 0, 0), wait_ms)
+    assert (f.term, f.leader) == (gap, IDS[0]) and r.persist == HardState(gap, None)
+
+
+def test_a_node_cut_off_for_many_elections_rejoins_at_once():
+    """Cut off, a node's term stands still (PreVote) while the others hold elections, at most one
+    per election_timeout_min_ms: that time is its allowance, so the first heartbeat after healing
+    is followed, however many elections it missed."""
+    f = make(1, term=3)
+    elections = 200
+    end_ms = elections * CFG.election_timeout_min_ms
+    for now_ms in range(0, end_ms + 1, STEP_MS):    # campaigning alone: PreVotes nobody answers
+        f.tick(now_ms)
+    assert f.term == 3 and f.stats.pre_votes_started > 0
+    term = 3 + elections + TERM_STEP_MAX
+    r = f.receive(IDS[0], Heartbeat(term, 0, 0), end_ms)
+    assert (f.term, f.leader) == (term, IDS[0]) and r.persist == HardState(term, None)
 
 
 def test_time_never_goes_backwards():
