@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import wire
 from ..errors import JobError
+from ..net.channel import MalformedFrom
 
 MODEL_RECV_TIMEOUT_HOPS = 4
 STUMPS_MAX = 10_000
@@ -46,27 +47,27 @@ async def run_boppid(ch: Any, part: Any, params: Mapping[str, Any], ctx: Any) ->
 
     X, y = part.fit.X, part.fit.y
     own = await asyncio.to_thread(mb.boppid_local, X, y, params["boppid_rounds"], seed=params["seed"])
-    models = await _exchange(ch, own, int(len(y)), ctx)
+    models, refused = await _exchange(ch, own, int(len(y)), X.shape[1], ctx)
     members = [m for m in ch.members if m in models]
     stumps = [models[m][0] for m in members]
-    d = X.shape[1]
-    if any(s.size and int(s.feature.max()) >= d for s in stumps):
-        raise JobError("a BOPPID model refers to a feature this site does not have")
     me = members.index(ch.me)
     errors = mb.boppid_errors(stumps, X, y)
     selected = mb.boppid_select(errors, me)
     coefficients = mb.boppid_coefficients([models[m][1] for m in members], selected, me)
     combined = mb.boppid_combine(stumps, coefficients)
     metrics = mb.binary_metrics(part.test.y, mb.boppid_score(combined, part.test.X))
-    return {**metrics, "models_selected": [ctx.names.get(m, m.hex()[:16]) for m, s in zip(members, selected) if s]}
+    return {**metrics, "models_selected": [ctx.names.get(m, m.hex()[:16]) for m, s in zip(members, selected) if s],
+            "models_refused": refused}
 
 
-async def _exchange(ch: Any, own: Any, rows: int, ctx: Any) -> dict[bytes, tuple[Any, int]]:
-    from ..ml.bofrf import Stumps
-
+async def _exchange(ch: Any, own: Any, rows: int, features: int, ctx: Any) -> tuple[dict[bytes, tuple[Any, int]], dict[str, str]]:
+    """Send our model to every member, collect theirs. A model that is refused (by our gate, or
+    here: stumps on features this site does not have, polarity not ±1, non-finite values) is
+    left out of this site's BOPPID and named in `refused` {member: why}; it ends no one's job."""
     msg = StumpsMsg(tag="boppid/model", feature=own.feature, threshold=own.threshold,
                     polarity=own.polarity.astype(np.int64), alpha=own.alpha, rows=rows)
     others = [m for m in ch.members if m != ch.me]
+    refused: dict[str, str] = {}
 
     async def send(peer: bytes) -> None:
         try:
@@ -78,10 +79,27 @@ async def _exchange(ch: Any, own: Any, rows: int, ctx: Any) -> dict[bytes, tuple
         try:
             _, got = await ch.recv(StumpsMsg, "boppid/model", src=peer,
                                    timeout_ms=MODEL_RECV_TIMEOUT_HOPS * ctx.hop_timeout_ms)
-            return peer, (Stumps(got.feature, got.threshold, got.polarity.astype(np.int8), got.alpha), got.rows)
-        except (JobError, ValueError):
-            return None
+            return peer, (_stumps(got, features), got.rows)
+        except MalformedFrom as exc:
+            refused[ctx.names.get(peer, peer.hex()[:16])] = exc.reason
+        except ValueError as exc:
+            refused[ctx.names.get(peer, peer.hex()[:16])] = str(exc)
+        except JobError:
+            pass      # unreachable or silent: left out like a refused one, but no evidence
+        return None
     results = await asyncio.gather(*(send(p) for p in others), *(receive(p) for p in others))
     models = {ch.me: (own, rows)}
     models.update(dict(r for r in results if r is not None))
-    return models
+    return models, refused
+
+
+def _stumps(got: StumpsMsg, features: int) -> Any:
+    """The received arrays as Stumps over this site's `features` columns; ValueError if unusable."""
+    from ..ml.bofrf import Stumps
+
+    if got.polarity.size and not np.isin(got.polarity, (-1, 1)).all():   # before the int8 cast wraps them
+        raise ValueError("stump polarity must be -1 or +1")
+    stumps = Stumps(got.feature, got.threshold, got.polarity.astype(np.int8), got.alpha)
+    if stumps.size and int(stumps.feature.max()) >= features:
+        raise ValueError(f"stumps on feature {int(stumps.feature.max())}, this site has {features} features")
+    return stumps

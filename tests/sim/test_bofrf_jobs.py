@@ -484,3 +484,41 @@ async def test_forest_over_other_features_is_left_out_not_fatal() -> None:
     for key in keys:
         assert results[key]["forests_left_out"] == [names[offender]]
         assert set(results[key]["forests_refused"]) == ({names[offender]} if key != offender else set())
+
+
+class StumpsOnMissingFeature:
+    """A member whose BOPPID model (well-formed on the wire) splits on a column nobody has."""
+
+    def __init__(self, inner: MemoryChannel) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def send(self, dst: bytes, msg: Any) -> None:
+        from fedpeer.jobs.boppid import StumpsMsg
+        if isinstance(msg, StumpsMsg):
+            msg = StumpsMsg(tag=msg.tag, feature=np.full_like(msg.feature, len(FEATURES)), threshold=msg.threshold,
+                            polarity=msg.polarity, alpha=msg.alpha, rows=msg.rows)
+        await self.inner.send(dst, msg)
+
+
+async def test_boppid_model_on_a_missing_feature_is_left_out_not_fatal() -> None:
+    n = 3
+    params = make_params(seed=6, tau=0.3, baseline="boppid", boppid_rounds=5)
+    keys = make_keys(n, "bad-stumps")
+    names = {k: f"site{i}" for i, k in enumerate(keys)}
+    datasets = make_sites(n, 5, noise=(0.0, 0.1, 0.2))
+    offender = keys[2]
+    net = MemoryNetwork(keys, seed=13, **NET)
+    results = await run_job(net, dict(zip(keys, datasets)), params, names,
+                            wrap=lambda k, ch: StumpsOnMissingFeature(ch) if k == offender else ch)
+    for key in keys:
+        boppid = results[key]["boppid"]
+        if key == offender:
+            assert boppid["models_refused"] == {}, boppid
+            continue
+        assert list(boppid["models_refused"]) == [names[offender]], boppid["models_refused"]
+        assert "feature" in boppid["models_refused"][names[offender]]
+        assert names[offender] not in boppid["models_selected"]
+    assert_matches_reference({k: r for k, r in results.items()}, datasets, keys, params, "bad stumps")
