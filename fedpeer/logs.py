@@ -114,13 +114,14 @@ class RepeatFilter(logging.Filter):
         _one_line(record, suppressed=suppressed, interval_ms=self._interval_ms)
         return True
 
-    def flush(self, handler: logging.Handler) -> None:
-        """Write, through `handler`, one line for each kind whose interval is over with records
-        still suppressed (a flood that stopped would otherwise never report its tail)."""
+    def flush(self, handler: logging.Handler, *, everything: bool = False) -> None:
+        """Write, through `handler`, one line for each kind whose interval is over (or, with
+        `everything`, at exit, any) with records still suppressed: a flood that stopped would
+        otherwise never report its tail."""
         with self._lock:
             now = self._clock_ms()
             due = [(key, seen.message, {**seen.values, "suppressed": seen.suppressed}) for key, seen in self._seen.items()
-                   if seen.suppressed and now - seen.emitted_ms >= self._interval_ms]
+                   if seen.suppressed and (everything or now - seen.emitted_ms >= self._interval_ms)]
             for key, _, _ in due:
                 self._seen[key].emitted_ms, self._seen[key].suppressed = now, 0
         for (name, levelno, _, _, _), message, values in due:
@@ -164,10 +165,11 @@ def _demote_stranger_error(record: logging.LogRecord) -> None:
 _installed: list[tuple[logging.Handler, RepeatFilter]] = []   # what setup made, for flush_repeats
 
 
-def flush_repeats() -> None:
-    """Write the counts of floods that have stopped; the daemon calls this about once a second."""
+def flush_repeats(everything: bool = False) -> None:
+    """Write the counts of floods that have stopped; the daemon calls this about once a second,
+    and once with `everything` at exit."""
     for handler, repeat_filter in _installed:
-        repeat_filter.flush(handler)
+        repeat_filter.flush(handler, everything=everything)
 
 
 async def flush_repeats_forever(interval_ms: int = LOG_FLUSH_INTERVAL_MS) -> None:
@@ -182,7 +184,7 @@ def setup(level: str = "info") -> None:
     repeat_filter = RepeatFilter()
     handler.addFilter(repeat_filter)
     if not _installed:
-        atexit.register(flush_repeats)   # runs before logging's own atexit flush (LIFO)
+        atexit.register(flush_repeats, everything=True)   # before logging's own atexit flush (LIFO)
     _installed[:] = [(handler, repeat_filter)]
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -26,7 +26,9 @@ listen = "{listen}"             # where peers reach this daemon (host:port)
 {advertise_line}
 key_file = "identity.key"       # Ed25519 identity; mode 0600; back it up, never share it
 state_dir = "state"             # job records, replay marks, incarnation (needs write access)
-admin = "unix:state/admin.sock" # local admin API for `fedpeer status`: unix:PATH or 127.0.0.1:PORT
+admin = "unix:state/admin.sock" # local admin API for `fedpeer status`: unix:PATH (mode 0600), or
+                                # 127.0.0.1:PORT, which needs the token the daemon writes to
+                                # state_dir/admin.token (0600) at each start; the CLI reads it
 
 # One [[peer]] table per other site, added with `fedpeer peer add`. The public key pins the
 # site: a message signed by any other key is rejected before it is decoded.

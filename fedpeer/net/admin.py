@@ -45,6 +45,7 @@ ADMIN_TIMEOUT_MS = 5_000
 ADMIN_TOKEN_FILE = "admin.token"   # in state_dir; only for a TCP admin address
 ADMIN_TOKEN_BYTES = 32             # 256 random bits: not guessable through a loopback port
 ADMIN_REQUEST_BYTES_MAX = 1024**2  # a job proposal is a few hundred bytes
+ADMIN_LISTEN_BACKLOG = 128         # connections waiting to be accepted (aiohttp's own default)
 ERROR_TEXT_CHARS_MAX = 300         # of a non-JSON answer, quoted in the CLI's one-line error
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 BROWSER_HEADERS = ("Origin", "Sec-Fetch-Site", "Sec-Fetch-Mode")   # only browsers send these
@@ -67,7 +68,7 @@ class AdminServer:
         self._routes = routes
         self._runner: web.AppRunner | None = None
         self._token: bytes | None = None            # set for a TCP admin address
-        self._host: str | None = None               # the only Host header a TCP admin accepts
+        self._hosts: frozenset[str] = frozenset()   # the Host headers a TCP admin accepts (its own)
         self._socket_id: tuple[int, int] | None = None   # (st_dev, st_ino) of the socket we made
 
     async def start(self) -> None:
@@ -102,14 +103,15 @@ class AdminServer:
         # Bind before writing the token: a second daemon on a taken port must fail without
         # replacing the token of the one that runs. Connections wait in the backlog until served.
         addr = parse_address(self._config.node.admin)
-        self._host = str(addr).lower()
+        own = str(addr).lower()
+        self._hosts = frozenset({own, own.removesuffix(":80")})   # clients omit the default port
         try:
             family, _, _, _, sockaddr = socket.getaddrinfo(addr.host, addr.port, type=socket.SOCK_STREAM)[0]
             sock = socket.socket(family, socket.SOCK_STREAM)
             try:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sock.bind(sockaddr)
-                sock.listen(128)
+                sock.listen(ADMIN_LISTEN_BACKLOG)
             except OSError:
                 sock.close()
                 raise
@@ -160,11 +162,11 @@ class AdminServer:
 
     def _refusal(self, request: web.Request) -> web.Response | None:
         """403 for what only a browser (or a rebinding attack) sends; 401 without the token."""
-        if self._host is not None:
+        if self._hosts:
             host = request.headers.get("Host", "").lower()
-            if host != self._host:
-                return error_response(403, f"Host {host!r} is not this admin endpoint {self._host}; "
-                                      "refused (DNS rebinding guard): ask http://" + self._host)
+            if host not in self._hosts:
+                return error_response(403, f"Host {host!r} is not this admin endpoint {self._config.node.admin}; "
+                                      f"refused (DNS rebinding guard): ask http://{self._config.node.admin}")
         for name in BROWSER_HEADERS:
             if name in request.headers:
                 return error_response(403, f"browser requests are refused ({name} header present); "

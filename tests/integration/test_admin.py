@@ -7,10 +7,12 @@ only browsers send, and still serve the CLI. Every answer is JSON, errors includ
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import http.server
 import json
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -19,8 +21,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
+from fedpeer import config as cfg
 from fedpeer.harness import Harness, free_ports
+from fedpeer.net.admin import AdminServer, request
 from fedpeer.sitefiles import init_site
 
 pytestmark = pytest.mark.integration
@@ -51,7 +56,6 @@ def tcp_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Harness
     h.create()
     h.start()
     try:
-        import asyncio
         asyncio.run(h.wait_until(lambda s: s[0] is not None, 20, "the daemon answers on its TCP admin"))
         yield h, port
     finally:
@@ -167,3 +171,28 @@ def test_admin_path_that_is_not_a_socket_is_never_deleted(tmp_path: Path, kind: 
     assert len(lines) == 1 and "exists and is not a socket; refusing to delete it" in lines[0], r.stderr
     assert precious.read_text() == "id,value\n1,42\n"
     assert kind == "file" or (tmp_path / "link.sock").is_symlink()
+
+
+def test_a_stale_socket_is_replaced_and_stop_unlinks_only_its_own(tmp_path: Path) -> None:
+    """In-process: a socket left by a dead daemon goes; a file put where ours was stays."""
+    path, _ = init_site(tmp_path, "x", f"127.0.0.1:{free_ports(1)[0]}", admin="unix:admin.sock")
+    config = cfg.load(path)
+    sock_path = tmp_path / "admin.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as dead:   # bound, never listening
+        dead.bind(str(sock_path))
+
+    async def status(_: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    async def scenario() -> None:
+        server = AdminServer(config, {("GET", "/v1/status"): status})
+        await server.start()
+        try:
+            assert stat.S_IMODE(os.lstat(sock_path).st_mode) == 0o600
+            assert await request(config, "GET", "/v1/status") == {"ok": True}
+            sock_path.unlink()
+            sock_path.write_text("the operator's file\n")   # put there while the daemon ran
+        finally:
+            await server.stop()
+    asyncio.run(scenario())
+    assert sock_path.read_text() == "the operator's file\n"

@@ -42,9 +42,9 @@ def logged() -> Iterator[tuple[logging.Logger, io.StringIO, FakeClock]]:
 def root_setup() -> Iterator[None]:
     """Run logs.setup on the real root logger, and put the root back afterwards."""
     root = logging.getLogger()
-    saved = root.handlers[:], root.level
+    saved = root.handlers[:], root.level, logs._installed[:]
     yield
-    root.handlers[:], root.level = saved[0], saved[1]
+    root.handlers[:], root.level, logs._installed[:] = saved
 
 
 def _raise_and_log(logger: logging.Logger) -> None:
@@ -131,6 +131,9 @@ def test_setup_limits_asyncio_and_aiohttp_floods(root_setup, capsys) -> None:
     assert len(accept) == 1 and "Too many open files" in accept[0], lines[:3]
     assert len(bad) == 1 and "level=warning" in bad[0], bad
     assert len(lines) == 2, lines
+    logs.flush_repeats(everything=True)   # as at exit: the counts of both floods, one line each
+    counts = re.findall(r"suppressed=(\d+)", capsys.readouterr().err)
+    assert sorted(int(n) for n in counts) == [999, 999]
 
 
 def test_remembered_kinds_are_bounded() -> None:
