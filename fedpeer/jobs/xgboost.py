@@ -7,8 +7,29 @@ Every member runs the same coroutine:
    counts of the training parts: every member derives the same global base_score (the
    federation's label prior) and the total row count ("samples" learning-rate normalisation);
 2. loop: if its election says it leads term T, it leads (below); otherwise it obeys directives
-   from the leader of the highest term it has seen, and refuses directives of older terms
-   (fencing: a deposed leader's messages are answered "stale_term" and change nothing).
+   only from the member its own election core says leads the directive's term, and refuses
+   directives of older terms (fencing: a deposed leader's messages are answered "stale_term" and
+   change nothing).
+
+Authority is checked, not assumed (issue 11). A directive of term T from `src` is obeyed only if
+this member's election reports (T, src) as (term, leader). A directive of T from another sender
+while the election knows T's leader is refused ("not_leader"), counted per sender and logged once;
+it changes nothing, and the job goes on under the real leader. A directive of a term the election
+has not confirmed yet (T above the election's term, or T's leader unknown) is parked, one per
+sender, for at most PARK_MS: an honest new leader's heartbeat normally confirms it within a
+heartbeat interval; otherwise it is answered "unconfirmed_leader". Neither refused nor parked
+directives raise `seen_term`, so a forged term 2**62 cannot make the honest leader stale.
+What a leader sends is checked like what members send: every trees document in a commit passes the
+same `boosting.validate_trees` policy the leader applies, a whole model (a sync or a fetch) passes
+`boosting.check_model_policy` (every tree within max_depth, node count and leaf_abs_max, at most
+the trees the rounds can hold), a commit's model is rebuilt from its trees and its SHA-256 compared,
+and commit points are bounded (a commit term above the directive's term, a round above `rounds`,
+are refused). Verified by recomputation: the appended model (its bytes and hash, from the trees).
+Not verifiable in bagging mode: that each trees document was trained by the participant it is
+attributed to on its own rows (only that site holds them; signing trees by their author would
+prove authorship, not honesty), and a whole model sent to a lagging member (checked against the
+policy, not recomputed: the member lacks the rounds' trees). A member cannot forge these, only
+the member its election says leads; a leader elected by real votes is trusted that far.
 
 A leader of term T:
 - asks every live member for its commit point (term, round, SHA-256 of the model) and needs
@@ -41,6 +62,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -50,6 +72,7 @@ import numpy as np
 
 from .. import wire
 from ..errors import DataError, JobError
+from ..logs import fields as log_fields
 from ..ml import boosting
 from ..ml import data as mldata
 from ..net.channel import PeerUnreachable, RecvTimeout, SubChannel
@@ -58,6 +81,7 @@ from ..protocols.securesum import secure_sum
 from ..store import atomic_write, write_json
 from .base import JobContext, JobFailsEverywhere, JobKind, Param, site_seed
 
+PARK_MS = 5_000                  # a directive of a term not yet confirmed by the election waits this long
 POLL_MS = 200                    # a member re-checks its election's view this often while waiting
 STATE_TIMEOUT_MS = 5_000         # a leader waits this long for a member's commit point
 EVAL_HOP_TIMEOUT_MS = 5_000      # hop timeout of the per-round evaluation sum (small vectors)
@@ -72,6 +96,8 @@ TREES_BYTES_MAX = 16 * 1024 * 1024        # one member's trees of one round
 HISTORY_BYTES_MAX = 8 * 1024 * 1024       # the history entries that travel with a model
 HISTORY_ENTRY_BYTES_MAX = 64 * 1024
 MEMBERS_MAX = 128
+
+log = logging.getLogger("fedpeer.jobs.xgboost")
 
 PARAMS = {
     "rounds": Param(int, 20, "communication rounds", low=1, high=10_000),
@@ -303,6 +329,8 @@ class Site:
     silent_since_ms: int = 0
     finished_ms: int | None = None    # when this site learned the job is over (it then lingers)
     released: bool = False
+    parked: dict = field(default_factory=dict)       # sender -> (parked at ms, Directive): term not confirmed yet
+    refused: dict = field(default_factory=dict)      # sender -> {reason: count}: directives refused for authority
     _replies: dict = field(default_factory=dict)     # reply tasks in flight (a dict: ordered, deterministic)
 
     @property
@@ -367,6 +395,8 @@ class Site:
                 raise JobError("a model with another base_score than this federation's")
             if info.num_feature != self.fit[0].shape[1] or info.groups != self.groups:
                 raise JobError("a model of another shape than this job's")
+            if expect is not None:
+                self.check_model(model, rnd)
         self.model, self.commit = model, (term, rnd, sha)
         workdir = self.ctx.workdir
         if workdir is not None:
@@ -390,6 +420,48 @@ class Site:
 
     def leading(self, term: int) -> bool:
         return self.ch.leadership() == (term, self.me)
+
+    def authority(self, src: bytes, term: int) -> str:
+        """Whether a directive of `term` from `src` is to be obeyed: "obey" (the election says src
+        leads term), "stale" (an older term), "not_leader" (the election knows term's leader, and it
+        is someone else), "unconfirmed" (the election has not seen term's leader yet)."""
+        el_term, el_leader = self.ch.leadership()
+        if term < self.seen_term or term < el_term:
+            return "stale"
+        if term == el_term and el_leader == src:
+            return "obey"
+        return "not_leader" if term == el_term and el_leader is not None else "unconfirmed"
+
+    def refuse(self, src: bytes, msg: Directive, reason: str) -> None:
+        """Count (and log once per sender and reason) a directive refused for lack of authority;
+        the sender is told, nothing else changes."""
+        counts = self.refused.setdefault(src, {})
+        if reason not in counts:
+            log.warning("xgb_directive_refused", extra=log_fields(
+                job=self.ch.job_id, sender=self.name(src), reason=reason, op=msg.op, term=msg.term,
+                leadership=str(self.ch.leadership()[0])))
+        counts[reason] = counts.get(reason, 0) + 1
+        self.reply(src, msg, error=reason)
+
+    def park(self, src: bytes, msg: Directive) -> None:
+        """Hold a directive of a term this member's election has not confirmed (one per sender:
+        a leader has one directive in flight per member, so a newer one replaces the older)."""
+        self.parked[src] = (self.ch.now_ms(), msg)
+
+    async def unpark(self) -> None:
+        """Follow parked directives whose sender the election now confirms; refuse the others once
+        they waited PARK_MS or once the election has moved on."""
+        for src, (at_ms, msg) in list(self.parked.items()):
+            if self.parked.get(src, (0, None))[1] is not msg:
+                continue       # replaced meanwhile
+            verdict = self.authority(src, msg.term)
+            if verdict == "unconfirmed" and self.ch.now_ms() - at_ms < PARK_MS:
+                continue
+            del self.parked[src]
+            if verdict == "unconfirmed":
+                self.refuse(src, msg, "unconfirmed_leader")
+            else:
+                await self.follow(src, msg)
 
     # -- replies run in the background so a dead leader never holds a member up ----------------
 
@@ -431,6 +503,7 @@ class Site:
                     pass
                 self.silent_since_ms = self.ch.now_ms()
                 continue
+            await self.unpark()
             try:
                 src, msg = await self.ch.recv(Directive, DIRECTIVE_TAG, timeout_ms=POLL_MS)
             except RecvTimeout:
@@ -442,12 +515,20 @@ class Site:
         return self.result()
 
     async def follow(self, src: bytes, msg: Directive) -> None:
-        if self.stale(msg.term):
+        verdict = self.authority(src, msg.term)
+        if verdict == "stale":
             self.reply(src, msg, error="stale_term")
+            return
+        if verdict == "not_leader":
+            self.refuse(src, msg, "not_leader")
+            return
+        if verdict == "unconfirmed":
+            self.park(src, msg)
             return
         self.seen_term = msg.term
         self.silent_since_ms = self.ch.now_ms()
         try:
+            self.check_bounds(msg)
             if msg.model and msg.op in ("round", "commit", "finish"):
                 rnd = msg.round - 1 if msg.op == "round" else msg.round
                 self.adopt(msg.commit_term, rnd, msg.model, expect=msg.prev_sha if msg.op == "round" else msg.sha)
@@ -472,6 +553,39 @@ class Site:
                     self.released = True
         except (boosting.TreesError, JobError, DataError, ValueError) as exc:
             self.reply(src, msg, error=f"{type(exc).__name__}: {exc}"[:2000])
+
+    def check_bounds(self, msg: Directive) -> None:
+        """What even the real leader cannot mean: a round outside 1..rounds, a model committed in a
+        term after the directive's own, "finish" before the last round, a commit whose trees and
+        participants do not pair up with distinct job members."""
+        rounds = self.params["rounds"]
+        if msg.op in ("round", "commit", "finish") and not 1 <= msg.round <= rounds:
+            raise JobError(f"{msg.op} of round {msg.round}: the job has rounds 1..{rounds}")
+        if msg.model and not 0 <= msg.commit_term <= msg.term:
+            raise JobError(f"a model committed in term {msg.commit_term}, sent in term {msg.term}")
+        if msg.op == "finish" and msg.round != rounds:
+            raise JobError(f"finish at round {msg.round}, before the last round {rounds}")
+        parts = list(msg.participants)
+        if len(parts) != len(set(parts)) or not set(parts) <= set(self.ch.members) \
+                or (msg.trees and len(msg.trees) != len(parts)):
+            raise JobError("a commit whose participants are not distinct job members, one per trees document")
+
+    def check_trees(self, doc: bytes) -> boosting.TreeBatch:
+        """One trees document against the job's policy: the same check for every sender."""
+        p = self.params
+        return boosting.validate_trees(
+            doc, num_feature=self.fit[0].shape[1], num_class=self.groups if self.groups > 1 else 0,
+            num_local_round=p["num_local_round"], max_depth=p["max_depth"],
+            max_nodes=2 ** (p["max_depth"] + 1) - 1, leaf_abs_max=p["leaf_abs_max"], objective=p["objective"])
+
+    def check_model(self, model: bytes, rnd: int) -> None:
+        """A whole model from a peer (a sync or a fetch) against the job's policy: the checks every
+        member's trees get, and no more trees than `rnd` rounds of every member can hold."""
+        p = self.params
+        per_doc = p["num_local_round"] * self.groups
+        boosting.check_model_policy(model, max_depth=p["max_depth"], max_nodes=2 ** (p["max_depth"] + 1) - 1,
+                                    leaf_abs_max=p["leaf_abs_max"], trees_max=rnd * len(self.ch.members) * per_doc,
+                                    trees_multiple=per_doc)
 
     async def _train(self, src: bytes, msg: Directive) -> None:
         if self.commit[1:] != (msg.round - 1, msg.prev_sha):
@@ -505,6 +619,8 @@ class Site:
             if self.commit[1:] != (msg.round - 1, msg.prev_sha):
                 self.reply(src, msg, error="need_model")
                 return
+            for doc in msg.trees:        # the leader's trees pass the policy a member's pass
+                self.check_trees(doc)
             model = await self.tools.offload(self.build, list(msg.trees))
             if boosting.model_sha256(model) != msg.sha:
                 self.reply(src, msg, error="need_model")     # cannot happen with honest members
@@ -628,7 +744,9 @@ class Site:
                 raise JobError(f"as leader of term {term}: fewer than a majority of the job's members answered")
             live = [m for m in ch.members if m != self.me and ch.alive(m)]
             replies = await _all(*(self.ask(term, m, _directive(term, "state"), STATE_TIMEOUT_MS) for m in live))
-            points = {m: r for m, r in zip(live, replies) if r is not None and not r.error}
+            # A commit point from a term after this one, or beyond the job's rounds, is a lie: unheard.
+            points = {m: r for m, r in zip(live, replies) if r is not None and not r.error
+                      and 0 <= r.commit_term <= term and 0 <= r.commit_round <= self.params["rounds"]}
             if 1 + len(points) <= len(ch.members) // 2:
                 await self.ch.sleep_ms(POLL_MS)
                 continue
@@ -677,11 +795,7 @@ class Site:
                 excluded[m.hex()] = reply.error[:200]
                 continue
             try:
-                batch = boosting.validate_trees(
-                    reply.trees, num_feature=self.fit[0].shape[1], num_class=self.groups if self.groups > 1 else 0,
-                    num_local_round=p["num_local_round"], max_depth=p["max_depth"],
-                    max_nodes=2 ** (p["max_depth"] + 1) - 1, leaf_abs_max=p["leaf_abs_max"],
-                    objective=p["objective"])
+                batch = self.check_trees(reply.trees)
             except boosting.TreesError as exc:
                 excluded[m.hex()] = f"trees refused: {exc}"[:200]
                 continue
@@ -754,6 +868,8 @@ class Site:
             "base_score": self.base if self.groups == 1 else list(self.base),
             "features": list(self.ctx.data.features), "objective": p["objective"], "classes": class_names(p),
             "rows": {"train": int(len(self.fit[1])), "test": int(len(self.test[1])) if p["test_fraction"] else 0},
+            # directives this site refused because their sender did not lead their term (issue 11)
+            "directives_refused": {self.name(k): dict(v) for k, v in self.refused.items()},
         }
         last = next((h for h in reversed(self.history) if h.get("auc") is not None), None)
         on = "the sites' test parts" if p["test_fraction"] else "the sites' training rows"
@@ -823,9 +939,20 @@ def save_model(path: Any, model: bytes) -> None:
     atomic_write(path, model)
 
 
-def load_model(path: Any) -> bytes:
-    with open(path, "rb") as f:
-        model = f.read(boosting.MODEL_BYTES_MAX + 1)
+def load_model(path: Any, expect_sha256: str) -> bytes:
+    """A stored model, refused unless its bytes hash to `expect_sha256` (the SHA-256 the job or
+    commit record holds): a file modified or corrupted after it was stored is never used, even
+    when it is still a well-formed model (issue 10). JobError in one line naming the file."""
+    try:
+        with open(path, "rb") as f:
+            model = f.read(boosting.MODEL_BYTES_MAX + 1)
+    except OSError as exc:
+        raise JobError(f"{path}: cannot read the stored model: {exc.strerror or exc}") from None
+    sha = boosting.model_sha256(model)
+    if sha != expect_sha256:
+        raise JobError(f"{path}: the model file was modified or corrupted after it was stored (SHA-256 "
+                       f"{sha[:16]}..., the job record says {str(expect_sha256)[:16]}...); "
+                       "restore it from a backup or run the job again")
     boosting.model_info(model)      # canonical and well-formed, or TreesError
     return model
 

@@ -79,6 +79,7 @@ from ..errors import DataError, RemoteProtocolError
 __all__ = [
     "TREES_FORMAT", "MODEL_FORMAT", "MODEL_VERSION", "OBJECTIVES", "TreesError", "TreeBatch", "ModelInfo",
     "global_base_score", "normalized_eta", "train_local_round", "validate_trees", "trees_gain", "append_round",
+    "check_model_policy",
     "model_sha256", "model_info", "load_booster", "predict_proba",
     "score_histograms", "auc_from_histograms", "logloss_sums", "accuracy_counts",
 ]
@@ -669,6 +670,35 @@ def _read_model_uncached(model: bytes) -> ModelInfo:
 def model_info(model: bytes) -> ModelInfo:
     """Objective, classes, features, base score and trees of a canonical global model (checked)."""
     return _read_model(model)
+
+
+def check_model_policy(model: bytes, *, max_depth: int, max_nodes: int, leaf_abs_max: float, trees_max: int,
+                       trees_multiple: int = 1) -> ModelInfo:
+    """A global model from a peer against a job's policy; TreesError("xgb_model", ...) naming the
+    tree and the rule, else its ModelInfo.
+
+    `model_info` checks only what holds for every model (structure, canonical bytes, finite
+    values); a model sent by a leader must also hold only trees a member's `validate_trees` would
+    have accepted: depth <= max_depth, at most max_nodes nodes, |leaf value| <= leaf_abs_max, and
+    at most trees_max trees, a multiple of trees_multiple (one member's trees of one round). A
+    leader is one member: its word is no better than any other member's (issue 11)."""
+    info = _read_model(model)
+    leaf_abs_max = float(leaf_abs_max)
+    if not leaf_abs_max > 0:
+        raise ValueError(f"leaf_abs_max must be positive, got {leaf_abs_max}")
+    if info.n_trees > trees_max or info.n_trees % max(1, trees_multiple):
+        raise TreesError("xgb_model", f"{info.n_trees} trees: the job allows at most {trees_max}, "
+                                      f"in whole rounds of {trees_multiple}")
+    for i, tree in enumerate(info.trees):
+        if tree.depth > max_depth:
+            raise TreesError("xgb_model", f"tree {i}: depth {tree.depth} exceeds max_depth {max_depth}")
+        if tree.n_nodes > max_nodes:
+            raise TreesError("xgb_model", f"tree {i}: {tree.n_nodes} nodes exceed {max_nodes}")
+        leaves = tree.left < 0
+        if leaves.any() and float(np.abs(tree.value[leaves]).max()) > leaf_abs_max:
+            worst = float(np.abs(tree.value[leaves]).max())
+            raise TreesError("xgb_model", f"tree {i}: |leaf value| {worst!r} exceeds leaf_abs_max {leaf_abs_max!r}")
+    return info
 
 
 def append_round(global_model: bytes | None, trees_from_members: Sequence[Any], base_score: Any, num_feature: int,

@@ -379,3 +379,119 @@ def test_a_job_member_that_is_not_led_fails_cleanly():
         loop.run_until_complete(go())
     finally:
         loop.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Authority is checked, not assumed (issue 11): one member's key cannot steer a follower
+# ---------------------------------------------------------------------------------------------
+
+def poisoned_doc(leaf: float = -1000.0, feature: int = 0) -> bytes:
+    """One stump whose leaves are `leaf`: the attacker's tree (every row pushed negative)."""
+    tree = boosting._Tree(left=np.array([1, -1, -1]), right=np.array([2, -1, -1]), feature=np.array([feature, 0, 0]),
+                          value=np.array([0.0, leaf, leaf]), default_left=np.array([1, 0, 0]),
+                          gain=np.array([1.0, 0.0, 0.0]), cover=np.array([40.0, 20.0, 20.0]), depth=1)
+    return boosting._trees_doc([tree], 1)
+
+
+def poisoned_model(base: bytes | None = None, leaf: float = -1000.0) -> bytes:
+    return boosting.append_round(base, [poisoned_doc(leaf)], 0.5, 3, 0, "binary:logistic")
+
+
+def follower(view: dict, seed: int = 1) -> tuple[list[bytes], MemoryNetwork, xj.Site]:
+    """A follower site (keys[0]) whose election view is view[keys[0]] (mutable by the test)."""
+    keys = sorted(hashlib.sha256(f"authority-{seed}-{i}".encode()).digest() for i in range(3))
+    net = MemoryNetwork(keys, seed=seed)
+    net.leadership = lambda me: view[0]
+    site = xj.Site(ch=SteadyChannel(net.channel(keys[0])), params=xj.KIND.check_params({"rounds": 3}),
+                   ctx=JobContext("a", {}, HOP_MS, data=make_data(1, 0)[0]),
+                   tools=xj.Tools(train=fake_train, predict=fake_predict))
+    xj.prepare(site)
+    site.base, site.total_rows = 0.5, 40
+    site.adopt(0, 0, None)
+    return keys, net, site
+
+
+async def reply_to(net: MemoryNetwork, key: bytes, term: int, op: str, rnd: int) -> xj.Reply:
+    _, reply = await SteadyChannel(net.channel(key)).recv(xj.Reply, xj._reply_tag(term, op, rnd), timeout_ms=1000)
+    return reply
+
+
+def run_virtual(coro: Any) -> None:
+    loop = looptime.new_event_loop(start=0, noop_cycles=1)
+    try:
+        loop.run_until_complete(coro)
+    finally:
+        loop.close()
+
+
+def test_a_forged_commit_with_a_high_term_from_a_non_leader_changes_nothing():
+    """The attack of issue 11: a member's commit of term 2**62 with a poisoned model, then finish.
+    It is parked (never obeyed), refused once PARK_MS passed, and the real leader is not stale."""
+    async def go() -> None:
+        view = [(5, None)]
+        keys, net, site = follower(view)
+        view[0] = (5, keys[1])                       # keys[1] won term 5; keys[2] is the attacker
+        model = poisoned_model()
+        sha = boosting.model_sha256(model)
+        high = 2**62
+        await site.follow(keys[2], xj._directive(high, "commit", 1, sha=sha, model=model, commit_term=high))
+        await site.follow(keys[2], xj._directive(high, "finish", 2, sha=sha))
+        assert site.commit == (0, 0, "") and site.seen_term < high and site.finished_ms is None
+        await site.follow(keys[1], xj._directive(5, "round", 1, prev_sha=""))
+        reply = await reply_to(net, keys[1], 5, "round", 1)
+        assert reply.error == "" and reply.trees            # the real leader is obeyed, not "stale_term"
+        await asyncio.sleep(xj.PARK_MS / 1000)
+        await site.unpark()
+        assert (await reply_to(net, keys[2], high, "finish", 2)).error == "unconfirmed_leader"
+        # The same forgery at the current term: the election knows term 5's leader, and it is not keys[2].
+        await site.follow(keys[2], xj._directive(5, "commit", 1, sha=sha, model=model, commit_term=5))
+        assert (await reply_to(net, keys[2], 5, "commit", 1)).error == "not_leader"
+        assert site.commit == (0, 0, "") and site.refused == {keys[2]: {"unconfirmed_leader": 1, "not_leader": 1}}
+        assert site.result()["directives_refused"] == {keys[2].hex()[:16]: {"unconfirmed_leader": 1,
+                                                                            "not_leader": 1}}
+        await site.close()
+
+    run_virtual(go())
+
+
+def test_a_directive_of_a_term_not_yet_confirmed_waits_for_the_election():
+    """A new leader's first directive may overtake its heartbeat: parked, then obeyed."""
+    async def go() -> None:
+        view = [(5, None)]
+        keys, net, site = follower(view)
+        await site.follow(keys[1], xj._directive(6, "state"))
+        with pytest.raises(xj.RecvTimeout):
+            await reply_to(net, keys[1], 6, "state", 0)       # not obeyed (nor answered) yet
+        assert site.seen_term == 0
+        view[0] = (6, keys[1])                                   # the heartbeat arrives
+        await site.unpark()
+        reply = await reply_to(net, keys[1], 6, "state", 0)
+        assert reply.error == "" and site.seen_term == 6 and not site.parked
+        await site.close()
+
+    run_virtual(go())
+
+
+def test_the_real_leaders_model_and_trees_pass_the_members_checks():
+    """No leaf_abs_max = inf for the leader: its synced model and its commit's trees are checked
+    like a member's trees, even when the election says it leads."""
+    async def go() -> None:
+        view = [(5, None)]
+        keys, net, site = follower(view)
+        view[0] = (5, keys[1])
+        model = poisoned_model()
+        sha = boosting.model_sha256(model)
+        await site.follow(keys[1], xj._directive(5, "commit", 2, sha=sha, model=model, commit_term=5))
+        assert "leaf_abs_max" in (await reply_to(net, keys[1], 5, "commit", 2)).error
+        doc = poisoned_doc()
+        await site.follow(keys[1], xj._directive(5, "commit", 1, prev_sha="", sha=sha, trees=[doc],
+                                                 participants=[keys[1]]))
+        assert "leaf_abs_max" in (await reply_to(net, keys[1], 5, "commit", 1)).error
+        future = poisoned_model(leaf=-1.0)
+        await site.follow(keys[1], xj._directive(5, "commit", 3, sha=boosting.model_sha256(future), model=future,
+                                                 commit_term=6))
+        assert "committed in term 6" in (await reply_to(net, keys[1], 5, "commit", 3)).error
+        assert site.commit == (0, 0, "")
+        await site.close()
+
+    run_virtual(go())
