@@ -1,7 +1,10 @@
 """`fedpeer predict`: score new rows with a job's stored model, locally (no daemon needed).
 
 The model is read from this site's state directory, never unpickled: BOFRF's validated tree arrays,
-or xgboost's JSON model (checked to be one fedpeer built before xgboost loads it). The CSV is
+or xgboost's JSON model (checked to be one fedpeer built before xgboost loads it). A model is used
+only if its file's bytes hash to the SHA-256 the job record holds (xgboost: `model_sha256`; any
+kind: `model_file_sha256` when the record has it): a file modified or corrupted after the job
+stored it is refused with a one-line message naming it (issue 10). The CSV is
 read by the same checked reader as job data, keeping only the model's feature columns. Binary
 models give a score (BOFRF: the weighted vote, positive = positive class; xgboost: P(positive))
 and a 0/1 prediction; multi-class xgboost gives the predicted class and one probability per class.
@@ -10,6 +13,7 @@ and a 0/1 prediction; multi-class xgboost gives the predicted class and one prob
 from __future__ import annotations
 
 import csv
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -31,10 +35,16 @@ def predict_csv(config: Config, job_id: str, data: Path) -> list[dict]:
         raise JobError(f"job {job_id} has no stored model (state {record['state']})")
     kind = job_kinds()[record["kind"]]
     model_path = record_path.parent / kind.model_file
+    result = record["result"]
+    recorded = result.get("model_file_sha256")
+    if recorded is not None:
+        _check_file_sha256(model_path, recorded)
     header = _header(data)
     if record["kind"] == "xgboost":
         from . import xgboost
-        model = xgboost.load_model(model_path)
+        if not isinstance(result.get("model_sha256"), str):
+            raise JobError(f"{record_path}: the job record holds no model_sha256 to check {model_path} against")
+        model = xgboost.load_model(model_path, result["model_sha256"])
         features = tuple(record["result"]["features"])
         proba = xgboost.predict(model, _rows(data, header, features))
         classes = record["result"].get("classes") or []
@@ -46,6 +56,20 @@ def predict_csv(config: Config, job_id: str, data: Path) -> list[dict]:
     model = bofrf.load_model(model_path)
     scores = bofrf.predict(model, _rows(data, header, model[0].features), model[0].features)
     return [{"row": i + 1, "score": float(s), "prediction": int(s > 0)} for i, s in enumerate(scores)]
+
+
+def _check_file_sha256(path: Path, expect: object) -> None:
+    """Refuse a model file whose bytes are not the ones the job stored."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as exc:
+        raise JobError(f"{path}: cannot read the stored model: {exc.strerror or exc}") from None
+    if digest.hexdigest() != expect:
+        raise JobError(f"{path}: the model file was modified or corrupted after it was stored (its SHA-256 "
+                       "differs from the job record's); restore it from a backup or run the job again")
 
 
 def _rows(data: Path, header: list[str], features: tuple[str, ...]) -> np.ndarray:

@@ -474,6 +474,31 @@ def test_global_model_from_a_leader_is_checked_before_xgboost(cancer, member_doc
         B.predict_proba(canon(raw), Xte)
 
 
+def test_a_leaders_model_passes_the_members_tree_policy(cancer, member_doc):
+    """issue 11: model_info reads leaves with no bound (leaf_abs_max = inf); a model a leader sends
+    must hold only trees a member's validate_trees would accept, and no more than the rounds allow."""
+    _, _, _, _, base = cancer
+    model = B.append_round(None, [member_doc, member_doc], base, 30, 0, BINARY)
+    policy = dict(max_depth=3, max_nodes=15, leaf_abs_max=10.0, trees_max=4, trees_multiple=2)
+    assert B.check_model_policy(model, **policy).n_trees == 4
+    raw = json.loads(model)
+    tree = raw["learner"]["gradient_booster"]["model"]["trees"][3]
+    leaf = tree["left_children"].index(-1)
+    tree["split_conditions"][leaf] = tree["base_weights"][leaf] = -1000.0    # still canonical
+    poisoned = canon(raw)
+    assert B.model_info(poisoned).n_trees == 4                  # structurally fine: only the policy refuses it
+    with pytest.raises(B.TreesError, match="tree 3: \\|leaf value\\| 1000.0 exceeds leaf_abs_max 10.0"):
+        B.check_model_policy(poisoned, **policy)
+    with pytest.raises(B.TreesError, match="depth 3 exceeds max_depth 2"):
+        B.check_model_policy(model, **{**policy, "max_depth": 2})
+    with pytest.raises(B.TreesError, match="nodes exceed 7"):
+        B.check_model_policy(model, **{**policy, "max_nodes": 7})
+    with pytest.raises(B.TreesError, match="at most 2"):
+        B.check_model_policy(model, **{**policy, "trees_max": 2})
+    with pytest.raises(B.TreesError, match="whole rounds of 3"):
+        B.check_model_policy(model, **{**policy, "trees_multiple": 3})
+
+
 # ---------------------------------------------------------------------------------------------
 # Federated evaluation
 # ---------------------------------------------------------------------------------------------

@@ -98,3 +98,48 @@ def test_the_leader_refuses_trees_it_cannot_parse():
     with pytest.raises(boosting.TreesError):
         boosting.validate_trees(b'{"format": "x"}', num_feature=2, num_class=0, num_local_round=1, max_depth=3,
                                 max_nodes=15, leaf_abs_max=10.0)
+
+
+def stored_job(tmp_path):
+    """A finished xgboost job as the registry stores it: job.json (with the model's SHA-256) and
+    model.json; returns (config-like object, job id, model path, CSV of rows to score)."""
+    from types import SimpleNamespace
+
+    from fedpeer.store import write_json
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 3))
+    y = (X[:, 0] > 0).astype(np.int64)
+    doc = boosting.train_local_round(None, X, y, {"objective": "binary:logistic", "max_depth": 3, "nthread": 1,
+                                                  "base_score": 0.5}, 2, 0.3, seed=1)
+    model = boosting.append_round(None, [doc], 0.5, 3, 0, "binary:logistic")
+    job = tmp_path / "jobs" / "j1"
+    job.mkdir(parents=True)
+    xj.save_model(job / "model.json", model)
+    write_json(job / "job.json", {"kind": "xgboost", "state": "done", "result": {
+        "model_file": str(job / "model.json"), "model_sha256": boosting.model_sha256(model),
+        "features": ["a", "b", "c"], "classes": []}})
+    csv = tmp_path / "rows.csv"
+    csv.write_text("a,b,c\n" + "\n".join(",".join(f"{v:.3f}" for v in row) for row in X) + "\n")
+    return SimpleNamespace(node=SimpleNamespace(state_dir=tmp_path)), "j1", job / "model.json", csv
+
+
+def test_predict_refuses_a_model_file_modified_after_it_was_stored(tmp_path):
+    """issue 10: one split feature changed, still canonical JSON (model_info accepts it), yet the job
+    record holds the original SHA-256: predict must refuse it, naming the file."""
+    from fedpeer.jobs.predict import predict_csv
+
+    config, job_id, path, csv = stored_job(tmp_path)
+    assert len(predict_csv(config, job_id, csv)) == 60              # the stored model scores
+    raw = json.loads(path.read_bytes())
+    tree = raw["learner"]["gradient_booster"]["model"]["trees"][0]
+    tree["split_indices"][0] = (tree["split_indices"][0] + 1) % 3
+    tampered = json.dumps(raw, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+    assert boosting.model_info(tampered).n_trees == 2                # still a well-formed canonical model
+    path.write_bytes(tampered)
+    with pytest.raises(JobError, match="model.json: the model file was modified or corrupted") as info:
+        predict_csv(config, job_id, csv)
+    assert "\n" not in str(info.value) and str(path) in str(info.value)
+    path.write_bytes(b"")                                            # a truncated file: refused the same way
+    with pytest.raises(JobError, match="modified or corrupted"):
+        xj.load_model(path, boosting.model_sha256(tampered))
