@@ -10,11 +10,14 @@ Rules of this module
   `ch.random_bytes` (the OS CSPRNG in the daemon), pairwise secrets are `ch.pairwise_seed`,
   waiting is `ch.recv` with a timeout. The only clock use is a bound on each `ch.send`
   (`asyncio.timeout`), so that every wait is bounded by hop_timeout_ms.
-* Ring order is `ch.members` order; the initiator is its first member. Participants start as
-  all members; only the initiator removes participants, and it announces every new list with a
-  new attempt number (`SumRestart`). Each attempt draws fresh masks: the ring mask and the
-  self-mask seeds from `ch.random_bytes`, the pairwise seeds from a label holding the job id,
-  the tag, the mode and the attempt number. No mask is ever used for two chunks or attempts.
+* The initiator is the first of `ch.members`; the first ring runs in `ch.members` order.
+  Participants start as all members; only the initiator removes participants or changes the
+  ring order, and it announces every new ring with a new attempt number (`SumRestart`). Each
+  attempt draws fresh masks: the ring mask and the self-mask seeds from `ch.random_bytes`, the
+  pairwise seeds from a label holding the job id, the tag, the mode and the attempt number. No
+  mask is ever used for two chunks or attempts (an attempt number is reused only when nobody
+  acknowledged its announcement, so nobody holds masks for it). `SumOutcome.participants` is
+  in key order whatever the ring order was.
 * Messages carry tags `<tag>/ss-<mode>/a<attempt>/...`, so messages of an old attempt (or of a
   member running the other mode) are never mixed into the current one; old attempts are
   dropped from the mailbox with `ch.discard`.
@@ -24,12 +27,16 @@ Rules of this module
 Timeouts and failures (hop = hop_timeout_ms, n = participants in the attempt)
 * Every send must be acknowledged within one hop, or the peer counts as unreachable.
 * The initiator waits (n + 1) hops for each chunk to come back (one hop per participant and its
-  own send). A member that cannot reach its successor reports `RingBroken` to the initiator.
-  On a report or a timeout the initiator drops the reported member, any member the failure
-  detector (`ch.alive`) reports dead, and any member its announcement cannot reach, then starts a
-  new attempt over the survivors. Members left out get the announcement (if reachable) and raise
-  JobError. After `attempts_max` attempts, or with fewer than 2 participants left, the initiator
-  announces that it gives up and everybody raises JobError.
+  own send). A member reports to the initiator (`RingBroken`) when an edge next to it fails:
+  its successor did not acknowledge its chunk ("unreachable") or refused it ("refused",
+  `PeerRefused`: the peer is alive, so this is never treated as "unreachable"), or its
+  predecessor's chunk failed its checks ("malformed": `MalformedFrom` from its gate, or the
+  wrong length). The initiator weighs each report (Blame, below), drops who it proves faulty
+  and any member the failure detector (`ch.alive`) reports dead or its announcement cannot
+  reach, and starts a new attempt over the survivors. Members left out get the announcement
+  (if reachable) and raise JobError. After `attempts_max` attempts, with fewer than 2
+  participants left, or with a dispute no ring order can route around, the initiator
+  announces that it gives up, saying why, and everybody raises JobError.
 * A member waits at most 2 (n + 1) + 2 hops for its next message (a chunk, an announcement, a
   seed request, a result): longer than the initiator needs to notice a failure and announce it.
   So if the initiator dies, every member raises JobError at most that long after the last
@@ -40,6 +47,44 @@ Timeouts and failures (hop = hop_timeout_ms, n = participants in the attempt)
   raises JobError, while the others return the outcome (whose `participants`, the vectors
   summed, still include it). In pairwise mode the seed round finds such a participant first,
   and the sum is re-run without it.
+
+Blame: who is dropped, on what evidence
+A member can lie to the initiator in a report and can misbehave on the wire, but it cannot
+forge what the initiator observes itself. Between two other members, the initiator cannot
+check a claim: "my predecessor's chunk was malformed" and "my successor refused my chunk" are
+both said by one side of an edge against the other, and frames are authenticated to their
+receiver only (no third party can check a refused chunk, and forwarding it would show the
+initiator a masked running sum). So:
+* Proof: the initiator drops a member on its own evidence only. Its successor refused or did
+  not acknowledge its chunk, or its announcement; its predecessor's chunk, or a member's seed
+  reveal, failed its own gate (`MalformedFrom`) or had the wrong length; a member did not reveal
+  its seed; the failure detector reports a member dead. A report that is false on its face
+  also proves the reporter faulty: one about a member that is not the reporter's neighbour on
+  that side in this attempt, or one about the initiator (it knows what it sent, and it is
+  answering). Reports from members outside the attempt's ring are ignored.
+* Claim: any other report marks the edge a *dispute* between the two members, neither dropped.
+  An "unreachable" claim about a member the failure detector still calls alive is checked by
+  announcing the next attempt to the accused first: if it does not acknowledge, it is dropped
+  (and the attempt number, which nobody has heard, is reused); if it does, the dispute stands.
+  The next ring keeps both but puts them apart, so the same edge cannot fail again.
+* Two disputes name the culprit: an honest member only ever disputes a faulty one, so a member
+  in disputes with two different members still in the sum is dropped (the one with the most,
+  if several). With one faulty member, no honest member is ever dropped while it is alive and
+  reaches the others, and a faulty member that keeps breaking edges is out by the third
+  attempt (`attempts_max` defaults to 3). A member the network cuts off from two others looks
+  the same as a faulty one and is dropped. Two colluding members can drop an honest one by
+  both disputing it: the rule assumes at most one faulty member per sum.
+* When no ring can separate a dispute (three members: the two non-initiators are always
+  neighbours), the initiator gives up and every member's error names both: one of them is
+  faulty, and which one cannot be known.
+* Not attributed: a member that stops without a word (swallows a chunk, never reports) stalls
+  the ring; the initiator times out and re-runs with everyone the detector calls alive, and
+  after `attempts_max` the sum fails with a timeout error that names no one.
+* A faulty initiator decides alone who is in and what total each member is sent: it can drop
+  anyone, fail the sum, or hand members wrong or different totals (integrity is not protected,
+  below). Members accept announcements and results only from it, check that announced lists
+  are members with it first, and raise JobError naming it when it sends them something their
+  gate refuses. Members do not elect another initiator.
 
 Who learns what
 Everyone in `participants` learns the total, hence the sum of all the other participants'
@@ -59,6 +104,9 @@ ring mode (DESIGN §6)
   order, because it sees the running sum entering and leaving the run. So a site whose two ring
   neighbours collude is fully exposed (the initiator counts as a neighbour: it knows what it
   sent).
+* Re-runs: a dispute makes the next attempt run in another order, and a faulty member can start
+  one at will; a coalition then sees the runs of two orders, which can isolate a single site
+  between two colluders. Use pairwise mode when members may misbehave.
 * Dropouts: what was seen in a failed attempt stays known, and the re-run is over fewer sites.
   Each chunk that came back to the initiator before the failure gives the initiator, alone, the
   sum over the old participants; the re-run gives the sum over the survivors; the difference is
