@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -109,7 +110,12 @@ def _add_job_commands(sub: argparse._SubParsersAction) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return _COMMANDS[args.command](args)
+        code = _COMMANDS[args.command](args)
+        sys.stdout.flush()   # a reader that went away (`| head`) surfaces here, not at exit
+        return code
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # the exit flush must not fail again
+        return EXIT_FAILED
     except ConfigError as exc:
         print(f"fedpeer: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

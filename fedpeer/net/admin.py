@@ -259,14 +259,24 @@ async def request(config: Config, method: str, path: str, payload: Any = None,
     else:
         connector = aiohttp.TCPConnector()
         base = f"http://{parse_address(config.node.admin)}"
-        token = read_token(config)
-        if token is not None:
-            headers["Authorization"] = f"Bearer {token}"
     timeout = aiohttp.ClientTimeout(total=timeout_ms / 1000)
     try:
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-            async with session.request(method, base + path, data=body, headers=headers) as resp:
-                return _answer(config, method, path, resp.status, resp.content_type, await resp.read())
+            # A daemon starting binds its port, then writes its new token, then serves: a request
+            # queued in that window carries the old token (or none) and gets 401. The token file
+            # has changed by then, so one retry with the new one is all it takes.
+            sent = None
+            for _ in range(2):
+                if sock_path is None:
+                    sent = read_token(config)
+                    headers.pop("Authorization", None)
+                    if sent is not None:
+                        headers["Authorization"] = f"Bearer {sent}"
+                async with session.request(method, base + path, data=body, headers=headers) as resp:
+                    status, content_type, answer = resp.status, resp.content_type, await resp.read()
+                if status != 401 or sock_path is not None or read_token(config) == sent:
+                    break
+            return _answer(config, method, path, status, content_type, answer)
     except (aiohttp.ClientConnectionError, FileNotFoundError, ConnectionRefusedError, asyncio.TimeoutError) as exc:
         raise NoDaemonError(f"no fedpeer daemon answers at {config.node.admin} ({type(exc).__name__}); "
                             f"is 'fedpeer start --config {config.path}' running?") from None

@@ -24,6 +24,7 @@ import pytest
 from aiohttp import web
 
 from fedpeer import config as cfg
+from fedpeer.errors import FedpeerError
 from fedpeer.harness import Harness, free_ports
 from fedpeer.net.admin import AdminServer, request
 from fedpeer.sitefiles import init_site
@@ -196,3 +197,55 @@ def test_a_stale_socket_is_replaced_and_stop_unlinks_only_its_own(tmp_path: Path
             await server.stop()
     asyncio.run(scenario())
     assert sock_path.read_text() == "the operator's file\n"
+
+
+def test_a_failing_handler_answers_json_500_and_the_server_goes_on(tmp_path: Path) -> None:
+    """In-process: a full disk inside one request is that request's 500, in JSON, not the daemon's end."""
+    path, _ = init_site(tmp_path, "x", f"127.0.0.1:{free_ports(1)[0]}", admin="unix:admin.sock")
+    config = cfg.load(path)
+
+    async def full_disk(_: web.Request) -> web.Response:
+        raise OSError(28, "No space left on device")
+
+    async def status(_: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    async def scenario() -> None:
+        server = AdminServer(config, {("POST", "/v1/jobs"): full_disk, ("GET", "/v1/status"): status})
+        await server.start()
+        try:
+            with pytest.raises(FedpeerError) as err:
+                await request(config, "POST", "/v1/jobs", {"kind": "stats"})
+            assert "No space left on device" in str(err.value) and "\n" not in str(err.value)
+            assert await request(config, "GET", "/v1/status") == {"ok": True}
+        finally:
+            await server.stop()
+    asyncio.run(scenario())
+
+
+def test_a_request_racing_a_start_retries_once_with_the_new_token(tmp_path: Path, monkeypatch) -> None:
+    """A daemon binds, then writes its new token, then serves: a CLI that read the file in between
+    (a token a kill -9'd daemon left, or none) is answered 401 and must retry with the new one."""
+    (port,) = free_ports(1)
+    path, _ = init_site(tmp_path, "x", f"127.0.0.1:{free_ports(1)[0]}", admin=f"127.0.0.1:{port}")
+    config = cfg.load(path)
+    import fedpeer.net.admin as admin_module
+    real_read, reads = admin_module.read_token, []
+
+    def read_token_at_the_wrong_moment(c: cfg.Config) -> str | None:
+        reads.append(1)
+        return "token-of-the-daemon-before" if len(reads) == 1 else real_read(c)
+    monkeypatch.setattr(admin_module, "read_token", read_token_at_the_wrong_moment)
+
+    async def status(_: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    async def scenario() -> None:
+        server = AdminServer(config, {("GET", "/v1/status"): status})
+        await server.start()
+        try:
+            assert await request(config, "GET", "/v1/status") == {"ok": True}
+        finally:
+            await server.stop()
+        assert not (config.node.state_dir / "admin.token").exists(), "stop removes its token"
+    asyncio.run(scenario())

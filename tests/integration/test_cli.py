@@ -160,3 +160,18 @@ def test_systemd_readiness_notification(site_pair: tuple[Path, Path], tmp_path: 
                     proc.kill()
                     proc.wait()
     assert proc.returncode == 0
+
+
+def test_output_pipe_closed_by_the_reader_is_not_a_traceback(tmp_path: Path) -> None:
+    """`fedpeer key show | head -c1`: the reader leaving early is no error worth a traceback."""
+    from fedpeer.sitefiles import init_site
+
+    path, _ = init_site(tmp_path, "x", "127.0.0.1:7400")
+    proc = subprocess.Popen([sys.executable, "-m", "fedpeer", "key", "show", "--config", str(path)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()   # long before the interpreter has started and printed anything
+    err = proc.stderr.read()
+    proc.wait(timeout=30)
+    proc.stderr.close()
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+    assert proc.returncode == 1
