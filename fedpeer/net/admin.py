@@ -84,8 +84,7 @@ class AdminServer:
             else:
                 await self._start_tcp()
         except BaseException:
-            await self._runner.cleanup()
-            self._runner = None
+            await self.stop()   # the node stops only what started: leave no runner, token or socket
             raise
 
     async def _start_unix(self, sock_path: Path) -> None:
