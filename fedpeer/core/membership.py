@@ -3,7 +3,9 @@
 References are to Das, Gupta, Motivala, "SWIM: Scalable Weakly-consistent
 Infection-style Process Group Membership Protocol" (DSN 2002): §3.1 failure
 detector (ping / ping-req), §4.1 infection-style dissemination, §4.2 suspicion
-sub-protocol and incarnation numbers, §4.3 round-robin probe target selection.
+sub-protocol and incarnation numbers, §4.3 round-robin probe target selection;
+and to Dadgar, Phillips, Currey, "Lifeguard: Local Health Awareness for More
+Accurate Failure Detection" (2018), §4.2 independent suspicions.
 
 Rules of this module:
 
@@ -19,35 +21,61 @@ Rules of this module:
 * Membership is closed: the set of members is fixed at construction. Messages
   from, and gossip about, any NodeId not configured are ignored; gossip never
   admits a member.
-* Every member record orders its (state, incarnation) pairs by the key
-  (incarnation, ALIVE < SUSPECT < DEAD); an update is applied iff its key is
-  strictly greater (this is the SWIM §4.2 precedence, extended so that
-  ALIVE(i) also overrides DEAD(j) for i > j, which lets a restarted or healed
-  member rejoin). Keys therefore only grow, and every member converges to the
-  maximum it has heard, whatever the delivery order.
-* A configured member we have never heard anything about is a *placeholder*:
-  reported SUSPECT (never ALIVE), not gossiped, overridden by any information.
-  If nothing arrives within suspect_timeout_ms it becomes DEAD locally, still
-  without gossip (we have learnt nothing worth telling).
-* Only the member itself can make itself ALIVE: ALIVE updates originate from
-  its own authenticated Ping/Ack (incarnation + address) or its own
-  refutation, and are then spread by gossip.
-* Hearing SUSPECT/DEAD about myself at my incarnation (or anything newer than
-  my incarnation) makes me refute: incarnation = theirs + 1, gossip ALIVE.
-  The shell must persist `incarnation` before sending anything that carries it.
-* A message sent to a member we hold SUSPECT/DEAD carries that verdict first,
-  so the only member able to refute it hears it at once. With DEAD members
-  pinged every dead_probe_interval_ms, this is what brings back paused
+
+Gossip about others is evidence, not truth. Any member may be wrong, buggy or
+hostile, so what X is (its incarnation, its address, alive or not) is decided
+only by X's own authenticated word and by our own probes:
+
+* X's own word is the `incarnation`/`address` of a Ping or Ack that X itself
+  sent (`src == X`). It is the only thing that sets X's incarnation and
+  address (peers.toml gives the first address). A new incarnation makes X
+  ALIVE. The same incarnation leaves a SUSPECT/DEAD verdict standing: X has
+  not heard it yet, and our answer carries it first so X refutes at once. A
+  lower incarnation is taken only while we hold X SUSPECT/DEAD: X restarted
+  with lost or reset state (also: an incarnation stuck at the ceiling, from the
+  old bug) and must be able to come back without anyone hand-editing files;
+  while we hold X ALIVE, a lower one is a late message from its past.
+  Incarnations above INCARNATION_MAX are ignored.
+* An answer to a ping of ours (X's Ack, or an IndirectAck from a relay we asked
+  for this probe) proves X is up now: it clears our SUSPECT/DEAD verdict at
+  X's known incarnation, and makes a never-heard placeholder ALIVE.
+* What a third party says about X is only a report: SUSPECT or DEAD both mean
+  "I cannot reach X". ALIVE claims, incarnations and addresses in it are never
+  adopted. A report counts if its incarnation lies in [known, known +
+  INCARNATION_STEP_MAX] of X's known incarnation (below: stale; far above: a
+  lie, or a life of X we never saw). Reports from `suspect_reporters_min`
+  distinct members within suspect_timeout_ms, or our own failed probe, start
+  our suspicion of X at X's known incarnation (Lifeguard §4.2: one member
+  alone cannot make anyone suspect anyone). Only what we suspect or declared
+  ourselves is gossiped, so every report an honest member sends is its own.
+* X becomes DEAD only by our own suspect timeout. While SUSPECT, X is pinged
+  every probe period, the ping leading with our verdict (see below), so a
+  live X answers (clearing it) and refutes. DEAD members are pinged every
+  dead_probe_interval_ms at their last address: this brings back paused
   members and the far side of a healed partition.
-* An address is only ever taken together with a winning (state, incarnation):
-  an address change needs a new incarnation (the shell bumps it at boot).
+* A message sent to a member we hold SUSPECT/DEAD carries that verdict first,
+  so the only member able to refute it hears it at once.
+* Hearing SUSPECT/DEAD about my current incarnation makes me refute: my
+  incarnation + 1 (at INCARNATION_MAX it wraps to 1, which peers take as my
+  own word), gossiped ALIVE. At most one refutation per refute_interval_ms, so
+  a hostile member cannot drive my incarnation (and the shell's writes of it)
+  at its send rate. Claims about any other incarnation of me change nothing:
+  peers take my own word. The shell must persist `incarnation` before sending
+  anything that carries it.
 * A failed probe suspects only the incarnation that was probed, and time in
   which we ourselves did not run (a tick gap over a protocol period) does not
   count against anyone.
-* Every limit and timeout is a field of MembershipConfig with its unit in the
-  name. State is bounded: one gossip entry per member, pending relayed/extra
-  pings capped at pending_probes_per_member_max per member and expired after
-  one protocol period.
+* A configured member we have never heard from is a *placeholder*: reported
+  SUSPECT (never ALIVE), not gossiped. If nothing arrives within
+  suspect_timeout_ms it becomes DEAD locally, still without gossip.
+* Every limit and timeout is a field of MembershipConfig or a module constant
+  with its unit in the name. State is bounded: one gossip entry per member, one
+  report per (member, reporter), pending relayed/extra pings capped at
+  pending_probes_per_member_max per member and expired after one period.
+
+Known limit: a relay we ask may lie that X answered, which keeps a crashed X
+ALIVE at us while that relay is among those asked; it cannot make anyone
+suspect or evict X.
 """
 
 from __future__ import annotations
@@ -56,32 +84,36 @@ import enum
 import math
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 NodeId = bytes  # a member's 32-byte Ed25519 public key; the canonical id on the wire
 
 _PROBE_ID_MASK = 0xFFFF_FFFF  # probe ids are 32-bit and wrap; collisions are also filtered by src
 _RTT_EWMA_ALPHA = 0.2
+# The highest incarnation anyone may use (inclusive); fedpeer/store.py keeps persisted values
+# below 2**62, and int64 on the wire leaves room for peers that still send more (ignored).
+INCARNATION_MAX = 2**62 - 1
+# How far above X's known incarnation a report about X may be and still count: an honest reporter
+# may have heard X's latest refutations before us (X refutes at most once per refute_interval_ms),
+# never 2**63 - 1 ahead.
+INCARNATION_STEP_MAX = 32
+
+
+def start_incarnation(persisted: int | None) -> int:
+    """This boot's incarnation given the last one persisted (None: first boot, or unreadable).
+
+    One above the last, so peers see a new life; a value out of range (>= INCARNATION_MAX, left
+    by the bug that let a peer's gossip raise it) restarts at 1, which every peer holding this
+    node SUSPECT/DEAD accepts as its own word."""
+    if persisted is None or not 0 <= persisted < INCARNATION_MAX:
+        return 1
+    return persisted + 1
 
 
 class MemberState(enum.StrEnum):
     ALIVE = "alive"
     SUSPECT = "suspect"
     DEAD = "dead"
-
-
-_RANK = {MemberState.ALIVE: 0, MemberState.SUSPECT: 1, MemberState.DEAD: 2}
-
-
-def supersedes(new_state: MemberState, new_inc: int, old_state: MemberState, old_inc: int) -> bool:
-    """SWIM §4.2 precedence: does (new_state, new_inc) override (old_state, old_inc)?
-
-    ALIVE(i) beats ALIVE/SUSPECT/DEAD(j) iff i > j; SUSPECT(i) beats ALIVE(j) iff
-    i >= j and SUSPECT/DEAD(j) iff i > j; DEAD(i) beats ALIVE/SUSPECT(j) iff i >= j
-    and DEAD(j) iff i > j. All of this is one lexicographic order, which is what
-    makes gossip order-independent.
-    """
-    return (new_inc, _RANK[new_state]) > (old_inc, _RANK[old_state])
 
 
 @dataclass(frozen=True)
@@ -93,13 +125,16 @@ class MembershipConfig:
     dead_probe_interval_ms: int = 2000  # how often to ping a dead member at its last address
     piggyback_max: int = 8              # updates carried per message
     retransmit_mult: int = 3            # lambda: each update sent lambda*ceil(log2(n+1)) times
-    pending_probes_per_member_max: int = 4  # relayed/join/dead pings awaiting an ack, per member
+    pending_probes_per_member_max: int = 4  # relayed/join/verify/dead pings awaiting an ack, per member
+    suspect_reporters_min: int = 2      # distinct members whose reports start our suspicion
+    refute_interval_ms: int = 500       # at most one refutation of a suspicion of me per interval
 
     def __post_init__(self) -> None:
         if not 0 < self.probe_timeout_ms < self.probe_interval_ms:
             raise ValueError("need 0 < probe_timeout_ms < probe_interval_ms")
         for name in ("suspect_timeout_ms", "dead_probe_interval_ms", "piggyback_max",
-                     "retransmit_mult", "pending_probes_per_member_max"):
+                     "retransmit_mult", "pending_probes_per_member_max", "suspect_reporters_min",
+                     "refute_interval_ms"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if self.indirect_probes < 0:
@@ -111,11 +146,11 @@ class MembershipConfig:
 
 
 @dataclass(frozen=True)
-class Update:  # gossip about one member
+class Update:  # gossip about one member; about anyone but its sender, only a report (see above)
     node: NodeId
     state: MemberState
     incarnation: int
-    address: str  # "host:port"
+    address: str  # "host:port"; kept for the wire's shape, never adopted from a third party
 
 
 @dataclass(frozen=True)
@@ -172,13 +207,14 @@ class MemberView:
 @dataclass(slots=True)
 class _Member:
     state: MemberState
-    incarnation: int
-    address: str
+    incarnation: int                # X's own word (or 0 before we heard it)
+    address: str                    # X's own word, or peers.toml
     state_since_ms: int             # suspect timer base while SUSPECT
     heard: bool = False             # False: config placeholder, no information yet
     last_seen_ms: int | None = None
     rtt_ms: float | None = None
-    next_dead_ping_ms: int = 0
+    next_ping_ms: int = 0           # next verify (SUSPECT) or dead (DEAD) ping
+    reports: dict[NodeId, int] = field(default_factory=dict)  # reporter -> when, at `incarnation`
 
 
 @dataclass(slots=True)
@@ -192,7 +228,7 @@ class _Probe:  # this period's failure-detector probe (SWIM §3.1)
 
 
 @dataclass(frozen=True, slots=True)
-class _Pending:  # a ping other than the period's probe: join, dead member, relay for a ping-req
+class _Pending:  # a ping other than the period's probe: join, verify, dead member, relay
     target: NodeId
     sent_ms: int
     expires_ms: int
@@ -212,7 +248,7 @@ class Membership:
     def __init__(self, me: NodeId, address: str, incarnation: int, peers: Mapping[NodeId, str],
                  config: MembershipConfig, rng: random.Random, now_ms: int) -> None:
         assert me not in peers, "peers must not include me"
-        assert incarnation >= 0
+        assert 0 <= incarnation <= INCARNATION_MAX, "use start_incarnation() on the persisted value"
         self._me = me
         self._address = address
         self._incarnation = incarnation
@@ -229,8 +265,9 @@ class Membership:
         self._next_probe_id = rng.getrandbits(32)
         self._last_tick_ms: int | None = None
         self._period_end_ms = now_ms + config.probe_interval_ms
-        # Announce myself: a restarted member's new incarnation/address must reach members
-        # that cannot hear it directly (§4.1 dissemination of joins).
+        self._next_refute_ms = now_ms
+        self._refute_pending = False
+        # Announce myself: gossip carries my own word to members I do not ping directly soon.
         self._enqueue(Update(me, MemberState.ALIVE, incarnation, address))
 
     # -- public API -------------------------------------------------------------------------
@@ -258,6 +295,8 @@ class Membership:
         self._last_tick_ms = now_ms
         if self._pending:
             self._expire_pending(now_ms)
+        if self._refute_pending and now_ms >= self._next_refute_ms:
+            self._refute(now_ms)
         sends += self._timers(now_ms)  # first, so a member that just died is not probed
         sends += self._run_probe(now_ms)
         return sends
@@ -360,7 +399,7 @@ class Membership:
         # to a new incarnation while we probed (it restarted, or refuted), our silence was about
         # its past self: the next probe will judge the new one.
         if m.heard and m.state is MemberState.ALIVE and m.incarnation == probed_incarnation:
-            self._apply(Update(node, MemberState.SUSPECT, m.incarnation, m.address), now_ms)
+            self._set(node, m, MemberState.SUSPECT, now_ms)
 
     def _timers(self, now_ms: int) -> list[Send]:
         sends = []
@@ -368,21 +407,26 @@ class Membership:
             if m.state is MemberState.SUSPECT:
                 if now_ms - m.state_since_ms >= self._cfg.suspect_timeout_ms:
                     self._confirm_dead(node, m, now_ms)
-            elif m.state is MemberState.DEAD and now_ms >= m.next_dead_ping_ms:
+                elif m.heard and now_ms >= m.next_ping_ms:
+                    # Verify by our own ping every period rather than wait for the round robin
+                    # (n periods): a live member answers well within the suspect timeout, and
+                    # the ping leads with our verdict so it also refutes.
+                    m.next_ping_ms = now_ms + self._cfg.probe_interval_ms
+                    sends.append(self._ping(node, self._track(node, now_ms)))
+            elif m.state is MemberState.DEAD and now_ms >= m.next_ping_ms:
                 # Not in SWIM (which needs an explicit re-join): pinging the dead at their last
                 # address lets restarted members and the far side of a healed partition rejoin.
-                # The Ping carries their death notice (see _piggyback), so a live one refutes.
-                m.next_dead_ping_ms = now_ms + self._cfg.dead_probe_interval_ms
+                m.next_ping_ms = now_ms + self._cfg.dead_probe_interval_ms
                 sends.append(self._ping(node, self._track(node, now_ms)))
         return sends
 
     def _confirm_dead(self, node: NodeId, m: _Member, now_ms: int) -> None:
-        if m.heard:  # §4.2: an unrefuted suspicion is confirmed and gossiped
-            self._apply(Update(node, MemberState.DEAD, m.incarnation, m.address), now_ms)
+        if m.heard:  # §4.2: an unrefuted suspicion is confirmed (by us alone) and gossiped
+            self._set(node, m, MemberState.DEAD, now_ms)
         else:  # a placeholder: we learnt nothing worth gossiping
             m.state = MemberState.DEAD
             m.state_since_ms = now_ms
-            m.next_dead_ping_ms = now_ms + self._cfg.dead_probe_interval_ms
+            m.next_ping_ms = now_ms + self._cfg.dead_probe_interval_ms
 
     # -- pings and acks ---------------------------------------------------------------------
 
@@ -412,53 +456,47 @@ class Membership:
                     Ping(probe_id, self._incarnation, self._address, self._piggyback(dst)))
 
     def _on_ping(self, src: NodeId, msg: Ping, now_ms: int) -> list[Send]:
-        self._apply(Update(src, MemberState.ALIVE, msg.incarnation, msg.address), now_ms)
-        self._apply_all(msg.updates, now_ms)  # may refute: the Ack then carries the new incarnation
+        self._own_word(src, msg.incarnation, msg.address, now_ms)
+        self._apply_all(src, msg.updates, now_ms)  # may refute: the Ack then carries it
         ack = Ack(msg.probe_id, self._incarnation, self._address, self._piggyback(src))
         return [Send(src, msg.address, ack)]  # answer where the (authenticated) sender says it is
 
     def _on_ack(self, src: NodeId, msg: Ack, now_ms: int) -> list[Send]:
-        self._apply(Update(src, MemberState.ALIVE, msg.incarnation, msg.address), now_ms)
-        self._apply_all(msg.updates, now_ms)
+        self._own_word(src, msg.incarnation, msg.address, now_ms)
+        self._apply_all(src, msg.updates, now_ms)
         p = self._probe
         if p is not None and p.probe_id == msg.probe_id and p.target == src:
             if not p.acked:
                 self._sample_rtt(src, now_ms - p.started_ms)
                 p.acked = True
+                self._answered(src, now_ms)
             return []
         pending = self._pending.get(msg.probe_id)
         if pending is None or pending.target != src:
-            return []  # late, duplicate or foreign ack: the proof of life above is all it gives
+            return []  # late, duplicate or foreign ack: X's own word above is all it gives
         del self._pending[msg.probe_id]
         self._sample_rtt(src, now_ms - pending.sent_ms)
+        self._answered(src, now_ms)
         if pending.requester is None:
             return []
-        return [self._indirect_ack(pending, src)]
-
-    def _indirect_ack(self, pending: _Pending, target: NodeId) -> Send:
-        # Carry what the target just told us about itself, so a requester that cannot reach it
-        # directly still learns its incarnation (and a placeholder becomes ALIVE).
-        t = self._members[target]
-        lead = ((Update(target, MemberState.ALIVE, t.incarnation, t.address),)
-                if t.state is MemberState.ALIVE else ())
         requester = pending.requester
-        assert requester is not None
-        msg = IndirectAck(pending.requester_probe_id, target, self._piggyback(requester, lead))
-        return Send(requester, self._members[requester].address, msg)
+        msg_back = IndirectAck(pending.requester_probe_id, src, self._piggyback(requester))
+        return [Send(requester, self._members[requester].address, msg_back)]
 
     def _on_ping_req(self, src: NodeId, msg: PingReq, now_ms: int) -> list[Send]:
-        self._apply_all(msg.updates, now_ms)
+        self._apply_all(src, msg.updates, now_ms)
         if msg.target not in self._members or msg.target == src:
             return []
         probe_id = self._track(msg.target, now_ms, src, msg.probe_id)
         return [self._ping(msg.target, probe_id)]
 
     def _on_indirect_ack(self, src: NodeId, msg: IndirectAck, now_ms: int) -> list[Send]:
-        self._apply_all(msg.updates, now_ms)
+        self._apply_all(src, msg.updates, now_ms)
         p = self._probe
-        if (p is not None and p.relays is not None and src in p.relays
+        if (p is not None and p.relays is not None and src in p.relays and not p.acked
                 and p.probe_id == msg.probe_id and p.target == msg.target):
             p.acked = True
+            self._answered(msg.target, now_ms)  # a relay we chose vouches: our own probe's answer
         return []
 
     def _sample_rtt(self, node: NodeId, rtt_ms: int) -> None:
@@ -466,40 +504,79 @@ class Membership:
         m.rtt_ms = float(rtt_ms) if m.rtt_ms is None else (
             (1 - _RTT_EWMA_ALPHA) * m.rtt_ms + _RTT_EWMA_ALPHA * rtt_ms)
 
-    # -- state and dissemination (SWIM §4.1, §4.2) ------------------------------------------
+    # -- what X says, what others say (see the module docstring) -----------------------------
 
-    def _apply_all(self, updates: tuple[Update, ...], now_ms: int) -> None:
-        for update in updates:
-            self._apply(update, now_ms)
-
-    def _apply(self, u: Update, now_ms: int) -> None:
-        if u.node == self._me:
-            self._maybe_refute(u)
-            return
-        m = self._members.get(u.node)
-        if m is None:
-            return  # gossip never admits a member
-        if m.heard and not supersedes(u.state, u.incarnation, m.state, m.incarnation):
-            return
-        assert u.incarnation >= 0
+    def _own_word(self, node: NodeId, incarnation: int, address: str, now_ms: int) -> None:
+        """X's authenticated Ping/Ack: the only source of X's incarnation and address."""
+        m = self._members[node]
+        if incarnation > INCARNATION_MAX:
+            return  # out of range (a peer still on the old bug): its message counts, not its number
+        if m.heard and (incarnation == m.incarnation or (
+                incarnation < m.incarnation and m.state is MemberState.ALIVE)):
+            return  # same self (a verdict stands until refuted), or a late message from its past
         m.heard = True
-        m.state, m.incarnation, m.address = u.state, u.incarnation, u.address
-        m.state_since_ms = now_ms
-        if u.state is MemberState.DEAD:
-            m.next_dead_ping_ms = now_ms + self._cfg.dead_probe_interval_ms
-        self._enqueue(u)  # §4.1: whoever learns something new spreads it
+        m.incarnation, m.address = incarnation, address
+        self._set(node, m, MemberState.ALIVE, now_ms)
 
-    def _maybe_refute(self, u: Update) -> None:
-        # §4.2: only I may declare myself alive, by outbidding the incarnation of any claim about
-        # me that is not exactly my current ALIVE self (suspicion, death, stale address, or a
-        # higher incarnation left over from a previous run that the shell failed to persist).
-        if u.incarnation < self._incarnation:
+    def _answered(self, node: NodeId, now_ms: int) -> None:
+        """A ping of ours was answered: X is up now, whatever others reported or we concluded."""
+        m = self._members[node]
+        if m.state is not MemberState.ALIVE:
+            m.heard = True
+            self._set(node, m, MemberState.ALIVE, now_ms)
+
+    def _apply_all(self, src: NodeId, updates: tuple[Update, ...], now_ms: int) -> None:
+        for u in updates:
+            if u.node == self._me:
+                self._about_me(u, now_ms)
+            elif u.node != src and u.state is not MemberState.ALIVE:
+                self._report(src, u, now_ms)
+            # ALIVE about a third party, and anything about the sender itself beyond the
+            # Ping/Ack's own fields, says nothing we may adopt.
+
+    def _report(self, src: NodeId, u: Update, now_ms: int) -> None:
+        """src says it cannot reach u.node (SUSPECT or DEAD alike): evidence, not a verdict."""
+        m = self._members.get(u.node)
+        if m is None or not m.heard or m.state is not MemberState.ALIVE:
+            return  # not a member; a placeholder already counting down; already suspected
+        if not m.incarnation <= u.incarnation <= m.incarnation + INCARNATION_STEP_MAX:
+            return  # about a past self (stale), or a jump no honest member could have seen
+        m.reports[src] = now_ms
+        oldest_ms = now_ms - self._cfg.suspect_timeout_ms
+        for reporter in [r for r, at in m.reports.items() if at <= oldest_ms]:
+            del m.reports[reporter]  # old news: X answered since, or we would suspect it
+        if len(m.reports) >= self._cfg.suspect_reporters_min:
+            self._set(u.node, m, MemberState.SUSPECT, now_ms)  # at X's known incarnation
+
+    def _about_me(self, u: Update, now_ms: int) -> None:
+        # §4.2: only I may declare myself alive, by outbidding a suspicion of my current self.
+        # Claims about other incarnations of me are stale or lies: peers take my own word.
+        if u.state is MemberState.ALIVE or u.incarnation != self._incarnation:
             return
-        if (u.incarnation == self._incarnation and u.state is MemberState.ALIVE
-                and u.address == self._address):
-            return
-        self._incarnation = u.incarnation + 1
+        if now_ms >= self._next_refute_ms:
+            self._refute(now_ms)
+        else:
+            self._refute_pending = True  # done by tick once the interval is over
+
+    def _refute(self, now_ms: int) -> None:
+        inc = self._incarnation
+        self._incarnation = inc + 1 if inc < INCARNATION_MAX else 1  # 1: peers take my own word
+        self._next_refute_ms = now_ms + self._cfg.refute_interval_ms
+        self._refute_pending = False
         self._enqueue(Update(self._me, MemberState.ALIVE, self._incarnation, self._address))
+
+    def _set(self, node: NodeId, m: _Member, state: MemberState, now_ms: int) -> None:
+        """Our own verdict about node changes: reset its evidence, gossip only what we concluded."""
+        m.state = state
+        m.state_since_ms = now_ms
+        m.reports.clear()
+        if state is MemberState.ALIVE:
+            self._gossip.pop(node, None)  # our earlier suspicion is void; X's word is its own to spread
+            return
+        m.next_ping_ms = now_ms + (0 if state is MemberState.SUSPECT else self._cfg.dead_probe_interval_ms)
+        self._enqueue(Update(node, state, m.incarnation, m.address))
+
+    # -- dissemination (SWIM §4.1) ----------------------------------------------------------
 
     def _enqueue(self, u: Update) -> None:
         # One entry per member: a newer update replaces (and resets) an older one, so the buffer
@@ -508,13 +585,11 @@ class Membership:
         self._gossip[u.node] = _Gossip(u)
         assert len(self._gossip) <= len(self._members) + 1
 
-    def _piggyback(self, dst: NodeId, lead: tuple[Update, ...] = ()) -> tuple[Update, ...]:
-        """Updates to carry on a message to dst: lead, dst's own bad news, then gossip."""
-        out = list(lead)
-        skip = {u.node for u in lead} | {dst}
+    def _piggyback(self, dst: NodeId) -> tuple[Update, ...]:
+        """Updates to carry on a message to dst: dst's own bad news first, then gossip."""
+        out = []
         m = self._members.get(dst)
-        if (m is not None and m.heard and m.state is not MemberState.ALIVE
-                and len(out) < self._cfg.piggyback_max):
+        if m is not None and m.heard and m.state is not MemberState.ALIVE:
             # Tell the subject first: it is the only one who can refute (§4.2), and a member that
             # is talking to us is plainly alive. This is what heals pauses and partitions.
             out.append(Update(dst, m.state, m.incarnation, m.address))
@@ -522,7 +597,7 @@ class Membership:
         if room <= 0:
             return tuple(out)
         limit = self._cfg.retransmit_limit(len(self._members) + 1)
-        chosen = sorted((g for node, g in self._gossip.items() if node not in skip),
+        chosen = sorted((g for node, g in self._gossip.items() if node != dst),
                         key=lambda g: g.sent)[:room]  # fewest-sent first (stable: oldest first)
         for g in chosen:
             out.append(g.update)
