@@ -156,6 +156,15 @@ class ForestMsg:
 
 
 @dataclass(frozen=True)
+class ForestMissing:
+    """The sender's word that its forest did not reach this receiver (refused as oversize, say):
+    the receiver stops waiting for it at once. A member can only withdraw its own forest."""
+
+    tag: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class VectorMsg:
     tag: str
     vector: np.ndarray   # float64: a characteristic vector (clustered variant)
@@ -171,6 +180,7 @@ def _register() -> None:
 
     wire.register("bofrf_forest", ForestMsg, {"tag": wire.v_str(256), "forest": _forest_field},
                   to_body=lambda m: {"tag": m.tag, "forest": trees.to_wire(m.forest)})
+    wire.register("bofrf_forest_missing", ForestMissing, {"tag": wire.v_str(256), "reason": wire.v_str(512)})
     wire.register("bofrf_vector", VectorMsg, {"tag": wire.v_str(256),
                                               "vector": wire.v_array(100_000, frozenset({"<f8"}))},
                   to_body=lambda m: {"tag": m.tag, "vector": wire.encode_array(m.vector)})
@@ -243,40 +253,65 @@ async def _exchange_forests(ch: Any, own: Any, ctx: JobContext) -> tuple[dict[by
     """Send our forest to every member and collect theirs; members that do not deliver are left out.
 
     A refusal is evidence and ends its wait at once (no FOREST_RECV_TIMEOUT_HOPS): a forest our
-    gate refused (MalformedFrom) leaves its sender's forest out here, and the roster sum then
-    leaves it out everywhere, while the sender stays in the sums (as for any missing forest); a
-    peer that refused ours (PeerRefused) is how the sender learns it. Both are named in the
-    result: `forests_refused` {sender: why} and `own_forest_refused_by` {receiver: why}."""
+    gate refused (MalformedFrom) or that splits on other features is left out here, and the roster
+    sum then leaves it out everywhere, while its sender stays in the sums (as for any missing
+    forest). A sender whose forest did not get through (PeerRefused, or an unproven refusal such
+    as an oversize frame) says so in a small ForestMissing, so the receiver stops waiting. Named in
+    the result: `forests_refused` / `forests_undelivered` {sender: why} at the receiver and
+    `own_forest_refused_by` {receiver: why} at the sender."""
     others = [m for m in ch.members if m != ch.me]
     name = lambda m: ctx.names.get(m, m.hex()[:16])  # noqa: E731
-    refused: dict[str, str] = {}
-    refused_by: dict[str, str] = {}
+    evidence: dict[str, Any] = {"forests_refused": {}, "forests_undelivered": {},
+                                           "own_forest_refused_by": {}}
 
     async def send(peer: bytes) -> None:
         try:
             await ch.send(peer, ForestMsg(tag="bofrf/forest", forest=own))
+            return
         except PeerRefused as exc:
-            refused_by[name(peer)] = exc.reason
+            evidence["own_forest_refused_by"][name(peer)] = reason = exc.reason
+        except JobError as exc:
+            reason = str(exc)   # unreachable, or refused without proof: the roster leaves it out
+        try:
+            await ch.send(peer, ForestMissing(tag="bofrf/forest-missing", reason=reason[:512]))
         except JobError:
-            pass     # unreachable: the roster sum will leave that member's forest out
+            pass
 
     async def receive(peer: bytes) -> tuple[bytes, Any] | None:
         try:
-            _, msg = await ch.recv(ForestMsg, "bofrf/forest", src=peer,
-                                   timeout_ms=FOREST_RECV_TIMEOUT_HOPS * ctx.hop_timeout_ms)
-            if msg.forest.features != own.features:   # members agreed on one schema before the start
-                refused[name(peer)] = "its forest splits on other features than the job's schema"
-                return None
-            return peer, msg.forest
+            msg = await _forest_or_word(ch, peer, FOREST_RECV_TIMEOUT_HOPS * ctx.hop_timeout_ms)
         except MalformedFrom as exc:
-            refused[name(peer)] = exc.reason
+            evidence["forests_refused"][name(peer)] = exc.reason
             return None
         except JobError:
             return None
+        if isinstance(msg, ForestMissing):
+            evidence["forests_undelivered"][name(peer)] = msg.reason
+            return None
+        if msg.forest.features != own.features:   # members agreed on one schema before the start
+            evidence["forests_refused"][name(peer)] = "its forest splits on other features than the job's schema"
+            return None
+        return peer, msg.forest
     results = await asyncio.gather(*(send(p) for p in others), *(receive(p) for p in others))
     forests = {ch.me: own}
     forests.update(dict(r for r in results if r is not None))
-    return forests, {"forests_refused": refused, "own_forest_refused_by": refused_by}
+    return forests, evidence
+
+
+async def _forest_or_word(ch: Any, peer: bytes, timeout_ms: int) -> ForestMsg | ForestMissing:
+    """`peer`'s forest, or its ForestMissing if that comes first; raises as `recv` does. The
+    forest's own outcome wins a tie, so our gate's refusal (MalformedFrom) is the evidence kept."""
+    forest = asyncio.ensure_future(ch.recv(ForestMsg, "bofrf/forest", src=peer, timeout_ms=timeout_ms))
+    word = asyncio.ensure_future(ch.recv(ForestMissing, "bofrf/forest-missing", src=peer, timeout_ms=timeout_ms))
+    try:
+        await asyncio.wait((forest, word), return_when=asyncio.FIRST_COMPLETED)
+        if forest.done() or word.exception() is not None:
+            return (await forest)[1]
+        return word.result()[1]
+    finally:
+        for wait in (forest, word):
+            wait.cancel()
+        await asyncio.gather(forest, word, return_exceptions=True)
 
 
 def _combine(forests: Mapping[bytes, Any], agreed: Sequence[bytes], members: Sequence[bytes]) -> tuple[Any, np.ndarray]:

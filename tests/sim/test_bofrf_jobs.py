@@ -522,3 +522,38 @@ async def test_boppid_model_on_a_missing_feature_is_left_out_not_fatal() -> None
         assert "feature" in boppid["models_refused"][names[offender]]
         assert names[offender] not in boppid["models_selected"]
     assert_matches_reference({k: r for k, r in results.items()}, datasets, keys, params, "bad stumps")
+
+
+class OversizeTo:
+    """The transport of `sender` fails its forest to `receiver` at once without proof (as an
+    HTTP 413 for a frame above the receiver's message_bytes_max): nothing reaches the receiver."""
+
+    def __init__(self, inner: MemoryChannel, receiver: bytes) -> None:
+        self.inner, self.receiver = inner, receiver
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def send(self, dst: bytes, msg: Any) -> None:
+        if isinstance(msg, bofrf.ForestMsg) and dst == self.receiver:
+            from fedpeer.net.channel import PeerUnreachable
+            raise PeerUnreachable(dst, "HTTP 413 oversize")
+        await self.inner.send(dst, msg)
+
+
+async def test_undelivered_forest_is_announced_so_nobody_waits_for_it() -> None:
+    n = 3
+    params = make_params(seed=5, tau=0.3)
+    keys = make_keys(n, "oversize-forest")
+    names = {k: f"site{i}" for i, k in enumerate(keys)}
+    datasets = make_sites(n, 6, noise=(0.0, 0.1, 0.2))
+    sender, receiver = keys[0], keys[1]
+    net = MemoryNetwork(keys, seed=14, **NET)
+    results, elapsed = await run_timed(net, dict(zip(keys, datasets)), params, names,
+                                       wrap=lambda k, ch: OversizeTo(ch, receiver) if k == sender else ch)
+    assert elapsed < REFUSAL_WAIT_S_MAX, f"the receiver waited {elapsed:.1f} s for a forest that never came"
+    assert_results_equal(results, reference_without(datasets, keys, params, sender), keys, "oversize forest")
+    assert results[receiver]["forests_undelivered"] == {names[sender]: f"peer {receiver.hex()[:16]} unreachable: "
+                                                                        "HTTP 413 oversize"}
+    for key in keys:
+        assert results[key]["forests_left_out"] == [names[sender]]
