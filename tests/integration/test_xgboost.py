@@ -100,3 +100,80 @@ async def test_when_no_site_can_contribute_every_member_fails_with_the_reason(ma
     assert {r["state"] for r in records.values()} == {"failed"}, [r["state"] for r in records.values()]
     for r in records.values():
         assert "no site delivered valid trees" in r["error"] and "trees refused" in r["error"], r["error"]
+
+
+async def test_a_members_forged_commit_with_a_high_term_is_refused(make_federation, tmp_path: Path):
+    """issue 11, item 3, against real daemons: with a follower's (allow-listed) key, send the others
+    `xgb_directive{op: commit, term: 2**62, model: <the real model + one tree with leaf -1000>}`, then
+    `finish`, and the same at their current term. Before the fix a follower finished with that model
+    and the real leader's directives became stale_term. Now: all members end with one model, free of
+    the forged tree, the real leader is not held up, and the followers name the forger."""
+    import time
+
+    import aiohttp
+
+    from fedpeer import wire
+    from fedpeer.identity import load_key_file
+    from fedpeer.jobs import xgboost as xj
+    from fedpeer.net.transport import PATH
+    from tests.integration.test_jobs import breast_cancer_federation
+    from tests.sim.test_xgboost_sim import poisoned_doc
+
+    h, full, _ = await breast_cancer_federation(make_federation, tmp_path, 3, "stratified", seed=4)
+    rounds = 8
+    job_id = await h.propose(0, "xgboost", {**PARAMS, "rounds": rounds})
+    real = await _committed_model(h, 0, job_id, at_least=2)
+    info = boosting.model_info(real)
+    forged = boosting.append_round(real, [poisoned_doc()], info.base_score[0], info.num_feature, 0,
+                                   "binary:logistic")
+    sha = boosting.model_sha256(forged)
+    leader = (await h.status(0))["leader"]
+    forger = next(i for i in (2, 1, 0) if h.sites[i].name != leader)     # a member's key, not the leader's
+    targets = [i for i in range(3) if i != forger]
+    mallory = wire.Sealer(load_key_file(h.sites[forger].config.node.key_file))
+    started = time.monotonic()
+    async with aiohttp.ClientSession() as session:
+        for i in targets:
+            status = await h.status(i)
+            dst = load_key_file(h.sites[i].config.node.key_file).public_key
+            for term in (2**62, status["term"]):
+                for msg in (xj._directive(term, "commit", rounds, sha=sha, model=forged, commit_term=term),
+                            xj._directive(term, "finish", rounds, sha=sha)):
+                    frame = mallory.seal(dst, msg, time.time_ns() // 1000, job=job_id, term=term)
+                    async with session.post(f"http://127.0.0.1:{h.sites[i].port}{PATH}", data=frame) as resp:
+                        assert resp.status == 204, (resp.status, await resp.text())   # delivered to the job
+
+    records = await h.wait_job(job_id, timeout_s=120)
+    assert time.monotonic() - started < 60, "the real leader was held up"
+    assert {r["state"] for r in records.values()} == {"done"}, [r["error"] for r in records.values()]
+    results = [r["result"] for r in records.values()]
+    assert len({r["model_sha256"] for r in results}) == 1 and sha not in {r["model_sha256"] for r in results}
+    assert all(r["rounds"] == rounds for r in results)
+    model = Path(results[0]["model_file"]).read_bytes()
+    leaves = [abs(v) for t in boosting.model_info(model).trees for v in t.value[t.left < 0]]
+    assert max(leaves) < 1000, "the forged tree is in the model"
+    refused = [records[i]["result"]["directives_refused"].get(h.sites[forger].name, {}) for i in targets]
+    assert sum(r.get("not_leader", 0) for r in refused) >= 1, refused
+    scores = predict_scores(h.sites[targets[0]].config_path, job_id, full, tmp_path / "scores.csv")
+    assert 0.2 < float(np.mean(scores > 0.5)) < 0.6       # not "every row negative"
+
+
+async def _committed_model(h, i: int, job_id: str, at_least: int) -> bytes:
+    """The model site i committed last, once it has committed round `at_least` (its commit record
+    names the round file; the file of an older round is removed when the next one lands: retry)."""
+    import asyncio
+
+    from fedpeer.store import read_json
+
+    workdir = h.sites[i].config.node.state_dir / "jobs" / job_id
+    for _ in range(600):
+        commit = read_json(workdir / "xgb-commit.json", None)
+        if commit and commit["round"] >= at_least:
+            try:
+                model = (workdir / commit["model_file"]).read_bytes()
+            except FileNotFoundError:
+                continue
+            if boosting.model_sha256(model) == commit["model_sha256"]:
+                return model
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"site {i} never committed round {at_least} of {job_id}")

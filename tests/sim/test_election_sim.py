@@ -39,12 +39,17 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from fedpeer.core.election import (
+    TERM_MAX,
     Commit,
     Election,
     ElectionConfig,
     HardState,
     Heartbeat,
+    HeartbeatReply,
+    PreVote,
+    PreVoteReply,
     Ready,
+    RequestVote,
     RequestVoteReply,
     Role,
 )
@@ -172,13 +177,43 @@ class ElectionNode:
                 w.fail(now_ms, i, "leader in a minority did not step down (CheckQuorum)")
 
 
+class ForgingNode(ElectionNode):
+    """A Byzantine member (issue 11): its own election runs as usual (it may vote and lead like
+    anyone), and on every tick it also sends a peer an election message of a term far beyond
+    anything honest (2**62, TERM_MAX, or just past the receiver's term_ceiling plus up to a
+    million). Its forgeries bypass the checker (they are not its honest core's sends)."""
+
+    def __init__(self, spec: NodeSpec, world: World, ids: list[NodeId], net: list[SimNet]) -> None:
+        super().__init__(spec, world, ids)
+        self.rng = random.Random(spec.rng.random())
+        self.net = net
+
+    def tick(self, now_ms: int) -> list[SimSend]:
+        sends = super().tick(now_ms)
+        j = self.rng.choice([k for k in range(len(self.ids)) if k != self.i])
+        target = self.net[0].nodes[j]
+        if target is None:
+            return sends
+        term = self.rng.choice([2**62, TERM_MAX, target.election.term_ceiling(now_ms) + 1 + self.rng.randrange(10**6)])
+        msg = self.rng.choice([Heartbeat(term, 0, 0), RequestVote(term, 2**40, 2**40), PreVote(term, 2**40, 2**40),
+                               HeartbeatReply(term), PreVoteReply(term, False), RequestVoteReply(term, True)])
+        return [*sends, SimSend(self.ids[j], self.addresses[self.ids[j]], msg)]
+
+
 def new_net(seed: int, n: int, *, drop_rate: float = 0.0, dup_rate: float = 0.0,
-            delay_ms: tuple[int, int] = (1, 20), forget_votes: bool = False
+            delay_ms: tuple[int, int] = (1, 20), forget_votes: bool = False, byzantine: int | None = None
             ) -> tuple[SimNet, World]:
     world = World(n, forget_votes=forget_votes)
     ids = [bytes([i + 1]) * 32 for i in range(n)]  # SimNet's ids, known before it boots nodes
+    box: list[SimNet] = []
+
+    def factory(spec: NodeSpec) -> ElectionNode:
+        if spec.index == byzantine:
+            return ForgingNode(spec, world, ids, box)
+        return ElectionNode(spec, world, ids)
     net = SimNet(seed, n, drop_rate=drop_rate, dup_rate=dup_rate, delay_ms=delay_ms,
-                 tick_ms=TICK_MS, factory=lambda spec: ElectionNode(spec, world, ids))
+                 tick_ms=TICK_MS, factory=factory)
+    box.append(net)
     assert net.ids == ids
     return net, world
 
@@ -506,6 +541,34 @@ def test_the_checker_catches_a_shell_that_loses_votes():
     print(f"\n[mutant] of {len(seeds(100))} seeds, caught a second vote in {double_votes}, "
           f"a second leader of one term in {double_leaders}")
     assert double_votes > 0 and double_leaders > 0
+
+
+def test_a_byzantine_member_cannot_push_terms_far_ahead():
+    """issue 11 over 1,000 seeds: one member sends, every tick, election messages with terms of
+    2**62, TERM_MAX or just beyond the receiver's ceiling, under loss, duplication, delay and one
+    crash/restart. Every honest node's term stays small, every usual invariant holds at every
+    step, and a leader every node follows exists within 20 s of the restart."""
+    failures, ignored, top = [], 0, 0
+    for seed in seeds(1_000):
+        plan = random.Random(f"byzantine-{seed}")
+        n = 3 + seed % 4
+        bad = plan.randrange(n)
+        net, world = new_net(seed, n, drop_rate=plan.choice([0.0, 0.05, 0.2]), dup_rate=plan.choice([0.0, 0.1]),
+                             delay_ms=(1, plan.choice([10, 50, 150])), byzantine=bad)
+        run(net, world, plan.randrange(1_000, 4_000))
+        victim = plan.choice([i for i in range(n) if i != bad])
+        net.crash(victim)
+        run(net, world, net.now_ms + plan.randrange(500, 3_000))
+        net.restart(victim)
+        t = wait_leader(net, world, 20_000)
+        honest = [i for i in range(n) if i != bad]
+        terms = [world.top_term.get(i, 0) for i in honest]
+        top = max(top, *terms)
+        ignored += sum(el(net, i).stats.term_jumps_ignored for i in honest)
+        if t is None or world.violations or max(terms) > 10_000:
+            failures.append(f"seed={seed} leader_after={t} terms={terms} {world.violations[:2]}")
+    assert ignored > 0, "the forgeries never reached anyone: the test proves nothing"
+    report("byzantine", failures, forged_terms_ignored=ignored, highest_honest_term=top)
 
 
 def test_replay_is_exact_for_a_seed():

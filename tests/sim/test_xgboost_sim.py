@@ -26,6 +26,7 @@ faster). FEDPEER_SIM_SCALE multiplies the seed counts (default 1).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import random
@@ -42,7 +43,7 @@ from fedpeer.jobs import xgboost as xj
 from fedpeer.jobs.base import JobContext
 from fedpeer.ml import boosting
 from fedpeer.ml.data import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint
-from fedpeer.net.channel import MemoryNetwork
+from fedpeer.net.channel import MemoryNetwork, RecvTimeout
 
 from .test_securesum import SteadyChannel
 
@@ -121,6 +122,11 @@ class World:
         self.ticks: dict[bytes, asyncio.Task] = {}
         self.commits: dict[bytes, list[tuple[int, int]]] = {k: [] for k in self.keys}
         self.drop_rate = self.rng.choice((0.0, 0.05, 0.2))
+        self.byzantine: bytes | None = None   # a member whose key forges (see `byzantine` below)
+        self.byz_task: asyncio.Task | None = None
+        self.adopted: dict[bytes, list[str]] = {k: [] for k in self.keys}   # SHA-256 of every model adopted
+        self.leader_built: set[str] = set()   # models an honest leader built and committed
+        self.forged: set[str] = set()         # models the Byzantine member sent
 
     def now_ms(self) -> int:
         return int(asyncio.get_running_loop().time() * 1000)
@@ -139,7 +145,7 @@ class World:
             loop.call_later(self.rng.uniform(0.5, 5.0) / 1000, self.receive, src, s.dst, s.msg)
 
     def receive(self, src: bytes, dst: bytes, msg: Any) -> None:
-        if dst in self.killed or not self.net.reachable(src, dst):
+        if dst in self.killed or dst == self.byzantine or not self.net.reachable(src, dst):
             return
         self.deliver(dst, self.elections[dst].receive(src, msg, self.now_ms()).sends)
         self.check(dst)
@@ -173,15 +179,20 @@ def tools_for(world: World, k: bytes) -> xj.Tools:
 
 
 async def run_world(seed: int, n: int, rounds: int, faults: str, tools: Any = tools_for,
-                    data: Sequence[Dataset] | None = None, **params: Any) -> World:
+                    data: Sequence[Dataset] | None = None, byzantine: bool = False, **params: Any) -> World:
     w = World(seed, n)
     data = data or make_data(n, seed)
+    if byzantine:
+        w.byzantine = w.rng.choice(w.keys)
     names = {k: f"site-{i + 1}" for i, k in enumerate(w.keys)}
     p = xj.KIND.check_params({"rounds": rounds, "secure_sum": "ring", "member_timeout_ms": 20_000,
                               "max_depth": 3, "nthread": 1} | params)
     original_adopt = xj.Site.adopt
 
     for k, d in zip(w.keys, data):
+        if k == w.byzantine:
+            w.byz_task = asyncio.create_task(forger(w, k, p, d))
+            continue
         ctx = JobContext(names[k], names, HOP_MS, data=d)
         w.ticks[k] = asyncio.create_task(w.tick(k))
         w.tasks[k] = asyncio.create_task(xj.run_job(SteadyChannel(w.net.channel(k)), p, ctx, tools(w, k)))
@@ -189,15 +200,19 @@ async def run_world(seed: int, n: int, rounds: int, faults: str, tools: Any = to
     def adopt(site: xj.Site, term: int, rnd: int, model: bytes | None, expect: str | None = None) -> None:
         original_adopt(site, term, rnd, model, expect)
         w.commits[site.me].append((term, rnd))
+        w.adopted[site.me].append(site.commit[2])
+        if model is not None and expect is None and site.leading(term):
+            w.leader_built.add(site.commit[2])
 
     xj.Site.adopt = adopt  # type: ignore[method-assign]
     try:
         await asyncio.wait_for(chaos(w, faults, rounds), RUN_LIMIT_S)
     finally:
         xj.Site.adopt = original_adopt  # type: ignore[method-assign]
-        for t in (*w.tasks.values(), *w.ticks.values()):
+        extra = [w.byz_task] if w.byz_task is not None else []
+        for t in (*w.tasks.values(), *w.ticks.values(), *extra):
             t.cancel()
-        await asyncio.gather(*w.tasks.values(), *w.ticks.values(), return_exceptions=True)
+        await asyncio.gather(*w.tasks.values(), *w.ticks.values(), *extra, return_exceptions=True)
     return w
 
 
@@ -393,8 +408,8 @@ def poisoned_doc(leaf: float = -1000.0, feature: int = 0) -> bytes:
     return boosting._trees_doc([tree], 1)
 
 
-def poisoned_model(base: bytes | None = None, leaf: float = -1000.0) -> bytes:
-    return boosting.append_round(base, [poisoned_doc(leaf)], 0.5, 3, 0, "binary:logistic")
+def poisoned_model(leaf: float = -1000.0, base: float = 0.5) -> bytes:
+    return boosting.append_round(None, [poisoned_doc(leaf)], base, 3, 0, "binary:logistic")
 
 
 def follower(view: dict, seed: int = 1) -> tuple[list[bytes], MemoryNetwork, xj.Site]:
@@ -495,3 +510,121 @@ def test_the_real_leaders_model_and_trees_pass_the_members_checks():
         await site.close()
 
     run_virtual(go())
+
+
+# ---------------------------------------------------------------------------------------------
+# A Byzantine member in the seeded simulation
+# ---------------------------------------------------------------------------------------------
+
+FORGE_GAP_MS = (2, 40)        # the forger's pause between two forgeries
+
+
+async def forger(w: World, k: bytes, p: dict, data: Dataset) -> None:
+    """A member whose key is used against the others. It takes part in the label-count sum (or the
+    job would never start; so it also knows the federation's base score and can forge models that
+    pass every shape check), then until the end answers the real leader with lies (a commit point
+    of term 2**62 and round 10**6, a poisoned model on fetch, trees with leaves of -1000) and, all
+    the while, forges directives to honest members (commit and finish of term 2**62; commits and
+    rounds of their current term and of the next one, with poisoned and with plausible models) and
+    election messages of term 2**62. It never runs an election core, so it never leads."""
+    from fedpeer.protocols.fixedpoint import decode_counts, encode_counts
+    from fedpeer.protocols.securesum import secure_sum
+
+    ch = SteadyChannel(w.net.channel(k))
+    counts = xj.label_counts(np.asarray(data.y, dtype=np.int64), 1)
+    out = await secure_sum(ch, "xgb/labels", encode_counts(counts, len(ch.members), xj.COUNT_MAX),
+                           mode=p["secure_sum"], hop_timeout_ms=HOP_MS)
+    base, _ = xj.base_from_counts(decode_counts(out.total), p["objective"], 1)
+    poison, plausible = poisoned_model(base=base), poisoned_model(base=base, leaf=-0.5)
+    w.forged |= {boosting.model_sha256(poison), boosting.model_sha256(plausible)}
+    forging = asyncio.create_task(forge(w, k, ch, p, poison, plausible))
+    try:
+        while True:
+            src, msg = await ch.recv(xj.Directive, xj.DIRECTIVE_TAG, timeout_ms=60_000)
+            with contextlib.suppress(JobError):
+                await ch.send(src, lie(msg, poison))
+    finally:
+        forging.cancel()
+
+
+async def forge(w: World, k: bytes, ch: Any, p: dict, poison: bytes, plausible: bytes) -> None:
+    from fedpeer.core.election import Heartbeat, PreVote, RequestVote
+
+    rng = random.Random(w.seed * 7 + 1)
+    honest = [m for m in w.keys if m != k]
+    while True:
+        await asyncio.sleep(rng.uniform(*FORGE_GAP_MS) / 1000)
+        target = rng.choice(honest)
+        if target in w.killed:
+            continue
+        term, choice = w.elections[target].term, rng.randrange(7)
+        if choice == 6:
+            w.receive(k, target, rng.choice([Heartbeat(2**62, 0, 0), RequestVote(2**62, 9, 9), PreVote(2**62, 9, 9)]))
+            continue
+        forged = forged_directive(choice, term, rng.randint(1, p["rounds"]), poison, plausible, honest)
+        with contextlib.suppress(JobError):
+            await ch.send(target, forged)
+
+
+def forged_directive(choice: int, term: int, rnd: int, poison: bytes, plausible: bytes,
+                     honest: list[bytes]) -> xj.Directive:
+    high = 2**62
+    model = poison if choice % 2 == 0 else plausible
+    sha = boosting.model_sha256(model)
+    if choice == 0:
+        return xj._directive(high, "commit", rnd, sha=sha, model=model, commit_term=high)
+    if choice == 1:
+        return xj._directive(high, "finish", rnd, sha=sha)
+    if choice in (2, 3):      # the member's current term, whose leader its election knows (or will)
+        return xj._directive(term, "commit", rnd, sha=sha, model=model, commit_term=term)
+    if choice == 4:           # the next term: no election has confirmed anyone for it
+        return xj._directive(term + 1, "commit", rnd, sha=sha, model=model, commit_term=term + 1,
+                             trees=[poisoned_doc()], participants=honest[:1])
+    return xj._directive(term, "round", rnd, prev_sha="", model=plausible, commit_term=term)
+
+
+def lie(msg: xj.Directive, poison: bytes) -> xj.Reply:
+    """The forger's answer to the real leader: the most damaging well-formed reply to each op."""
+    sha = boosting.model_sha256(poison)
+    base = dict(tag=xj._reply_tag(msg.term, msg.op, msg.round), commit_term=0, commit_round=0, commit_sha="",
+                trees=b"", model=b"", history=b"", error="")
+    if msg.op == "state":
+        base.update(commit_term=2**62, commit_round=10**6, commit_sha=sha)
+    elif msg.op == "fetch":
+        base.update(commit_term=2**62, commit_round=10**6, commit_sha=sha, model=poison)
+    elif msg.op == "round":
+        base.update(trees=poisoned_doc())
+    return xj.Reply(**base)
+
+
+def byzantine_outcome(w: World, rounds: int) -> list[str]:
+    problems = outcome(w, rounds)
+    for k, shas in w.adopted.items():
+        bad = [s for s in shas if s and (s in w.forged or s not in w.leader_built)]
+        if bad:
+            problems.append(f"member {w.keys.index(k)} adopted {len(bad)} model(s) no honest leader committed")
+    if not w.leader_built:
+        problems.append("no honest leader committed anything")
+    return problems
+
+
+def run_byzantine_seeds(seed_range: range, n: int, rounds: int, faults: str) -> None:
+    failures = []
+    for seed in seed_range:
+        loop = looptime.new_event_loop(start=0, noop_cycles=1)
+        try:
+            w = loop.run_until_complete(run_world(seed, n, rounds, faults, byzantine=True))
+        finally:
+            loop.close()
+        problems = byzantine_outcome(w, rounds)
+        if problems:
+            failures.append(f"seed {seed} ({faults}, n={n}, byzantine {w.keys.index(w.byzantine)}): {problems}")
+    assert not failures, f"{len(failures)} of {len(seed_range)} seeds failed:\n" + "\n".join(failures[:20])
+
+
+@pytest.mark.parametrize("faults,n,count", [("none", 3, 700), ("leader", 5, 300)])
+def test_a_byzantine_member_never_gets_its_model_adopted(faults, n, count):
+    """issue 11 over 1,000 seeds: one member forges terms, commits, finishes and election messages
+    and lies to the real leader; every honest survivor still ends with the same model, and no
+    honest site ever adopts a model no honest leader built."""
+    run_byzantine_seeds(seeds(count, start=5000), n=n, rounds=2, faults=faults)
