@@ -188,15 +188,18 @@ class JobRegistry:
                 self._save(record)
             self.jobs[record.id] = record
 
-    def _save(self, record: JobRecord) -> None:
+    def _save(self, record: JobRecord) -> bool:
         """Write the record; never raises. A failed write keeps the record in memory (it is the
-        truth) and is retried at the next state change of any record."""
+        truth) and is retried at the next state change of any record. Returns whether it is on
+        disk (or is not meant to be)."""
         if not record.stored:
-            return
-        if self._write(record):
-            for other in [r for r in self._unsaved.values() if r is not record]:
-                if not self._write(other):
-                    break
+            return True
+        if not self._write(record):
+            return False
+        for other in [r for r in self._unsaved.values() if r is not record]:
+            if not self._write(other):
+                break
+        return True
 
     def _write(self, record: JobRecord) -> bool:
         path = self._root / record.id / "job.json"
@@ -219,6 +222,10 @@ class JobRegistry:
         record.dirty = False
         self._unsaved.pop(record.id, None)
         return True
+
+    def _write_problem(self) -> str:
+        error = self.state.health().get("error") if self.state is not None else None
+        return error or f"cannot write job records under {self._root}"
 
     def _disk_problem(self) -> str | None:
         """Why new jobs must be refused now (the state dir takes no writes), or None."""
@@ -536,7 +543,9 @@ class JobRegistry:
             raise _SiteFailure(self.transport.me, f"{self.running()} jobs already running ([jobs] jobs_concurrent_max)")
         record.state, record.phase, record.started_ms = "running", "starting", self.transport.now_ms()
         record.stored = True          # a job that runs is worth a record on disk
-        self._save(record)
+        if not self._save(record):    # the disk filled since the proposal: do not start what we cannot record
+            raise _SiteFailure(self.transport.me, f"{self._write_problem()}: this site cannot record the job; "
+                                                  "free space in its state dir")
         log.info("job_started", extra=fields(job=record.id, kind=record.kind, members=len(record.members)))
         ctx = JobContext(site_name=self.config.node.name, names=self.names,
                          hop_timeout_ms=self.config.jobs.hop_timeout_ms, data=record.data,

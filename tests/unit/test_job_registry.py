@@ -84,7 +84,13 @@ async def _noop_run(ch: Any, params: Any, ctx: Any) -> dict:
 
 
 async def _failing_run(ch: Any, params: Any, ctx: Any) -> dict:
+    await ch.sleep_ms(50)
     raise JobError("this kind always fails")
+
+
+async def _short_run(ch: Any, params: Any, ctx: Any) -> dict:
+    await ch.sleep_ms(50)
+    return {"ok": 2}
 
 
 async def _recv_from_alice(ch: Any, params: Any, ctx: Any) -> dict:
@@ -96,6 +102,7 @@ KINDS = {k.name: k for k in (
     JobKind(name="noop", help="", params={}, run=_noop_run, needs_data=False),
     JobKind(name="fails", help="", params={}, run=_failing_run, needs_data=False),
     JobKind(name="waits", help="", params={}, run=_recv_from_alice, needs_data=False),
+    JobKind(name="short", help="", params={}, run=_short_run, needs_data=False),
 )}
 
 
@@ -156,9 +163,10 @@ async def test_a_failure_inside_the_failure_handling_ends_only_that_job(tmp_path
         registry = JobRegistry(make_config(tmp_path), transport, NAMES, KINDS, tg.create_task, state=state)
         registry.on_message(ALICE, "fails-1", proposal(ALICE, "fails-1", "fails", members=(BOB,)))
         await settle()
+        registry.on_message(ALICE, "fails-1", start("fails-1", ALICE, BOB, ME))
+        await settle()
         state.full = True                            # the disk fills while the job runs
         transport.fail_with = RuntimeError("transport bug")
-        registry.on_message(ALICE, "fails-1", start("fails-1", ALICE, BOB, ME))
         await asyncio.sleep(reg.ABORT_GRACE_MS / 1000 + 0.2)
         record = registry.jobs["fails-1"]
         assert record.state == "failed" and "always fails" in record.error
@@ -195,19 +203,41 @@ async def test_record_save_failing_mid_job_keeps_the_job_and_retries(tmp_path: P
     state = FakeState(tmp_path / "state")
     async with asyncio.TaskGroup() as tg:
         registry = JobRegistry(make_config(tmp_path), transport, NAMES, KINDS, tg.create_task, state=state)
-        registry.on_message(ALICE, "job-2", proposal(ALICE, "job-2"))
+        registry.on_message(ALICE, "job-2", proposal(ALICE, "job-2", "short"))
         await settle()
-        state.full = True     # ENOSPC at the "running" and at the "done" write
         registry.on_message(ALICE, "job-2", start("job-2", ALICE, ME))
         await settle()
+        assert state.written["job-2"]["state"] == "running"
+        state.full = True     # ENOSPC at the "done" write
+        del state.written["job-2"]
+        await asyncio.sleep(0.2)
         record = registry.jobs["job-2"]
-        assert record.state == "done" and record.result == {"ok": 1} and record.dirty
+        assert record.state == "done" and record.result == {"ok": 2} and record.dirty
         assert "job-2" not in state.written
         state.full = False
         other = registry.propose("noop", {}, ["alice"])       # the next state change retries
         await settle()
         registry.jobs[other].task.cancel()
     assert state.written["job-2"]["state"] == "done" and not record.dirty
+
+
+async def test_disk_full_since_the_proposal_fails_the_start_naming_the_disk(tmp_path: Path) -> None:
+    """The disk filled after we accepted (health still said writable): the job does not start
+    here, its members hear why, and the record waits in memory for the disk."""
+    transport = FakeTransport()
+    state = FakeState(tmp_path / "state")
+    async with asyncio.TaskGroup() as tg:
+        registry = JobRegistry(make_config(tmp_path), transport, NAMES, KINDS, tg.create_task, state=state)
+        registry.on_message(ALICE, "job-4", proposal(ALICE, "job-4", members=(BOB,)))
+        await settle()
+        state.full = True
+        registry.on_message(ALICE, "job-4", start("job-4", ALICE, BOB, ME))
+        await asyncio.sleep(reg.ABORT_GRACE_MS / 1000 + 0.2)
+    record = registry.jobs["job-4"]
+    assert record.state == "failed" and record.error.startswith(f"site-me: disk full at {tmp_path / 'state'}")
+    assert record.result is None and record.dirty
+    aborts = sent_of(transport, m.JobAbort)
+    assert {dst for dst, _ in aborts} == {ALICE, BOB} and all("disk full" in a.reason for _, a in aborts)
 
 
 # ---------------------------------------------------------------------------------------------
