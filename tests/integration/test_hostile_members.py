@@ -5,6 +5,7 @@ daemon is never started), and frames are sealed with `wire.Sealer` as any member
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from fedpeer.identity import Identity, fingerprint, load_key_file, parse_public_
 from fedpeer.jobs import messages as m
 from fedpeer.net.transport import PATH
 from tests.integration.conftest import rss_kib
-from tests.integration.test_jobs import _attach_data, breast_cancer_csv
+from tests.integration.test_jobs import _attach_data, _fedpeer, breast_cancer_csv
 
 pytestmark = pytest.mark.integration
 FLOOD_PROPOSALS = 3_000
@@ -108,12 +109,13 @@ async def test_onboarding_a_fourth_site_known_only_to_one(make_federation, tmp_p
         h.sites[i].config = cfg.load(h.sites[i].config_path)
     h.start()
     await h.wait_all_alive(timeout_s=20)
-    job_id = await h.propose(0, "stats", {})
-    records = await h.wait_job(job_id, timeout_s=40, among=[0])
+    run = await asyncio.to_thread(_fedpeer, "run", "stats", "--config", str(h.sites[0].config_path), "--wait", "--json")
+    assert run.returncode == 1, (run.stdout, run.stderr)
+    record = json.loads(run.stdout)
+    job_id, error = record["id"], record["error"]
     await asyncio.sleep(2.0)               # the crash came while members handled the failure
     _assert_running(h, [0, 1, 2, 3])
-    error = records[0]["error"]
-    assert records[0]["state"] == "failed" and "not in this site's peers.toml" in error, error
+    assert record["state"] == "failed" and "not in this site's peers.toml" in error, error
     site4 = fingerprint(_key(h, 3))
     assert error.startswith(("site-2: ", "site-3: ")) and site4 in error or error.startswith("site-4: "), error
     for i in range(4):
