@@ -69,7 +69,8 @@ class Transport(Protocol):
     def leadership(self) -> tuple[int, bytes | None]: ...    # (term, leader) of the federation's election
     def pairwise_seed(self, peer: bytes, label: bytes) -> bytes: ...
     async def send(self, dst: bytes, msg: object, job_id: str, timeout_ms: int) -> None: ...
-    # delivered within timeout_ms (retries included) or raises PeerUnreachable
+    # delivered within timeout_ms (retries included) or raises PeerUnreachable (PeerRefused when
+    # the peer proved it refused the message); the registry never passes a dst not in `names`
 
 
 @dataclass
@@ -411,8 +412,9 @@ class JobRegistry:
         if src not in members or self.transport.me not in members or tuple(sorted(set(members))) != members:
             raise RemoteProtocolError("schema", "proposal members must be sorted, distinct, include proposer and me")
         self._take_proposal_budget(src)
+        # created_ms is when we heard of it: a member's clock must not order (or crowd) our job list
         record = JobRecord(id=msg.job_id, kind=msg.kind, params=dict(msg.params), proposer=src,
-                           members=members, created_ms=msg.created_ms, announced=True, stored=False)
+                           members=members, created_ms=self.transport.now_ms(), announced=True, stored=False)
         refusal = self._policy_refusal(record)
         if refusal is not None:
             self._refuse(record, refusal)

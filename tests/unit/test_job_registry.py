@@ -115,7 +115,7 @@ def make_config(tmp_path: Path, **jobs: int) -> Config:
 
 def proposal(src: bytes, job_id: str, kind: str = "noop", members: tuple[bytes, ...] = ()) -> m.JobPropose:
     members = tuple(sorted(set(members) | {src, ME}))
-    return m.JobPropose(job_id=job_id, kind=kind, params={}, members=list(members), created_ms=0)
+    return m.JobPropose(job_id=job_id, kind=kind, params={}, members=list(members), created_ms=2**62)
 
 
 def start(job_id: str, *members: bytes) -> m.JobStart:
@@ -151,6 +151,7 @@ async def test_proposal_naming_an_unknown_member_is_refused_to_the_proposer_only
     assert fingerprint(STRANGER) in reject.reason and "peers.toml" in reject.reason
     shown = registry.show("evil-1")
     assert shown["state"] == "failed" and fingerprint(STRANGER) in shown["error"]
+    assert shown["created_ms"] == transport.clock_ms, "ordered by our clock, not the proposer's"
     assert job_files(tmp_path) == [], "a refused proposal must not be written to disk"
 
 
