@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import JobError
-from ..protocols.fixedpoint import FixedPoint, encode_counts
+from ..protocols.fixedpoint import FixedPoint, decode_counts, encode_counts
 from ..protocols.securesum import secure_sum
 from .base import JobContext, JobKind, Param
 
@@ -61,6 +61,25 @@ def local_histograms(X: np.ndarray, edges: np.ndarray) -> np.ndarray:
     return counts
 
 
+def check_totals(n: int, n_pos: int, centred: np.ndarray, counts: np.ndarray) -> None:
+    """What honest sites' sums always satisfy: every column's histogram holds every row once,
+    positives are between 0 and n, squared deviations are not negative. A member whose
+    contribution breaks this (a bug, or a lie) fails the job with this reason rather than
+    leaving every site with numbers that cannot be true. (A consistent lie cannot be caught.)"""
+    problems = []
+    if not 0 <= n_pos <= n:
+        problems.append(f"{n_pos} positives among {n} rows")
+    rows = counts.sum(axis=1)
+    if (counts < 0).any() or (rows != n).any():
+        j = int(np.flatnonzero((rows != n) | (counts < 0).any(axis=1))[0])
+        problems.append(f"column {j}'s histogram holds {int(rows[j])} rows, the moments {n}")
+    if (centred < 0).any():
+        problems.append("a negative sum of squared deviations")
+    if problems:
+        raise JobError("the secure sums cannot come from honest sites (" + "; ".join(problems)
+                       + "): a member sent a wrong contribution; no statistics are reported")
+
+
 async def run(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
     data = ctx.data
     X, y, d = data.X, data.y, len(data.features)
@@ -86,8 +105,10 @@ async def run(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
     if second.participants != first.participants:
         raise JobError("a member dropped out between the two secure sums; the sums would cover different sites")
     split = d * FIXED.limbs
-    std = np.sqrt(FIXED.decode(second.total[:split]) / (n - 1))
-    counts = second.total[split:].astype(np.int64).reshape(d, -1)
+    centred_total = FIXED.decode(second.total[:split])
+    counts = decode_counts(second.total[split:]).reshape(d, -1)
+    check_totals(n, n_pos, centred_total, counts)
+    std = np.sqrt(centred_total / (n - 1))
     return _result(data, n, n_pos, mean, std, edges, counts, first.participants, ctx, mode)
 
 
