@@ -352,7 +352,11 @@ async def _cluster(ch: Any, part: SitePart, params: Mapping[str, Any], ctx: JobC
     vectors = {ch.me: vector}
     for p in others:
         _, msg = await ch.recv(VectorMsg, "bofrf/vector", src=p, timeout_ms=FOREST_RECV_TIMEOUT_HOPS * ctx.hop_timeout_ms)
-        vectors[p] = np.asarray(msg.vector, dtype=np.float64)
+        got = np.asarray(msg.vector, dtype=np.float64)
+        if got.shape != vector.shape or not np.isfinite(got).all():
+            # every site must cluster the same vectors: the job ends, blaming the sender (evidence)
+            raise MalformedFrom(p, f"characteristic vector of shape {got.shape}, expected {vector.shape} finite values")
+        vectors[p] = got
     labels = mb.farthest_first_clusters(np.stack([vectors[m] for m in members]), min(params["clusters"], len(members)),
                                         metric=params["distance"], first=0)
     mine = labels[members.index(ch.me)]

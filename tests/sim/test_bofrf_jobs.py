@@ -557,3 +557,36 @@ async def test_undelivered_forest_is_announced_so_nobody_waits_for_it() -> None:
                                                                         "HTTP 413 oversize"}
     for key in keys:
         assert results[key]["forests_left_out"] == [names[sender]]
+
+
+class NanVector:
+    """A member whose characteristic vector (well-formed on the wire) holds NaN."""
+
+    def __init__(self, inner: MemoryChannel) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def send(self, dst: bytes, msg: Any) -> None:
+        if isinstance(msg, bofrf.VectorMsg):
+            msg = bofrf.VectorMsg(tag=msg.tag, vector=np.full_like(msg.vector, np.nan))
+        await self.inner.send(dst, msg)
+
+
+async def test_clustered_with_a_nan_vector_fails_blaming_its_sender() -> None:
+    """Every site must cluster the same vectors, so a bad one ends the job, and the failure names
+    the member that sent it (MalformedFrom, which the registry turns into blame on that member)."""
+    from fedpeer.net.channel import MalformedFrom
+    n = 3
+    params = make_params(seed=13, tau=0.3, variant="clustered", clusters=2)
+    keys = make_keys(n, "nan-vector")
+    names = {k: f"site{i}" for i, k in enumerate(keys)}
+    datasets = make_sites(n, 2, noise=(0.0, 0.1, 0.2))
+    offender = keys[1]
+    net = MemoryNetwork(keys, seed=15, **NET)
+    honest = [k for k in keys if k != offender]
+    with pytest.raises(MalformedFrom) as caught:
+        await run_job(net, dict(zip(keys, datasets)), params, names, expect_done=honest,
+                      wrap=lambda k, ch: NanVector(ch) if k == offender else ch)
+    assert caught.value.peer == offender and "characteristic vector" in caught.value.reason
