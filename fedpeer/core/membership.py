@@ -281,6 +281,11 @@ class Membership:
         return [MemberView(node, m.state, m.incarnation, m.address, m.last_seen_ms, m.rtt_ms)
                 for node, m in self._members.items()]  # built in sorted order, never reordered
 
+    def states(self) -> dict[NodeId, MemberState]:
+        """Our verdict about every member except me: what view() says, without building records
+        (for callers that poll it after every message, like the node's state-change log)."""
+        return {node: m.state for node, m in self._members.items()}
+
     def address_of(self, node: NodeId) -> str:
         """Last known address of `node` (mine for me). KeyError if not a member."""
         return self._address if node == self._me else self._members[node].address
@@ -541,10 +546,11 @@ class Membership:
             return  # not a member; a placeholder already counting down; already suspected
         if not m.incarnation <= u.incarnation <= m.incarnation + INCARNATION_STEP_MAX:
             return  # about a past self (stale), or a jump no honest member could have seen
-        m.reports[src] = now_ms
-        oldest_ms = now_ms - self._cfg.suspect_timeout_ms
-        for reporter in [r for r, at in m.reports.items() if at <= oldest_ms]:
-            del m.reports[reporter]  # old news: X answered since, or we would suspect it
+        m.reports[src] = now_ms  # bounded: one entry per member
+        if len(m.reports) < self._cfg.suspect_reporters_min:
+            return  # the common case under a lone liar's flood: nothing more to do
+        oldest_ms = now_ms - self._cfg.suspect_timeout_ms  # older news: X answered since, or we
+        m.reports = {r: at for r, at in m.reports.items() if at > oldest_ms}  # would suspect it
         if len(m.reports) >= self._cfg.suspect_reporters_min:
             self._set(u.node, m, MemberState.SUSPECT, now_ms)  # at X's known incarnation
 

@@ -18,6 +18,9 @@ Rules:
   crashed node are lost; a restarted node gets incarnation + 1), and
   `pause`/`resume` (SIGSTOP: no ticks, inbound messages queue and are handed
   over on resume).
+* `ByzantineMember` is a member whose key is in everyone's allowlist but whose
+  gossip lies (see its docstring); `membership_factory(config, liars=...)`
+  builds it for the given indexes.
 """
 
 from __future__ import annotations
@@ -30,7 +33,18 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from fedpeer.core.membership import Membership, MembershipConfig, NodeId
+from fedpeer.core.membership import (
+    Ack,
+    IndirectAck,
+    Membership,
+    MembershipConfig,
+    MemberState,
+    NodeId,
+    Ping,
+    PingReq,
+    Send,
+    Update,
+)
 
 
 class SimNode(Protocol):
@@ -55,11 +69,95 @@ class NodeSpec:
 NodeFactory = Callable[[NodeSpec], SimNode]
 
 
-def membership_factory(config: MembershipConfig) -> NodeFactory:
-    def build(spec: NodeSpec) -> Membership:
-        return Membership(me=spec.node_id, address=spec.address, incarnation=spec.incarnation,
+def membership_factory(config: MembershipConfig, liars: frozenset[int] = frozenset()) -> NodeFactory:
+    def build(spec: NodeSpec) -> Membership | ByzantineMember:
+        node = Membership(me=spec.node_id, address=spec.address, incarnation=spec.incarnation,
                           peers=spec.peers, config=config, rng=spec.rng, now_ms=spec.now_ms)
+        return ByzantineMember(node, spec) if spec.index in liars else node
     return build
+
+
+FAKE_ADDRESS = "127.0.0.1:9"
+WIRE_INCARNATION_MAX = 2**63 - 1  # the largest the wire lets through
+WIRE_UPDATES_MAX = 64             # fedpeer/wire.py _UPDATES_MAX
+LIE_REFRESH_TICKS = 4
+
+
+class ByzantineMember:
+    """A member with a valid key that lies about everyone else (issue 11, item 2).
+
+    It runs an honest Membership inside, so it answers pings and looks alive, but every message
+    it sends carries, instead of honest gossip, lies: a suspicion of the recipient itself, then
+    (shuffled afresh each tick) for every other member: its death at 2**63 - 1 with a fake
+    address, its death and its suspicion at its current incarnation (what an insider knows), a
+    suspicion at the next one with a fake address, and ALIVE at a higher one with a fake address.
+    (The lies are redrawn every LIE_REFRESH_TICKS ticks: drawing them is what costs in a sim.)
+    It announces absurd incarnations of its own now and then, never relays ping-reqs (so every
+    indirect probe that asks it fails), and floods: each tick it pings flood_per_tick random
+    members.
+    """
+
+    def __init__(self, inner: Membership, spec: NodeSpec, flood_per_tick: int = 1) -> None:
+        self.inner, self.me, self.rng = inner, spec.node_id, spec.rng
+        self.peers = dict(spec.peers)
+        self.flood_per_tick = flood_per_tick
+        self.lies_sent = 0
+        self._pool: list[Update] = []
+        self._ticks = 0
+        self._about_dst: dict[NodeId, int] = {}
+
+    @property
+    def incarnation(self) -> int:
+        return self.inner.incarnation
+
+    def view(self) -> Any:
+        return self.inner.view()
+
+    def address_of(self, node: NodeId) -> str:
+        return self.inner.address_of(node)
+
+    def tick(self, now_ms: int) -> list[Any]:
+        if self._ticks % LIE_REFRESH_TICKS == 0:
+            self._pool = self._lies()
+        self._ticks += 1
+        sends = self.inner.tick(now_ms)
+        for dst in self.rng.sample(sorted(self.peers), min(self.flood_per_tick, len(self.peers))):
+            sends.append(Send(dst, self.peers[dst], Ping(self.rng.getrandbits(32), 0, "", ())))
+        return [self._poison(s) for s in sends]
+
+    def receive(self, src: NodeId, msg: Any, now_ms: int) -> list[Any]:
+        if isinstance(msg, PingReq):
+            return []  # never relays: every indirect probe that counts on it fails
+        return [self._poison(s) for s in self.inner.receive(src, msg, now_ms)]
+
+    def _poison(self, send: Send) -> Send:
+        msg = send.msg
+        about_dst = self._about_dst.get(send.dst, 0)
+        lies = (Update(send.dst, MemberState.SUSPECT, about_dst, FAKE_ADDRESS),
+                *self._pool[:WIRE_UPDATES_MAX - 1])
+        self.lies_sent += len(lies)
+        match msg:
+            case Ping() | Ack():
+                incarnation = msg.incarnation
+                if self.rng.random() < 0.05:   # its own number: absurd now and then
+                    incarnation = self.rng.choice([WIRE_INCARNATION_MAX, 2**62, incarnation + 10**6])
+                address = msg.address or self.inner.address_of(self.me)
+                return Send(send.dst, send.address, type(msg)(msg.probe_id, incarnation, address, lies))
+            case PingReq() | IndirectAck():
+                return Send(send.dst, send.address, type(msg)(msg.probe_id, msg.target, lies))
+        raise TypeError(type(msg).__name__)
+
+    def _lies(self) -> list[Update]:
+        pool = []
+        self._about_dst = {v.node: v.incarnation for v in self.inner.view()}
+        for x, inc in self._about_dst.items():
+            pool += [Update(x, MemberState.DEAD, WIRE_INCARNATION_MAX, FAKE_ADDRESS),
+                     Update(x, MemberState.DEAD, inc, FAKE_ADDRESS),
+                     Update(x, MemberState.SUSPECT, inc, self.peers[x]),
+                     Update(x, MemberState.SUSPECT, inc + 1, FAKE_ADDRESS),
+                     Update(x, MemberState.ALIVE, inc + 1 + self.rng.randrange(1_000), FAKE_ADDRESS)]
+        self.rng.shuffle(pool)
+        return pool
 
 
 _TICK, _DELIVER = 0, 1

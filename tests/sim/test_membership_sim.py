@@ -11,9 +11,9 @@ import os
 import random
 import statistics
 
-from fedpeer.core.membership import MembershipConfig, MemberState
+from fedpeer.core.membership import Membership, MembershipConfig, MemberState
 
-from .simnet import SimNet
+from .simnet import NodeSpec, SimNet, membership_factory
 
 A, S, D = MemberState.ALIVE, MemberState.SUSPECT, MemberState.DEAD
 CFG = MembershipConfig()
@@ -23,13 +23,13 @@ SEEDS = range(N_SEEDS)
 
 def opinions(net: SimNet) -> dict[tuple[int, int], MemberState]:
     """(observer, target) -> state, for every running observer."""
-    return {(i, net.index_of[v.node]): v.state
-            for i in range(net.n) if net.is_up(i) for v in net.view(i)}
+    return {(i, net.index_of[node]): state
+            for i in range(net.n) if net.is_up(i) for node, state in net.node(i).states().items()}
 
 
 def states_about(net: SimNet, j: int) -> list[MemberState]:
     """What every running node other than j thinks of j."""
-    return [s for (i, t), s in opinions(net).items() if t == j]
+    return [net.node(i).states()[net.ids[j]] for i in range(net.n) if i != j and net.is_up(i)]
 
 
 def everyone_sees(net: SimNet, j: int, state: MemberState) -> bool:
@@ -38,7 +38,7 @@ def everyone_sees(net: SimNet, j: int, state: MemberState) -> bool:
 
 def all_alive(net: SimNet) -> bool:
     """Every running node sees every other node (running or not) ALIVE."""
-    return all(v.state is A for i in range(net.n) if net.is_up(i) for v in net.view(i))
+    return all(s is A for i in range(net.n) if net.is_up(i) for s in net.node(i).states().values())
 
 
 def summary(samples: list[int]) -> str:
@@ -222,7 +222,7 @@ def test_partition_then_heal_converges():
         net.run_for(15_000)
         for side, other in ((minority, majority), (majority, minority)):
             for i in side:
-                view = {v.node: v.state for v in net.view(i)}
+                view = net.node(i).states()
                 ok = ok and all(view[net.ids[j]] is D for j in other)
                 # Own side is not DEAD (with 1% loss a transient, refuted SUSPECT is allowed).
                 ok = ok and all(view[net.ids[j]] is not D for j in side if j != i)
@@ -237,3 +237,78 @@ def test_partition_then_heal_converges():
         if not all_alive(net):
             failures.append(seed)
     assert not failures, f"seeds={failures} heal: {summary(heal_ms)}"
+
+
+# -- a lying member (issue 11, item 2) ---------------------------------------------------------
+
+BYZ_SEEDS = range(5 * N_SEEDS)  # 1,000 by default
+BYZ_RUN_MS = 8_000
+
+
+class Watched:
+    """An honest Membership, checked after every tick (the only place a verdict turns DEAD)."""
+
+    def __init__(self, inner: Membership, index: int, honest: dict[bytes, int], evictions: list) -> None:
+        self.inner, self.index, self.honest, self.evictions = inner, index, honest, evictions
+        self.incarnation_max = inner.incarnation
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def tick(self, now_ms: int) -> list:
+        sends = self.inner.tick(now_ms)
+        for node, state in self.inner.states().items():
+            if state is D and node in self.honest:
+                self.evictions.append((now_ms, self.index, self.honest[node]))  # (when, who, whom)
+        self.incarnation_max = max(self.incarnation_max, self.inner.incarnation)
+        return sends
+
+    def receive(self, src: bytes, msg, now_ms: int) -> list:
+        return self.inner.receive(src, msg, now_ms)
+
+
+def lying_federation(seed: int, evictions: list) -> tuple[SimNet, int]:
+    n = 4 + seed % 3  # 4..6 members, one of them lying
+    liar = random.Random(seed).randrange(n)
+    honest = {bytes([i + 1]) * 32: i for i in range(n) if i != liar}  # SimNet's ids
+    build = membership_factory(CFG, liars=frozenset({liar}))
+
+    def factory(spec: NodeSpec):
+        node = build(spec)
+        return node if spec.index == liar else Watched(node, spec.index, honest, evictions)
+
+    net = SimNet(seed, n, drop_rate=0.05, dup_rate=0.05, delay_ms=(1, 60), tick_ms=100,
+                 factory=factory)  # the daemon ticks every 100 ms (config.MembershipTiming)
+    return net, liar
+
+
+def honest_all_alive(net: SimNet, liar: int) -> bool:
+    liar_id = net.ids[liar]
+    return all(state is A for i in range(net.n) if i != liar
+               for node, state in net.node(i).states().items() if node != liar_id)
+
+
+def test_a_lying_member_evicts_nobody_and_honest_views_converge():
+    # The liar gossips deaths at 2**63 - 1 with fake addresses, suspicions of everyone at their
+    # current incarnations, ALIVE at higher ones, refuses to relay and floods (simnet.py),
+    # over 5% loss, 5% duplicates and 1-60 ms delays. No honest member may ever hold another
+    # honest member DEAD, take an address from it, or have its incarnation driven up.
+    failures, lies, converged_ms, top_incarnation = [], 0, [], 0
+    for seed in BYZ_SEEDS:
+        evictions: list = []
+        net, liar = lying_federation(seed, evictions)
+        net.run_until(BYZ_RUN_MS)
+        t = net.run_checking(BYZ_RUN_MS + 2_000, lambda n: honest_all_alive(n, liar))
+        converged_ms.append((t or 10**9) - BYZ_RUN_MS)
+        honest = [i for i in range(net.n) if i != liar]
+        wrong_address = [(i, j) for i in honest for j in honest
+                         if i != j and net.node(i).address_of(net.ids[j]) != net.addresses[j]]
+        top_incarnation = max(top_incarnation, *(net.node(i).incarnation_max for i in honest))
+        lies += net.node(liar).lies_sent
+        if evictions or t is None or wrong_address:
+            failures.append((seed, evictions[:3], t, wrong_address[:3]))
+    assert not failures, (f"{len(failures)} seeds failed (seed, (ms, observer, evicted), converged at, "
+                          f"(observer, wrong address of)): {failures[:5]}; converged: {summary(converged_ms)}")
+    assert lies > len(BYZ_SEEDS) * 1_000  # the liar really spoke: ~2,600 lies a seed
+    # At most one refutation per refute_interval_ms, whatever the liar sends.
+    assert top_incarnation <= 1 + (BYZ_RUN_MS + 2_000) // CFG.refute_interval_ms, top_incarnation
