@@ -439,7 +439,7 @@ class Site:
         if reason not in counts:
             log.warning("xgb_directive_refused", extra=log_fields(
                 job=self.ch.job_id, sender=self.name(src), reason=reason, op=msg.op, term=msg.term,
-                leadership=str(self.ch.leadership()[0])))
+                election_term=self.ch.leadership()[0]))
         counts[reason] = counts.get(reason, 0) + 1
         self.reply(src, msg, error=reason)
 
