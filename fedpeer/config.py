@@ -77,6 +77,7 @@ class Limits:
     message_bytes_max: int = 64 * 1024 * 1024     # one frame on the wire, header included
     inbound_concurrent_max: int = 16              # frames being read/decoded at once (authenticated senders only)
     inbound_per_peer_max: int = 8                 # of those, from one peer
+    inbound_bytes_max: int = 128 * 1024 * 1024    # bytes of large frames (> 1 MiB) read/decoded at once; half per peer
     connections_max: int = 1024                   # open peer-port connections (also kept under the open-files limit)
     unverified_connections_max: int = 64          # connections whose sender is not yet authenticated; oldest dropped first
     unverified_per_ip_max: int = 16               # of those, from one IP address

@@ -103,7 +103,7 @@ class Node:
         self._saved_incarnation = self.membership.incarnation
         self.me = identity.public_key
         self.jobs = JobRegistry(config, self, {**self._names, self.me: config.node.name}, job_kinds(),
-                                self._spawn)
+                                self._spawn, state=self.state)
         self._peer_states = {v.node: v.state for v in self.membership.view()}
         term, voted_for = self.state.load_vote()
         self.election = el.Election(
@@ -165,6 +165,8 @@ class Node:
         tick_s = min(self.config.membership.tick_ms, self.config.election.heartbeat_interval_ms // 2) / 1000
         while True:
             now = _monotonic_ms()
+            with self._step("state_probe"):   # notices freed space with nothing else writing
+                self.state.probe()
             with self._step("membership_tick"):
                 self._apply(self.membership.tick(now))
             with self._step("election_tick"):
@@ -249,7 +251,7 @@ class Node:
 
     # -- inbound ----------------------------------------------------------------------------
 
-    async def _on_frame(self, frame: bytes, header: wire.FrameHeader, peer_ip: str) -> None:
+    async def _on_frame(self, frame: bytes | bytearray, header: wire.FrameHeader, peer_ip: str) -> None:
         """A whole frame whose header verified. Raises RemoteProtocolError to refuse it; a refused
         frame that belongs to a job is also reported to that job (its member sent bad data)."""
         now_ms = time.time_ns() // 1_000_000
@@ -264,9 +266,9 @@ class Node:
             if sender is not None and job and exc.reason not in ("replay", "unknown_job"):
                 self.jobs.on_refused(sender, job, f"{exc.reason}: {exc.detail}")
             raise
-        except Exception as exc:   # a bug in a handler: refuse this frame, keep serving
-            log.exception("frame_handler_failed", extra=fields(sender=self._name(header.sender)))
-            raise RemoteProtocolError("internal_error", type(exc).__name__) from None
+        except Exception as exc:   # a local failure (a bug, a full disk): refuse this frame, keep serving
+            self._log_loop_error("frame_handler", exc)
+            raise wire.refused_from(header.sender, RemoteProtocolError("internal_error", type(exc).__name__)) from None
 
     def _dispatch(self, envelope: wire.Envelope) -> None:
         if isinstance(envelope.msg, (mb.Ping, mb.Ack, mb.PingReq, mb.IndirectAck)):
@@ -327,6 +329,7 @@ class Node:
             "connections": {**self._server.connections(), "shed": dict(self._server.shed),
                             "open_files_limit": self._open_files},
             "loop_errors": dict(self._loop_errors),
+            "state_dir": {"path": str(self.config.node.state_dir), **self.state.health()},
             "sent_bytes": dict(self._client.sent_bytes),   # reliable: jobs; best_effort: membership, election
         }
 

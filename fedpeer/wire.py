@@ -528,7 +528,7 @@ _ENVELOPE = v_map({"v": v_int(PROTOCOL_VERSION, PROTOCOL_VERSION), "kind": v_str
                    "seq": v_int(1), "ts_ms": v_int(), "body": lambda v, w: v})
 
 
-def _from(sender: bytes, exc: RemoteProtocolError, job: str = "") -> RemoteProtocolError:
+def refused_from(sender: bytes, exc: RemoteProtocolError, job: str = "") -> RemoteProtocolError:
     """Mark an error as raised about a frame whose sender is verified (and its job, if known)."""
     exc.sender, exc.job = sender, job   # type: ignore[attr-defined]
     return exc
@@ -565,7 +565,7 @@ class Gate:
         try:
             self._replay.check(header.sender, header.seq)
         except RemoteProtocolError as exc:
-            raise _from(header.sender, exc) from None
+            raise refused_from(header.sender, exc) from None
         return header
 
     def refusal_tag(self, sender: bytes, seq: int, reason: str) -> str:
@@ -580,24 +580,25 @@ class Gate:
             raise RemoteProtocolError("frame", "truncated or not a fedpeer frame")
         header = self.open_header(frame[:HEADER_BYTES])
         if header.length != len(frame):
-            raise _from(header.sender, RemoteProtocolError("frame", f"{len(frame)} bytes, the header says {header.length}"))
+            raise refused_from(header.sender, RemoteProtocolError("frame", f"{len(frame)} bytes, the header says {header.length}"))
         sender = header.sender
         view = memoryview(frame)
         at = HEADER_BYTES
         signature = bytes(view[at:at + SIGNATURE_BYTES])
         at += SIGNATURE_BYTES
         nonce = bytes(view[at:at + NONCE_BYTES])
-        ciphertext = frame[at + NONCE_BYTES:]
+        ciphertext = bytes(view[at + NONCE_BYTES:])
+        del view   # (a view would pin a bytearray frame against resizing; nothing else)
         if not verify(sender, _signed_bytes(sender, nonce, ciphertext), signature):
-            raise _from(sender, RemoteProtocolError("signature", "bad signature"))
+            raise refused_from(sender, RemoteProtocolError("signature", "bad signature"))
         try:
             plaintext = self._identity.unseal(sender, nonce, ciphertext)
         except nacl.exceptions.CryptoError:
-            raise _from(sender, RemoteProtocolError("decrypt", "cannot decrypt (not sealed to this node?)")) from None
+            raise refused_from(sender, RemoteProtocolError("decrypt", "cannot decrypt (not sealed to this node?)")) from None
         try:
             raw = _decode(plaintext, self._bytes_max)
         except RemoteProtocolError as exc:
-            raise _from(sender, exc) from None
+            raise refused_from(sender, exc) from None
         return self._check_envelope(sender, header.seq, raw, now_ms)
 
     def _check_envelope(self, sender: bytes, seq: int, raw: Any, now_ms: int) -> Envelope:
@@ -605,7 +606,7 @@ class Gate:
         try:
             return self._envelope(sender, seq, raw, now_ms)
         except RemoteProtocolError as exc:
-            raise _from(sender, exc, job[:JOB_ID_BYTES_MAX]) from None
+            raise refused_from(sender, exc, job[:JOB_ID_BYTES_MAX]) from None
 
     def _envelope(self, sender: bytes, seq: int, raw: Any, now_ms: int) -> Envelope:
         if not _depth_ok(raw, 0):

@@ -18,11 +18,12 @@ exponential backoff and full jitter; best-effort sends (gossip) are tried once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import resource
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -35,6 +36,7 @@ from ..wire import HEADER_BYTES, FrameHeader
 PATH = "/fedpeer/v1/frame"
 REFUSAL_HEADER = "X-Fedpeer-Refusal"
 HTTP_HEAD_BYTES_MAX = 8 * 1024          # request line + headers; our client sends ~200 bytes
+LARGE_FRAME_BYTES_MIN = 1024 * 1024    # frames this large also take bytes from the inbound byte budget
 FDS_RESERVED = 320                      # descriptors kept for outbound connections, state files, admin
 OUTBOUND_CONNECTIONS_MAX = 256          # the client's pool (counted in FDS_RESERVED)
 log = logging.getLogger("fedpeer.transport")
@@ -122,6 +124,27 @@ class _Books:
         return next((c for c in self.unverified if c.ip == ip), None)
 
 
+class ByteBudget:
+    """An asyncio semaphore counted in bytes (first come, first served)."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self._free = total, total
+        self._changed = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, n: int) -> AsyncIterator[None]:
+        n = min(n, self.total)      # a frame larger than the budget waits for all of it
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._free >= n)
+            self._free -= n
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._free += n
+                self._changed.notify_all()
+
+
 class PeerServer:
     def __init__(self, listen: Address, limits: Limits,
                  admit: Callable[[bytes], FrameHeader],
@@ -140,6 +163,8 @@ class PeerServer:
         self._refusal_tag = refusal_tag
         self._reading = asyncio.Semaphore(limits.inbound_concurrent_max)
         self._per_peer: dict[bytes, asyncio.Semaphore] = {}
+        self._bytes = ByteBudget(max(limits.inbound_bytes_max, limits.message_bytes_max))
+        self._peer_bytes: dict[bytes, ByteBudget] = {}
         self._books = _Books()
         self._server: asyncio.Server | None = None
         self.port: int | None = None
@@ -247,9 +272,8 @@ class PeerServer:
             await self._respond(conn, 413 if exc.reason == "oversize" else 400, exc.reason, False, "")
             return False
         self._books.verify(conn, header.sender)
-        frame = await self._read_body(conn, reader, header, head)
         try:
-            await self._on_frame(frame, header, conn.ip)
+            await self._read_body(conn, reader, header, head)
         except RemoteProtocolError as exc:
             self._on_reject(exc, conn.ip)
             tag = self._refusal_tag(header.sender, header.seq, exc.reason)
@@ -258,19 +282,34 @@ class PeerServer:
         await self._respond(conn, 204, "", keep, "")
         return keep
 
-    async def _read_body(self, conn: _Conn, reader: asyncio.StreamReader, header: FrameHeader, head: bytes) -> bytes:
-        """Take a read slot (this peer's, then the node's) and read the rest within the deadline."""
+    async def _read_body(self, conn: _Conn, reader: asyncio.StreamReader, header: FrameHeader, head: bytes) -> None:
+        """Take read slots (this peer's, then the node's; for a large frame also bytes of the byte
+        budgets), read the rest within the deadline into one buffer, and hand the frame over while
+        the slots are held (its decoding is what they bound). Raises RemoteProtocolError to refuse."""
         limits = self._limits
         rest = header.length - HEADER_BYTES
         deadline_s = (limits.body_timeout_ms + 1000 * rest / max(1, limits.body_bytes_per_s_min)) / 1000
         per_peer = self._per_peer.setdefault(header.sender, asyncio.Semaphore(limits.inbound_per_peer_max))
+        large = header.length >= LARGE_FRAME_BYTES_MIN
+        peer_bytes = self._peer_bytes.setdefault(header.sender, ByteBudget(max(self._bytes.total // 2, limits.message_bytes_max)))
         try:
-            async with asyncio.timeout(deadline_s):
-                async with per_peer, self._reading:
-                    body = await reader.readexactly(rest) if rest else b""
+            async with asyncio.timeout(deadline_s), per_peer, self._reading:
+                async with contextlib.AsyncExitStack() as stack:
+                    if large:
+                        await stack.enter_async_context(peer_bytes.hold(header.length))
+                        await stack.enter_async_context(self._bytes.hold(header.length))
+                    frame = bytearray(header.length)
+                    frame[:HEADER_BYTES] = head
+                    at = HEADER_BYTES
+                    while at < header.length:
+                        chunk = await reader.read(min(header.length - at, 1 << 20))
+                        if not chunk:
+                            raise asyncio.IncompleteReadError(bytes(frame[:at]), header.length)
+                        frame[at:at + len(chunk)] = chunk
+                        at += len(chunk)
+                    await self._on_frame(frame, header, conn.ip)
         except TimeoutError:
             raise _Reply(408, "body_timeout") from None
-        return head + body
 
     async def _respond(self, conn: _Conn, status: int, reason: str, keep: bool, tag: str) -> None:
         body = reason.encode() if status != 204 else b""

@@ -1,0 +1,190 @@
+"""A host with no key attacks a site's peer port (issue "Hostile hosts and failing disks"). In
+each case the daemon stays up, `fedpeer status` answers within 1 s, its peers never see it dead,
+its memory and its log stay bounded, and nothing is accepted."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import resource
+import socket
+import time
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+import pytest
+
+from fedpeer.harness import Harness
+from fedpeer.net.transport import PATH
+from tests.integration.conftest import rss_kib
+
+pytestmark = pytest.mark.integration
+ATTACK_S = 8.0                 # longer than membership needs to declare a silent site dead (~6 s)
+STATUS_S_MAX = 1.0
+RSS_MIB_MAX = 500
+LOG_BYTES_MAX = 5 * 1024 * 1024
+
+
+def _attack_process(attack: Callable[..., Awaitable[None]], *args: object) -> None:
+    """Process entry: the attacker is another program, so the watcher's own event loop (which
+    times `fedpeer status`) never waits behind the attack's work."""
+    async def main() -> None:
+        try:
+            async with asyncio.timeout(ATTACK_S + 5):
+                await attack(*args)
+        except TimeoutError:
+            pass
+    asyncio.run(main())
+
+
+async def _under_attack(h: Harness, attack: Callable[..., Awaitable[None]], *args: object) -> dict:
+    """Run `attack(*args)` in another process for ATTACK_S while watching site-1 as an operator
+    and as its peers would."""
+    target = h.sites[0]
+    worst_status_s, worst_rss_kib, problems = 0.0, 0, []
+
+    async def watch() -> None:
+        nonlocal worst_status_s, worst_rss_kib
+        deadline = time.monotonic() + ATTACK_S
+        while time.monotonic() < deadline:
+            started = time.monotonic()
+            try:
+                await h.status(0, timeout_ms=int(STATUS_S_MAX * 1000))
+            except Exception as exc:   # noqa: BLE001 - any failure to answer is the finding
+                problems.append(f"status failed: {type(exc).__name__}: {exc}")
+            worst_status_s = max(worst_status_s, time.monotonic() - started)
+            for i in (1, 2):
+                doc = await h.status(i)
+                seen = next(p["state"] for p in doc["peers"] if p["name"] == target.name)
+                if seen == "dead":
+                    problems.append(f"{h.sites[i].name} sees {target.name} dead")
+            worst_rss_kib = max(worst_rss_kib, rss_kib(target.process.pid))
+            await asyncio.sleep(0.5)
+
+    attacker = multiprocessing.get_context("spawn").Process(target=_attack_process, args=(attack, *args))
+    attacker.start()
+    try:
+        await asyncio.sleep(1.0)      # let the attack take hold
+        await watch()
+    finally:
+        attacker.kill()
+        attacker.join()
+    assert target.process.poll() is None, f"{target.name} exited: {target.log_path.read_text()[-2000:]}"
+    assert not problems, problems[:5]
+    assert worst_status_s < STATUS_S_MAX, f"status took {worst_status_s:.2f} s"
+    assert worst_rss_kib / 1024 < RSS_MIB_MAX, f"RSS reached {worst_rss_kib / 1024:.0f} MiB"
+    assert target.log_path.stat().st_size < LOG_BYTES_MAX
+    await h.wait_all_alive(timeout_s=10)
+    return await h.status(0)
+
+
+async def _slow_sender(port: int) -> None:
+    """Full POST headers for a 100,000-byte body, then one byte every 3 s; reconnects when cut."""
+    head = (f"POST {PATH} HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n").encode()
+    while True:
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(head)
+            while True:
+                await asyncio.sleep(3)
+                writer.write(b"F")
+                await writer.drain()
+        except (ConnectionError, OSError):
+            await asyncio.sleep(0.1)
+
+
+async def _slow_senders(port: int) -> None:
+    await asyncio.gather(*(_slow_sender(port) for _ in range(16)))
+
+
+async def test_sixteen_slow_senders_do_not_cut_a_site_off(make_federation) -> None:
+    h: Harness = make_federation(3)
+    await h.wait_all_alive(timeout_s=10)
+    doc = await _under_attack(h, _slow_senders, h.sites[0].port)
+    assert doc["rejected"].get("header_timeout", 0) >= 1, doc["rejected"]
+
+
+async def test_large_bodies_from_a_stranger_are_not_read(make_federation) -> None:
+    """32 concurrent 64 MiB random bodies: refused from their first 64 bytes, never buffered."""
+    h: Harness = make_federation(3)
+    await h.wait_all_alive(timeout_s=10)
+    doc = await _under_attack(h, _junk_bodies, h.sites[0].port)
+    assert doc["rejected"].get("frame", 0) >= 1, doc["rejected"]   # refused from the first 64 bytes
+    assert "frame" not in doc["jobs"] and doc["rejected"].get("internal_error", 0) == 0
+
+
+async def _junk_bodies(port: int) -> None:
+    junk = os.urandom(64 * 1024 * 1024 - 1)
+
+    async def one(s: aiohttp.ClientSession) -> None:
+        while True:
+            try:
+                async with s.post(f"http://127.0.0.1:{port}{PATH}", data=junk) as resp:
+                    assert resp.status != 204
+            except aiohttp.ClientError:
+                pass       # closed while we were still sending: what the daemon should do
+            await asyncio.sleep(0.05)
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+        await asyncio.gather(*(one(s) for _ in range(32)))
+
+
+def test_a_chunked_body_is_refused_at_once(make_federation) -> None:
+    h: Harness = make_federation(1)
+    asyncio.run(h.wait_until(lambda st: st[0] is not None, 10, "site-1 up"))
+    with socket.create_connection(("127.0.0.1", h.sites[0].port), timeout=5) as s:
+        s.sendall(f"POST {PATH} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".encode())
+        s.sendall(b"100000\r\n" + b"x" * 65536)           # the start of a 1 GiB chunked upload
+        answer = s.recv(200)
+        assert answer.startswith(b"HTTP/1.1 411 "), answer
+        s.settimeout(5)
+        assert s.recv(100) == b""                            # and the connection is closed
+
+
+async def test_more_idle_connections_than_the_open_files_limit(make_federation) -> None:
+    """1,100 idle half-sent requests against a daemon limited to 1,024 open files."""
+    h: Harness = make_federation(3)
+    await h.wait_all_alive(timeout_s=10)
+    target = h.sites[0]
+    resource.prlimit(target.process.pid, resource.RLIMIT_NOFILE, (1024, 1024))
+    doc = await _under_attack(h, _idle_connections, target.port)
+    assert doc["connections"]["shed"], doc["connections"]
+    log = target.log_path.read_text()
+    assert "out of system resource" not in log and "Too many open files" not in log
+
+
+async def _idle_connections(port: int) -> None:
+    """Keep 1,100 half-sent requests open; replace those the daemon closes."""
+    resource.setrlimit(resource.RLIMIT_NOFILE, (4096, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    head = f"POST {PATH} HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\nFPW2".encode()
+    held: dict[socket.socket, bool] = {}     # socket -> its half request was sent
+    while True:
+        for s in [s for s in held if not _open(s)]:
+            s.close()
+            del held[s]
+        while len(held) < 1100:
+            s = socket.socket()
+            s.setblocking(False)
+            try:
+                s.connect(("127.0.0.1", port))
+            except BlockingIOError:
+                pass
+            held[s] = False
+        await asyncio.sleep(0.2)
+        for s, sent in list(held.items()):
+            if not sent:
+                try:
+                    s.send(head)
+                    held[s] = True
+                except OSError:
+                    pass
+
+
+def _open(s: socket.socket) -> bool:
+    try:
+        return s.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False

@@ -1,0 +1,164 @@
+"""A member's key in hostile hands, against real daemons (issue "Hostile members"): frames that
+respect every wire limit but would make the decoder build millions of objects, and a
+property-based stream of random job, membership and election messages. The daemon keeps serving,
+keeps its peers alive, and honest sites end every job alike."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import aiohttp
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fedpeer import wire
+from fedpeer.core import election as el
+from fedpeer.core import membership as mb
+from fedpeer.harness import Harness
+from fedpeer.identity import load_key_file
+from fedpeer.jobs import messages as m
+from fedpeer.net.transport import PATH
+from tests import frames
+from tests.integration.conftest import rss_kib
+
+pytestmark = pytest.mark.integration
+
+
+async def _post(s: aiohttp.ClientSession, port: int, body: bytes) -> tuple[int, str]:
+    async with s.post(f"http://127.0.0.1:{port}{PATH}", data=body) as resp:
+        return resp.status, await resp.text()
+
+
+async def _federation_with_mallory(make_federation) -> tuple[Harness, wire.Sealer, bytes]:
+    """site-1 and site-2 run; site-3's key (allow-listed everywhere) is the attacker's."""
+    h: Harness = make_federation(3, start=False)
+    h.start(0)
+    h.start(1)
+    await h.wait_all_alive(timeout_s=10, among=[0, 1])
+    mallory = load_key_file(h.sites[2].config.node.key_file)
+    return h, mallory, load_key_file(h.sites[0].config.node.key_file).public_key
+
+
+async def test_amplification_frames_are_refused_without_building_millions_of_objects(make_federation) -> None:
+    """24 arrays of 2^20 empty arrays in a 24 MiB frame (every length and depth limit holds): once
+    1,877 MiB and 22 s with the GIL held, so peers marked the site dead. Now: refused after
+    wire.DECODED_ITEMS_MAX items; 8 such frames at once leave the site alive and small."""
+    h, mallory, bob = await _federation_with_mallory(make_federation)
+    target = h.sites[0]
+    inner = b"\xdd" + (1 << 20).to_bytes(4, "big") + b"\x90" * (1 << 20)
+    plaintext = b"\xdc" + (24).to_bytes(2, "big") + inner * 24
+    now_us = time.time_ns() // 1000
+    bombs = [frames.seal_raw(mallory, bob, plaintext, seq=now_us + i) for i in range(8)]
+    rss_before = rss_kib(target.process.pid)
+    started = time.monotonic()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
+        answers = await asyncio.gather(*(_post(s, target.port, b) for b in bombs))
+    elapsed = time.monotonic() - started
+    assert answers == [(400, "decode")] * 8, answers
+    growth_mib = (rss_kib(target.process.pid) - rss_before) / 1024
+    assert growth_mib < 300, f"RSS grew {growth_mib:.0f} MiB"
+    assert elapsed < 20, f"{elapsed:.1f} s to refuse 8 frames"
+    doc = await h.status(0)
+    assert doc["rejected"]["decode"] == 8
+    assert next(p for p in (await h.status(1))["peers"] if p["name"] == target.name)["state"] == "alive"
+
+
+# -- random messages from an authenticated member -------------------------------------------------
+
+KEYS = st.sampled_from(["site-1", "site-2", "mallory", "stranger"])
+TERMS = st.one_of(st.integers(0, 50), st.sampled_from([2**62, 2**63 - 1]))
+SMALL = st.integers(0, 2**63 - 1)
+
+
+def _strategies(keys: dict[str, bytes], job_ids: list[str]) -> st.SearchStrategy:
+    key = KEYS.map(keys.__getitem__)
+    job_id = st.one_of(st.sampled_from(job_ids), st.from_regex(r"[a-z0-9][a-z0-9-]{0,20}", fullmatch=True))
+    update = st.builds(mb.Update, node=key, state=st.sampled_from(list(mb.MemberState)), incarnation=SMALL,
+                       address=st.sampled_from(["127.0.0.1:9", "127.0.0.1:1", "10.0.0.1:7620"]))
+    updates = st.lists(update, max_size=8).map(tuple)
+    address = st.just("127.0.0.1:9")
+    members = st.lists(key, min_size=1, max_size=4, unique=True).map(sorted)
+    params = st.dictionaries(st.sampled_from(["bins", "secure_sum", "rounds", "x"]),
+                             st.one_of(st.integers(-5, 10**9), st.text(max_size=8)), max_size=3)
+    return st.one_of(
+        st.builds(mb.Ping, probe_id=SMALL, incarnation=SMALL, address=address, updates=updates),
+        st.builds(mb.Ack, probe_id=SMALL, incarnation=SMALL, address=address, updates=updates),
+        st.builds(mb.PingReq, probe_id=SMALL, target=key, updates=updates),
+        st.builds(el.PreVote, term=TERMS, commit_term=TERMS, commit_index=TERMS),
+        st.builds(el.RequestVote, term=TERMS, commit_term=TERMS, commit_index=TERMS),
+        st.builds(el.Heartbeat, term=TERMS, commit_term=TERMS, commit_index=TERMS),
+        st.builds(m.JobPropose, job_id=job_id, kind=st.sampled_from(["stats", "sumcheck", "nope"]),
+                  params=params, members=members, created_ms=st.integers(0, 2**40)),
+        st.builds(m.JobAccept, job_id=job_id, fingerprint=st.binary(max_size=32),
+                  features=st.lists(st.text(max_size=5), max_size=3)),
+        st.builds(m.JobReject, job_id=job_id, reason=st.text(max_size=20)),
+        st.builds(m.JobStart, job_id=job_id, members=members),
+        st.builds(m.JobAbort, job_id=job_id, site=key, reason=st.text(max_size=20)),
+    ).flatmap(lambda msg: st.tuples(st.just(msg), st.sampled_from(["", *job_ids]), TERMS))
+
+
+@pytest.mark.timeout(600)
+def test_random_member_messages_never_take_a_site_down(make_federation, tmp_path) -> None:
+    """Hypothesis drives random membership, election and job-lifecycle messages, sealed with a
+    member's key, at a live daemon while the honest sites run stats jobs."""
+    from tests.integration.test_jobs import _attach_data, breast_cancer_csv
+    from fedpeer.harness import split_csv
+
+    full = breast_cancer_csv(tmp_path / "bc.csv")
+    parts = split_csv(full, "diagnosis", 3, "stratified", seed=3, out_dir=tmp_path / "parts")
+    h: Harness = make_federation(3, start=False)
+    _attach_data(h, parts, label="diagnosis", positive="malignant")
+    h.start(0)
+    h.start(1)
+    asyncio.run(h.wait_all_alive(timeout_s=15, among=[0, 1]))
+    mallory = load_key_file(h.sites[2].config.node.key_file)
+    keys = {"site-1": load_key_file(h.sites[0].config.node.key_file).public_key,
+            "site-2": load_key_file(h.sites[1].config.node.key_file).public_key,
+            "mallory": mallory.public_key, "stranger": os.urandom(32)}
+    sealer = wire.Sealer(mallory)
+    jobs: list[str] = []
+
+    async def honest_job() -> str:
+        await asyncio.sleep(2.0)     # an honest operator's pace (members refill one proposal per 2 s)
+        job_id = await h.propose(1, "stats", {"bins": 4})
+        jobs.append(job_id)
+        return job_id
+
+    async def check_job(job_id: str) -> None:
+        records = await h.wait_job(job_id, timeout_s=120, among=[0, 1])
+        if records[0] is None:   # refused by site-1 before it kept a record: site-2 must say why
+            assert records[1]["state"] == "failed" and "site-1" in records[1]["error"], records
+            return
+        states = {r["state"] for r in records.values()}
+        assert states <= {"done", "failed"}, records
+        if states == {"done"}:
+            results = [r["result"] for r in records.values()]
+            assert results[0] == results[1], "honest sites must hold the same result"
+        else:
+            assert all(r["error"] for r in records.values() if r["state"] == "failed"), records
+
+    @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(st.data())
+    def run(data: st.DataObject) -> None:
+        async def example() -> None:
+            job_id = await honest_job()
+            batch = data.draw(st.lists(_strategies(keys, jobs[-3:]), min_size=1, max_size=25))
+            async with aiohttp.ClientSession() as s:
+                for msg, job, term in batch:
+                    frame = sealer.seal(keys["site-1"], msg, time.time_ns() // 1000, job=job, term=min(term, 2**63 - 1))
+                    status, _ = await _post(s, h.sites[0].port, frame)
+                    assert status in (204, 400), status
+            await check_job(job_id)
+            started = time.monotonic()
+            doc = await h.status(0, timeout_ms=1000)
+            assert time.monotonic() - started < 1.0
+            assert doc["rejected"].get("internal_error", 0) == 0, doc["rejected"]
+            assert next(p for p in doc["peers"] if p["name"] == "site-2")["state"] == "alive"
+            assert h.exit_codes()[h.sites[0].name] is None
+        asyncio.run(example())
+
+    run()
+    assert "Traceback" not in h.sites[0].log_path.read_text()
