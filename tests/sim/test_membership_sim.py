@@ -307,8 +307,9 @@ def test_a_lying_member_evicts_nobody_and_honest_views_converge():
         lies += net.node(liar).lies_sent
         if evictions or t is None or wrong_address:
             failures.append((seed, evictions[:3], t, wrong_address[:3]))
-    assert not failures, (f"{len(failures)} seeds failed (seed, (ms, observer, evicted), converged at, "
-                          f"(observer, wrong address of)): {failures[:5]}; converged: {summary(converged_ms)}")
+    assert not failures, (f"{len(failures)} seeds failed (seed, (ms, observer, evicted), converged "
+                          f"at, (observer, wrong address of)): {failures[:5]}; "
+                          f"converged: {summary(converged_ms)}")
     assert lies > len(BYZ_SEEDS) * 1_000  # the liar really spoke: ~2,600 lies a seed
     # At most one refutation per refute_interval_ms, whatever the liar sends.
     assert top_incarnation <= 1 + (BYZ_RUN_MS + 2_000) // CFG.refute_interval_ms, top_incarnation

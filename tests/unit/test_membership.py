@@ -400,7 +400,8 @@ def test_indirect_ack_carries_no_third_party_claim_about_the_target():
 
 # -- recovery from the old bug: an incarnation out of range -------------------------------------
 
-@pytest.mark.parametrize("persisted,expected", [(None, 1), (0, 1), (41, 42), (INCARNATION_MAX - 1, INCARNATION_MAX),
+@pytest.mark.parametrize("persisted,expected", [(None, 1), (0, 1), (41, 42),
+                                                (INCARNATION_MAX - 1, INCARNATION_MAX),
                                                 (INCARNATION_MAX, 1), (2**63, 1), (-1, 1)])
 def test_start_incarnation_resets_out_of_range_values(persisted, expected):
     assert start_incarnation(persisted) == expected
