@@ -224,6 +224,14 @@ class JobRegistry:
         self._unsaved.pop(record.id, None)
         return True
 
+    def retry_unsaved(self) -> int:
+        """Write again the records whose last write failed (the disk has room again); returns how
+        many are still unsaved. Cheap when there are none: the node may call it from its tick."""
+        for record in list(self._unsaved.values()):
+            if not self._write(record):
+                break
+        return len(self._unsaved)
+
     def _write_problem(self) -> str:
         error = self.state.health().get("error") if self.state is not None else None
         return error or f"cannot write job records under {self._root}"
@@ -268,6 +276,7 @@ class JobRegistry:
         problem = self._disk_problem()
         if problem is not None:
             raise JobError(f"{problem}: no new job until the state dir takes writes again")
+        self.retry_unsaved()   # records the full disk kept in memory come first
         kind = self._kind_allowed(kind_name)
         checked = kind.check_params(params)
         members = self._choose_members(member_names)

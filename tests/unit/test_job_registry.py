@@ -239,6 +239,10 @@ async def test_disk_full_since_the_proposal_fails_the_start_naming_the_disk(tmp_
     assert record.result is None and record.dirty
     aborts = sent_of(transport, m.JobAbort)
     assert {dst for dst, _ in aborts} == {ALICE, BOB} and all("disk full" in a.reason for _, a in aborts)
+    # space comes back; the node's tick (no job changing state) writes the kept record
+    assert registry.retry_unsaved() == 1 and "job-4" not in state.written
+    state.full = False
+    assert registry.retry_unsaved() == 0 and state.written["job-4"]["state"] == "failed" and not record.dirty
 
 
 # ---------------------------------------------------------------------------------------------
