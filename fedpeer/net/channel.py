@@ -34,6 +34,7 @@ NodeId = bytes
 T = TypeVar("T")
 
 MAILBOX_MESSAGES_MAX = 4096     # buffered, not yet received messages per job member
+MAILBOX_PER_SENDER_MAX = 1024   # of those, from one sender: a flooding member drops its own, not others'
 
 
 class PeerUnreachable(JobError):
@@ -96,13 +97,17 @@ class SubChannel:
 
 
 class Mailbox:
-    """Messages for one job member, waiting to be received; bounded, oldest dropped first.
+    """Messages for one job member, waiting to be received; bounded. When a sender is over its
+    share, or the box is full, the oldest message of the sender holding most is dropped: a
+    member that floods a job loses its own messages, never the leader's or anyone else's.
 
     Each receiver waits on its own future, and `put` hands a message straight to the first
     receiver it matches: no shared event, so no wake-up can be lost between receivers."""
 
-    def __init__(self, limit: int = MAILBOX_MESSAGES_MAX) -> None:
+    def __init__(self, limit: int = MAILBOX_MESSAGES_MAX, per_sender: int = MAILBOX_PER_SENDER_MAX) -> None:
         self._items: deque[tuple[NodeId, object]] = deque()
+        self._per_sender = per_sender
+        self._held: dict[NodeId, int] = {}
         self._waiters: list[tuple[type, str, NodeId | None, asyncio.Future]] = []
         self._limit = limit
         self.dropped = 0
@@ -122,15 +127,31 @@ class Mailbox:
                 del self._waiters[i]
                 future.set_result((src, msg))
                 return
-        if len(self._items) >= self._limit:
-            self._items.popleft()
-            self.dropped += 1
+        if self._held.get(src, 0) >= self._per_sender:
+            self._drop_oldest_of(src)
+        elif len(self._items) >= self._limit:
+            self._drop_oldest_of(max(self._held, key=lambda k: (self._held[k], k == src)))   # ties: the sender
         self._items.append((src, msg))
+        self._held[src] = self._held.get(src, 0) + 1
+
+    def _drop_oldest_of(self, src: NodeId) -> None:
+        for i, (s, _) in enumerate(self._items):
+            if s == src:
+                del self._items[i]
+                self._count_out(src)
+                self.dropped += 1
+                return
+
+    def _count_out(self, src: NodeId) -> None:
+        self._held[src] -= 1
+        if not self._held[src]:
+            del self._held[src]
 
     def _take(self, kind: type, tag: str, src: NodeId | None) -> tuple[NodeId, object] | None:
         for i, (s, m) in enumerate(self._items):
             if _matches(s, m, kind, tag, src):
                 del self._items[i]
+                self._count_out(s)
                 return s, m
         return None
 
@@ -155,6 +176,9 @@ class Mailbox:
     def discard(self, tag_prefix: str) -> None:
         """Forget buffered messages of finished rounds (e.g. a failed secure-sum attempt)."""
         self._items = deque((s, m) for s, m in self._items if not m.tag.startswith(tag_prefix))  # type: ignore[attr-defined]
+        self._held = {}
+        for s, _ in self._items:
+            self._held[s] = self._held.get(s, 0) + 1
 
 
 def _matches(src: NodeId, msg: object, kind: type, tag: str, want: NodeId | None) -> bool:

@@ -68,3 +68,26 @@ async def test_buffered_before_receive_and_timeout_and_source_filter() -> None:
     box.discard("2")
     with pytest.raises(RecvTimeout):
         await box.get(Msg, "2", None, 10)
+
+
+def test_a_flooding_sender_drops_its_own_messages_not_the_leaders() -> None:
+    box = Mailbox(limit=8, per_sender=4)
+    box.put(b"L" * 32, Msg("round-1"))
+    for i in range(100):
+        box.put(b"M" * 32, Msg(f"junk-{i}"))
+    held = [src for src, _ in box._items]
+    assert held.count(b"L" * 32) == 1 and held.count(b"M" * 32) == 4
+    assert box.dropped == 96
+
+
+async def test_a_full_box_drops_from_the_sender_holding_most() -> None:
+    box = Mailbox(limit=6, per_sender=6)
+    for i in range(3):
+        box.put(b"A" * 32, Msg(f"a{i}"))
+    for i in range(5):
+        box.put(b"B" * 32, Msg(f"b{i}"))
+    assert [m.tag for _, m in box._items] == ["a0", "a1", "a2", "b2", "b3", "b4"]
+    assert (await box.get(Msg, "a1", None, 10))[1].tag == "a1"
+    box.discard("b")
+    box.put(b"C" * 32, Msg("c"))
+    assert [m.tag for _, m in box._items] == ["a0", "a2", "c"]
