@@ -37,8 +37,12 @@ Timeouts and failures (hop = hop_timeout_ms, n = participants in the attempt)
   (if reachable) and raise JobError. After `attempts_max` attempts, with fewer than 2
   participants left, or with a dispute no ring order can route around, the initiator
   announces that it gives up, saying why, and everybody raises JobError.
-* A member waits at most 2 (n + 1) + 2 hops for its next message (a chunk, an announcement, a
-  seed request, a result): longer than the initiator needs to notice a failure and announce it.
+* When a chunk does not come back and nobody reported why, the initiator asks every member
+  whether it got the chunk and passed it on (`SumWhere`, answered within two hops) and walks
+  the ring from itself to the first link whose ends disagree (Blame, below).
+* A member waits at most 2 (n + 1) + 5 hops for its next message (a chunk, an announcement, a
+  seed request, a result): longer than the initiator needs to notice a failure, locate it and
+  announce a new attempt.
   So if the initiator dies, every member raises JobError at most that long after the last
   message it received (a member that has to send to the unreachable initiator fails at once).
   Nobody elects a new initiator: the caller may run the sum again under a new tag.
@@ -69,17 +73,19 @@ initiator a masked running sum). So:
   The next ring keeps both but puts them apart, so the same edge cannot fail again.
 * Two disputes name the culprit: an honest member only ever disputes a faulty one, so a member
   in disputes with two different members still in the sum is dropped (the one with the most,
-  if several). With one faulty member, no honest member is ever dropped while it is alive and
-  reaches the others, and a faulty member that keeps breaking edges is out by the third
+  if several). With one faulty member, no honest member is ever dropped while it is alive,
+  reaches the others and keeps to the hop timeout, and a faulty member that keeps breaking edges is out by the third
   attempt (`attempts_max` defaults to 3). A member the network cuts off from two others looks
   the same as a faulty one and is dropped. Two colluding members can drop an honest one by
   both disputing it: the rule assumes at most one faulty member per sum.
 * When no ring can separate a dispute (three members: the two non-initiators are always
   neighbours), the initiator gives up and every member's error names both: one of them is
   faulty, and which one cannot be known.
-* Not attributed: a member that stops without a word (swallows a chunk, never reports) stalls
-  the ring; the initiator times out and re-runs with everyone the detector calls alive, and
-  after `attempts_max` the sum fails with a timeout error that names no one.
+* A stall nobody reported (a member swallowed a chunk, or stopped): the initiator asks where
+  the chunk is and walks the ring from itself. A member that does not answer, that denies a
+  chunk the initiator itself handed it, that says it got the chunk but neither passed it on nor
+  reported why, or (the last one) that says it passed it to the initiator, which never got
+  it, is dropped on that evidence; "I passed it on" against "I never got it" is a dispute.
 * A faulty initiator decides alone who is in and what total each member is sent: it can drop
   anyone, fail the sum, or hand members wrong or different totals (integrity is not protected,
   below). Members accept announcements and results only from it, check that announced lists
@@ -148,7 +154,7 @@ import numpy as np
 from .. import wire
 from ..errors import JobError, LocalProtocolError
 from ..net.channel import Channel, MalformedFrom, NodeId, PeerRefused, PeerUnreachable, RecvTimeout
-from ..wire import NODE_ID, v_array, v_bytes, v_int, v_list, v_str
+from ..wire import NODE_ID, v_array, v_bool, v_bytes, v_int, v_list, v_str
 
 MODES = ("ring", "pairwise")
 DEFAULT_CHUNK_ENTRIES = 65_536      # 512 KiB of uint64 per message
@@ -216,6 +222,22 @@ class SeedReveal:
     seed: bytes
 
 
+@dataclass(frozen=True)
+class SumWhere:
+    """The initiator -> members: chunk `chunk` did not come back; did you get it, pass it on?"""
+    tag: str
+    chunk: int
+
+
+@dataclass(frozen=True)
+class SumHere:
+    """A member -> the initiator: its answer to SumWhere (`passed`: my successor acknowledged it)."""
+    tag: str
+    chunk: int
+    got: bool
+    passed: bool
+
+
 @dataclass(frozen=True, eq=False)
 class SumResult:
     """The initiator -> members: one chunk of the total."""
@@ -253,7 +275,10 @@ def _register() -> None:
                                         "reason": v_str(REASON_BYTES_MAX)}),
             ("ss_seed_request", SeedRequest, {"tag": tag}),
             ("ss_seed", SeedReveal, {"tag": tag, "seed": v_bytes(exact=SEED_BYTES)}),
-            ("ss_result", SumResult, {"tag": tag, "data": chunk})):
+            ("ss_result", SumResult, {"tag": tag, "data": chunk}),
+            ("ss_where", SumWhere, {"tag": tag, "chunk": v_int(0, VECTOR_ENTRIES_MAX)}),
+            ("ss_here", SumHere, {"tag": tag, "chunk": v_int(0, VECTOR_ENTRIES_MAX),
+                                  "got": v_bool, "passed": v_bool})):
         wire.register(kind, cls, fields, to_body=to_body, from_body=from_body(cls))
 
 
@@ -335,9 +360,11 @@ class _Attempt:
         return (len(self.participants) + 1) * plan.hop_timeout_ms
 
     def patience_ms(self, plan: _Plan) -> int:
-        """A member's wait for its next message: two round trips and two hops, so the initiator
-        has always noticed a failure and announced a new attempt before a member gives up."""
-        return 2 * self.round_trip_ms(plan) + 2 * plan.hop_timeout_ms
+        """A member's wait for its next message: two round trips and five hops, so the initiator
+        has always noticed a failure, asked where a chunk is (one hop out, two for the answers)
+        and announced a new attempt (two waves) before a member gives up. A member may start
+        waiting up to a round trip before the initiator does (its chunk came back later)."""
+        return 2 * self.round_trip_ms(plan) + 5 * plan.hop_timeout_ms
 
 
 def _plan(ch: Channel, tag: str, vector: np.ndarray, mode: str, hop_timeout_ms: int,
@@ -590,7 +617,7 @@ async def _await_return(ch: Channel, plan: _Plan, att: _Attempt, k: int, pred: N
         try:
             got = await _recv_first(ch, wants, max(0, deadline - ch.now_ms()))
         except RecvTimeout:
-            raise _RingFault(f"chunk {k} did not come back within {att.round_trip_ms(plan)} ms") from None
+            raise await _locate_stall(ch, plan, att, k, pred) from None
         except MalformedFrom as exc:
             raise _RingFault(f"{exc.peer.hex()[:16]} sent a malformed chunk {k}: {exc.reason}",
                              frozenset({exc.peer})) from None
@@ -604,6 +631,43 @@ async def _await_return(ch: Channel, plan: _Plan, att: _Attempt, k: int, pred: N
             except _WrongLength as exc:
                 raise _RingFault(str(exc), frozenset({pred})) from None
         # only reports from outside this attempt's ring: they prove nothing, keep waiting
+
+
+async def _locate_stall(ch: Channel, plan: _Plan, att: _Attempt, k: int, pred: NodeId) -> _RingFault:
+    """Chunk k did not come back and nobody reported why: ask every member whether it got the
+    chunk and passed it on, and walk the ring from me to the first link whose two ends disagree
+    (module docstring, "Blame")."""
+    members, tag = att.participants[1:], plan.prefix(att.number) + "where"
+    unreachable = await _broadcast(ch, plan, members, SumWhere(tag, k))
+    deadline = ch.now_ms() + 2 * plan.hop_timeout_ms
+    answers: dict[bytes, SumHere] = {}
+    for member in (m for m in members if m not in unreachable):
+        try:
+            _, msg = await ch.recv(SumHere, tag, src=member, timeout_ms=max(0, deadline - ch.now_ms()))
+            if msg.chunk == k:
+                answers[member] = msg
+        except (RecvTimeout, MalformedFrom):
+            pass
+    why, heard = f"chunk {k} did not come back within {att.round_trip_ms(plan)} ms", frozenset(answers)
+    prev = ch.me
+    for member in members:
+        name, here = member.hex()[:16], answers.get(member)
+        if here is None:
+            return _RingFault(f"{why}; {name} did not say where it is", frozenset({member}), heard)
+        if not here.got and prev == ch.me:
+            return _RingFault(f"{why}; {name} denies the chunk it acknowledged", frozenset({member}), heard)
+        if not here.got:
+            return _RingFault(f"{why}; {prev.hex()[:16]} says it passed it on, {name} never got it",
+                              responsive=heard, disputes=frozenset({frozenset({prev, member})}))
+        if not here.passed:
+            return _RingFault(f"{why}; {name} got it, did not pass it on and did not say why",
+                              frozenset({member}), heard)
+        prev = member
+    try:    # everyone says it passed the chunk on: unless it came in just now, the last one lies
+        await ch.recv(SumChunk, plan.chunk_tag(att.number, k), src=pred, timeout_ms=0)
+        return _RingFault(f"{why}; it came back late", responsive=heard)
+    except (RecvTimeout, MalformedFrom):
+        return _RingFault(f"{why}; {prev.hex()[:16]} says it passed it to me", frozenset({prev}), heard)
 
 
 def _judge(ch: Channel, att: _Attempt, src: NodeId, report: RingBroken) -> _RingFault | None:
@@ -767,37 +831,46 @@ async def _follow(ch: Channel, plan: _Plan) -> SumOutcome:
 async def _follow_attempt(ch: Channel, plan: _Plan, att: _Attempt) -> SumOutcome | _Attempt:
     """One attempt as a member: forward the chunks, reveal the seed if asked, take the result.
     Returns the next attempt when the initiator announces one."""
-    masks = _Masks(ch, plan, att)
-    forwarded = await _forward_chunks(ch, plan, att, masks)
+    masks, trace = _Masks(ch, plan, att), _Trace()
+    forwarded = await _forward_chunks(ch, plan, att, masks, trace)
     if isinstance(forwarded, _Attempt):
         return forwarded
     first_result = (SumResult, plan.result_tag(att.number, 0), att.initiator)
     wants: list[Want] = [first_result]
     if masks.self_seed is not None:
         wants.append((SeedRequest, plan.prefix(att.number) + "seed", att.initiator))
-    got = await _await_initiator(ch, plan, att, wants)
+    got = await _await_initiator(ch, plan, att, wants, trace)
     if isinstance(got, SeedRequest):
         try:
             await _send(ch, plan, att.initiator, SeedReveal(got.tag, masks.self_seed))
         except PeerUnreachable as exc:
             raise JobError(f"secure sum '{plan.tag}': initiator unreachable: {exc}") from None
-        got = await _await_initiator(ch, plan, att, [first_result])
+        got = await _await_initiator(ch, plan, att, [first_result], trace)
     if isinstance(got, _Attempt):
         return got
     return await _collect_result(ch, plan, att, got)
 
 
-async def _forward_chunks(ch: Channel, plan: _Plan, att: _Attempt, masks: _Masks) -> _Attempt | bool:
+@dataclass
+class _Trace:
+    """Which chunks this member got and passed on in this attempt: its answer to SumWhere."""
+    got: set[int] = dataclasses.field(default_factory=set)
+    passed: set[int] = dataclasses.field(default_factory=set)
+
+
+async def _forward_chunks(ch: Channel, plan: _Plan, att: _Attempt, masks: _Masks,
+                          trace: _Trace) -> _Attempt | bool:
     """Add my contribution to each chunk and pass it on. False if a ring edge next to me failed
     (reported to the initiator), the next attempt if one is announced meanwhile."""
     pred, succ = att.neighbours(ch.me)
     for k in range(plan.chunks):
         tag = plan.chunk_tag(att.number, k)
         try:
-            got = await _await_initiator(ch, plan, att, [(SumChunk, tag, pred)])
+            got = await _await_initiator(ch, plan, att, [(SumChunk, tag, pred)], trace)
             if isinstance(got, _Attempt):
                 return got
             data = _check_chunk(plan, got.data, k, pred)
+            trace.got.add(k)
         except (MalformedFrom, _WrongLength) as exc:
             if pred == att.initiator or (isinstance(exc, MalformedFrom) and exc.peer != pred):
                 raise    # the initiator sent it: there is nobody to tell, this member fails
@@ -809,6 +882,7 @@ async def _forward_chunks(ch: Channel, plan: _Plan, att: _Attempt, masks: _Masks
             fault = "refused" if isinstance(exc, PeerRefused) else "unreachable"
             await _report_broken(ch, plan, att, RingBroken(_broken_tag(plan, att), succ, fault), exc)
             return False
+        trace.passed.add(k)
         ch.progress(PHASE, k + 1, plan.chunks)
     return True
 
@@ -829,23 +903,31 @@ async def _report_broken(ch: Channel, plan: _Plan, att: _Attempt, report: RingBr
         raise JobError(f"secure sum '{plan.tag}': initiator unreachable: {exc2}") from None
 
 
-async def _await_initiator(ch: Channel, plan: _Plan, att: _Attempt, wants: list[Want]) -> Any:
+async def _await_initiator(ch: Channel, plan: _Plan, att: _Attempt, wants: list[Want], trace: _Trace) -> Any:
     """The next message matching `wants`, or the next attempt if the initiator announces one
-    first; JobError after the member's patience (the initiator is presumably gone)."""
+    first; JobError after the member's patience (the initiator is presumably gone). Answers the
+    initiator's SumWhere meanwhile."""
     restart = (SumRestart, plan.restart_tag(), att.initiator)
+    where = (SumWhere, plan.prefix(att.number) + "where", att.initiator)
     deadline = ch.now_ms() + att.patience_ms(plan)
     while True:
         try:
-            got = await _recv_first(ch, [*wants, restart], max(0, deadline - ch.now_ms()))
+            got = await _recv_first(ch, [*wants, restart, where], max(0, deadline - ch.now_ms()))
         except RecvTimeout:
             raise JobError(
                 f"secure sum '{plan.tag}': nothing from the ring or the initiator "
                 f"{att.initiator.hex()[:16]} within {att.patience_ms(plan)} ms in attempt "
                 f"{att.number}; the initiator is presumably down") from None
+        for q in (m for _, m in got if isinstance(m, SumWhere)):
+            here = SumHere(q.tag, q.chunk, q.chunk in trace.got, q.chunk in trace.passed)
+            try:
+                await _send(ch, plan, att.initiator, here)
+            except PeerUnreachable:
+                pass          # the initiator is gone: the next wait finds out
         newer = [m for _, m in got if isinstance(m, SumRestart) and m.attempt > att.number]
         if newer:
             return _accept_restart(ch, plan, max(newer, key=lambda m: m.attempt))
-        others = [m for _, m in got if not isinstance(m, SumRestart)]
+        others = [m for _, m in got if not isinstance(m, (SumRestart, SumWhere))]
         if others:
             return others[0]
         # only stale announcements (overtaken by a newer one): keep waiting
