@@ -322,6 +322,7 @@ class Node:
             "leader": self._name(self.election.leader),
             "term": self.election.term,
             "role": self.election.role.value,
+            "term_jumps_ignored": self.election.stats.term_jumps_ignored,   # forged or wild election terms
             "jobs": [{k: j[k] for k in ("id", "kind", "state", "phase", "progress", "error")}
                      for j in self.jobs.list()[:STATUS_JOBS_MAX]],
             "rejected": dict(sorted(self.rejected.items())),
