@@ -166,7 +166,8 @@ class Node:
         while True:
             now = _monotonic_ms()
             with self._step("state_probe"):   # notices freed space with nothing else writing
-                self.state.probe()
+                if self.state.probe():
+                    self.jobs.retry_unsaved()
             with self._step("membership_tick"):
                 self._apply(self.membership.tick(now))
             with self._step("election_tick"):

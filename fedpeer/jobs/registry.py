@@ -26,6 +26,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import secrets
@@ -581,6 +582,8 @@ class JobRegistry:
                 raise _SiteFailure(self.transport.me, f"cannot store the model at {path}: "
                                                       f"{exc.strerror or exc}; free space in the state dir") from None
             result["model_file"] = str(path)
+            # what `fedpeer predict` checks the file against, for every kind (xgboost also has its own)
+            result["model_file_sha256"] = await asyncio.to_thread(_file_sha256, path)
         self._finish(record, "done", None, result)
 
     # -- supervision -------------------------------------------------------------------------
@@ -717,3 +720,11 @@ def _record_from_json(doc: dict) -> JobRecord:
     record.step, record.total = doc["progress"]["step"], doc["progress"]["total"]
     record.rows, record.started_ms, record.finished_ms = doc["rows"], doc["started_ms"], doc["finished_ms"]
     return record
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
