@@ -42,10 +42,10 @@ Timeouts and failures (hop = hop_timeout_ms, n = participants in the attempt)
   the ring from itself to the first link whose ends disagree (Blame, below).
 * A member waits at most 2 (n + 1) + 5 hops for its next message (a chunk, an announcement, a
   seed request, a result): longer than the initiator needs to notice a failure, locate it and
-  announce a new attempt.
-  So if the initiator dies, every member raises JobError at most that long after the last
-  message it received (a member that has to send to the unreachable initiator fails at once).
-  Nobody elects a new initiator: the caller may run the sum again under a new tag.
+  announce a new attempt. So if the initiator dies, every member raises JobError at most that
+  long after the last message it received (a member that has to send to the unreachable
+  initiator fails at once). Nobody elects a new initiator: the caller may run the sum again
+  under a new tag.
 * The ring needs only each participant to reach its successor; the result goes from the
   initiator to every participant directly. In ring mode a participant that cannot receive it
   raises JobError, while the others return the outcome (whose `participants`, the vectors
@@ -60,9 +60,9 @@ both said by one side of an edge against the other, and frames are authenticated
 receiver only (no third party can check a refused chunk, and forwarding it would show the
 initiator a masked running sum). So:
 * Proof: the initiator drops a member on its own evidence only. Its successor refused or did
-  not acknowledge its chunk, or its announcement; its predecessor's chunk, or a member's seed
-  reveal, failed its own gate (`MalformedFrom`) or had the wrong length; a member did not reveal
-  its seed; the failure detector reports a member dead. A report that is false on its face
+  not acknowledge its chunk, or a member its announcement; its predecessor's chunk failed its
+  own gate (`MalformedFrom`) or had the wrong length; a member did not reveal its seed (or its
+  reveal failed the gate); the failure detector reports a member dead. A report that is false on its face
   also proves the reporter faulty: one about a member that is not the reporter's neighbour on
   that side in this attempt, or one about the initiator (it knows what it sent, and it is
   answering). Reports from members outside the attempt's ring are ignored.
@@ -74,10 +74,10 @@ initiator a masked running sum). So:
 * Two disputes name the culprit: an honest member only ever disputes a faulty one, so a member
   in disputes with two different members still in the sum is dropped (the one with the most,
   if several). With one faulty member, no honest member is ever dropped while it is alive,
-  reaches the others and keeps to the hop timeout, and a faulty member that keeps breaking edges is out by the third
-  attempt (`attempts_max` defaults to 3). A member the network cuts off from two others looks
-  the same as a faulty one and is dropped. Two colluding members can drop an honest one by
-  both disputing it: the rule assumes at most one faulty member per sum.
+  reaches the others and keeps to the hop timeout, and a faulty member that keeps breaking
+  edges is out by the third attempt (`attempts_max` defaults to 3). A member the network cuts
+  off from two others looks the same as a faulty one and is dropped. Two colluding members can
+  drop an honest one by both disputing it: the rule assumes at most one faulty member per sum.
 * When no ring can separate a dispute (three members: the two non-initiators are always
   neighbours), the initiator gives up and every member's error names both: one of them is
   faulty, and which one cannot be known.
