@@ -48,9 +48,11 @@ only by X's own authenticated word and by our own probes:
   our suspicion of X at X's known incarnation (Lifeguard §4.2: one member
   alone cannot make anyone suspect anyone). Only what we suspect or declared
   ourselves is gossiped, so every report an honest member sends is its own.
-* X becomes DEAD only by our own suspect timeout. While SUSPECT, X is pinged
-  every probe period, the ping leading with our verdict (see below), so a
-  live X answers (clearing it) and refutes. DEAD members are pinged every
+* X becomes DEAD only by our own suspect timeout. While SUSPECT (a never-heard
+  placeholder too), X is verified every probe period: pinged directly, the
+  ping leading with our verdict (see below) so a live X answers (clearing it)
+  and refutes, and through one random relay, so a link that only we cannot
+  use does not condemn it. DEAD members are verified the same way every
   dead_probe_interval_ms at their last address: this brings back paused
   members and the far side of a healed partition.
 * A message sent to a member we hold SUSPECT/DEAD carries that verdict first,
@@ -232,8 +234,9 @@ class _Pending:  # a ping other than the period's probe: join, verify, dead memb
     target: NodeId
     sent_ms: int
     expires_ms: int
-    requester: NodeId | None = None
+    requester: NodeId | None = None  # set: we relay this ping for requester's probe
     requester_probe_id: int = 0
+    relay: NodeId | None = None      # set: we asked relay to ping target for us (a PingReq)
 
 
 @dataclass(slots=True)
@@ -336,6 +339,7 @@ class Membership:
         for node, m in self._members.items():
             if not m.heard:
                 m.state_since_ms = now_ms
+                m.next_ping_ms = now_ms + self._cfg.probe_interval_ms  # the join ping verifies first
             sends.append(self._ping(node, self._track(node, now_ms)))
         self._period_end_ms = now_ms + self._cfg.probe_interval_ms
         return sends
@@ -412,17 +416,31 @@ class Membership:
             if m.state is MemberState.SUSPECT:
                 if now_ms - m.state_since_ms >= self._cfg.suspect_timeout_ms:
                     self._confirm_dead(node, m, now_ms)
-                elif m.heard and now_ms >= m.next_ping_ms:
-                    # Verify by our own ping every period rather than wait for the round robin
-                    # (n periods): a live member answers well within the suspect timeout, and
-                    # the ping leads with our verdict so it also refutes.
+                elif now_ms >= m.next_ping_ms:
+                    # Verify it ourselves every period rather than wait for the round robin
+                    # (up to 2n - 1 periods): a live member answers well within the suspect
+                    # timeout (a placeholder whose join ping was lost, too), and the direct ping
+                    # leads with our verdict so it also refutes.
                     m.next_ping_ms = now_ms + self._cfg.probe_interval_ms
-                    sends.append(self._ping(node, self._track(node, now_ms)))
+                    sends += self._verify(node, now_ms)
             elif m.state is MemberState.DEAD and now_ms >= m.next_ping_ms:
                 # Not in SWIM (which needs an explicit re-join): pinging the dead at their last
                 # address lets restarted members and the far side of a healed partition rejoin.
                 m.next_ping_ms = now_ms + self._cfg.dead_probe_interval_ms
-                sends.append(self._ping(node, self._track(node, now_ms)))
+                sends += self._verify(node, now_ms)
+        return sends
+
+    def _verify(self, node: NodeId, now_ms: int) -> list[Send]:
+        """A direct ping, and one through a random relay: only our own probes may clear or
+        confirm a verdict now that gossip cannot, so a member we cannot reach directly (a
+        one-way firewall, a cut link) must still be able to answer through someone else."""
+        sends = [self._ping(node, self._track(node, now_ms))]
+        relays = [r for r, m in self._members.items() if r != node and m.state is MemberState.ALIVE]
+        if relays:
+            relay = self._rng.choice(relays)
+            probe_id = self._track(node, now_ms, relay=relay)
+            sends.append(Send(relay, self._members[relay].address,
+                              PingReq(probe_id, node, self._piggyback(relay))))
         return sends
 
     def _confirm_dead(self, node: NodeId, m: _Member, now_ms: int) -> None:
@@ -441,14 +459,14 @@ class Membership:
         return probe_id
 
     def _track(self, target: NodeId, now_ms: int, requester: NodeId | None = None,
-               requester_probe_id: int = 0) -> int:
+               requester_probe_id: int = 0, relay: NodeId | None = None) -> int:
         """Remember a non-probe ping; returns its probe id. Oldest entries go first when full."""
         cap = self._cfg.pending_probes_per_member_max * (len(self._members) + 1)
         while len(self._pending) >= cap:
             del self._pending[next(iter(self._pending))]
         probe_id = self._new_probe_id()
         self._pending[probe_id] = _Pending(target, now_ms, now_ms + self._cfg.probe_interval_ms,
-                                           requester, requester_probe_id)
+                                           requester, requester_probe_id, relay)
         return probe_id
 
     def _expire_pending(self, now_ms: int) -> None:
@@ -477,7 +495,7 @@ class Membership:
                 self._answered(src, now_ms)
             return []
         pending = self._pending.get(msg.probe_id)
-        if pending is None or pending.target != src:
+        if pending is None or pending.target != src or pending.relay is not None:
             return []  # late, duplicate or foreign ack: X's own word above is all it gives
         del self._pending[msg.probe_id]
         self._sample_rtt(src, now_ms - pending.sent_ms)
@@ -502,6 +520,11 @@ class Membership:
                 and p.probe_id == msg.probe_id and p.target == msg.target):
             p.acked = True
             self._answered(msg.target, now_ms)  # a relay we chose vouches: our own probe's answer
+            return []
+        pending = self._pending.get(msg.probe_id)
+        if pending is not None and pending.relay == src and pending.target == msg.target:
+            del self._pending[msg.probe_id]  # the relayed half of a _verify
+            self._answered(msg.target, now_ms)
         return []
 
     def _sample_rtt(self, node: NodeId, rtt_ms: int) -> None:

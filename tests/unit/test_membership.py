@@ -442,6 +442,53 @@ def test_an_answer_to_our_ping_clears_a_suspicion_at_the_same_incarnation():
     assert (state(a, 3), member(a, 3).incarnation) == (A, 0)
 
 
+def verify_sends(m: Membership, now_ms: int, target: int) -> tuple[Send, Send]:
+    sends = m.tick(now_ms)
+    [direct] = [s for s in sends if s.dst == IDS[target] and isinstance(s.msg, Ping)]
+    [relayed] = [s for s in sends if isinstance(s.msg, PingReq) and s.msg.target == IDS[target]]
+    return direct, relayed
+
+
+@pytest.mark.parametrize("verdict", [S, D])
+def test_a_member_we_cannot_reach_directly_is_verified_through_a_relay(verdict):
+    # Gossip can no longer vouch for X, so our own verification must work when only our direct
+    # link to X is broken (a one-way firewall): a suspect each period, a dead member each
+    # dead_probe_interval_ms, also asks one random relay to ping it.
+    a = make(0, 4)
+    for j in (1, 2, 3):
+        heard(a, j)
+    a.tick(0)
+    reported(a, Update(IDS[3], S, 0, ADDRS[3]), 10)
+    t = 50
+    if verdict is D:
+        for t in range(50, 50 + CFG.suspect_timeout_ms + CFG.dead_probe_interval_ms, 50):
+            for s in a.tick(t):  # the others answer; nothing reaches X or comes back from it
+                if isinstance(s.msg, Ping) and s.dst != IDS[3]:
+                    a.receive(s.dst, Ack(s.msg.probe_id, 0, s.address, ()), t)
+        assert state(a, 3) is D
+        t += 50
+    direct, relayed = verify_sends(a, t, 3)
+    assert direct.msg.updates[0].node == IDS[3]  # our verdict first, so X can refute
+    relay = IDS.index(relayed.dst)
+    other = 3 - relay
+    a.receive(IDS[other], IndirectAck(relayed.msg.probe_id, IDS[3], ()), t + 1)
+    assert state(a, 3) is verdict  # only the relay we asked may vouch
+    a.receive(IDS[relay], IndirectAck(relayed.msg.probe_id + 1, IDS[3], ()), t + 1)
+    assert state(a, 3) is verdict  # nor for another probe
+    a.receive(IDS[relay], IndirectAck(relayed.msg.probe_id, IDS[3], ()), t + 2)
+    assert (state(a, 3), member(a, 3).incarnation, a.address_of(IDS[3])) == (A, 0, ADDRS[3])
+
+
+def test_a_placeholder_whose_join_ping_was_lost_is_pinged_every_period():
+    a = make(0, 3)
+    heard(a, 1)
+    a.tick(0)  # the join ping to node 2 is lost
+    pings = [t for t in range(50, 3_000, 50) for s in a.tick(t)
+             if s.dst == IDS[2] and isinstance(s.msg, Ping)]
+    assert len(pings) >= 3_000 // CFG.probe_interval_ms - 1
+    assert all(b - a_ <= CFG.probe_interval_ms for a_, b in zip([0, *pings], pings))  # not n apart
+
+
 def test_restarted_member_with_higher_incarnation_is_alive_again():
     c = Cluster(3)
     c.run_until(1_000)
