@@ -61,8 +61,8 @@ _FIXES = {   # errno -> what the operator does about it
     errno.ENFILE: "raise the system's open-files limit (fs.file-max)",
     errno.EIO: "check the disk (dmesg) or move [node] state_dir",
 }
-_NODE_FIX = ("delete the file to start over at incarnation 1 (safe: a peer that remembers a higher "
-             "incarnation suspects this node, which then refutes above it)")
+_NODE_FIX = ("delete the file to start over at incarnation 1 (safe: peers accept this node's own "
+             "lower incarnation once they suspect it)")
 _ELECTION_FIX = ("set term above every term `fedpeer status` shows at any site and voted_for to null "
                  "(deleting the file restarts at term 0 with no vote, which can let this node vote "
                  "twice in one term and so elect two leaders)")
@@ -339,9 +339,15 @@ class StateDir:
         not start with an incarnation a peer may already have seen."""
         path = self.root / "node.json"
         doc = self._load(path, _NODE_FIX)
-        incarnation = 1 if doc is None else _state_int(path, doc, "incarnation", _NODE_FIX) + 1
-        if incarnation >= STATE_INT_MAX:
-            raise StateError(path, "incarnation", f"{incarnation - 1} is the last allowed; {_NODE_FIX}")
+        found = doc.get("incarnation") if doc is not None else None
+        if type(found) is int and found >= STATE_INT_MAX - 1:
+            # left by the bug that let a member's gossip raise it: peers that hold this node
+            # suspect or dead accept its own lower number (fedpeer/core/membership.py), so restart
+            log.warning("incarnation_reset", extra=fields(file=str(path), found=found, now=1,
+                                                          reason="out of range; peers take this node's own lower number"))
+            incarnation = 1
+        else:
+            incarnation = 1 if doc is None else _state_int(path, doc, "incarnation", _NODE_FIX) + 1
         try:   # not through the health tracker: this failure is the one line the operator sees
             atomic_write(path, _json_bytes({"incarnation": incarnation}))
         except OSError as exc:

@@ -162,3 +162,35 @@ def test_random_member_messages_never_take_a_site_down(make_federation, tmp_path
 
     run()
     assert "Traceback" not in h.sites[0].log_path.read_text()
+
+
+async def test_a_members_gossip_cannot_evict_a_site(make_federation) -> None:
+    """Issue 11 item 2: a member's ping saying `site-2 dead at 2**63-1, address 127.0.0.1:9` once
+    evicted site-2 for good. Now, for 8 s of such lies (and suspicions at site-2's real number)
+    sent to every site, sites 1 and 3 keep site-2 alive at its real address, site-2's
+    incarnation moves by small steps, and no daemon exits."""
+    h: Harness = make_federation(4, start=False)
+    for i in range(3):
+        h.start(i)
+    await h.wait_all_alive(timeout_s=15, among=[0, 1, 2])
+    keys = [load_key_file(s.config.node.key_file).public_key for s in h.sites]
+    sealer = wire.Sealer(load_key_file(h.sites[3].config.node.key_file))   # site-4: the liar
+    victim = h.sites[1]
+    seen: set[tuple[str, str]] = set()
+    started, probe_id = time.monotonic(), 0
+    async with aiohttp.ClientSession() as s:
+        while time.monotonic() - started < 8:
+            known = next(p["incarnation"] for p in (await h.status(0))["peers"] if p["name"] == victim.name)
+            lies = tuple(mb.Update(keys[1], state, inc, "127.0.0.1:9") for state, inc in (
+                (mb.MemberState.DEAD, 2**63 - 1), (mb.MemberState.DEAD, known), (mb.MemberState.SUSPECT, known)))
+            for i in (0, 2, 1):
+                probe_id += 1
+                ping = mb.Ping(probe_id=probe_id, incarnation=1, address=h.sites[3].address, updates=lies)
+                assert (await _post(s, h.sites[i].port, sealer.seal(keys[i], ping, time.time_ns() // 1000)))[0] == 204
+            for i in (0, 2):
+                view = next(p for p in (await h.status(i))["peers"] if p["name"] == victim.name)
+                seen.add((view["state"], view["address"]))
+            await asyncio.sleep(0.05)
+    assert seen == {("alive", victim.address)}, seen
+    assert (await h.status(1))["node"]["incarnation"] <= 1 + 2 * 9      # refutes at most 2 per second
+    assert all(code is None for name, code in h.exit_codes().items() if name != h.sites[3].name)
