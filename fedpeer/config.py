@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .core.election import ElectionConfig
 from .errors import ConfigError
+from .jobs.kinds import KIND_NAMES   # names only: no job module is imported
 
 DEFAULT_PORT = 7400
 
@@ -118,12 +119,61 @@ SITE_ELECTION = ElectionConfig(heartbeat_interval_ms=500, election_timeout_min_m
                                election_timeout_max_ms=5_000)
 
 
+# [policy.<kind>]: the largest (or smallest) parameters of a job this site agrees to run. Each
+# limit bounds one parameter of its kind (JobKind.limited names which); the defaults are the
+# kind's own parameter bounds, so an unset limit refuses nothing the kind itself accepts.
+@dataclass(frozen=True)
+class StatsPolicy:
+    bins_max: int = 1000                  # histogram bins per column (fewer: coarser views of few rows)
+
+
+@dataclass(frozen=True)
+class SumcheckPolicy:
+    entries_max: int = 16 * 1024 * 1024   # uint64 entries in the summed vector (8 bytes each)
+
+
+@dataclass(frozen=True)
+class BofrfPolicy:
+    trees_max: int = 2000                 # trees in each site's forest (n_estimators)
+    depth_max: int = 64                   # tree depth (max_depth; 0 and grid_search count as 64)
+    leaf_rows_min: int = 2                # smallest leaf (min_samples_leaf; grid_search counts as 2)
+    boppid_rounds_max: int = 1000         # boosting rounds of the BOPPID baseline, when asked for
+
+
+@dataclass(frozen=True)
+class XgboostPolicy:
+    rounds_max: int = 10_000              # communication rounds (rounds)
+    trees_per_round_max: int = 100        # trees each site trains per round (num_local_round)
+    depth_max: int = 16                   # tree depth (max_depth)
+    bins_max: int = 65_536                # histogram bins per feature (max_bin)
+
+
+KIND_POLICIES: dict[str, type] = {"stats": StatsPolicy, "sumcheck": SumcheckPolicy, "bofrf": BofrfPolicy,
+                                  "xgboost": XgboostPolicy}
+assert tuple(KIND_POLICIES) == KIND_NAMES, "every job kind has its [policy.<kind>] table"
+EVERY_PEER = "*"
+
+
 @dataclass(frozen=True)
 class Policy:
-    """What this site agrees to take part in. Each site decides for itself."""
+    """What this site agrees to take part in. Each site decides for itself, and applies it to its
+    own proposals too."""
 
-    allowed_jobs: tuple[str, ...] = ("stats", "sumcheck", "bofrf", "xgboost")
+    allowed_jobs: tuple[str, ...] = KIND_NAMES
     members_max: int = 100
+    proposers: tuple[str, ...] = (EVERY_PEER,)   # [[peer]] names whose proposals are considered; "*": all
+    rows_min: int = 0                     # a job is refused if this site's data has fewer rows
+    stats: StatsPolicy = field(default_factory=StatsPolicy)
+    sumcheck: SumcheckPolicy = field(default_factory=SumcheckPolicy)
+    bofrf: BofrfPolicy = field(default_factory=BofrfPolicy)
+    xgboost: XgboostPolicy = field(default_factory=XgboostPolicy)
+
+    def may_propose(self, peer_name: str) -> bool:
+        return EVERY_PEER in self.proposers or peer_name in self.proposers
+
+    def kind_limits(self, kind: str) -> typing.Any | None:
+        """The [policy.<kind>] limits, or None for a kind without any (test kinds)."""
+        return getattr(self, kind) if kind in KIND_POLICIES else None
 
 
 @dataclass(frozen=True)
@@ -213,7 +263,7 @@ def load(path: str | os.PathLike[str]) -> Config:
         path=path,
         node=node,
         peers=peers,
-        policy=_section(path, "policy", raw.get("policy", {}), Policy),
+        policy=_policy(path, raw.get("policy", {}), peers),
         limits=_section(path, "limits", raw.get("limits", {}), Limits),
         membership=_section(path, "membership", raw.get("membership", {}), MembershipTiming),
         data=_data(path, raw["data"]) if "data" in raw else None,
@@ -316,6 +366,34 @@ def _peers(path: Path, value: object) -> tuple[PeerEntry, ...]:
             raise ConfigError(path, f"{where}.public_key", str(exc)) from None
         peers.append(PeerEntry(name=name, address=address, public_key=key))
     return tuple(peers)
+
+
+def _policy(path: Path, value: object, peers: tuple[PeerEntry, ...]) -> Policy:
+    """[policy] and its [policy.<kind>] sub-tables. Names are checked here, where a typo can
+    still be told apart from intent: an unknown kind or peer would otherwise refuse (or allow)
+    jobs silently."""
+    table = dict(_table(path, "policy", value))
+    kinds = {kind: _section(path, f"policy.{kind}", table.pop(kind), cls)
+             for kind, cls in KIND_POLICIES.items() if kind in table}
+    policy = dataclasses.replace(_section(path, "policy", table, Policy), **kinds)
+    for kind in policy.allowed_jobs:
+        if kind not in KIND_NAMES:
+            raise ConfigError(path, "policy.allowed_jobs", f"unknown job kind {kind!r}; "
+                              f"known kinds: {', '.join(KIND_NAMES)}")
+    names = [p.name for p in peers]
+    for name in policy.proposers:
+        if name == EVERY_PEER and len(policy.proposers) > 1:
+            raise ConfigError(path, "policy.proposers", f'"{EVERY_PEER}" means every peer: '
+                              "write it alone, or list [[peer]] names only")
+        if name != EVERY_PEER and name not in names:
+            raise ConfigError(path, "policy.proposers", f"{name!r} is not a [[peer]] name; "
+                              f"known peers: {', '.join(names) or 'none'}")
+    for kind in KIND_POLICIES:
+        for f in dataclasses.fields(getattr(policy, kind)):
+            if f.name.endswith("_max") and getattr(getattr(policy, kind), f.name) < 1:
+                raise ConfigError(path, f"policy.{kind}.{f.name}", "must be at least 1; to refuse every "
+                                  f"{kind} job, leave {kind!r} out of [policy] allowed_jobs")
+    return policy
 
 
 def _check_peer_uniqueness(config: Config) -> None:

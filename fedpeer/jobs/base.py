@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,12 +67,34 @@ class JobKind:
     save_model: Callable[[Any, Any], None] | None = None   # (path, model) -> None; model = result.pop("_model")
     model_file: str = "model.npz"
     member_failure_aborts: bool = True     # False: a member that fails leaves; the others go on
+    # [policy.<name>] limit -> the parameter it bounds (config.py declares the limits with units);
+    # a limit ending in _max is the largest value a site accepts, one ending in _min the smallest
+    limited: Mapping[str, str] = field(default_factory=dict)
+    # params -> the values the job really uses, where they differ from what was asked for
+    # (bofrf: max_depth 0 is 64): a site's limits apply to what the job will do
+    in_effect: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
+
+    def __post_init__(self) -> None:
+        for limit, param in self.limited.items():
+            assert limit.endswith(("_max", "_min")) and param in self.params, f"{self.name}: limit {limit}"
 
     def check_params(self, given: Mapping[str, Any]) -> dict[str, Any]:
         unknown = set(given) - set(self.params)
         if unknown:
             raise JobError(f"{self.name}: unknown parameter(s) {sorted(unknown)}; known: {sorted(self.params)}")
         return {name: p.check(name, given.get(name, p.default)) for name, p in self.params.items()}
+
+    def check_policy(self, params: Mapping[str, Any], limits: Any) -> None:
+        """JobError naming the first of a site's [policy.<kind>] `limits` that checked `params`
+        break: "rounds 500 > [policy.xgboost] rounds_max 200"."""
+        used = {**params, **(self.in_effect(params) if self.in_effect else {})}
+        for limit, param in self.limited.items():
+            bound, value = getattr(limits, limit), used[param]
+            shown = f"{param} {params[param]}" + (f" (in effect {value})" if value != params[param] else "")
+            if limit.endswith("_max") and value > bound:
+                raise JobError(f"{shown} > [policy.{self.name}] {limit} {bound}")
+            if limit.endswith("_min") and value < bound:
+                raise JobError(f"{shown} < [policy.{self.name}] {limit} {bound}")
 
 
 def site_seed(seed: int, member: bytes) -> int:

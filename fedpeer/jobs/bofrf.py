@@ -47,6 +47,7 @@ from .base import JobContext, JobKind, Param, site_seed
 FOREST_RECV_TIMEOUT_HOPS = 4        # waiting for a forest: this many hop timeouts
 COUNT_MAX = 2**40                   # per-site confusion counts are row counts: far below this
 TAU_GRID = tuple(round(0.05 * i, 2) for i in range(11))
+GRID = {"max_depth": [None, 8], "min_samples_leaf": [2, 5]}   # grid_search's candidates (None: unlimited)
 
 PARAMS = {
     "n_estimators": Param(int, 100, "trees in each site's random forest", low=1, high=2000),
@@ -85,6 +86,19 @@ class SitePart:
     local_model: Any    # the sklearn forest (for the plain local RF metrics)
 
 
+def policy_values(params: Mapping[str, Any]) -> dict[str, int]:
+    """What a site's [policy.bofrf] limits are checked against: the depth and leaf size the forest
+    is really trained with (prepare_site: 0 is trees.DEPTH_MAX; a grid search tries GRID's values,
+    which ignore the parameters), and BOPPID's rounds only when that baseline runs."""
+    from ..ml import trees
+    depth = params["max_depth"] or trees.DEPTH_MAX
+    leaf = params["min_samples_leaf"]
+    if params["grid_search"]:
+        depth, leaf = trees.DEPTH_MAX, min(GRID["min_samples_leaf"])
+    return {"max_depth": depth, "min_samples_leaf": leaf,
+            "boppid_rounds": params["boppid_rounds"] if params["baseline"] == "boppid" else 0}
+
+
 def prepare_site(dataset: Any, params: Mapping[str, Any], member: bytes) -> SitePart:
     from ..ml import bofrf as mb
     from ..ml import trees
@@ -94,7 +108,7 @@ def prepare_site(dataset: Any, params: Mapping[str, Any], member: bytes) -> Site
     validation = None
     if params["variant"] == "personalized":
         train, validation = mldata.split_train_test(train, params["validation_fraction"], seed=seed + 1, stratify=True)
-    grid = {"max_depth": [None, 8], "min_samples_leaf": [2, 5]} if params["grid_search"] else None
+    grid = GRID if params["grid_search"] else None
     # depth is capped at what peers accept on the wire (trees.DEPTH_MAX), so no forest is refused
     model = mb.train_local_forest(train.X, train.y, n_estimators=params["n_estimators"],
                                   max_depth=min(params["max_depth"] or trees.DEPTH_MAX, trees.DEPTH_MAX),
@@ -405,4 +419,6 @@ def predict(model: tuple[Any, np.ndarray], X: np.ndarray, features: Sequence[str
 
 
 KIND = JobKind(name="bofrf", help="decentralized Boosting-based Federated Random Forest (secure sums only)",
-               params=PARAMS, run=run, needs_data=True, binary_label=True, save_model=save_model)
+               params=PARAMS, run=run, needs_data=True, binary_label=True, save_model=save_model,
+               limited={"trees_max": "n_estimators", "depth_max": "max_depth", "leaf_rows_min": "min_samples_leaf",
+                        "boppid_rounds_max": "boppid_rounds"}, in_effect=policy_values)

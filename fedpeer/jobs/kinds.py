@@ -5,6 +5,11 @@ from __future__ import annotations
 
 from .base import JobKind
 
+# The kinds' names without importing them: config.py checks [policy] allowed_jobs against this
+# at load time, and must not pull numpy and the job modules into every CLI call. A test checks
+# it equals job_kinds().
+KIND_NAMES = ("stats", "sumcheck", "bofrf", "xgboost")
+
 
 def job_kinds() -> dict[str, JobKind]:
     from . import messages  # noqa: F401  (registers the lifecycle messages with the wire)

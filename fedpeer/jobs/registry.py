@@ -279,7 +279,10 @@ class JobRegistry:
             raise JobError(f"{problem}: no new job until the state dir takes writes again")
         self.retry_unsaved()   # records the full disk kept in memory come first
         kind = self._kind_allowed(kind_name)
-        checked = kind.check_params(params)
+        try:
+            checked = self._checked_params(kind, params)
+        except JobError as exc:   # our own policy binds our own proposals too
+            raise JobError(f"{self.config.node.name}: {exc}") from None
         members = self._choose_members(member_names)
         if len(members) < kind.members_min:
             raise JobError(f"{kind_name} needs at least {kind.members_min} members; alive now: "
@@ -310,6 +313,15 @@ class JobRegistry:
         if self.running() >= self.config.jobs.jobs_concurrent_max:
             raise JobError(f"{self.running()} jobs already running ([jobs] jobs_concurrent_max)")
         return kind
+
+    def _checked_params(self, kind: JobKind, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The kind's own parameter checks, then this site's [policy.<kind>] limits; JobError
+        naming the parameter or the limit."""
+        checked = kind.check_params(params)
+        limits = self.config.policy.kind_limits(kind.name)
+        if limits is not None:
+            kind.check_policy(checked, limits)
+        return checked
 
     def _choose_members(self, member_names: list[str] | None) -> tuple[bytes, ...]:
         by_name = {name: key for key, name in self.names.items()}
@@ -463,8 +475,11 @@ class JobRegistry:
             return f"{problem}: this site takes no new job until its state dir takes writes again"
         if len(record.members) > self.config.policy.members_max:
             return f"{len(record.members)} members exceed this site's [policy] members_max"
+        proposer = self.names[record.proposer]    # a member: checked above
+        if not self.config.policy.may_propose(proposer):
+            return f"proposer {proposer!r} is not in this site's [policy] proposers"
         try:
-            record.params = self._kind_allowed(record.kind).check_params(record.params)
+            record.params = self._checked_params(self._kind_allowed(record.kind), record.params)
         except JobError as exc:
             return str(exc)
         return None
@@ -540,6 +555,9 @@ class JobRegistry:
             return load_csv(spec, binary=kind.binary_label, rows_max=self.config.jobs.data_rows_max,
                             bytes_max=self.config.jobs.data_bytes_max)
         dataset = await asyncio.to_thread(load, spec)
+        rows_min = self.config.policy.rows_min
+        if dataset.X.shape[0] < rows_min:   # without the count: a small cohort's size is what this protects
+            raise JobError(f"local data has fewer rows than [policy] rows_min {rows_min}")
         test = None
         if data.test_csv:
             test = await asyncio.to_thread(load, replace(spec, csv=Path(data.test_csv)))

@@ -131,4 +131,4 @@ def _result(data: Any, n: int, n_pos: int, mean: np.ndarray, std: np.ndarray, ed
 
 
 KIND = JobKind(name="stats", help="federation-wide count, mean, std, label prior and histograms (secure sums only)",
-               params=PARAMS, run=run, needs_data=True, binary_label=True)
+               params=PARAMS, run=run, needs_data=True, binary_label=True, limited={"bins_max": "bins"})

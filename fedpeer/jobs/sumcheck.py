@@ -51,4 +51,5 @@ async def run(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
 
 
 KIND = JobKind(name="sumcheck", help="check the secure-sum ring end to end (no data involved) and time it",
-               params=PARAMS, run=run, needs_data=False, binary_label=False)
+               params=PARAMS, run=run, needs_data=False, binary_label=False,
+               limited={"entries_max": "entries"})

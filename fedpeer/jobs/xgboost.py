@@ -963,4 +963,6 @@ def predict(model: bytes, X: np.ndarray, nthread: int | None = None) -> np.ndarr
 
 KIND = JobKind(name="xgboost", help="federated XGBoost (tree bagging / tree+) in rounds run by the elected leader",
                params=PARAMS, run=functools.partial(run_job, tools=None), needs_data=True, binary_label=False,
-               save_model=save_model, model_file="model.json", member_failure_aborts=False)
+               save_model=save_model, model_file="model.json", member_failure_aborts=False,
+               limited={"rounds_max": "rounds", "trees_per_round_max": "num_local_round", "depth_max": "max_depth",
+                        "bins_max": "max_bin"})
