@@ -84,6 +84,8 @@ def test_policy_values_load(two_sites: tuple[Path, Path]) -> None:
     assert policy.may_propose("b") and not policy.may_propose("c")
     assert policy.xgboost == cfg.XgboostPolicy(rounds_max=200, depth_max=8)   # the others keep their defaults
     assert policy.stats.bins_max == 12 and policy.bofrf == cfg.BofrfPolicy()
+    _replace(a, 'proposers = ["b"]', "proposers = []")
+    assert not cfg.load(a).policy.may_propose("b"), "an empty list: no peer proposes here"
 
 
 def test_the_example_documents_every_kind_limit_with_its_default() -> None:
