@@ -1,7 +1,9 @@
 """Command line: parse arguments, call the package, print. No logic lives here.
 
-Exit codes: 0 success; 1 a job or harness run failed; 2 bad configuration or arguments;
-3 no daemon answers on the admin endpoint.
+Exit codes (the README's table): 0 success; 1 something asked for failed (a job, a harness run,
+a ping, an unknown job); 2 bad configuration or a usage error (an option or job parameter out of
+range) — never anything else, because systemd does not restart after 2 and an operator reads it as
+"fix what you typed"; 3 no daemon answers on the admin endpoint.
 """
 
 from __future__ import annotations
@@ -15,13 +17,37 @@ import sys
 from pathlib import Path
 
 from . import config as cfg
-from .errors import ConfigError, FedpeerError, NoDaemonError
+from .errors import ConfigError, FedpeerError, JobError, NoDaemonError
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_NO_DAEMON = 0, 1, 2, 3
+EXIT_USAGE = EXIT_CONFIG   # argparse exits 2 for what it rejects; our own usage checks agree
+CONFIG_HELP = "the site's peers.toml"
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fedpeer")
+    except PackageNotFoundError:   # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def _count(low: int):
+    """An argparse type: an integer of at least `low`, so a nonsense count is a usage error (2)."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+    parse.__name__ = "integer"   # argparse names the type in its message
+    return parse
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedpeer", description="Peer-to-peer federated learning daemon.")
+    p.add_argument("--version", action="version", version=f"fedpeer {_version()}",
+                   help="print the installed fedpeer version and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("init", help="create a site: peers.toml and identity key")
@@ -34,35 +60,36 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("key", help="identity key commands")
     ks = s.add_subparsers(dest="key_command", required=True, metavar="SUBCOMMAND")
     k = ks.add_parser("show", help="print this site's public key and fingerprint")
-    k.add_argument("--config", required=True, type=Path)
+    k.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
 
     s = sub.add_parser("peer", help="federation membership commands")
     ps = s.add_subparsers(dest="peer_command", required=True, metavar="SUBCOMMAND")
     k = ps.add_parser("add", help="add another site to peers.toml")
-    k.add_argument("--config", required=True, type=Path)
-    k.add_argument("--name", required=True)
-    k.add_argument("--address", required=True, help="HOST:PORT")
+    k.add_argument("--config", required=True, type=Path, help=CONFIG_HELP + " to add the peer to")
+    k.add_argument("--name", required=True, help="this site's name for the other site (a local label)")
+    k.add_argument("--address", required=True, help="HOST:PORT the other site advertises")
     k.add_argument("--public-key", required=True, help="the site's key, from its 'fedpeer key show'")
 
     s = sub.add_parser("start", help="run the daemon in the foreground")
-    s.add_argument("--config", required=True, type=Path)
-    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="least severe log lines written to stderr (default: info)")
 
     s = sub.add_parser("status", help="ask the running local daemon for the federation's health")
-    s.add_argument("--config", required=True, type=Path)
+    s.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
     s.add_argument("--json", action="store_true", help="machine-readable output")
 
     s = sub.add_parser("ping", help="time sealed messages from the local daemon to a peer")
-    s.add_argument("--config", required=True, type=Path)
+    s.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
     s.add_argument("peer", help="the peer's name in peers.toml")
-    s.add_argument("--count", type=int, default=10)
-    s.add_argument("--size", type=int, default=64, help="payload bytes per message")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--count", type=_count(1), default=10, help="messages to send (default: 10)")
+    s.add_argument("--size", type=_count(0), default=64, help="payload bytes per message (default: 64)")
+    s.add_argument("--json", action="store_true", help="print the delivery times as JSON")
 
     _add_job_commands(sub)
 
     s = sub.add_parser("predict", help="score new rows with a job's stored model (no daemon needed)")
-    s.add_argument("--config", required=True, type=Path)
+    s.add_argument("--config", required=True, type=Path, help=CONFIG_HELP + " (its state_dir holds the model)")
     s.add_argument("--job", required=True, help="the job id whose model to use")
     s.add_argument("--data", required=True, type=Path, help="CSV with the model's feature columns (others are ignored)")
     s.add_argument("--out", type=Path, help="write the scores here as CSV (default: standard output)")
@@ -79,7 +106,7 @@ def _add_job_commands(sub: argparse._SubParsersAction) -> None:
     kinds = s.add_subparsers(dest="kind", required=True, metavar="KIND")
     for kind in job_kinds().values():
         k = kinds.add_parser(kind.name, help=kind.help)
-        k.add_argument("--config", required=True, type=Path)
+        k.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
         k.add_argument("--members", help="comma-separated member names (default: this site and every alive peer)")
         k.add_argument("--wait", action="store_true", help="wait for the result, showing progress")
         k.add_argument("--json", action="store_true", help="print the job record as JSON")
@@ -94,17 +121,17 @@ def _add_job_commands(sub: argparse._SubParsersAction) -> None:
                                help=f"{param.help} (default: {param.default})")
 
     s = sub.add_parser("jobs", help="list this site's jobs")
-    s.add_argument("--config", required=True, type=Path)
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
+    s.add_argument("--json", action="store_true", help="print the list as JSON")
 
     s = sub.add_parser("job", help="one job: show or cancel")
     js = s.add_subparsers(dest="job_command", required=True, metavar="SUBCOMMAND")
     for name, text in (("show", "spec, members, phase, progress, timings, errors and this site's result"),
                        ("cancel", "cancel a running job on every member")):
         k = js.add_parser(name, help=text)
-        k.add_argument("id")
-        k.add_argument("--config", required=True, type=Path)
-        k.add_argument("--json", action="store_true")
+        k.add_argument("id", help="the job id, as 'fedpeer jobs' lists it")
+        k.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
+        k.add_argument("--json", action="store_true", help="print the job record as JSON")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _init(args: argparse.Namespace) -> int:
-    from .sitefiles import init_site
     from .identity import encode_public_key
+    from .sitefiles import init_site
 
     path, identity = init_site(args.dir, args.name, args.listen, args.advertise, args.admin)
     print(f"created {path} and {path.parent / 'identity.key'} (mode 0600)")
@@ -200,8 +227,8 @@ def _status(args: argparse.Namespace) -> int:
 
 def format_status(doc: dict) -> str:
     node = doc["node"]
-    lines = [f"node {node['name']}  {node['address']}  fingerprint {node['fingerprint']}  "
-             f"up {node['uptime_s']:.0f} s  incarnation {node['incarnation']}",
+    lines = [(f"node {node['name']}  {node['address']}  fingerprint {node['fingerprint']}  "
+              f"up {node['uptime_s']:.0f} s  incarnation {node['incarnation']}"),
              f"leader: {doc.get('leader') or 'none yet'} (term {doc.get('term', 0)}; this node is {doc.get('role', '-')})", ""]
     rows = [("PEER", "STATE", "ADDRESS", "LAST SEEN", "RTT")]
     for p in doc["peers"]:
@@ -228,17 +255,23 @@ def _ping(args: argparse.Namespace) -> int:
         print(json.dumps(doc))
         return EXIT_OK
     times = sorted(doc["delivery_ms"])
-    pct = lambda q: times[min(len(times) - 1, int(q * len(times)))]  # noqa: E731
+    p50, p99 = (times[min(len(times) - 1, int(q * len(times)))] for q in (0.5, 0.99))
     print(f"{len(times)} messages of {args.size} bytes to {args.peer}: "
-          f"p50 {pct(0.5):.2f} ms, p99 {pct(0.99):.2f} ms, max {times[-1]:.2f} ms")
+          f"p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {times[-1]:.2f} ms")
     return EXIT_OK
 
 
 def _run(args: argparse.Namespace) -> int:
+    from .jobs.kinds import job_kinds
     from .net.admin import request
 
-    config = cfg.load(args.config)
     params = {k[len("param_"):]: v for k, v in vars(args).items() if k.startswith("param_")}
+    try:   # a parameter out of range is a usage error: say so before asking any daemon
+        job_kinds()[args.kind].check_params(params)
+    except JobError as exc:
+        print(f"fedpeer run {args.kind}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    config = cfg.load(args.config)
     members = [m.strip() for m in args.members.split(",")] if args.members else None
     job_id = asyncio.run(request(config, "POST", "/v1/jobs", {"kind": args.kind, "params": params,
                                                               "members": members}))["id"]
@@ -316,9 +349,8 @@ def format_job(record: dict) -> str:
         lines.append(f"  AUC {auc} ({result.get('auc_source') or '-'}); model file {result.get('model_file', '-')}")
         rows = [("ROUND", "TERM", "LEADER", "SITES", "TREES", "FED. AUC", "LOGLOSS", "ACCURACY")]
         for h in result["history"]:
-            fmt = lambda k: "-" if h.get(k) is None else f"{h[k]:.4f}"  # noqa: E731
-            rows.append((h["round"], h["term"], h["leader"], len(h["participants"]), h["trees_added"],
-                         fmt("auc"), fmt("logloss"), fmt("accuracy")))
+            scores = ("-" if h.get(k) is None else f"{h[k]:.4f}" for k in ("auc", "logloss", "accuracy"))
+            rows.append((h["round"], h["term"], h["leader"], len(h["participants"]), h["trees_added"], *scores))
         lines.append(_table(rows, indent="  "))
         for h in result["history"]:
             for site, why in (h.get("excluded") or {}).items():
@@ -337,18 +369,21 @@ def _predict(args: argparse.Namespace) -> int:
     from .jobs.predict import predict_csv
 
     rows = predict_csv(cfg.load(args.config), args.job, args.data)
-    out = open(args.out, "w", newline="", encoding="utf-8") if args.out else sys.stdout
-    try:
-        import csv
-        writer = csv.writer(out)
-        writer.writerow(list(rows[0]))
-        writer.writerows([list(r.values()) for r in rows])
-    finally:
-        if args.out:
-            out.close()
-    if args.out:
-        print(f"scored {len(rows)} rows into {args.out}", file=sys.stderr)
+    if not args.out:
+        _write_csv(sys.stdout, rows)
+        return EXIT_OK
+    with open(args.out, "w", newline="", encoding="utf-8") as out:
+        _write_csv(out, rows)
+    print(f"scored {len(rows)} rows into {args.out}", file=sys.stderr)
     return EXIT_OK
+
+
+def _write_csv(out, rows: list[dict]) -> None:
+    import csv
+
+    writer = csv.writer(out)
+    writer.writerow(list(rows[0]))
+    writer.writerows([list(r.values()) for r in rows])
 
 
 def _harness(args: argparse.Namespace) -> int:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from . import config as cfg
-from .errors import FedpeerError, NoDaemonError
+from .errors import FedpeerError, JobError, NoDaemonError
 from .identity import encode_public_key
 from .net import admin
 from .sitefiles import add_peers, init_site
@@ -372,6 +372,8 @@ def builtin_csv(name: str, path: Path) -> Path:
 
 
 def _check_arguments(args: argparse.Namespace) -> str | None:
+    from .jobs.kinds import job_kinds
+
     if not 2 <= args.sites <= 100:
         return "--sites must be between 2 and 100"
     if args.data is not None and str(args.data).startswith("builtin:"):
@@ -389,6 +391,13 @@ def _check_arguments(args: argparse.Namespace) -> str | None:
         return "--holdout needs --data (not --test-data) and a fraction between 0 and 1"
     if args.kill_leader_at_round is not None and (args.job != "xgboost" or args.kill_leader_at_round < 1):
         return "--kill-leader-at-round needs --job xgboost and a round >= 1"
+    try:   # usage errors found before any daemon starts (exit 2), not after (exit 1)
+        if args.data is not None and args.job != "membership":
+            split_fractions(args.split, args.sites)
+        if args.job != "membership":
+            job_kinds()[args.job].check_params(_job_params(args.job, args.param))
+    except (HarnessError, JobError) as exc:
+        return str(exc)
     return None
 
 
@@ -422,7 +431,10 @@ def _job_params(kind_name: str, pairs: list[str]) -> dict[str, Any]:
         if not sep or key not in kind.params:
             raise HarnessError(f"--param {pair!r}: expected KEY=VALUE with KEY one of {sorted(kind.params)}")
         typ = kind.params[key].type
-        params[key] = (text.lower() in ("1", "true", "yes")) if typ is bool else typ(text)
+        try:
+            params[key] = (text.lower() in ("1", "true", "yes")) if typ is bool else typ(text)
+        except ValueError:
+            raise HarnessError(f"--param {pair!r}: {text!r} is not a {typ.__name__}") from None
     return params
 
 
@@ -516,6 +528,17 @@ async def _chaos(harness: Harness, timeout_s: float) -> dict:
             "alive_after_restart_s": round(alive_s, 3)}
 
 
+def split_fractions(split: str, parts: int) -> list[float]:
+    """--split as one fraction per part: "stratified" (equal parts) or "0.5,0.3,0.2"."""
+    try:
+        fractions = [1 / parts] * parts if split == "stratified" else [float(x) for x in split.split(",")]
+    except ValueError:
+        fractions = []
+    if len(fractions) != parts or any(not x > 0 for x in fractions) or abs(sum(fractions) - 1) > 1e-6:
+        raise HarnessError(f"--split {split!r}: need {parts} positive fractions that add up to 1")
+    return fractions
+
+
 def split_csv(path: Path, label: str, parts: int, split: str, seed: int, out_dir: Path) -> list[Path]:
     """Split one CSV into `parts` files, stratified by `label`, seeded; returns the paths.
 
@@ -530,9 +553,7 @@ def split_csv(path: Path, label: str, parts: int, split: str, seed: int, out_dir
     header, body = rows[0], rows[1:]
     if label not in header:
         raise HarnessError(f"{path}: no column {label!r}; columns: {header}")
-    fractions = [1 / parts] * parts if split == "stratified" else [float(x) for x in split.split(",")]
-    if len(fractions) != parts or any(x <= 0 for x in fractions) or abs(sum(fractions) - 1) > 1e-6:
-        raise HarnessError(f"--split {split!r}: need {parts} positive fractions that add up to 1")
+    fractions = split_fractions(split, parts)
     rng = random.Random(seed)
     col = header.index(label)
     by_class: dict[str, list[list[str]]] = {}

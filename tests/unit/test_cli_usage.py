@@ -1,0 +1,79 @@
+"""The command line's contract with its users: --version, help on every option, and exit code 2
+only for configuration and usage errors (the README's table) — found before any daemon is asked
+or started, because systemd does not restart after 2 and operators read it as "fix what you typed".
+"""
+
+from __future__ import annotations
+
+import argparse
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+from fedpeer import cli
+from fedpeer.sitefiles import init_site
+
+
+def walk(parser: argparse.ArgumentParser, path: str = "fedpeer"):
+    """(command path, action) for every argument of every (sub)command."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helped = {a.dest: a.help for a in action._choices_actions}
+            for name, sub in action.choices.items():
+                yield f"{path} {name}", argparse.Action([name], name, help=helped.get(name))
+                yield from walk(sub, f"{path} {name}")
+        else:
+            yield path, action
+
+
+def test_every_option_and_subcommand_has_help() -> None:
+    actions = list(walk(cli._parser()))
+    missing = [f"{path}: {'/'.join(a.option_strings) or a.dest}" for path, a in actions
+               if not a.help or a.help == argparse.SUPPRESS]
+    assert len(actions) > 100, "the walk reaches every subcommand, job kinds and harness included"
+    assert missing == []
+
+
+def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out == f"fedpeer {version('fedpeer')}\n"
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Path:
+    return init_site(tmp_path / "a", "a", "127.0.0.1:17401")[0]
+
+
+def test_a_job_parameter_out_of_range_is_a_usage_error_before_any_daemon_is_asked(
+        site: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # No daemon runs: before, this was exit 3 ("no daemon"), and 1 once one ran.
+    assert cli.main(["run", "stats", "--config", str(site), "--bins", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "bins" in err and "0" in err and len(err.splitlines()) == 1
+
+
+def test_a_ping_count_below_one_is_a_usage_error(site: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["ping", "--config", str(site), "b", "--count", "0"])
+    assert exit_.value.code == 2 and "--count" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", [["--split", "0.5,0.6"], ["--split", "0.5,x"], ["--param", "bins=0"],
+                                 ["--param", "bins=many"], ["--param", "nope=1"]])
+def test_harness_usage_errors_exit_2_before_any_daemon_starts(tmp_path: Path, bad: list[str],
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    workdir = tmp_path / "work"
+    code = cli.main(["harness", "--sites", "2", "--job", "stats", "--data", "builtin:sonar",
+                     "--workdir", str(workdir), *bad])
+    assert code == 2
+    assert not workdir.exists(), "nothing was set up, let alone started"
+    assert capsys.readouterr().err.startswith("fedpeer harness: ")
+
+
+def test_a_failure_that_is_not_the_users_input_is_not_exit_2(site: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["predict", "--config", str(site), "--job", "stats-none", "--data", str(site)]) == 1
+    assert cli.main(["status", "--config", str(site)]) == 3
+    assert "no job 'stats-none'" in capsys.readouterr().err
