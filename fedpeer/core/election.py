@@ -28,7 +28,8 @@ Rules of this module:
 * Membership is fixed: the quorum is a majority of the CONFIGURED members
   (`len(members) // 2 + 1`), never of those currently alive, so a minority
   partition can never elect a leader. Messages from non-members (and from
-  myself) are ignored.
+  myself) are ignored. Only the operator changes the set (`set_members`, on
+  a reload of peers.toml; its docstring says what happens to a running term).
 * Terms only grow. A message carrying a higher term makes us a follower of
   that term with no vote (§5.1) -- except the three cases that exist to keep
   a rejoining or partitioned node from disrupting a healthy leader (§9.6):
@@ -342,6 +343,32 @@ class Election:
         if new < self._commit:
             raise ValueError(f"commit went backwards: {new} < {self._commit}")
         self._commit = new
+
+    def set_members(self, members: Sequence[NodeId], now_ms: int) -> Ready:
+        """The operator changed the member set (peers.toml reloaded); the quorum follows it.
+
+        What happens to a running term: this node keeps the term and the vote it cast in it (one
+        vote per term survives any change), but leaves its role: a leader or candidate becomes a
+        follower, and a follower forgets its leader and the certificate that proved it. The
+        leader of the term is followed again only when its certificate is a quorum of the NEW
+        set; otherwise the next election, in a higher term, is held among the new set.
+        Sites reload at different moments, so for a while they count different quorums. Two
+        majorities, of the old set and of a set one member larger or smaller, always intersect
+        (Ongaro's thesis §4.1, single-server changes): change one site at a time and reload
+        every site before the next change; for larger steps, only the term fences leaders."""
+        self._advance_clock(now_ms)
+        new = tuple(sorted(members))
+        if len(set(new)) != len(new) or self._me not in new or not 1 <= len(new) <= MEMBERS_MAX:
+            raise ValueError(f"members must be distinct, include me, and number 1..{MEMBERS_MAX}")
+        if new == self._members:
+            return self._ready([])
+        self._members = new
+        self._member_set = frozenset(new)
+        self._peers = tuple(m for m in new if m != self._me)
+        self._quorum = len(new) // 2 + 1
+        self._become_follower(self._term)
+        self._proven = None   # a certificate is re-checked against the new quorum
+        return self._ready([])
 
     def tick(self, now_ms: int) -> Ready:
         self._advance_clock(now_ms)

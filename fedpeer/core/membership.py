@@ -18,9 +18,19 @@ Rules of this module:
   `receive(src, msg, now_ms)`, where `src` is the sender's authenticated
   NodeId (the transport checked the signature). Both return the messages to
   send. Nothing else has side effects.
-* Membership is closed: the set of members is fixed at construction. Messages
+* Membership is closed: the set of members is the configured one. Messages
   from, and gossip about, any NodeId not configured are ignored; gossip never
-  admits a member.
+  admits a member. Only the operator changes the set (`set_members`, called
+  on a reload of peers.toml): a new member starts as a never-heard
+  placeholder and is pinged at once; a removed one is forgotten entirely (its
+  gossip, pending probes, and the reports it made about others), so nothing
+  it said before its removal can count afterwards.
+* Duplicate identities: X's own word names one address per incarnation (a
+  process has one advertised address; moving needs a restart, which raises
+  the incarnation). X's own word naming ANOTHER address without a higher
+  incarnation means two processes speak with X's key (a copied site dir);
+  it is counted in `duplicates` (MemberView.duplicate_*) and changes nothing
+  else: which one we follow is still decided by the rules below.
 
 Gossip about others is evidence, not truth. Any member may be wrong, buggy or
 hostile, so what X is (its incarnation, its address, alive or not) is decided
@@ -204,6 +214,9 @@ class MemberView:
     address: str
     last_seen_ms: int | None
     rtt_ms: float | None
+    duplicate_count: int = 0              # own-word messages from a second address (see rules)
+    duplicate_address: str | None = None  # the last such other address
+    duplicate_ms: int | None = None       # when it was last heard
 
 
 @dataclass(slots=True)
@@ -217,6 +230,9 @@ class _Member:
     rtt_ms: float | None = None
     next_ping_ms: int = 0           # next verify (SUSPECT) or dead (DEAD) ping
     reports: dict[NodeId, int] = field(default_factory=dict)  # reporter -> when, at `incarnation`
+    duplicate_count: int = 0                # own word from a second address (module rules)
+    duplicate_address: str | None = None
+    duplicate_ms: int | None = None
 
 
 @dataclass(slots=True)
@@ -260,6 +276,7 @@ class Membership:
         self._now_ms = now_ms
         self._members = {node: _Member(MemberState.SUSPECT, 0, addr, now_ms)
                          for node, addr in sorted(peers.items())}
+        self._configured = dict(peers)   # peers.toml's addresses: set_members notices changes
         self._gossip: dict[NodeId, _Gossip] = {}
         self._pending: dict[int, _Pending] = {}
         self._probe: _Probe | None = None
@@ -281,8 +298,9 @@ class Membership:
 
     def view(self) -> list[MemberView]:
         """Every member except me, ordered by NodeId."""
-        return [MemberView(node, m.state, m.incarnation, m.address, m.last_seen_ms, m.rtt_ms)
-                for node, m in self._members.items()]  # built in sorted order, never reordered
+        return [MemberView(node, m.state, m.incarnation, m.address, m.last_seen_ms, m.rtt_ms,
+                           m.duplicate_count, m.duplicate_address, m.duplicate_ms)
+                for node, m in self._members.items()]  # kept in sorted order (set_members too)
 
     def states(self) -> dict[NodeId, MemberState]:
         """Our verdict about every member except me: what view() says, without building records
@@ -292,6 +310,43 @@ class Membership:
     def address_of(self, node: NodeId) -> str:
         """Last known address of `node` (mine for me). KeyError if not a member."""
         return self._address if node == self._me else self._members[node].address
+
+    def set_members(self, peers: Mapping[NodeId, str], now_ms: int) -> list[Send]:
+        """The operator's new member set (peers.toml reloaded): node -> configured address.
+
+        Added members start as placeholders and get a join ping now (returned). Removed members
+        are forgotten with everything they told us. A kept member whose configured address
+        changed is tried at the new one at once (the operator's word); its own word, when it
+        comes, decides again."""
+        assert self._me not in peers, "peers must not include me"
+        self._advance_clock(now_ms)
+        removed = [node for node in self._members if node not in peers]
+        for node in removed:
+            self._forget(node)
+        sends = []
+        for node, address in peers.items():
+            m = self._members.get(node)
+            if m is None:
+                self._members[node] = _Member(MemberState.SUSPECT, 0, address, now_ms,
+                                              next_ping_ms=now_ms + self._cfg.probe_interval_ms)
+                sends.append(self._ping(node, self._track(node, now_ms)))
+            elif m.address != address and self._configured.get(node) != address:
+                m.address = address
+                sends.append(self._ping(node, self._track(node, now_ms)))
+        self._configured = dict(peers)
+        self._members = dict(sorted(self._members.items()))
+        self._order, self._order_pos = [], 0   # reshuffled over the new set at the next probe
+        return sends
+
+    def _forget(self, node: NodeId) -> None:
+        del self._members[node]
+        self._gossip.pop(node, None)
+        self._pending = {pid: e for pid, e in self._pending.items()
+                         if node not in (e.target, e.requester, e.relay)}
+        if self._probe is not None and (self._probe.target == node or node in (self._probe.relays or ())):
+            self._probe = None   # its outcome would be about (or through) a non-member
+        for m in self._members.values():
+            m.reports.pop(node, None)
 
     def tick(self, now_ms: int) -> list[Send]:
         self._advance_clock(now_ms)
@@ -539,6 +594,10 @@ class Membership:
         m = self._members[node]
         if incarnation > INCARNATION_MAX:
             return  # out of range (a peer still on the old bug): its message counts, not its number
+        if m.heard and address != m.address and incarnation <= m.incarnation:
+            # one process, one address per incarnation: a second process holds X's key
+            m.duplicate_count += 1
+            m.duplicate_address, m.duplicate_ms = address, now_ms
         if m.heard and (incarnation == m.incarnation or (
                 incarnation < m.incarnation and m.state is MemberState.ALIVE)):
             return  # same self (a verdict stands until refuted), or a late message from its past
