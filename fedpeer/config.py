@@ -209,6 +209,7 @@ class NodeSection:
     key_file: Path
     state_dir: Path
     admin: str            # "unix:/path/to/socket" or "127.0.0.1:PORT"
+    metrics: Address | None = None   # optional loopback listener for Prometheus (fedpeer/metrics.py)
 
     @property
     def admin_socket(self) -> Path | None:
@@ -239,7 +240,7 @@ class Config:
 
 
 _TOP_KEYS = {"node", "peer", "policy", "limits", "membership", "data", "jobs", "election"}
-_NODE_KEYS = {"name", "listen", "advertise", "key_file", "state_dir", "admin"}
+_NODE_KEYS = {"name", "listen", "advertise", "key_file", "state_dir", "admin", "metrics"}
 _PEER_KEYS = {"name", "address", "public_key"}
 
 
@@ -325,6 +326,14 @@ def _node(path: Path, table: dict) -> NodeSection:
                               "the admin API must never be reachable from the network")
         if admin_addr == listen:
             raise ConfigError(path, "node.admin", "must differ from node.listen")
+    metrics = None
+    if "metrics" in table:
+        metrics = _address(path, "node.metrics", _string(path, "node", table, "metrics"))
+        if not is_loopback(metrics.host):
+            raise ConfigError(path, "node.metrics", "must be a loopback address such as 127.0.0.1:9464; "
+                              "metrics name peers and jobs and must never be reachable from the network")
+        if metrics == listen or str(metrics) == admin:
+            raise ConfigError(path, "node.metrics", "must differ from node.listen and node.admin")
     return NodeSection(
         name=name,
         listen=listen,
@@ -332,6 +341,7 @@ def _node(path: Path, table: dict) -> NodeSection:
         key_file=base / _string(path, "node", table, "key_file", "identity.key"),
         state_dir=state_dir,
         admin=admin,
+        metrics=metrics,
     )
 
 

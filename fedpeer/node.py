@@ -35,6 +35,7 @@ from .jobs.registry import JobRegistry
 from .net.channel import PeerRefused, PeerUnreachable
 from .identity import Identity, encode_public_key, fingerprint
 from .logs import fields
+from .metrics import PATH as METRICS_PATH, MetricsListener, NodeMetrics
 from .net.admin import AdminServer
 from .net.transport import PeerClient, PeerServer, SendError, SendRefused, raise_open_files_limit
 from .store import StateDir
@@ -65,6 +66,8 @@ class Node:
         self._names = {p.public_key: p.name for p in config.peers}
         self._allowed = frozenset(self._names)
         self.rejected: Counter[str] = Counter()
+        self.accepted: Counter[tuple[bytes, str]] = Counter()        # (sender, message kind) -> frames
+        self.received_bytes: Counter[tuple[bytes, str]] = Counter()  # (sender, message kind) -> bytes
         self._reject_logged_ms: dict[str, int] = {}
         self._started_ms = _monotonic_ms()
         replay = wire.ReplayGuard(
@@ -83,7 +86,11 @@ class Node:
                                   self._on_reject, self._gate.refusal_tag)
         self._loop_errors: Counter[str] = Counter()
         self._loop_error_logged_ms: dict[str, int] = {}
+        self.metrics = NodeMetrics(self)   # read at scrape time: status() and jobs.list()
+        self._metrics_listener = (MetricsListener(self.metrics, config.node.metrics, config.path)
+                                  if config.node.metrics is not None else None)
         self._admin = AdminServer(config, {("GET", "/v1/status"): self._admin_status,
+                                           ("GET", METRICS_PATH): self.metrics.handle,
                                            ("POST", "/v1/diag/ping"): self._admin_ping,
                                            ("POST", "/v1/jobs"): self._admin_propose,
                                            ("GET", "/v1/jobs"): self._admin_jobs,
@@ -148,12 +155,17 @@ class Node:
             raise ConfigError(self.config.path, "node.listen", f"cannot listen on {self.config.node.listen}: {problem}") from None
         try:
             await self._admin.start()
+            if self._metrics_listener is not None:
+                await self._metrics_listener.start()
         except BaseException:
+            await self._admin.stop()
             await self._server.stop()
             await self._client.stop()
             raise
 
     async def _stop_servers(self) -> None:
+        if self._metrics_listener is not None:
+            await self._metrics_listener.stop()
         await self._admin.stop()
         await self._server.stop()
         await self._client.stop()
@@ -214,7 +226,7 @@ class Node:
             address = self._address(send.dst)
             if address is not None:
                 frame = self._sealer.seal(send.dst, send.msg, _wall_us(), term=self.election.term)
-                self._tg.create_task(self._client.send_best_effort(address, frame, timeout_ms))
+                self._tg.create_task(self._client.send_best_effort(address, frame, timeout_ms, send.dst))
 
     def _address(self, peer: bytes) -> str | None:
         try:
@@ -236,7 +248,7 @@ class Node:
             timeout_ms = 2 * self.config.membership.probe_interval_ms
             for send in sends:
                 frame = self._sealer.seal(send.dst, send.msg, _wall_us())
-                self._tg.create_task(self._client.send_best_effort(send.address, frame, timeout_ms))
+                self._tg.create_task(self._client.send_best_effort(send.address, frame, timeout_ms, send.dst))
         if self.membership.incarnation != self._saved_incarnation:
             self.state.save_incarnation(self.membership.incarnation)
             self._saved_incarnation = self.membership.incarnation
@@ -261,7 +273,9 @@ class Node:
                 envelope = await asyncio.to_thread(self._gate.open, frame, now_ms)
             else:
                 envelope = self._gate.open(frame, now_ms)
-            self._dispatch(envelope)
+            kind = self._dispatch(envelope)
+            self.accepted[envelope.src, kind] += 1
+            self.received_bytes[envelope.src, kind] += len(frame)
         except RemoteProtocolError as exc:
             sender, job = getattr(exc, "sender", None), getattr(exc, "job", "")
             if sender is not None and job and exc.reason not in ("replay", "unknown_job"):
@@ -271,17 +285,20 @@ class Node:
             self._log_loop_error("frame_handler", exc)
             raise wire.refused_from(header.sender, RemoteProtocolError("internal_error", type(exc).__name__)) from None
 
-    def _dispatch(self, envelope: wire.Envelope) -> None:
+    def _dispatch(self, envelope: wire.Envelope) -> str:
+        """Hand the message to its owner; returns its kind for the per-peer counts."""
         if isinstance(envelope.msg, (mb.Ping, mb.Ack, mb.PingReq, mb.IndirectAck)):
             self._apply(self.membership.receive(envelope.src, envelope.msg, _monotonic_ms()))
-        elif isinstance(envelope.msg, el.MESSAGE_TYPES):
+            return "membership"
+        if isinstance(envelope.msg, el.MESSAGE_TYPES):
             self._apply_election(self.election.receive(envelope.src, envelope.msg, _monotonic_ms()))
-        elif isinstance(envelope.msg, wire.DiagProbe):
-            pass   # delivered through the whole gate: that is all a probe is for
-        elif envelope.job:
+            return "election"
+        if isinstance(envelope.msg, wire.DiagProbe):
+            return "diag"   # delivered through the whole gate: that is all a probe is for
+        if envelope.job:
             self.jobs.on_message(envelope.src, envelope.job, envelope.msg)
-        else:
-            raise RemoteProtocolError("unexpected_kind", f"no handler for {envelope.kind}")
+            return "job"
+        raise RemoteProtocolError("unexpected_kind", f"no handler for {envelope.kind}")
 
     def _on_reject(self, exc: RemoteProtocolError, peer_ip: str) -> None:
         """Count every refusal; log the first of each reason, then at most once per interval. The
@@ -312,6 +329,9 @@ class Node:
                 "incarnation": view.incarnation,
                 "last_seen_s": None if view.last_seen_ms is None else round((now - view.last_seen_ms) / 1000, 3),
                 "rtt_ms": None if view.rtt_ms is None else round(view.rtt_ms, 3),
+                "sent_bytes": {c: self._client.sent_bytes_by_peer[view.node, c] for c in ("reliable", "best_effort")},
+                "received_bytes": {k: n for (src, k), n in self.received_bytes.items() if src == view.node},
+                "frames_accepted": {k: n for (src, k), n in self.accepted.items() if src == view.node},
             })
         peers.sort(key=lambda p: p["name"])
         return {
@@ -408,7 +428,7 @@ class Node:
         else:
             frame = self._sealer.seal(dst, msg, _wall_us(), job=job, term=term)
         try:
-            await self._client.send(address, frame)
+            await self._client.send(address, frame, dst)
         except SendRefused as exc:
             exc.frame = frame     # the caller checks the refusal's proof against what was sent
             raise

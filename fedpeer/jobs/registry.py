@@ -121,6 +121,7 @@ class NodeChannel:
         self.me = registry.transport.me
         self.members = record.members
         self.job_id = record.id
+        self.metrics = getattr(registry.transport, "metrics", None)   # fedpeer/metrics.py observe_*
 
     def now_ms(self) -> int:
         return self._registry.transport.now_ms()

@@ -367,6 +367,7 @@ class PeerClient:
         self._best_effort = asyncio.Semaphore(limits.outbound_inflight_max)
         self.dropped_best_effort = 0
         self.sent_bytes = {"reliable": 0, "best_effort": 0}   # frames accepted by peers (for status)
+        self.sent_bytes_by_peer: Counter[tuple[bytes, str]] = Counter()   # (peer key, class) -> bytes
 
     async def start(self) -> None:
         timeout = aiohttp.ClientTimeout(total=self._limits.http_timeout_ms / 1000,
@@ -390,7 +391,7 @@ class PeerClient:
                     raise SendRefused(address, reason, resp.headers.get(REFUSAL_HEADER, "")[:64])
                 raise SendError(f"{address} refused the frame: HTTP {resp.status} {reason}")
 
-    async def send(self, address: str, frame: bytes) -> None:
+    async def send(self, address: str, frame: bytes, peer: bytes = b"") -> None:
         """Reliable send: retries connection failures with backoff and jitter; raises SendError.
 
         A 400 (the peer rejected the frame) is not retried: the same bytes would be rejected again.
@@ -400,6 +401,7 @@ class PeerClient:
             try:
                 await self._post(address, frame, None)
                 self.sent_bytes["reliable"] += len(frame)
+                self.sent_bytes_by_peer[peer, "reliable"] += len(frame)
                 return
             except SendError:
                 raise
@@ -410,7 +412,7 @@ class PeerClient:
             await asyncio.sleep(self._rng.uniform(0, cap) / 1000)   # "full jitter"
         raise AssertionError("unreachable")
 
-    async def send_best_effort(self, address: str, frame: bytes, timeout_ms: int) -> bool:
+    async def send_best_effort(self, address: str, frame: bytes, timeout_ms: int, peer: bytes = b"") -> bool:
         """One try, short timeout, never raises. Drops (and counts) when too many are in flight."""
         if self._best_effort.locked():
             self.dropped_best_effort += 1
@@ -419,6 +421,7 @@ class PeerClient:
             try:
                 await self._post(address, frame, timeout_ms)
                 self.sent_bytes["best_effort"] += len(frame)
+                self.sent_bytes_by_peer[peer, "best_effort"] += len(frame)
                 return True
             except (SendError, aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
                 log.debug("best-effort send to %s failed: %s", address, exc)
