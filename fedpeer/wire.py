@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import heapq
 import hmac
 import math
 import threading
@@ -334,6 +335,7 @@ class ReplayGuard:
         self._lock = threading.Lock()
         self._floor: dict[bytes, int] = {}      # persisted mark at start: nothing at or below passes
         self._recent: dict[bytes, set[int]] = {}
+        self._oldest: dict[bytes, list[int]] = {}   # the same seqs as a min-heap: pruning is O(log n)
         self._counters: dict[bytes, Any] = {}
 
     def _counter(self, sender: bytes) -> Any:
@@ -342,6 +344,7 @@ class ReplayGuard:
             counter = self._counters[sender] = self._counter_for(sender)
             self._floor[sender] = counter.value
             self._recent[sender] = set()
+            self._oldest[sender] = []
         return counter
 
     def check_and_record(self, sender: bytes, seq: int) -> None:
@@ -364,16 +367,20 @@ class ReplayGuard:
         high, recent = counter.value, self._recent[sender]
         if seq > high:
             counter.set(seq)
-            recent.add(seq)
-            if len(recent) > self._recent_max // 2:   # prune what fell out of the window
-                low = seq - self._window_us
-                recent.difference_update([s for s in recent if s <= low])
+            self._remember(sender, seq)
+            low, oldest = seq - self._window_us, self._oldest[sender]
+            while oldest and oldest[0] <= low:      # what fell out of the window (amortised O(log n))
+                recent.discard(heapq.heappop(oldest))
             return
         if seq <= self._floor[sender] or seq <= high - self._window_us or seq in recent:
             raise RemoteProtocolError("replay", f"seq {seq} already seen or too old (high {high})")
         if len(recent) >= self._recent_max:
             raise RemoteProtocolError("replay", "too many out-of-order messages in the window")
-        recent.add(seq)
+        self._remember(sender, seq)
+
+    def _remember(self, sender: bytes, seq: int) -> None:
+        self._recent[sender].add(seq)
+        heapq.heappush(self._oldest[sender], seq)
 
     def sync(self) -> None:
         with self._lock:

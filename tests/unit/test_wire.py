@@ -294,3 +294,17 @@ def test_decoded_item_budget_stops_amplification_early(peers: Peers) -> None:
 def test_legit_large_lists_fit_the_budget(peers: Peers) -> None:
     features = [f"f{i}" for i in range(100_000)]     # the largest list a job message may carry
     assert len(wire._decode(msgpack.packb({"features": features}), 1 << 30)["features"]) == 100_000
+
+
+def test_replay_marks_stay_bounded_and_cheap_for_long_streams(tmp_path: Path) -> None:
+    """Each accepted seq is pruned once it falls out of the window (a heap, not a rescan of every
+    remembered seq per message), and every seq still inside the window is refused again."""
+    guard = wire.ReplayGuard(window_us=1_000, recent_max=4096, counter_for=lambda k: Counter(tmp_path / "c"))
+    sender = b"s" * 32
+    for seq in range(1, 100_001, 3):
+        guard.check_and_record(sender, seq)
+    assert len(guard._recent[sender]) <= 1_000 // 3 + 1 and len(guard._oldest[sender]) == len(guard._recent[sender])
+    for seq in (99_997, 99_001):
+        with pytest.raises(RemoteProtocolError, match="replay"):
+            guard.check_and_record(sender, seq)
+    guard.check_and_record(sender, 99_999)   # inside the window, never seen: out of order, accepted
