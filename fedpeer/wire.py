@@ -240,13 +240,27 @@ def _register_election() -> None:
 
     term = v_int(0, INT64_MAX)
     with_commit = {"term": term, "commit_term": term, "commit_index": term}
-    reply = {"term": term, "granted": v_bool}
-    for kind, cls, fields in (("el_pre_vote", el.PreVote, with_commit), ("el_pre_vote_reply", el.PreVoteReply, reply),
+    pre_vote_reply = {"term": term, "granted": v_bool}
+    # A granted vote carries the voter's signature (empty when refused); a heartbeat carries the
+    # votes that elected its sender: at most one per member (the core refuses duplicates).
+    vote_reply = {**pre_vote_reply, "sig": v_bytes(max_bytes=SIGNATURE_BYTES)}
+    vote = v_map({"voter": NODE_ID, "sig": v_bytes(exact=SIGNATURE_BYTES)})
+    heartbeat = {**with_commit, "certificate": v_list(vote, el.MEMBERS_MAX)}
+
+    def heartbeat_out(m: el.Heartbeat) -> dict:
+        return {"term": m.term, "commit_term": m.commit_term, "commit_index": m.commit_index,
+                "certificate": [{"voter": v.voter, "sig": v.sig} for v in m.certificate]}
+
+    def heartbeat_in(body: dict) -> el.Heartbeat:
+        return el.Heartbeat(**{**body, "certificate": tuple(el.VoteSig(**v) for v in body["certificate"])})
+
+    for kind, cls, fields in (("el_pre_vote", el.PreVote, with_commit),
+                              ("el_pre_vote_reply", el.PreVoteReply, pre_vote_reply),
                               ("el_request_vote", el.RequestVote, with_commit),
-                              ("el_request_vote_reply", el.RequestVoteReply, reply),
-                              ("el_heartbeat", el.Heartbeat, with_commit), ("el_heartbeat_reply", el.HeartbeatReply,
-                                                                            {"term": term})):
+                              ("el_request_vote_reply", el.RequestVoteReply, vote_reply),
+                              ("el_heartbeat_reply", el.HeartbeatReply, {"term": term, "follows": v_bool})):
         register(kind, cls, fields)
+    register("el_heartbeat", el.Heartbeat, heartbeat, to_body=heartbeat_out, from_body=heartbeat_in)
 
 
 _register_election()

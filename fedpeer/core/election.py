@@ -36,7 +36,8 @@ Rules of this module:
   a PreVote never changes anyone's term; a granted PreVoteReply carries the
   requester's prospective term, not ours; and a RequestVote that reaches a
   node "in lease" (a leader, or a follower that heard its leader within
-  election_timeout_min_ms) is ignored entirely.
+  election_timeout_min_ms) is ignored entirely. And a Heartbeat moves our
+  term only with a certificate proving its sender won that term (below).
 * One vote per term, persisted: voted_for is set at most once per term.
   A vote (and a pre-vote) is granted only to a candidate whose commit point
   (commit_term, commit_index) is at least ours, compared as a pair (§5.4.1
@@ -47,7 +48,8 @@ Rules of this module:
   Only with a majority of pre-votes do we become a candidate (term + 1,
   vote for self). Nobody grants a pre-vote while in lease.
 * CheckQuorum (§9.6): a leader that has not heard a HeartbeatReply of its
-  term from a majority (itself included) within election_timeout_min_ms steps
+  term saying "follows" from a majority (itself included) within
+  election_timeout_min_ms steps
   down to follower. This bounds how long a leader cut off in a minority keeps
   believing it leads, and it is what lets followers treat "heard the leader
   recently" as a lease.
@@ -80,9 +82,32 @@ Rules of this module:
   after its start, sooner if elections are rarer than one per timeout, which is
   the normal case (elections happen only when a leader fails). Until then it
   ignores the leader's heartbeats; it cannot disrupt anyone (PreVote), it only
-  sits out. What the rule does NOT stop: a member announcing itself leader of
-  term + 1 with a heartbeat (Raft trusts a member's claim of a won election;
-  closing that needs signed votes, a quorum certificate, not implemented here).
+  sits out.
+* A leader proves its election (issue 11: authority is checked, not assumed).
+  Raft trusts a heartbeat's claim of a won election; one member's key could
+  then announce itself leader of term + 1 and have the job layer obey it. Here
+  a granted RequestVoteReply carries the voter's signature over
+  `vote_statement(term, candidate)` (domain "fedpeer/v1 vote"); the candidate
+  checks each one before counting it (a bad signature is not a vote, so a
+  lying voter cannot make an honest leader's certificate worthless) and, once
+  elected, sends the quorum it collected as a certificate in its heartbeats
+  to every follower until that follower's HeartbeatReply says `follows`
+  (then heartbeats go without it, so the steady state costs nothing). A
+  follower takes src as leader of term T, and adopts T if higher, only after
+  a certificate shows a quorum of distinct members voted for (T, src): src's
+  own vote is implied by its authenticated heartbeat, ours is known if we cast
+  it, every other one needs its signature. A certificate is verified once per
+  (term, leader) and remembered; later heartbeats cost no signature check.
+  A heartbeat that proves nothing makes nobody leader and changes no term; it
+  is answered with our term and `follows=False`, which is also how a restarted
+  follower asks the leader for the certificate again. Verification stops at
+  the first bad signature (an honest leader never sends one), so a forged
+  heartbeat costs at most one failed check plus the real votes it replays.
+  PreVote grants are not signed: they elect nobody. Signing and checking are
+  injected (`sign(statement)`, `verify(voter, statement, signature)`), so this
+  module stays pure. What signatures cannot stop: a Byzantine VOTER signing
+  two candidates in one term (it is in every quorum intersection it likes);
+  one vote per term is enforced only on honest members.
 * Leader timing (heartbeats, CheckQuorum) and follower leases run on the same
   clock as everyone else only in the sense of durations: safety (one leader
   per term) never depends on time; liveness and non-disruption do.
@@ -95,7 +120,7 @@ from __future__ import annotations
 
 import enum
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 
 NodeId = bytes  # a member's 32-byte Ed25519 public key; the canonical id on the wire
@@ -103,6 +128,16 @@ NodeId = bytes  # a member's 32-byte Ed25519 public key; the canonical id on the
 MEMBERS_MAX = 100  # cross-silo federations: 2..100 sites (1 is allowed for a lone site and tests)
 TERM_MAX = 2**63 - 1  # terms travel as msgpack int64; a larger one is a malformed message
 TERM_STEP_MAX = 16   # terms a message may move us beyond our own, plus one per election timeout
+SIGNATURE_BYTES_MAX = 64  # an Ed25519 signature; a vote signature longer than this is malformed
+VOTE_DOMAIN = b"fedpeer/v1 vote\x00"  # a vote signature can never pass for any other statement
+
+Sign = Callable[[bytes], bytes]                 # my signature over a statement
+Verify = Callable[[NodeId, bytes, bytes], bool]  # (voter, statement, signature) -> valid?
+
+
+def vote_statement(term: int, candidate: NodeId) -> bytes:
+    """What a voter signs when it grants its vote of `term` to `candidate`."""
+    return VOTE_DOMAIN + term.to_bytes(8, "big") + candidate
 
 
 class Role(enum.StrEnum):
@@ -171,6 +206,13 @@ class RequestVote:
 class RequestVoteReply:
     term: int
     granted: bool
+    sig: bytes = b""  # granted: the voter's signature over vote_statement(term, candidate)
+
+
+@dataclass(frozen=True)
+class VoteSig:  # one entry of a leader certificate
+    voter: NodeId
+    sig: bytes
 
 
 @dataclass(frozen=True)
@@ -178,11 +220,14 @@ class Heartbeat:  # leader -> follower; carries the leader's last committed roun
     term: int
     commit_term: int
     commit_index: int
+    # The votes that elected the sender (itself excluded), until the follower says it follows.
+    certificate: tuple[VoteSig, ...] = ()
 
 
 @dataclass(frozen=True)
 class HeartbeatReply:  # also the answer to a stale heartbeat, carrying the higher term
     term: int
+    follows: bool = False  # the replier takes the sender as leader of `term` (certificate seen)
 
 
 Message = PreVote | PreVoteReply | RequestVote | RequestVoteReply | Heartbeat | HeartbeatReply
@@ -213,14 +258,29 @@ class ElectionStats:  # counters for the status API and for tests; never reset
     higher_term_step_downs: int = 0  # left leader/candidate because a higher term appeared
     ignored_messages: int = 0        # malformed, from a non-member, or a conflicting leader
     term_jumps_ignored: int = 0      # also counted in ignored_messages: a term above term_ceiling
+    uncertified_heartbeats: int = 0  # heartbeats whose certificate did not prove their sender won
+    certificates_verified: int = 0   # (term, leader) pairs proven by signatures (once per pair)
+    bad_vote_signatures: int = 0     # granted votes whose signature did not verify (not counted)
+
+
+def _well_formed_certificate(value: object) -> bool:
+    return (isinstance(value, tuple) and len(value) <= MEMBERS_MAX
+            and all(isinstance(v, VoteSig) and isinstance(v.voter, bytes) and isinstance(v.sig, bytes)
+                    for v in value))
 
 
 def _well_formed(msg: Message) -> bool:
     # The wire codec validates types; this guards the invariants our arithmetic relies on.
     for f in fields(msg):
         value = getattr(msg, f.name)
-        if f.name == "granted":
+        if f.name in ("granted", "follows"):
             if not isinstance(value, bool):
+                return False
+        elif f.name == "sig":
+            if not (isinstance(value, bytes) and len(value) <= SIGNATURE_BYTES_MAX):
+                return False
+        elif f.name == "certificate":
+            if not _well_formed_certificate(value):
                 return False
         elif not (isinstance(value, int) and not isinstance(value, bool)
                   and 0 <= value <= TERM_MAX):
@@ -233,7 +293,9 @@ class Election:
 
     def __init__(self, me: NodeId, members: Sequence[NodeId], config: ElectionConfig,
                  rng: random.Random, hard_state: HardState, now_ms: int,
-                 commit: Commit = Commit()) -> None:
+                 commit: Commit = Commit(), *, sign: Sign, verify: Verify) -> None:
+        """`sign` signs my votes (the node passes its identity's Ed25519 key); `verify` checks a
+        member's vote signature. Both are required: a default could let a deployment forget them."""
         if len(set(members)) != len(members):
             raise ValueError("members must be distinct")
         if me not in members:
@@ -243,7 +305,9 @@ class Election:
         if not 0 <= hard_state.term <= TERM_MAX or commit.term < 0 or commit.index < 0:
             raise ValueError("terms and indexes must be non-negative")
         self._me = me
+        self._sign, self._verify = sign, verify
         self._members = tuple(sorted(members))
+        self._member_set = frozenset(members)
         self._peers = tuple(m for m in self._members if m != me)
         self._quorum = len(self._members) // 2 + 1
         self._cfg = config
@@ -263,7 +327,11 @@ class Election:
         self._leader_commit: Commit | None = None
         self._granted: set[NodeId] = set()   # this campaign's (pre-)votes, me included
         self._refused: set[NodeId] = set()
-        self._peer_heard_ms: dict[NodeId, int] = {}  # leader only: last reply of my term
+        self._peer_heard_ms: dict[NodeId, int] = {}  # leader only: last following reply of my term
+        self._vote_sigs: dict[NodeId, bytes] = {}    # candidate: verified vote signatures
+        self._certificate: tuple[VoteSig, ...] = ()  # leader: the votes that elected me
+        self._peer_follows: set[NodeId] = set()      # leader: peers that no longer need it
+        self._proven: tuple[int, NodeId] | None = None  # the last (term, leader) a certificate proved
         self._next_heartbeat_ms = 0
         self._stats = ElectionStats()
         self._election_deadline_ms = 0
@@ -370,6 +438,11 @@ class Election:
         self._proven = None   # a certificate is re-checked against the new quorum
         return self._ready([])
 
+    def set_config(self, config: ElectionConfig) -> None:
+        """New timings (peers.toml reloaded): a running timer keeps its deadline; the next one
+        drawn uses the new values. Safety never depends on them (module rules)."""
+        self._cfg = config
+
     def tick(self, now_ms: int) -> Ready:
         self._advance_clock(now_ms)
         return self._ready(self._on_tick(now_ms))
@@ -418,9 +491,14 @@ class Election:
     def _up_to_date(self, msg: PreVote | RequestVote) -> bool:
         return Commit(msg.commit_term, msg.commit_index) >= self._commit
 
-    def _broadcast(self, make: type[PreVote | RequestVote | Heartbeat], term: int,
-                   commit: Commit) -> list[Send]:
+    def _broadcast(self, make: type[PreVote | RequestVote], term: int, commit: Commit) -> list[Send]:
         return [Send(p, make(term, commit.term, commit.index)) for p in self._peers]
+
+    def _heartbeats(self) -> list[Send]:
+        # The certificate rides along until a peer says it follows: then heartbeats are small.
+        return [Send(p, Heartbeat(self._term, self._commit.term, self._commit.index,
+                                  () if p in self._peer_follows else self._certificate))
+                for p in self._peers]
 
     # -- timers -----------------------------------------------------------------------------
 
@@ -432,7 +510,7 @@ class Election:
                 return []
             if now_ms >= self._next_heartbeat_ms:
                 self._next_heartbeat_ms = now_ms + self._cfg.heartbeat_interval_ms
-                return self._broadcast(Heartbeat, self._term, self._commit)
+                return self._heartbeats()
             return []
         if now_ms >= self._election_deadline_ms:
             return self._start_pre_vote()
@@ -459,7 +537,10 @@ class Election:
         self._leader_commit = None
         self._granted.clear()
         self._refused.clear()
+        self._vote_sigs.clear()
         self._peer_heard_ms.clear()
+        self._certificate = ()
+        self._peer_follows.clear()
         self._reset_election_timer()
 
     def _start_pre_vote(self) -> list[Send]:
@@ -484,6 +565,7 @@ class Election:
         self._role = Role.CANDIDATE
         self._granted = {self._me}
         self._refused = set()
+        self._vote_sigs = {}
         self._reset_election_timer()
         if len(self._granted) >= self._quorum:
             return self._become_leader()
@@ -493,13 +575,16 @@ class Election:
         self._stats.elections_won += 1
         self._role = Role.LEADER
         self._leader = self._me
+        self._certificate = tuple(VoteSig(v, sig) for v, sig in sorted(self._vote_sigs.items()))
+        self._peer_follows = set()
         self._granted.clear()
         self._refused.clear()
+        self._vote_sigs.clear()
         # CheckQuorum grace: every peer counts as heard now, so a new leader gets one full
         # window to collect replies before it can step down.
         self._peer_heard_ms = dict.fromkeys(self._peers, self._now_ms)
         self._next_heartbeat_ms = self._now_ms + self._cfg.heartbeat_interval_ms
-        return self._broadcast(Heartbeat, self._term, self._commit)  # announce at once
+        return self._heartbeats()  # announce at once
 
     def _tally(self) -> list[Send]:
         if len(self._granted) >= self._quorum:
@@ -515,6 +600,8 @@ class Election:
     def _on_message(self, src: NodeId, msg: Message) -> list[Send]:
         if isinstance(msg, PreVote):
             return self._on_pre_vote(src, msg)  # never changes our term (§9.6)
+        if isinstance(msg, Heartbeat):
+            return self._on_heartbeat(src, msg)  # a higher term only with its certificate
         if msg.term > self._term:
             if isinstance(msg, RequestVote) and self._in_lease():
                 return []  # a live leader exists: do not even learn the challenger's term
@@ -527,8 +614,6 @@ class Election:
                 return self._on_request_vote(src, msg)
             case RequestVoteReply():
                 return self._on_request_vote_reply(src, msg)
-            case Heartbeat():
-                return self._on_heartbeat(src, msg)
             case HeartbeatReply():
                 return self._on_heartbeat_reply(src, msg)
         raise AssertionError("unreachable")
@@ -550,35 +635,74 @@ class Election:
     def _on_request_vote(self, src: NodeId, msg: RequestVote) -> list[Send]:
         if msg.term < self._term:
             return [Send(src, RequestVoteReply(self._term, False))]
-        grant = self._voted_for in (None, src) and self._up_to_date(msg)
-        if grant:
-            self._voted_for = src
-            self._reset_election_timer()  # §5.2: a granted vote counts as hearing a candidate
-        return [Send(src, RequestVoteReply(self._term, grant))]
+        if not (self._voted_for in (None, src) and self._up_to_date(msg)):
+            return [Send(src, RequestVoteReply(self._term, False))]
+        self._voted_for = src
+        self._reset_election_timer()  # §5.2: a granted vote counts as hearing a candidate
+        return [Send(src, RequestVoteReply(self._term, True, self._sign(vote_statement(self._term, src))))]
 
     def _on_request_vote_reply(self, src: NodeId, msg: RequestVoteReply) -> list[Send]:
         if self._role is not Role.CANDIDATE or msg.term != self._term:
             return []  # late reply from an earlier campaign
-        (self._granted if msg.granted else self._refused).add(src)
+        if not msg.granted:
+            self._refused.add(src)
+        elif self._verify(src, vote_statement(self._term, self._me), msg.sig):
+            self._granted.add(src)
+            self._vote_sigs[src] = msg.sig
+        else:  # not a vote: counting it would put a signature in my certificate that fails everywhere
+            self._stats.bad_vote_signatures += 1
+            return []
         return self._tally()
 
     def _on_heartbeat(self, src: NodeId, msg: Heartbeat) -> list[Send]:
         if msg.term < self._term:
             return [Send(src, HeartbeatReply(self._term))]  # tell the deposed leader
-        # msg.term == self._term from here on (a higher term made us a follower above)
-        if self._role is Role.LEADER or self._leader not in (None, src):
+        if msg.term == self._term and (self._role is Role.LEADER or self._leader not in (None, src)):
             # Two leaders in one term: impossible with honest members. Refuse to follow either.
             self._stats.ignored_messages += 1
             return []
-        if self._role is not Role.FOLLOWER:
-            self._become_follower(self._term)  # someone else won this term (§5.2)
+        if not self._proves_leader(src, msg.term, msg.certificate):
+            # Nobody becomes leader, no term moves; our term and "not following" tell an honest
+            # leader to send its certificate again (a restarted follower forgot it).
+            self._stats.uncertified_heartbeats += 1
+            return [Send(src, HeartbeatReply(self._term, follows=False))]
+        if msg.term > self._term or self._role is not Role.FOLLOWER:
+            self._become_follower(msg.term)  # §5.1, or someone else won this term (§5.2)
         self._leader = src
         self._leader_contact_ms = self._now_ms
         self._leader_commit = Commit(msg.commit_term, msg.commit_index)
         self._reset_election_timer()
-        return [Send(src, HeartbeatReply(self._term))]
+        return [Send(src, HeartbeatReply(self._term, follows=True))]
+
+    def _proves_leader(self, leader: NodeId, term: int, certificate: tuple[VoteSig, ...]) -> bool:
+        """True if a quorum of distinct members voted for `leader` in `term`: its own vote is
+        implied by its authenticated heartbeat, ours is known if we cast it, every other needs a
+        valid signature. Verified once per (term, leader); remembered after that."""
+        if self._proven == (term, leader):
+            return True
+        voters = [v.voter for v in certificate]
+        if (len(set(voters)) != len(voters) or leader in voters
+                or not self._member_set.issuperset(voters)):
+            return False  # an honest leader never sends these: refuse without checking anything
+        known = {leader}
+        if term == self._term and self._voted_for == leader:
+            known.add(self._me)
+        if len(known.union(voters)) < self._quorum:
+            return False
+        statement = vote_statement(term, leader)
+        # all() stops at the first bad signature: a forgery costs one failed check.
+        if not all(self._verify(v.voter, statement, v.sig) for v in certificate if v.voter not in known):
+            return False
+        self._proven = (term, leader)
+        self._stats.certificates_verified += 1
+        return True
 
     def _on_heartbeat_reply(self, src: NodeId, msg: HeartbeatReply) -> list[Send]:
-        if self._role is Role.LEADER and msg.term == self._term:
+        if self._role is not Role.LEADER or msg.term != self._term:
+            return []
+        if msg.follows:  # only a follower counts for CheckQuorum: it obeys this term's leader
             self._peer_heard_ms[src] = self._now_ms
+            self._peer_follows.add(src)
+        else:            # it does not (or no longer) know me: the next heartbeat proves it again
+            self._peer_follows.discard(src)
         return []

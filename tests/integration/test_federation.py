@@ -89,3 +89,45 @@ async def test_leader_election_failover_and_rejoin(make_federation) -> None:
     h.start(old)
     final = await agreed([0, 1, 2], 20)
     assert final == (new_leader, new_term), "a rejoining node must not depose a healthy leader"
+
+
+async def test_a_members_heartbeat_claiming_the_next_term_is_not_followed(make_federation) -> None:
+    """issue 11 against real daemons: with a follower's (allow-listed) key, tell the other two "I lead
+    term + 1" in heartbeats without a certificate, with made-up signatures and with the forger's own
+    signature in the others' names. Before the fix both took it as leader of term + 1 (and then obeyed
+    its xgboost directives); now every status keeps the real leader and term."""
+    import aiohttp
+
+    from fedpeer import wire
+    from fedpeer.core import election as el
+    from fedpeer.identity import load_key_file
+    from fedpeer.net.transport import PATH
+
+    h: Harness = make_federation(3)
+    await h.wait_all_alive(timeout_s=10)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        views = {(d["leader"], d["term"]) for d in (await h.statuses()).values() if d}
+        if len(views) == 1 and None not in next(iter(views)):
+            break
+        await asyncio.sleep(0.1)
+    leader, term = next(iter(views))
+    keys = [load_key_file(s.config.node.key_file) for s in h.sites]
+    forger = next(i for i, s in enumerate(h.sites) if s.name != leader)
+    me = keys[forger]
+    others = [k.public_key for i, k in enumerate(keys) if i != forger]
+    claim = term + 1
+    certificates = [(), tuple(el.VoteSig(k, bytes(64)) for k in others),
+                    tuple(el.VoteSig(k, me.sign(el.vote_statement(claim, me.public_key))) for k in others)]
+    sealer = wire.Sealer(me)
+    async with aiohttp.ClientSession() as session:
+        for _ in range(6):   # a "leader" repeats itself: six rounds over ~3 s
+            for i, dst in ((i, k.public_key) for i, k in enumerate(keys) if i != forger):
+                for cert in certificates:
+                    frame = sealer.seal(dst, el.Heartbeat(claim, 0, 0, cert), time.time_ns() // 1000, term=claim)
+                    async with session.post(f"http://127.0.0.1:{h.sites[i].port}{PATH}", data=frame) as resp:
+                        assert resp.status == 204, (resp.status, await resp.text())   # delivered to the core
+            await asyncio.sleep(0.5)
+            docs = await h.statuses()
+            assert {(d["leader"], d["term"]) for d in docs.values()} == {(leader, term)}, docs
+    assert all(code is None for code in h.exit_codes().values()), h.exit_codes()

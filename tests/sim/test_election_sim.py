@@ -13,6 +13,8 @@ Invariants checked at every step:
   * the shell's stored hard state equals the node's after every step (persist reported);
   * a node's term never decreases, not even across a restart;
   * heartbeats are sent only by the leader of the term they carry;
+  * a node follows only the node that won its term (issue 11: a leader proves its election
+    with a certificate of signed votes; a forged claim must never be followed);
   * a minority side never elects: a node cut off with fewer than a quorum of members never
     becomes leader of a term that began after the cut, and a leader stranded there steps
     down (CheckQuorum) at its first tick election_timeout_min_ms after the cut (or after its
@@ -52,8 +54,11 @@ from fedpeer.core.election import (
     RequestVote,
     RequestVoteReply,
     Role,
+    VoteSig,
+    vote_statement,
 )
 from fedpeer.core.membership import NodeId
+from tests.fakesig import FakeKeyring
 
 from .simnet import NodeSpec, SimNet
 
@@ -74,7 +79,9 @@ class World:
     """What survives crashes (each node's disk) plus the global record the checks need."""
 
     n: int
+    keyring: FakeKeyring   # every member's vote signatures (tests/fakesig.py)
     forget_votes: bool = False  # a deliberately broken shell, to prove the checks can fail
+    trusting: bool = False  # a deliberately broken verify (every signature passes), likewise
     rounds: bool = True  # run the commit oracle (False: every commit point stays equal)
     hard: dict[int, HardState] = field(default_factory=dict)
     commit: dict[int, Commit] = field(default_factory=dict)
@@ -124,8 +131,10 @@ class ElectionNode:
         hs = world.hard.get(self.i, HardState())
         if world.forget_votes:
             hs = HardState(hs.term, None)
+        verify = (lambda voter, statement, sig: True) if world.trusting else world.keyring.verify
         self.election = Election(spec.node_id, ids, CFG, spec.rng, hs, spec.now_ms,
-                                 world.commit.get(self.i, Commit()))
+                                 world.commit.get(self.i, Commit()),
+                                 sign=world.keyring.signer(spec.node_id), verify=verify)
         self._was_leader = False
 
     def tick(self, now_ms: int) -> list[SimSend]:
@@ -170,6 +179,8 @@ class ElectionNode:
             if w.in_minority(i) and e.term > w.cut_top_term:
                 w.fail(now_ms, i, f"minority side elected a leader in term {e.term}")
         self._was_leader = is_leader
+        if e.leader is not None and e.leader != e.me and w.leaders.get(e.term) != self.ids.index(e.leader):
+            w.fail(now_ms, i, f"follows node {self.ids.index(e.leader)} in term {e.term}, which it never won")
         if is_leader and ticked and w.in_minority(i):
             heard_ms = max(w.cut_ms, w.leader_since[i], w.heard_across_ms.get(i, 0))
             deadline_ms = heard_ms + CFG.election_timeout_min_ms
@@ -200,16 +211,69 @@ class ForgingNode(ElectionNode):
         return [*sends, SimSend(self.ids[j], self.addresses[self.ids[j]], msg)]
 
 
+class ClaimingNode(ElectionNode):
+    """A Byzantine member (issue 11) that claims leadership it never won: every tick it sends a
+    peer a heartbeat of that peer's term, or the next one or two, with a certificate that is
+    missing, made up, signed with its own key in others' names, replayed from honest leaders'
+    certificates it received, too short or repeating one voter. Its core votes when asked but
+    never campaigns, so it never wins a term: any honest node following it is a violation."""
+
+    FORGERIES = ("none", "made_up", "own_key", "replayed", "too_few", "duplicate")
+
+    def __init__(self, spec: NodeSpec, world: World, ids: list[NodeId], net: list[SimNet]) -> None:
+        super().__init__(spec, world, ids)
+        self.rng = random.Random(spec.rng.random())
+        self.net = net
+        self.sign = world.keyring.signer(spec.node_id)
+        self.seen: list[VoteSig] = []  # real vote signatures from honest leaders' certificates
+        self.sent: Counter[str] = Counter()
+
+    def tick(self, now_ms: int) -> list[SimSend]:
+        # Its core is never ticked, so it never campaigns; it still answers (and votes) when asked.
+        j = self.rng.choice([k for k in range(len(self.ids)) if k != self.i])
+        target = self.net[0].nodes[j]
+        if target is None:
+            return []
+        term = target.election.term + self.rng.choice([0, 1, 1, 2])
+        kind = self.rng.choice(self.FORGERIES)
+        if kind == "replayed" and not self.seen:
+            kind = "none"  # nothing heard yet to replay
+        self.sent[kind] += 1
+        msg = Heartbeat(term, 2**40, 2**40, self.certificate(kind, term))
+        return [SimSend(self.ids[j], self.addresses[self.ids[j]], msg)]
+
+    def receive(self, src: NodeId, msg: object, now_ms: int) -> list[SimSend]:
+        if isinstance(msg, Heartbeat):
+            self.seen = (self.seen + list(msg.certificate))[-64:]
+        return super().receive(src, msg, now_ms)
+
+    def certificate(self, kind: str, term: int) -> tuple[VoteSig, ...]:
+        others = [k for k in self.ids if k != self.ids[self.i]]
+        voters = self.rng.sample(others, min(len(others), self.world.quorum - 1))
+        if kind == "made_up":
+            return tuple(VoteSig(v, self.rng.randbytes(64)) for v in voters)
+        if kind == "own_key":
+            return tuple(VoteSig(v, self.sign(vote_statement(term, self.ids[self.i]))) for v in voters)
+        if kind == "replayed":
+            return tuple(self.rng.sample(self.seen, min(len(self.seen), len(voters))))
+        if kind == "too_few":
+            return tuple(VoteSig(v, self.rng.randbytes(64)) for v in voters[:-1])
+        if kind == "duplicate" and voters:
+            return (VoteSig(voters[0], self.rng.randbytes(64)),) * len(voters)
+        return ()
+
+
 def new_net(seed: int, n: int, *, drop_rate: float = 0.0, dup_rate: float = 0.0,
-            delay_ms: tuple[int, int] = (1, 20), forget_votes: bool = False, byzantine: int | None = None
-            ) -> tuple[SimNet, World]:
-    world = World(n, forget_votes=forget_votes)
+            delay_ms: tuple[int, int] = (1, 20), forget_votes: bool = False, byzantine: int | None = None,
+            claims: bool = False, trusting: bool = False) -> tuple[SimNet, World]:
+    """`byzantine`: the index of a ForgingNode (terms far ahead), or with `claims` a ClaimingNode."""
     ids = [bytes([i + 1]) * 32 for i in range(n)]  # SimNet's ids, known before it boots nodes
+    world = World(n, FakeKeyring(ids, seed), forget_votes=forget_votes, trusting=trusting)
     box: list[SimNet] = []
 
     def factory(spec: NodeSpec) -> ElectionNode:
         if spec.index == byzantine:
-            return ForgingNode(spec, world, ids, box)
+            return (ClaimingNode if claims else ForgingNode)(spec, world, ids, box)
         return ElectionNode(spec, world, ids)
     net = SimNet(seed, n, drop_rate=drop_rate, dup_rate=dup_rate, delay_ms=delay_ms,
                  tick_ms=TICK_MS, factory=factory)
@@ -569,6 +633,68 @@ def test_a_byzantine_member_cannot_push_terms_far_ahead():
             failures.append(f"seed={seed} leader_after={t} terms={terms} {world.violations[:2]}")
     assert ignored > 0, "the forgeries never reached anyone: the test proves nothing"
     report("byzantine", failures, forged_terms_ignored=ignored, highest_honest_term=top)
+
+
+def claims_run(seed: int, *, trusting: bool = False) -> tuple[SimNet, World, int, int | None]:
+    """One seed of a ClaimingNode among 3..7 members under loss, duplication, delay and one honest
+    crash/restart; returns the net, the world, the Byzantine index and the time to a stable
+    leader after the restart (None: none within 20 s)."""
+    plan = random.Random(f"claims-{seed}")
+    n = 3 + seed % 5
+    bad = plan.randrange(n)
+    net, world = new_net(seed, n, drop_rate=plan.choice([0.0, 0.05, 0.2]), dup_rate=plan.choice([0.0, 0.1]),
+                         delay_ms=(1, plan.choice([10, 50, 150])), byzantine=bad, claims=True, trusting=trusting)
+    run(net, world, plan.randrange(1_000, 4_000))
+    victim = plan.choice([i for i in range(n) if i != bad])
+    net.crash(victim)
+    run(net, world, net.now_ms + plan.randrange(500, 3_000))
+    net.restart(victim)
+    return net, world, bad, wait_leader_among(net, world, [i for i in range(n) if i != bad], 20_000)
+
+
+def wait_leader_among(net: SimNet, world: World, honest: list[int], within_ms: int) -> int | None:
+    """Like wait_leader, over the honest nodes only (the claimer's core never ticks)."""
+    start = net.now_ms
+    while net.now_ms < start + within_ms:
+        net.run_until(net.now_ms + TICK_MS)
+        if net.now_ms % COMMIT_EVERY_MS < TICK_MS:
+            commit_round(net, world)
+        leaders = [i for i in honest if el(net, i).role is Role.LEADER]
+        if len(leaders) == 1 and all(el(net, i).leader == el(net, leaders[0]).me
+                                     and el(net, i).term == el(net, leaders[0]).term for i in honest):
+            return net.now_ms - start
+    return None
+
+
+def test_a_byzantine_member_claiming_leadership_is_never_followed():
+    """issue 11 over 1,000 seeds: one member sends, every tick, heartbeats claiming the leadership
+    of the receiver's term or the next ones, with missing, made-up, self-signed, replayed, short
+    or duplicated certificates. No honest node ever follows it (checked at every step: a node
+    follows only the winner of its term), every usual invariant holds, and the honest members
+    still elect a leader they all follow within 20 s of an honest crash/restart."""
+    failures, times, sent, refused = [], [], Counter(), 0
+    for seed in seeds(1_000):
+        net, world, bad, t = claims_run(seed)
+        honest = [i for i in range(net.n) if i != bad]
+        sent += net.node(bad).sent
+        refused += sum(el(net, i).stats.uncertified_heartbeats for i in honest)
+        if bad in world.leaders.values() or any(el(net, i).leader == net.ids[bad] for i in honest):
+            world.fail(net.now_ms, bad, "the claimer leads or is followed")
+        if t is None or world.violations:
+            failures.append(f"seed={seed} n={net.n} bad={bad} leader_after={t} {world.violations[:2]}")
+        else:
+            times.append(t)
+    assert set(sent) == set(ClaimingNode.FORGERIES) and refused > 0, "the claims never reached anyone"
+    report("claims", failures, forged_heartbeats=dict(sent), refused_by_honest_nodes=refused,
+           honest_leader_after_restart=summary(times))
+
+
+def test_the_checker_catches_a_core_that_trusts_any_signature():
+    """Mutation check: with a verify that accepts every signature, made-up certificates win."""
+    caught = sum(any("never won" in v for v in claims_run(seed, trusting=True)[1].violations)
+                 for seed in seeds(50))
+    print(f"\n[trusting] a forged leader was followed in {caught} of {len(seeds(50))} seeds")
+    assert caught > 0
 
 
 def test_replay_is_exact_for_a_seed():

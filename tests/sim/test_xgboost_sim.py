@@ -44,6 +44,7 @@ from fedpeer.jobs.base import JobContext
 from fedpeer.ml import boosting
 from fedpeer.ml.data import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint
 from fedpeer.net.channel import MemoryNetwork, RecvTimeout
+from tests.fakesig import FakeKeyring
 
 from .test_securesum import SteadyChannel
 
@@ -111,7 +112,9 @@ class World:
         self.seed, self.rng = seed, random.Random(seed)
         self.keys = sorted(hashlib.sha256(f"xgb-sim-{seed}-{i}".encode()).digest() for i in range(n))
         self.net = MemoryNetwork(self.keys, seed=seed, delay_ms=(0.5, 5.0), unreachable_ms=100.0, detect_ms=400.0)
-        self.elections = {k: Election(k, self.keys, CFG, random.Random(self.rng.random()), HardState(), 0)
+        keyring = FakeKeyring(self.keys, seed)   # vote signatures; the forger holds none of the others'
+        self.elections = {k: Election(k, self.keys, CFG, random.Random(self.rng.random()), HardState(), 0,
+                                      sign=keyring.signer(k), verify=keyring.verify)
                           for k in self.keys}
         self.net.leadership = lambda me: (self.elections[me].term, self.elections[me].leader)
         self.leaders: dict[int, bytes] = {}
@@ -526,7 +529,9 @@ async def forger(w: World, k: bytes, p: dict, data: Dataset) -> None:
     of term 2**62 and round 10**6, a poisoned model on fetch, trees with leaves of -1000) and, all
     the while, forges directives to honest members (commit and finish of term 2**62; commits and
     rounds of their current term and of the next one, with poisoned and with plausible models) and
-    election messages of term 2**62. It never runs an election core, so it never leads."""
+    election messages of term 2**62 or heartbeats claiming the next term (issue 11: without a
+    certificate of signed votes they make nobody leader). It never runs an election core, so it
+    never leads."""
     from fedpeer.protocols.fixedpoint import decode_counts, encode_counts
     from fedpeer.protocols.securesum import secure_sum
 
@@ -548,7 +553,7 @@ async def forger(w: World, k: bytes, p: dict, data: Dataset) -> None:
 
 
 async def forge(w: World, k: bytes, ch: Any, p: dict, poison: bytes, plausible: bytes) -> None:
-    from fedpeer.core.election import Heartbeat, PreVote, RequestVote
+    from fedpeer.core.election import Heartbeat, PreVote, RequestVote, VoteSig
 
     rng = random.Random(w.seed * 7 + 1)
     honest = [m for m in w.keys if m != k]
@@ -558,8 +563,10 @@ async def forge(w: World, k: bytes, ch: Any, p: dict, poison: bytes, plausible: 
         if target in w.killed:
             continue
         term, choice = w.elections[target].term, rng.randrange(7)
-        if choice == 6:
-            w.receive(k, target, rng.choice([Heartbeat(2**62, 0, 0), RequestVote(2**62, 9, 9), PreVote(2**62, 9, 9)]))
+        if choice == 6:   # terms far ahead, or the leadership of the next term (no proof, or a made-up one)
+            made_up = tuple(VoteSig(m, rng.randbytes(64)) for m in honest)
+            w.receive(k, target, rng.choice([Heartbeat(2**62, 0, 0), RequestVote(2**62, 9, 9), PreVote(2**62, 9, 9),
+                                             Heartbeat(term + 1, 0, 0), Heartbeat(term + 1, 0, 0, made_up)]))
             continue
         forged = forged_directive(choice, term, rng.randint(1, p["rounds"]), poison, plausible, honest)
         with contextlib.suppress(JobError):

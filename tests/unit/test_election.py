@@ -15,6 +15,7 @@ import pytest
 from fedpeer.core.election import (
     MEMBERS_MAX,
     TERM_STEP_MAX,
+    VOTE_DOMAIN,
     Commit,
     Election,
     ElectionConfig,
@@ -28,19 +29,42 @@ from fedpeer.core.election import (
     RequestVoteReply,
     Role,
     Send,
+    VoteSig,
+    vote_statement,
 )
+from tests.fakesig import FakeKeyring
 
 CFG = ElectionConfig()
 STEP_MS = 50
 IDS = [bytes([i + 1]) * 32 for i in range(9)]
 STRANGER = bytes([0xEE]) * 32
 F, P, C, L = Role.FOLLOWER, Role.PRE_CANDIDATE, Role.CANDIDATE, Role.LEADER
+KEYS = FakeKeyring(IDS)  # each member's vote signatures; see tests/fakesig.py
 
 
 def make(i: int = 0, n: int = 3, *, term: int = 0, voted_for: bytes | None = None,
          commit: Commit | None = None, now_ms: int = 0, seed: int = 0) -> Election:
     return Election(IDS[i], IDS[:n], CFG, random.Random(seed * 100 + i),
-                    HardState(term, voted_for), now_ms, commit or Commit())
+                    HardState(term, voted_for), now_ms, commit or Commit(),
+                    sign=KEYS.signer(IDS[i]), verify=KEYS.verify)
+
+
+def sig(term: int, candidate: int, voter: int) -> bytes:
+    """Member `voter`'s signature on its vote of `term` for member `candidate`."""
+    return KEYS.signer(IDS[voter])(vote_statement(term, IDS[candidate]))
+
+
+def vote(term: int, candidate: int, voter: int) -> RequestVoteReply:
+    return RequestVoteReply(term, True, sig(term, candidate, voter))
+
+
+def cert(term: int, leader: int, *voters: int) -> tuple[VoteSig, ...]:
+    return tuple(VoteSig(IDS[v], sig(term, leader, v)) for v in voters)
+
+
+def beat(term: int, leader: int, *voters: int, commit: Commit = Commit()) -> Heartbeat:
+    """A heartbeat of `leader` proving its election with the votes of `voters`."""
+    return Heartbeat(term, commit.term, commit.index, cert(term, leader, *voters))
 
 
 def msgs(ready: Ready, kind: type | None = None) -> list:
@@ -63,6 +87,7 @@ class Cluster:
         self.cut: set[tuple[int, int]] = set()
         self.now_ms = 0
         self.leaders: dict[int, int] = {}  # term -> index of its leader, over the whole run
+        self.heartbeats: list[tuple[int, int, Heartbeat]] = []  # (src, dst, msg) delivered
 
     def e(self, i: int) -> Election:
         node = self.nodes[i]
@@ -86,6 +111,8 @@ class Cluster:
             dst = IDS.index(send.dst)
             if dst in self.down or (src, dst) in self.cut:
                 continue
+            if isinstance(send.msg, Heartbeat):
+                self.heartbeats.append((src, dst, send.msg))
             apply(dst, self.e(dst).receive(IDS[src], send.msg, self.now_ms))
 
     def step(self) -> None:
@@ -127,7 +154,7 @@ class Cluster:
     def restart(self, i: int) -> None:
         self.down.discard(i)
         self.nodes[i] = Election(IDS[i], IDS[:self.n], CFG, random.Random(self.seed + 1000 + i),
-                                 self.store[i], self.now_ms)
+                                 self.store[i], self.now_ms, sign=KEYS.signer(IDS[i]), verify=KEYS.verify)
 
 
 # -- configuration and construction -----------------------------------------------------------
@@ -144,16 +171,18 @@ def test_config_is_validated(kwargs):
 
 
 def test_construction_is_validated():
-    rng, hs = random.Random(0), HardState()
+    rng, hs, crypto = random.Random(0), HardState(), {"sign": KEYS.signer(IDS[0]), "verify": KEYS.verify}
     with pytest.raises(ValueError, match="include me"):
-        Election(IDS[0], IDS[1:3], CFG, rng, hs, 0)
+        Election(IDS[0], IDS[1:3], CFG, rng, hs, 0, **crypto)
     with pytest.raises(ValueError, match="distinct"):
-        Election(IDS[0], [IDS[0], IDS[1], IDS[1]], CFG, rng, hs, 0)
+        Election(IDS[0], [IDS[0], IDS[1], IDS[1]], CFG, rng, hs, 0, **crypto)
     too_many = [bytes([i % 256, i // 256]) * 16 for i in range(MEMBERS_MAX + 1)]
     with pytest.raises(ValueError, match="members"):
-        Election(too_many[0], too_many, CFG, rng, hs, 0)
+        Election(too_many[0], too_many, CFG, rng, hs, 0, **crypto)
     with pytest.raises(ValueError):
-        Election(IDS[0], IDS[:3], CFG, rng, HardState(-1), 0)
+        Election(IDS[0], IDS[:3], CFG, rng, HardState(-1), 0, **crypto)
+    with pytest.raises(TypeError, match="sign"):  # no silent default: a shell must sign its votes
+        Election(IDS[0], IDS[:3], CFG, rng, hs, 0)
 
 
 def test_commit_ahead_of_persisted_term_adopts_that_term_without_a_vote():
@@ -206,12 +235,15 @@ def test_campaign_messages_step_by_step():
     assert a.role is C and r.persist == HardState(1, IDS[0])
     assert msgs(r) == [RequestVote(1, 0, 0)] * 2
     r = b.receive(IDS[0], RequestVote(1, 0, 0), t)
-    assert only(r) == RequestVoteReply(1, True) and r.persist == HardState(1, IDS[0])
-    r = a.receive(IDS[1], RequestVoteReply(1, True), t)
+    assert only(r) == vote(1, 0, 1) and r.persist == HardState(1, IDS[0])  # a signed vote
+    r = a.receive(IDS[1], only(r), t)
     assert a.role is L and a.leader == IDS[0] and r.persist is None
-    assert msgs(r) == [Heartbeat(1, 0, 0)] * 2  # announced at once
-    r = b.receive(IDS[0], Heartbeat(1, 0, 0), t)
-    assert only(r) == HeartbeatReply(1) and b.leader == IDS[0] and b.role is F
+    assert msgs(r) == [beat(1, 0, 1)] * 2  # announced at once, proven by b's vote
+    r = b.receive(IDS[0], Heartbeat(1, 0, 0), t)  # b's own vote and a's make a quorum of 3
+    assert only(r) == HeartbeatReply(1, follows=True) and b.leader == IDS[0] and b.role is F
+    c = make(2)
+    r = c.receive(IDS[0], beat(1, 0, 1), t)  # c did not vote: the certificate convinces it
+    assert only(r) == HeartbeatReply(1, follows=True) and c.leader == IDS[0] and c.term == 1
 
 
 def elected(n: int = 2, term: int = 0) -> tuple[Election, Ready]:
@@ -222,7 +254,7 @@ def elected(n: int = 2, term: int = 0) -> tuple[Election, Ready]:
     for j in range(1, n // 2 + 1):
         a.receive(IDS[j], PreVoteReply(term + 1, True), t)
     for j in range(1, n // 2 + 1):
-        r = a.receive(IDS[j], RequestVoteReply(term + 1, True), t)
+        r = a.receive(IDS[j], vote(term + 1, 0, j), t)
     assert a.role is L
     return a, r
 
@@ -230,14 +262,16 @@ def elected(n: int = 2, term: int = 0) -> tuple[Election, Ready]:
 def test_leader_heartbeats_every_interval():
     a, r = elected(2)
     t0 = CFG.election_timeout_max_ms
-    assert msgs(r) == [Heartbeat(1, 0, 0)]
-    beats = []
+    assert msgs(r) == [beat(1, 0, 1)]
+    beats, certificates = [], []
     for t in range(t0 + STEP_MS, t0 + 900, STEP_MS):
         r = a.tick(t)
-        a.receive(IDS[1], HeartbeatReply(1), t)
+        a.receive(IDS[1], HeartbeatReply(1, follows=True), t)
         if msgs(r, Heartbeat):
             beats.append(t - t0)
+            certificates += [m.certificate for m in msgs(r, Heartbeat)]
     assert beats == [200, 400, 600, 800]
+    assert certificates == [()] * 4  # it follows: the proof need not travel again
 
 
 # -- vote rules ------------------------------------------------------------------------------
@@ -245,17 +279,17 @@ def test_leader_heartbeats_every_interval():
 def test_one_vote_per_term_persisted_before_the_reply_and_kept_across_restart():
     v = make(2)
     r = v.receive(IDS[0], RequestVote(5, 0, 0), 0)
-    assert r.persist == HardState(5, IDS[0]) and only(r) == RequestVoteReply(5, True)
+    assert r.persist == HardState(5, IDS[0]) and only(r) == vote(5, 0, 2)
     r = v.receive(IDS[1], RequestVote(5, 0, 0), 0)
-    assert r.persist is None and only(r) == RequestVoteReply(5, False)
+    assert r.persist is None and only(r) == RequestVoteReply(5, False)  # refused: no signature
     r = v.receive(IDS[0], RequestVote(5, 0, 0), 0)  # a retransmission is answered the same way
-    assert r.persist is None and only(r) == RequestVoteReply(5, True)
+    assert r.persist is None and only(r) == vote(5, 0, 2)
     # Restart from what was persisted: still no second vote in term 5.
     v2 = make(2, term=5, voted_for=IDS[0], now_ms=10)
     assert only(v2.receive(IDS[1], RequestVote(5, 0, 0), 10)) == RequestVoteReply(5, False)
-    assert only(v2.receive(IDS[0], RequestVote(5, 0, 0), 10)) == RequestVoteReply(5, True)
+    assert only(v2.receive(IDS[0], RequestVote(5, 0, 0), 10)) == vote(5, 0, 2)
     r = v2.receive(IDS[1], RequestVote(6, 0, 0), 10)  # a new term: a new vote
-    assert r.persist == HardState(6, IDS[1]) and only(r) == RequestVoteReply(6, True)
+    assert r.persist == HardState(6, IDS[1]) and only(r) == vote(6, 1, 2)
 
 
 @pytest.mark.parametrize(("cand", "granted"), [
@@ -267,7 +301,7 @@ def test_vote_and_pre_vote_only_for_an_up_to_date_candidate(cand, granted):
     r = v.receive(IDS[0], PreVote(5, cand.term, cand.index), 0)
     assert only(r) == (PreVoteReply(5, True) if granted else PreVoteReply(4, False))
     r = v.receive(IDS[0], RequestVote(5, cand.term, cand.index), 0)
-    assert only(r) == RequestVoteReply(5, granted)
+    assert only(r) == (vote(5, 0, 2) if granted else RequestVoteReply(5, False))
     # Refusing still adopts the term (§5.1) but casts no vote, so a better candidate can win.
     assert r.persist == HardState(5, IDS[0] if granted else None)
 
@@ -376,7 +410,7 @@ def test_leader_and_followers_in_lease_ignore_a_higher_term_vote_request():
     f = c.e(follower)
     r = f.receive(IDS[3 - lead - follower], RequestVote(term + 5, 9, 9),
                   c.now_ms + CFG.election_timeout_min_ms)
-    assert only(r) == RequestVoteReply(term + 5, True) and f.leader is None
+    assert only(r) == vote(term + 5, 3 - lead - follower, follower) and f.leader is None
 
 
 def test_partitioned_node_rejoining_does_not_depose_the_leader():
@@ -421,10 +455,10 @@ def test_higher_term_heartbeat_makes_a_candidate_follow_and_persists_the_term():
     a.tick(CFG.election_timeout_max_ms)
     a.receive(IDS[1], PreVoteReply(1, True), CFG.election_timeout_max_ms)
     assert a.role is C
-    r = a.receive(IDS[2], Heartbeat(3, 2, 11), CFG.election_timeout_max_ms)
+    r = a.receive(IDS[2], beat(3, 2, 1, commit=Commit(2, 11)), CFG.election_timeout_max_ms)
     assert (a.role, a.leader, a.term) == (F, IDS[2], 3) and r.persist == HardState(3, None)
     assert a.leader_commit == Commit(2, 11)
-    assert only(r) == HeartbeatReply(3)
+    assert only(r) == HeartbeatReply(3, follows=True)
 
 
 def test_same_term_heartbeat_ends_a_candidacy_and_keeps_the_vote():
@@ -432,14 +466,14 @@ def test_same_term_heartbeat_ends_a_candidacy_and_keeps_the_vote():
     a.tick(CFG.election_timeout_max_ms)
     a.receive(IDS[1], PreVoteReply(5, True), CFG.election_timeout_max_ms)
     assert a.role is C and a.hard_state == HardState(5, IDS[0])
-    r = a.receive(IDS[2], Heartbeat(5, 0, 0), CFG.election_timeout_max_ms)
+    r = a.receive(IDS[2], beat(5, 2, 1), CFG.election_timeout_max_ms)
     assert a.role is F and a.leader == IDS[2] and r.persist is None
 
 
 def test_a_second_leader_claim_for_one_term_is_refused():
     f = make(1, term=2)
-    f.receive(IDS[0], Heartbeat(2, 0, 0), 0)
-    assert f.receive(IDS[2], Heartbeat(2, 0, 0), 0) == Ready(None, ())
+    f.receive(IDS[0], beat(2, 0, 2), 0)
+    assert f.receive(IDS[2], beat(2, 2, 1), 0) == Ready(None, ())
     assert f.leader == IDS[0] and f.stats.ignored_messages == 1
 
 
@@ -470,8 +504,9 @@ def test_a_term_jump_beyond_the_step_is_ignored(msg):
 
 def test_a_step_within_the_bound_is_followed():
     f = make(1, term=2)
-    r = f.receive(IDS[0], Heartbeat(2 + TERM_STEP_MAX, 0, 0), 0)
-    assert (f.term, f.leader) == (2 + TERM_STEP_MAX, IDS[0]) and only(r) == HeartbeatReply(2 + TERM_STEP_MAX)
+    r = f.receive(IDS[0], beat(2 + TERM_STEP_MAX, 0, 2), 0)
+    assert (f.term, f.leader) == (2 + TERM_STEP_MAX, IDS[0])
+    assert only(r) == HeartbeatReply(2 + TERM_STEP_MAX, follows=True)
     assert f.stats.term_jumps_ignored == 0
 
 
@@ -489,9 +524,9 @@ def test_a_node_far_behind_catches_up_once_elections_could_have_made_the_gap():
     gap = 100
     f = make(1, term=0, now_ms=0)
     wait_ms = (gap - TERM_STEP_MAX) * CFG.election_timeout_min_ms
-    assert f.receive(IDS[0], Heartbeat(gap, 0, 0), wait_ms - 1) == Ready(None, ())
+    assert f.receive(IDS[0], beat(gap, 0, 2), wait_ms - 1) == Ready(None, ())
     assert f.term == 0
-    r = f.receive(IDS[0], Heartbeat(gap, 0, 0), wait_ms)
+    r = f.receive(IDS[0], beat(gap, 0, 2), wait_ms)
     assert (f.term, f.leader) == (gap, IDS[0]) and r.persist == HardState(gap, None)
 
 
@@ -506,7 +541,7 @@ def test_a_node_cut_off_for_many_elections_rejoins_at_once():
         f.tick(now_ms)
     assert f.term == 3 and f.stats.pre_votes_started > 0
     term = 3 + elections + TERM_STEP_MAX
-    r = f.receive(IDS[0], Heartbeat(term, 0, 0), end_ms)
+    r = f.receive(IDS[0], beat(term, 0, 2), end_ms)
     assert (f.term, f.leader) == (term, IDS[0]) and r.persist == HardState(term, None)
 
 
@@ -514,6 +549,170 @@ def test_time_never_goes_backwards():
     e = make(0, now_ms=100)
     with pytest.raises(AssertionError, match="backwards"):
         e.tick(99)
+
+
+# -- a leader proves its election (issue 11) -------------------------------------------------
+
+def test_a_vote_statement_names_its_domain_term_and_candidate():
+    assert vote_statement(7, IDS[0]) == VOTE_DOMAIN + (7).to_bytes(8, "big") + IDS[0]
+    assert vote_statement(7, IDS[0]) not in (vote_statement(8, IDS[0]), vote_statement(7, IDS[1]))
+
+
+def test_a_heartbeat_claiming_the_next_term_without_proof_makes_nobody_leader():
+    """The attack of issue 11: a member announces itself leader of term + 1, then sends the job
+    layer 'leader' directives. Its heartbeat moves no term and makes nobody leader."""
+    c = Cluster(3)
+    lead = c.run_until_leader()
+    term = c.e(lead).term
+    byz = next(i for i in range(3) if i != lead)
+    honest = 3 - lead - byz
+    for i in (honest, lead):
+        r = c.e(i).receive(IDS[byz], Heartbeat(term + 1, 9, 9), c.now_ms)
+        assert only(r) == HeartbeatReply(term, follows=False) and r.persist is None
+        assert c.e(i).term == term and c.e(i).stats.uncertified_heartbeats == 1
+    assert c.e(honest).leader == IDS[lead] and c.e(lead).role is L
+    fresh = make(1)  # no leader known, not in any lease: still nobody's follower
+    assert only(fresh.receive(IDS[0], Heartbeat(1, 0, 0), 0)) == HeartbeatReply(0, follows=False)
+    assert (fresh.term, fresh.leader) == (0, None)
+    c.run_for(5_000)
+    assert c.stable_leader() == lead and c.e(lead).term == term
+
+
+def _bad(b: bytes) -> bytes:
+    return bytes([b[0] ^ 1]) + b[1:]
+
+
+@pytest.mark.parametrize("certificate", [
+    pytest.param(cert(3, 0, 1), id="too_few"),
+    pytest.param(cert(3, 0, 1, 1), id="duplicate"),
+    pytest.param(cert(3, 0, 0, 1), id="leader_counted_twice"),
+    pytest.param(cert(2, 0, 1, 2), id="wrong_term"),
+    pytest.param(tuple(VoteSig(IDS[v], sig(3, 3, v)) for v in (1, 2)), id="wrong_candidate"),
+    pytest.param(tuple(VoteSig(IDS[v], sig(3, 0, 3)) for v in (1, 2)), id="signed_by_another_member"),
+    pytest.param(tuple(VoteSig(IDS[v], bytes(64)) for v in (1, 2)), id="made_up"),
+    pytest.param(cert(3, 0, 1)[:1] + (VoteSig(IDS[2], _bad(sig(3, 0, 2))),), id="one_bit_off"),
+    pytest.param(cert(3, 0, 1, 2) + (VoteSig(IDS[3], bytes(64)),), id="a_bad_one_among_good_ones"),
+    pytest.param(cert(3, 0, 1) + (VoteSig(STRANGER, bytes(64)),), id="a_stranger"),
+])
+def test_a_certificate_that_does_not_prove_a_quorum_is_refused(certificate):
+    """Five members (quorum 3): the leader's own vote is implied, two more need signatures."""
+    f = make(4, n=5, term=2)
+    r = f.receive(IDS[0], Heartbeat(3, 0, 0, certificate), 0)
+    assert only(r) == HeartbeatReply(2, follows=False) and r.persist is None
+    assert (f.term, f.leader, f.role) == (2, None, F)
+    assert f.stats.uncertified_heartbeats == 1 and f.stats.certificates_verified == 0
+    r = f.receive(IDS[0], beat(3, 0, 1, 2), 0)  # the same claim, proven
+    assert only(r) == HeartbeatReply(3, follows=True) and (f.term, f.leader) == (3, IDS[0])
+
+
+def test_a_certificate_is_verified_once_per_term_and_leader():
+    f = make(4, n=5, term=2)
+    before = KEYS.verifications
+    forged = tuple(VoteSig(IDS[v], bytes(64)) for v in (1, 2, 3))
+    f.receive(IDS[0], Heartbeat(3, 0, 0, forged), 0)
+    assert KEYS.verifications - before == 1  # stops at the first bad signature
+    f.receive(IDS[0], beat(3, 0, 1, 2), 0)
+    assert KEYS.verifications - before == 3 and f.stats.certificates_verified == 1
+    for t in range(STEP_MS, 5_000, STEP_MS):  # 99 more heartbeats, with and without the proof
+        assert only(f.receive(IDS[0], beat(3, 0, 1, 2) if t % 100 else Heartbeat(3, 0, 0), t)).follows
+    assert KEYS.verifications - before == 3 and f.leader == IDS[0]
+    f.receive(IDS[1], beat(4, 1, 2, 3), 5_000)  # a new term: a new proof
+    assert KEYS.verifications - before == 5 and f.stats.certificates_verified == 2
+    assert f.leader == IDS[1]
+
+
+def test_a_vote_without_a_valid_signature_is_not_counted():
+    """A lying voter cannot slip a bad signature into an honest leader's certificate."""
+    a = make(0)
+    t = CFG.election_timeout_max_ms
+    a.tick(t)
+    a.receive(IDS[1], PreVoteReply(1, True), t)
+    assert a.role is C
+    for bad in (RequestVoteReply(1, True), RequestVoteReply(1, True, sig(1, 0, 2)),
+                RequestVoteReply(1, True, sig(0, 0, 1)), RequestVoteReply(1, True, sig(1, 2, 1))):
+        assert a.receive(IDS[1], bad, t) == Ready(None, ()) and a.role is C
+    assert a.stats.bad_vote_signatures == 4
+    r = a.receive(IDS[1], vote(1, 0, 1), t)
+    assert a.role is L and msgs(r) == [beat(1, 0, 1)] * 2
+
+
+@pytest.mark.parametrize("n", [3, 5, 7])
+def test_a_real_election_proves_itself_and_every_follower_follows(n):
+    c = Cluster(n, seed=n)
+    lead = c.run_until_leader()
+    term = c.e(lead).term
+    first = {}
+    for src, dst, msg in c.heartbeats:
+        assert src == lead and msg.term == term
+        first.setdefault(dst, msg)
+    assert len(first) == n - 1  # every follower got a certificate of quorum - 1 distinct voters
+    for msg in first.values():
+        voters = {v.voter for v in msg.certificate}
+        assert len(voters) == len(msg.certificate) == c.e(lead).quorum - 1 and IDS[lead] not in voters
+        assert all(KEYS.verify(v.voter, vote_statement(term, IDS[lead]), v.sig) for v in msg.certificate)
+    c.heartbeats.clear()
+    c.run_for(5_000)
+    assert c.stable_leader() == lead and {m.certificate for _, _, m in c.heartbeats} == {()}
+    for i in range(n):
+        if i != lead:
+            assert c.e(i).stats.certificates_verified == 1 and c.e(i).stats.uncertified_heartbeats == 0
+
+
+def test_a_restarted_follower_learns_the_leader_from_the_certificate():
+    c = Cluster(5, seed=1)
+    lead = c.run_until_leader()
+    term = c.e(lead).term
+    c.run_for(1_000)  # every follower follows: heartbeats now travel without the certificate
+    f = next(i for i in range(5) if i != lead)
+    c.crash(f)
+    c.restart(f)
+    assert (c.e(f).term, c.e(f).leader) == (term, None)
+    c.run_for(2 * CFG.heartbeat_interval_ms + STEP_MS)
+    assert (c.e(f).term, c.e(f).leader) == (term, IDS[lead]) and c.stable_leader() == lead
+    assert c.e(f).stats.uncertified_heartbeats == 1  # the bare heartbeat proved nothing ...
+    assert c.e(f).stats.certificates_verified == 1   # ... "not following" brought the proof back
+
+
+def test_real_keys_through_the_wire_gate(tmp_path):
+    """What the node wires: Ed25519 identities sign votes (identity.sign adds SIGN_DOMAIN) and
+    identity.verify checks them; every message crosses the real gate (schema and limits)."""
+    from fedpeer import wire
+    from fedpeer.errors import RemoteProtocolError
+    from fedpeer.identity import Identity, verify
+    from fedpeer.store import Counter
+
+    who = {i.public_key: i for i in (Identity.generate() for _ in range(3))}
+    keys = sorted(who)
+    nodes = {k: Election(k, keys, CFG, random.Random(j), HardState(), 0, sign=who[k].sign, verify=verify)
+             for j, k in enumerate(keys)}
+    gates = {k: wire.Gate(who[k], who.__contains__, wire.ReplayGuard(
+        window_us=10**7, recent_max=64, counter_for=lambda p, k=k: Counter(tmp_path / (k + p).hex())),
+        message_bytes_max=1 << 20, clock_skew_ms_max=30_000) for k in keys}
+    sealers = {k: wire.Sealer(who[k]) for k in keys}
+    wall_ms = 1_700_000_000_000
+
+    def deliver(src: bytes, dst: bytes, msg, t: int) -> Ready:
+        env = gates[dst].open(sealers[src].seal(dst, msg, (wall_ms + t) * 1000), wall_ms + t)
+        assert env.msg == msg  # the codec round-trips signatures and certificates
+        return nodes[dst].receive(src, env.msg, t)
+
+    t = 0
+    while not any(e.role is L for e in nodes.values()):
+        t += STEP_MS
+        queue = [(k, s) for k in keys for s in nodes[k].tick(t).sends]
+        while queue:
+            src, send = queue.pop(0)
+            queue += [(send.dst, s) for s in deliver(src, send.dst, send.msg, t).sends]
+    lead = next(k for k in keys if nodes[k].role is L)
+    assert all(e.leader == lead for e in nodes.values())
+    byz, honest = [k for k in keys if k != lead]
+    forged = (VoteSig(honest, who[byz].sign(vote_statement(nodes[honest].term + 1, byz))),)
+    r = deliver(byz, honest, Heartbeat(nodes[honest].term + 1, 0, 0, forged), t)
+    assert nodes[honest].leader == lead and not only(r).follows
+    with pytest.raises(RemoteProtocolError):  # at most one entry per member fits the schema
+        deliver(byz, honest, Heartbeat(1, 0, 0, forged * (MEMBERS_MAX + 1)), t)
+    with pytest.raises(RemoteProtocolError):
+        deliver(byz, honest, RequestVoteReply(1, True, bytes(65)), t)
 
 
 # -- commit points ---------------------------------------------------------------------------
