@@ -75,6 +75,8 @@ async def _under_attack(h: Harness, attack: Callable[..., Awaitable[None]], *arg
     assert worst_status_s < STATUS_S_MAX, f"status took {worst_status_s:.2f} s"
     assert worst_rss_kib / 1024 < RSS_MIB_MAX, f"RSS reached {worst_rss_kib / 1024:.0f} MiB"
     assert target.log_path.stat().st_size < LOG_BYTES_MAX
+    print(f"\n{attack.__name__}: worst status {worst_status_s * 1000:.0f} ms, worst RSS "   # for the notes (-s)
+          f"{worst_rss_kib / 1024:.0f} MiB, log {target.log_path.stat().st_size} bytes")
     await h.wait_all_alive(timeout_s=10)
     return await h.status(0)
 
