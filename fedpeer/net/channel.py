@@ -12,7 +12,10 @@ accepted the message, or raises `PeerUnreachable` after the transport's bounded 
 `PeerRefused` at once when the peer received the message and refused it (an authenticated refusal:
 the peer is alive; the fault is in what was sent). On the receiving side, a message from a member
 that this node's gate refused (malformed for this job) makes `recv` from that member raise
-`MalformedFrom` at once, so nobody waits out a timeout for data that will never be accepted. A message
+`MalformedFrom` at once, so nobody waits out a timeout for data that will never be accepted. Likewise,
+once the failure detector declares a member dead (`alive()` turns false for good, not a mere
+suspicion), every `recv` from it raises `PeerDead` at once, and so does every later one until it is
+alive again: nobody waits out a hop timeout for a member that membership already buried. A message
 is delivered at most once (the real gate drops replays and duplicates). Messages from one sender
 may arrive out of order. Every message a job protocol sends is a registered wire dataclass with a
 `tag: str` field; `recv` matches on (type, tag[, src]).
@@ -66,6 +69,30 @@ class RecvTimeout(JobError):
     pass
 
 
+class PeerDead(JobError):
+    """The failure detector declared `peer` dead while (or before) we waited for it: raised by
+    `recv(..., src=peer)`. Not evidence of misbehaviour: a crash, a kill -9, a cut cable."""
+
+    def __init__(self, peer: NodeId, detail: str = "declared dead by membership") -> None:
+        self.peer = peer
+        super().__init__(f"member {peer.hex()[:16]} {detail}")
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """What one pending `recv` waits for (`job show`: "forest from site-3 since 12.4 s")."""
+
+    kind: type
+    tag: str
+    src: NodeId | None
+    since_s: float          # loop time when the wait began
+
+    def describe(self, names: Callable[[NodeId], str], now_s: float) -> str:
+        what = getattr(self.kind, "WAITING_FOR", self.kind.__name__)
+        who = f" from {names(self.src)}" if self.src is not None else " from any member"
+        return f"{what}{who} since {max(0.0, now_s - self.since_s):.1f} s"
+
+
 class Channel(Protocol):
     me: NodeId
     members: tuple[NodeId, ...]          # the job's members in ring order (sorted keys), me included
@@ -109,9 +136,29 @@ class Mailbox:
         self._per_sender = per_sender
         self._held: dict[NodeId, int] = {}
         self._waiters: list[tuple[type, str, NodeId | None, asyncio.Future]] = []
+        self._since: dict[asyncio.Future, float] = {}   # waiter -> loop time its wait began
         self._limit = limit
         self.dropped = 0
         self.refused: dict[NodeId, str] = {}   # member -> why its message was refused (first reason)
+        self.dead: set[NodeId] = set()         # members the failure detector declared dead
+
+    def member_dead(self, src: NodeId) -> None:
+        """The failure detector declared `src` dead: every receive waiting for a message from it
+        (and every later one, until `member_alive`) raises PeerDead instead of timing out.
+        Messages it sent before dying stay buffered and are still delivered."""
+        self.dead.add(src)
+        for waiter in [w for w in self._waiters if w[2] == src and not w[3].done()]:
+            self._waiters.remove(waiter)
+            waiter[3].set_exception(PeerDead(src))
+
+    def member_alive(self, src: NodeId) -> None:
+        """`src` answers again (a false alarm, or a restart): receives from it wait again."""
+        self.dead.discard(src)
+
+    def waiting(self) -> list[Waiting]:
+        """The receives pending now, oldest first."""
+        return sorted((Waiting(kind, tag, src, self._since.get(f, 0.0)) for kind, tag, src, f in self._waiters
+                       if not f.done()), key=lambda w: w.since_s)
 
     def refuse(self, src: NodeId, reason: str) -> None:
         """`src` sent this job a message that failed our checks: every receive waiting for a
@@ -161,15 +208,20 @@ class Mailbox:
             return found  # type: ignore[return-value]
         if src is not None and src in self.refused:
             raise MalformedFrom(src, self.refused[src])
-        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        if src is not None and src in self.dead:
+            raise PeerDead(src)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
         waiter = (kind, tag, src, future)
         self._waiters.append(waiter)
+        self._since[future] = loop.time()
         try:
             return await asyncio.wait_for(future, timeout_ms / 1000)
         except TimeoutError:
             who = f" from {src.hex()[:16]}" if src else ""
             raise RecvTimeout(f"no {kind.__name__} '{tag}'{who} within {timeout_ms} ms") from None
         finally:
+            self._since.pop(future, None)
             if waiter in self._waiters:
                 self._waiters.remove(waiter)
 
@@ -197,10 +249,12 @@ class MemoryNetwork:
     leadership: each member's view of (term, leader); by default term 1, led by the first member
     (simulations plug in real election cores).
     crash(node): the node's sends fail, messages to it are lost, and `alive` reports it dead
-    after `detect_ms` (like the failure detector). partition(groups): sends across groups raise
-    PeerUnreachable after `unreachable_ms` (the transport's retries giving up). refuse(src, dst,
-    msg) -> reason plays the receiver's gate: a refused message raises PeerRefused at the sender
-    and makes the receiver's `recv` from src raise MalformedFrom (as over the real daemon).
+    after `detect_ms` (like the failure detector); at that moment every member's receives from it
+    raise PeerDead (as the daemon's registry does when membership declares a member dead).
+    partition(groups): sends across groups raise PeerUnreachable after `unreachable_ms` (the
+    transport's retries giving up). refuse(src, dst, msg) -> reason plays the receiver's gate: a
+    refused message raises PeerRefused at the sender and makes the receiver's `recv` from src raise
+    MalformedFrom (as over the real daemon).
     """
 
     members: Sequence[NodeId]
@@ -216,6 +270,7 @@ class MemoryNetwork:
     progress_log: list[tuple[NodeId, str, int, int]] = field(default_factory=list)
     leadership: Callable[[NodeId], tuple[int, NodeId | None]] | None = None
     refuse: Callable[[NodeId, NodeId, object], str | None] | None = None   # (src, dst, msg) -> reason to refuse
+    declared_dead: set[NodeId] = field(default_factory=set)   # crashed, and detect_ms has passed
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -225,10 +280,24 @@ class MemoryNetwork:
         return MemoryChannel(self, me, tuple(sorted(members or self.members)), job_id)
 
     def mailbox(self, job_id: str, node: NodeId) -> Mailbox:
-        return self.mailboxes.setdefault((job_id, node), Mailbox())
+        box = self.mailboxes.get((job_id, node))
+        if box is None:
+            box = self.mailboxes[(job_id, node)] = Mailbox()
+            for dead in self.declared_dead:
+                box.member_dead(dead)
+        return box
 
     def crash(self, node: NodeId) -> None:
-        self.crashed_at[node] = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        self.crashed_at[node] = loop.time()
+        loop.call_later(self.detect_ms / 1000, self._declare_dead, node)
+
+    def _declare_dead(self, node: NodeId) -> None:
+        if node not in self.crashed_at:
+            return     # restarted meanwhile
+        self.declared_dead.add(node)
+        for box in self.mailboxes.values():
+            box.member_dead(node)
 
     def partition(self, *groups: set[NodeId]) -> None:
         self.groups = [set(g) for g in groups]

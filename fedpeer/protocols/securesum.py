@@ -10,7 +10,8 @@ Rules of this module
   `ch.random_bytes` (the OS CSPRNG in the daemon), pairwise secrets are `ch.pairwise_seed`,
   waiting is `ch.recv` with a timeout. The only clock use is a bound on each `ch.send`
   (`asyncio.timeout`), so that every wait is bounded by hop_timeout_ms.
-* The initiator is the first of `ch.members`; the first ring runs in `ch.members` order.
+* The initiator is the first of `ch.members` (until it is declared dead: "Takeover" below); the
+  first ring runs in `ch.members` order.
   Participants start as all members; only the initiator removes participants or changes the
   ring order, and it announces every new ring with a new attempt number (`SumRestart`). Each
   attempt draws fresh masks: the ring mask and the self-mask seeds from `ch.random_bytes`, the
@@ -42,10 +43,29 @@ Timeouts and failures (hop = hop_timeout_ms, n = participants in the attempt)
   the ring from itself to the first link whose ends disagree (Blame, below).
 * A member waits at most 2 (n + 1) + 5 hops for its next message (a chunk, an announcement, a
   seed request, a result): longer than the initiator needs to notice a failure, locate it and
-  announce a new attempt. So if the initiator dies, every member raises JobError at most that
-  long after the last message it received (a member that has to send to the unreachable
-  initiator fails at once). Nobody elects a new initiator: the caller may run the sum again
-  under a new tag.
+  announce a new attempt. So if the initiator stops and nobody declares it dead, every member
+  raises JobError at most that long after the last message it received.
+* Waits end as soon as the failure detector declares the member waited for dead (`recv` raises
+  PeerDead): the initiator drops a dead predecessor, non-returned seeds and SumWhere answers of
+  dead members at once; a member whose predecessor dies waits for the initiator's next word.
+
+Takeover: a dead initiator
+* When the failure detector declares the initiator of a member's attempt dead, the next
+  participant of that attempt's ring order that is not declared dead takes over: it announces
+  attempt 1 of its own era over the survivors it sees alive (itself first, the others in key
+  order) and leads the sum anew; the other members wait (a member's patience) for that
+  announcement, moving on along the ring order when a candidate is declared dead too.
+* A takeover's messages carry tags under the new initiator's key (`<tag>/ss-<mode>/by-<key>/a<n>/`)
+  and its pairwise seeds are derived from a label holding that key: masks are fresh (ring masks
+  and self-mask seeds are drawn anew anyway), and nothing of the dead initiator's attempts mixes in.
+* Members accept announcements and results only from the initiator of their current era, and
+  only a death declared by their own failure detector moves them to the next era: a live but
+  partitioned initiator is not replaced (its attempts fail and it gives up, as before).
+* A member that already holds part of the total (some result chunks) does not take part in a
+  takeover: comparing the two totals would give it the dead initiator's vector. It raises
+  JobError. A member that got the whole total keeps it; if the initiator died while delivering
+  the total, members that did not get it re-run without it, and may find that the next in
+  ring order already returned: they then raise JobError after their patience.
 * The ring needs only each participant to reach its successor; the result goes from the
   initiator to every participant directly. In ring mode a participant that cannot receive it
   raises JobError, while the others return the outcome (whose `participants`, the vectors
@@ -90,7 +110,7 @@ initiator a masked running sum). So:
   anyone, fail the sum, or hand members wrong or different totals (integrity is not protected,
   below). Members accept announcements and results only from it, check that announced lists
   are members with it first, and raise JobError naming it when it sends them something their
-  gate refuses. Members do not elect another initiator.
+  gate refuses. Members replace it only once their failure detector declares it dead.
 
 Who learns what
 Everyone in `participants` learns the total, hence the sum of all the other participants'
@@ -153,7 +173,7 @@ import numpy as np
 
 from .. import wire
 from ..errors import JobError, LocalProtocolError
-from ..net.channel import Channel, MalformedFrom, NodeId, PeerRefused, PeerUnreachable, RecvTimeout
+from ..net.channel import Channel, MalformedFrom, NodeId, PeerDead, PeerRefused, PeerUnreachable, RecvTimeout
 from ..wire import NODE_ID, v_array, v_bool, v_bytes, v_int, v_list, v_str
 
 MODES = ("ring", "pairwise")
@@ -312,6 +332,7 @@ class _Plan:
     chunk_entries: int
     hop_timeout_ms: int
     attempts_max: int
+    initiator: bytes | None = None    # who runs the sum: None = the first member; set by a takeover
 
     @property
     def chunks(self) -> int:
@@ -325,8 +346,21 @@ class _Plan:
         return s.stop - s.start
 
     def prefix(self, attempt: int | None = None) -> str:
+        """Tags of this sum (every initiator's) without `attempt`; with it, of that attempt under
+        this plan's initiator. A takeover's messages live under the new initiator's key, so no
+        message of a dead initiator's attempts is ever mixed into its successor's."""
         base = f"{self.tag}/ss-{self.mode}/"
-        return base if attempt is None else f"{base}a{attempt}/"
+        if attempt is None:
+            return base
+        return f"{self.era_prefix()}a{attempt}/"
+
+    def era_prefix(self) -> str:
+        base = f"{self.tag}/ss-{self.mode}/"
+        return base if self.initiator is None else f"{base}by-{self.initiator.hex()[:16]}/"
+
+    def first(self, members: Sequence[bytes]) -> bytes:
+        """This plan's initiator."""
+        return members[0] if self.initiator is None else self.initiator
 
     def chunk_tag(self, attempt: int, k: int) -> str:
         return f"{self.prefix(attempt)}c{k}"
@@ -335,7 +369,7 @@ class _Plan:
         return f"{self.prefix(attempt)}r{k}"
 
     def restart_tag(self) -> str:
-        return f"{self.prefix()}restart"
+        return f"{self.era_prefix()}restart"
 
     def send_bound_ms(self) -> int:
         return self.hop_timeout_ms
@@ -407,6 +441,8 @@ def pairwise_label(plan: _Plan, attempt: int) -> bytes:
     """Label for ch.pairwise_seed: unique per (job, tag, mode, attempt), length-prefixed parts so
     no two different tuples give the same bytes."""
     parts = [plan.job_id.encode(), plan.tag.encode(), plan.mode.encode(), str(attempt).encode()]
+    if plan.initiator is not None:     # a takeover's attempts: masks no earlier initiator's attempt used
+        parts.append(plan.initiator)
     return _LABEL_DOMAIN + b"".join(len(p).to_bytes(2, "big") + p for p in parts)
 
 
@@ -515,10 +551,14 @@ async def secure_sum(ch: Channel, tag: str, vector: np.ndarray, *, mode: str = "
     plan = _plan(ch, tag, vector, mode, hop_timeout_ms, chunk_entries, attempts_max)
     try:
         if ch.me == ch.members[0]:
-            return await _lead(ch, plan)
+            return await _lead(ch, plan, _Attempt(1, tuple(ch.members)))
         return await _follow(ch, plan)
     finally:
         ch.discard(plan.prefix())
+
+
+class _InitiatorGone(Exception):
+    """The failure detector declared this attempt's initiator dead (module docstring, "Takeover")."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -549,8 +589,7 @@ class _RingFault(Exception):
                             for name in ("suspects", "responsive", "disputes", "unconfirmed")))
 
 
-async def _lead(ch: Channel, plan: _Plan) -> SumOutcome:
-    att = _Attempt(1, tuple(ch.members))
+async def _lead(ch: Channel, plan: _Plan, att: _Attempt) -> SumOutcome:
     disputes: set[Dispute] = set()      # kept across attempts: a second one names the culprit
     while True:
         try:
@@ -618,6 +657,9 @@ async def _await_return(ch: Channel, plan: _Plan, att: _Attempt, k: int, pred: N
             got = await _recv_first(ch, wants, max(0, deadline - ch.now_ms()))
         except RecvTimeout:
             raise await _locate_stall(ch, plan, att, k, pred) from None
+        except PeerDead as exc:       # my predecessor is down: its chunk will not come
+            raise _RingFault(f"{exc.peer.hex()[:16]} was declared dead holding chunk {k}",
+                             frozenset({exc.peer})) from None
         except MalformedFrom as exc:
             raise _RingFault(f"{exc.peer.hex()[:16]} sent a malformed chunk {k}: {exc.reason}",
                              frozenset({exc.peer})) from None
@@ -646,7 +688,7 @@ async def _locate_stall(ch: Channel, plan: _Plan, att: _Attempt, k: int, pred: N
             _, msg = await ch.recv(SumHere, tag, src=member, timeout_ms=max(0, deadline - ch.now_ms()))
             if msg.chunk == k:
                 answers[member] = msg
-        except (RecvTimeout, MalformedFrom):
+        except (RecvTimeout, MalformedFrom, PeerDead):
             pass
     why, heard = f"chunk {k} did not come back within {att.round_trip_ms(plan)} ms", frozenset(answers)
     prev = ch.me
@@ -666,7 +708,7 @@ async def _locate_stall(ch: Channel, plan: _Plan, att: _Attempt, k: int, pred: N
     try:    # everyone says it passed the chunk on: unless it came in just now, the last one lies
         await ch.recv(SumChunk, plan.chunk_tag(att.number, k), src=pred, timeout_ms=0)
         return _RingFault(f"{why}; it came back late", responsive=heard)
-    except (RecvTimeout, MalformedFrom):
+    except (RecvTimeout, MalformedFrom, PeerDead):
         return _RingFault(f"{why}; {prev.hex()[:16]} says it passed it to me", frozenset({prev}), heard)
 
 
@@ -702,7 +744,7 @@ async def _unmask_self(ch: Channel, plan: _Plan, att: _Attempt, total: np.ndarra
         try:
             _, msg = await ch.recv(SeedReveal, tag, src=member, timeout_ms=max(0, deadline - ch.now_ms()))
             seeds[member] = msg.seed
-        except (RecvTimeout, MalformedFrom):    # a malformed reveal is no reveal
+        except (RecvTimeout, MalformedFrom, PeerDead):    # a malformed reveal is no reveal
             pass
     missing = frozenset(members) - set(seeds)
     if missing:
@@ -820,12 +862,53 @@ async def _deliver(ch: Channel, plan: _Plan, att: _Attempt, total: np.ndarray) -
 
 async def _follow(ch: Channel, plan: _Plan) -> SumOutcome:
     att = _Attempt(1, tuple(ch.members))
+    gone: set[bytes] = set()          # initiators declared dead during this sum
     while True:
-        outcome = await _follow_attempt(ch, plan, att)
+        try:
+            outcome = await _follow_attempt(ch, plan, att)
+        except _InitiatorGone:
+            ch.discard(plan.prefix(att.number))
+            gone.add(att.initiator)
+            taken = await _take_over(ch, plan, att, gone)
+            if isinstance(taken, SumOutcome):
+                return taken          # this member was next in ring order: it led the rest
+            plan, att = taken
+            continue
         if isinstance(outcome, SumOutcome):
             return outcome
         ch.discard(plan.prefix(att.number))
         att = outcome
+
+
+async def _take_over(ch: Channel, plan: _Plan, att: _Attempt,
+                     gone: set[bytes]) -> SumOutcome | tuple[_Plan, _Attempt]:
+    """The initiator of `att` was declared dead: the next participant in its ring order that is
+    not known dead runs the sum anew over the survivors, under its own key (fresh tags, fresh
+    masks). If that is me, I lead to the end; else I wait for its first announcement, moving on
+    to the next one if it is declared dead too (module docstring, "Takeover")."""
+    order = list(att.participants)
+    start = order.index(att.initiator)
+    for candidate in order[start + 1:] + order[:start]:
+        if candidate in gone:
+            continue
+        era = dataclasses.replace(plan, initiator=candidate)
+        if candidate == ch.me:
+            ring = _Attempt(0, (ch.me, *[p for p in order if p != ch.me and p not in gone]))
+            why = "took over from initiator(s) declared dead: " + ", ".join(p.hex()[:16] for p in sorted(gone))
+            first = await _next_attempt(ch, era, ring, _RingFault(why), set())
+            return await _lead(ch, era, first)
+        restart = (SumRestart, era.restart_tag(), candidate)
+        try:
+            _, msg = await ch.recv(*restart[:2], src=candidate, timeout_ms=att.patience_ms(plan))
+        except PeerDead:
+            gone.add(candidate)
+            continue
+        except RecvTimeout:
+            raise JobError(f"secure sum '{plan.tag}': initiator {att.initiator.hex()[:16]} was declared dead "
+                           f"and {candidate.hex()[:16]}, next in ring order, did not take over within "
+                           f"{att.patience_ms(plan)} ms") from None
+        return era, _accept_restart(ch, era, msg)
+    raise JobError(f"secure sum '{plan.tag}': every other participant was declared dead")
 
 
 async def _follow_attempt(ch: Channel, plan: _Plan, att: _Attempt) -> SumOutcome | _Attempt:
@@ -844,7 +927,7 @@ async def _follow_attempt(ch: Channel, plan: _Plan, att: _Attempt) -> SumOutcome
         try:
             await _send(ch, plan, att.initiator, SeedReveal(got.tag, masks.self_seed))
         except PeerUnreachable as exc:
-            raise JobError(f"secure sum '{plan.tag}': initiator unreachable: {exc}") from None
+            return await _initiator_fate(ch, plan, att, trace, exc)
         got = await _await_initiator(ch, plan, att, [first_result], trace)
     if isinstance(got, _Attempt):
         return got
@@ -874,14 +957,14 @@ async def _forward_chunks(ch: Channel, plan: _Plan, att: _Attempt, masks: _Masks
         except (MalformedFrom, _WrongLength) as exc:
             if pred == att.initiator or (isinstance(exc, MalformedFrom) and exc.peer != pred):
                 raise    # the initiator sent it: there is nobody to tell, this member fails
-            await _report_broken(ch, plan, att, RingBroken(_broken_tag(plan, att), pred, "malformed"), exc)
-            return False
+            report = RingBroken(_broken_tag(plan, att), pred, "malformed")
+            return await _report_broken(ch, plan, att, report, exc, trace) or False
         try:
             await _send(ch, plan, succ, SumChunk(tag, data + masks.contribution(k)))
         except PeerUnreachable as exc:   # PeerRefused included, reported as what it is
             fault = "refused" if isinstance(exc, PeerRefused) else "unreachable"
-            await _report_broken(ch, plan, att, RingBroken(_broken_tag(plan, att), succ, fault), exc)
-            return False
+            report = RingBroken(_broken_tag(plan, att), succ, fault)
+            return await _report_broken(ch, plan, att, report, exc, trace) or False
         trace.passed.add(k)
         ch.progress(PHASE, k + 1, plan.chunks)
     return True
@@ -891,16 +974,28 @@ def _broken_tag(plan: _Plan, att: _Attempt) -> str:
     return plan.prefix(att.number) + "broken"
 
 
-async def _report_broken(ch: Channel, plan: _Plan, att: _Attempt, report: RingBroken, exc: Exception) -> None:
-    """Tell the initiator which edge failed; if that edge is the one to the initiator, there is
-    nobody to tell and no re-run to wait for: this member fails."""
+async def _report_broken(ch: Channel, plan: _Plan, att: _Attempt, report: RingBroken, exc: Exception,
+                         trace: _Trace) -> _Attempt | None:
+    """Tell the initiator which edge failed. If that edge is the one to the initiator, or the
+    report cannot reach it, there is nobody to tell: wait for what becomes of the initiator."""
     if report.peer == att.initiator:
-        raise JobError(f"secure sum '{plan.tag}': the initiator {att.initiator.hex()[:16]} "
-                       f"{'refused our chunk' if report.fault == 'refused' else 'is unreachable'}: {exc}")
+        return await _initiator_fate(ch, plan, att, trace, exc)
     try:
         await _send(ch, plan, att.initiator, report)
     except PeerUnreachable as exc2:
-        raise JobError(f"secure sum '{plan.tag}': initiator unreachable: {exc2}") from None
+        return await _initiator_fate(ch, plan, att, trace, exc2)
+    return None
+
+
+async def _initiator_fate(ch: Channel, plan: _Plan, att: _Attempt, trace: _Trace, exc: Exception) -> _Attempt:
+    """The initiator did not take what I sent it. If it refused it, it is alive and will not
+    have it: JobError. Else it may be down: wait for its next announcement, or for the failure
+    detector to declare it dead (_InitiatorGone: the next in ring order takes over), or JobError
+    after a member's patience."""
+    if isinstance(exc, PeerRefused):
+        raise JobError(f"secure sum '{plan.tag}': the initiator {att.initiator.hex()[:16]} refused "
+                       f"our message: {exc.reason}")
+    return await _await_initiator(ch, plan, att, [], trace)
 
 
 async def _await_initiator(ch: Channel, plan: _Plan, att: _Attempt, wants: list[Want], trace: _Trace) -> Any:
@@ -913,6 +1008,11 @@ async def _await_initiator(ch: Channel, plan: _Plan, att: _Attempt, wants: list[
     while True:
         try:
             got = await _recv_first(ch, [*wants, restart, where], max(0, deadline - ch.now_ms()))
+        except PeerDead as exc:
+            if exc.peer == att.initiator:
+                raise _InitiatorGone() from None
+            wants = [w for w in wants if w[2] != exc.peer]   # its chunk will not come: the initiator will say
+            continue
         except RecvTimeout:
             raise JobError(
                 f"secure sum '{plan.tag}': nothing from the ring or the initiator "
@@ -938,7 +1038,7 @@ def _accept_restart(ch: Channel, plan: _Plan, msg: SumRestart) -> _Attempt:
         raise JobError(msg.reason or f"secure sum '{plan.tag}': the initiator gave up")
     listed = list(msg.participants)     # ring order: the initiator first, then any order
     if len(set(listed)) != len(listed) or not set(listed) <= set(ch.members) \
-            or listed[0] != ch.members[0] or len(listed) < 2:
+            or listed[0] != plan.first(ch.members) or len(listed) < 2:
         raise JobError(f"secure sum '{plan.tag}': the initiator announced an invalid participant list")
     if ch.me not in msg.participants:
         raise JobError(f"secure sum '{plan.tag}': this site was left out of attempt {msg.attempt} "
@@ -953,7 +1053,9 @@ async def _collect_result(ch: Channel, plan: _Plan, att: _Attempt, first: SumRes
         try:
             _, msg = await ch.recv(SumResult, plan.result_tag(att.number, k), src=att.initiator,
                                    timeout_ms=att.patience_ms(plan))
-        except RecvTimeout:
+        except (RecvTimeout, PeerDead):
+            # no takeover once part of the total is here: a re-run's total would tell this member
+            # the difference, the vectors of the members left out of it
             raise JobError(f"secure sum '{plan.tag}': result chunk {k} did not arrive within "
                            f"{att.patience_ms(plan)} ms; the initiator is presumably down") from None
         total[plan.span(k)] = _check_chunk(plan, msg.data, k, att.initiator)

@@ -332,7 +332,7 @@ async def neighbour_view(mode: str, seed: int, vectors: dict[bytes, np.ndarray])
         return residual, np.zeros_like(residual)
     seed_msg = next(m for s, d, m in net.sent if s == me and isinstance(m, SeedReveal))
     residual = residual - ss.expand_mask(ss._SELF_DOMAIN, seed_msg.seed, 0, len(residual))
-    label = ss.pairwise_label(SimpleNamespace(job_id=job_id, tag=TAG, mode=mode), 1)
+    label = ss.pairwise_label(SimpleNamespace(job_id=job_id, tag=TAG, mode=mode, initiator=None), 1)
     ch = net.channel(me, job_id)
     remaining = np.zeros_like(residual)
     for peer in (members[0], members[2], members[3]):
@@ -433,10 +433,13 @@ async def test_member_crashed_before_revealing_its_seed_is_excluded() -> None:
 
 @pytest.mark.looptime
 @pytest.mark.parametrize("mode", ss.MODES)
-async def test_initiator_crash_fails_every_member_within_bounded_time(mode: str) -> None:
+async def test_a_crashed_initiator_is_replaced_by_the_next_in_ring_order(mode: str) -> None:
+    """The initiator dies at any point of the ring: once the failure detector declares it dead,
+    the next member in ring order runs the sum anew over the survivors, under its own tags and
+    with fresh masks, and every survivor gets the same exact total soon after the declaration
+    (not a member's patience later, and not a failure)."""
     n = 5
     members = keys(n)
-    patience_s = (2 * (n + 1) + 5) * HOP_MS / 1000
     for seed in range(8):
         net = MemoryNetwork(members, seed=seed)
         crashing: dict[str, CrashingChannel] = {}
@@ -447,6 +450,52 @@ async def test_initiator_crash_fails_every_member_within_bounded_time(mode: str)
 
         vectors = random_vectors(members, 12, seed)
         results, ended = await run_sum(net, vectors, wrap={members[0]: wrap}, mode=mode, chunk_entries=3)
+        crashed_at = crashing["c"].crashed_at
+        assert crashed_at is not None
+        outcome = check_consistent({m: results[m] for m in members[1:]}, vectors, seed)
+        assert outcome is not None and outcome.participants == tuple(members[1:]), f"seed {seed}"
+        assert all(isinstance(results[m], SumOutcome) for m in members[1:]), f"seed {seed}: {results}"
+        for node in members[1:]:
+            late = ended[node] - crashed_at
+            assert late <= net.detect_ms / 1000 + 1.0, f"seed {seed}: ended {late:.1f} s after the crash"
+        era = f"{TAG}/ss-{mode}/by-{members[1].hex()[:16]}/"
+        chunks = [m for s, _, m in net.sent if isinstance(m, SumChunk) and s == members[1] and m.tag.startswith(era)]
+        assert chunks, f"seed {seed}: the next in ring order did not lead the re-run under its own tags"
+
+
+@pytest.mark.looptime
+async def test_when_the_next_initiator_is_dead_too_the_one_after_it_takes_over() -> None:
+    n = 6
+    members = keys(n)
+    for seed in range(4):
+        net = MemoryNetwork(members, seed=seed)
+        net.crash(members[1])
+        vectors = random_vectors(members, 5, seed)
+        wrap = {members[0]: lambda ch: CrashingChannel(ch, chunk_sends(0))}   # dies at its first chunk
+        results, _ = await run_sum(net, vectors, skip=[members[1]], wrap=wrap, mode="pairwise", chunk_entries=2)
+        outcome = check_consistent({m: results[m] for m in members[2:]}, vectors, seed)
+        assert outcome is not None and outcome.participants == tuple(members[2:]), f"seed {seed}"
+
+
+@pytest.mark.looptime
+@pytest.mark.parametrize("mode", ss.MODES)
+async def test_initiator_crash_without_a_failure_detector_fails_every_member_within_bounded_time(mode: str) -> None:
+    """Nobody declares the initiator dead (detection off): nobody takes over, and every member
+    still ends, with JobError, within its patience."""
+    n = 5
+    members = keys(n)
+    patience_s = (2 * (n + 1) + 5) * HOP_MS / 1000
+    for seed in range(4):
+        net = MemoryNetwork(members, seed=seed, detect_ms=1e9)
+        crashing: dict[str, CrashingChannel] = {}
+
+        def wrap(ch: MemoryChannel) -> CrashingChannel:
+            crashing["c"] = CrashingChannel(ch, chunk_sends(seed % 4))
+            return crashing["c"]
+
+        vectors = random_vectors(members, 12, seed)
+        results, ended = await run_sum(net, vectors, wrap={members[0]: wrap}, mode=mode, chunk_entries=3,
+                                       bound_s=200.0)
         crashed_at = crashing["c"].crashed_at
         assert crashed_at is not None
         for node in members[1:]:
