@@ -264,6 +264,7 @@ class Node:
                 log.info("peer_state", extra=fields(peer=self._names.get(view.node, "?"), state=view.state.value,
                                                     was=old.value if old else "-", incarnation=view.incarnation,
                                                     address=view.address))
+                self.jobs.on_peer_state(view.node, view.state.value)   # a dead member's jobs stop waiting for it
 
     # -- inbound ----------------------------------------------------------------------------
 
