@@ -1,4 +1,4 @@
-"""Job lifecycle messages (DESIGN §4): propose -> accept/reject -> start | abort; cancel.
+"""Job lifecycle messages (DESIGN §4): propose -> accept/reject -> start | abort | cancel.
 
 All travel with the job id in the envelope's `job` field too; the registry checks they agree.
 """
@@ -78,6 +78,14 @@ class JobAbort:
     reason: str
 
 
+@dataclass(frozen=True)
+class JobCancel:
+    """A member's operator cancelled the job: every member ends it `cancelled` (not `failed`)."""
+
+    job_id: str
+    reason: str
+
+
 wire.register("job_propose", JobPropose, {
     "job_id": JOB_ID, "kind": v_str(32), "params": _params,
     "members": v_list(NODE_ID, MEMBERS_MAX), "created_ms": v_int()})
@@ -86,5 +94,6 @@ wire.register("job_accept", JobAccept, {
 wire.register("job_reject", JobReject, {"job_id": JOB_ID, "reason": REASON})
 wire.register("job_start", JobStart, {"job_id": JOB_ID, "members": v_list(NODE_ID, MEMBERS_MAX)})
 wire.register("job_abort", JobAbort, {"job_id": JOB_ID, "site": v_bytes(max_bytes=32), "reason": REASON})
+wire.register("job_cancel", JobCancel, {"job_id": JOB_ID, "reason": REASON})
 
-LIFECYCLE = (JobPropose, JobAccept, JobReject, JobStart, JobAbort)
+LIFECYCLE = (JobPropose, JobAccept, JobReject, JobStart, JobAbort, JobCancel)

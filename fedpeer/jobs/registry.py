@@ -21,11 +21,19 @@ Rules:
   to disk only once it runs: refused or never-started ones live in a small in-memory list.
 - We never send to a key that is not in peers.toml: a proposal naming one is refused, naming it.
 - Rows never leave the site: the registry only ever sends fingerprints and column names.
+- Membership is heard, not polled: the node reports every peer state change (`on_peer_state`).
+  A member declared dead ends every wait on it at once — its jobs' receives from it (PeerDead),
+  their sends to it (PeerUnreachable), an answer it owes our proposal, the start a member waits
+  for from it as proposer — instead of each waiting out its own timeout.
+- An operator's cancel ends the job `cancelled` on every member (JobCancel), not `failed`.
+- A running job's phase is written when it changes, so a site restarted after a crash says
+  which phase its interrupted job was in. `show` says what a running job waits for, and since when.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import os
@@ -41,7 +49,7 @@ from ..config import Config
 from ..errors import DataError, FedpeerError, JobError, RemoteProtocolError
 from ..identity import fingerprint
 from ..logs import fields
-from ..net.channel import Mailbox, MalformedFrom, PeerRefused, PeerUnreachable, RecvTimeout
+from ..net.channel import Mailbox, MalformedFrom, PeerDead, PeerRefused, PeerUnreachable, RecvTimeout
 from ..store import read_json, write_json
 from . import messages as m
 from .base import JobContext, JobFailsEverywhere, JobKind
@@ -53,10 +61,13 @@ PENDING = ("proposed", "accepted")      # known, not yet running: holds no jobs_
 ABORT_SEND_TIMEOUT_MS = 5_000
 ABORT_GRACE_MS = 1_000          # a local failure waits this long for a peer's abort with the cause
 RECORDS_LISTED_MAX = 200
+WAITS_SHOWN_MAX = 8             # pending receives `job show` lists per job (oldest first)
+DEAD_DETAIL = "declared dead by membership"
 # Insider load (issue 11 item 4): a member's key must not fill our disk, memory or job slots.
 PROPOSALS_BURST_MAX = 8         # proposals one member may send at once (token bucket size) ...
 PROPOSAL_REFILL_MS = 2_000      # ... then one more per this interval: honest sites propose by hand
 PENDING_PER_PROPOSER_MAX = 4    # proposed or accepted, not yet running, per proposing member
+NOT_LISTED = "not in this site's peers.toml"   # a refusal's words the proposer maps to its own names
 UNSTORED_RECORDS_MAX = 64       # refused / never-started peer proposals kept in memory (oldest out)
 
 
@@ -102,6 +113,7 @@ class JobRecord:
 
     def to_json(self, names: Mapping[bytes, str], now_ms: int) -> dict:
         end = self.finished_ms or now_ms
+        waiting = self.waiting_for(names) if self.state == "running" else []
         return {
             "id": self.id, "kind": self.kind, "params": self.params, "state": self.state,
             "proposer": names.get(self.proposer, fingerprint(self.proposer)),
@@ -110,7 +122,17 @@ class JobRecord:
             "created_ms": self.created_ms, "started_ms": self.started_ms, "finished_ms": self.finished_ms,
             "elapsed_s": round((end - self.started_ms) / 1000, 3) if self.started_ms else None,
             "rows": self.rows, "error": self.error, "result": self.result,
+            **({"waiting_for": waiting} if waiting else {}),
         }
+
+    def waiting_for(self, names: Mapping[bytes, str]) -> list[str]:
+        """What the job's receives wait for now: ["forest from site-3 since 12.4 s", ...]."""
+        try:
+            now_s = asyncio.get_running_loop().time()
+        except RuntimeError:      # no loop, no job running
+            return []
+        name = lambda k: names.get(k, fingerprint(k))  # noqa: E731
+        return [w.describe(name, now_s) for w in self.mailbox.waiting()[:WAITS_SHOWN_MAX]]
 
 
 class NodeChannel:
@@ -142,11 +164,16 @@ class NodeChannel:
         await asyncio.sleep(ms / 1000)
 
     def progress(self, phase: str, step: int, total: int) -> None:
-        self._record.phase, self._record.step, self._record.total = phase, step, total
+        record = self._record
+        changed = phase != record.phase
+        record.phase, record.step, record.total = phase, step, total
+        if changed and record.state == "running":   # on disk: a crash leaves the phase it was in
+            self._registry._save(record)
 
     async def send(self, dst: bytes, msg: object) -> None:
         assert dst in self.members and dst != self.me, "send to a non-member or to self"
-        await self._registry.transport.send(dst, msg, self.job_id, self._registry.config.jobs.hop_timeout_ms)
+        sending = self._registry.transport.send(dst, msg, self.job_id, self._registry.config.jobs.hop_timeout_ms)
+        await self._registry.unless_dead(dst, sending)
 
     async def recv(self, kind: type, tag: str, src: bytes | None = None, timeout_ms: int = 30_000) -> tuple[bytes, Any]:
         return await self._record.mailbox.get(kind, tag, src, timeout_ms)
@@ -171,7 +198,56 @@ class JobRegistry:
         self._unsaved: dict[str, JobRecord] = {}                       # records whose last write failed
         self._buckets: dict[bytes, tuple[float, int]] = {}             # proposer -> (tokens, at_ms)
         self._replies: dict[tuple[str, bytes], asyncio.Future] = {}
+        self.dead: set[bytes] = set()                                  # peers membership declared dead
+        self._deaths: dict[bytes, set[asyncio.Future]] = {}            # peer -> sends to it in flight
         self._load_records()
+
+    # -- membership ----------------------------------------------------------------------------
+
+    def on_peer_state(self, peer: bytes, state: str) -> None:
+        """The node's membership changed `peer`'s state ("alive", "suspect", "dead", ...). Only a
+        declaration of death ends waits (a suspicion is often refuted); "alive" undoes it."""
+        if state == "dead" and peer not in self.dead:
+            self.dead.add(peer)
+            for death in self._deaths.pop(peer, set()):
+                if not death.done():
+                    death.set_result(None)
+            for record in self._all():
+                if peer in record.members and record.state not in TERMINAL:
+                    self._member_died(record, peer)
+        elif state == "alive" and peer in self.dead:
+            self.dead.discard(peer)
+            for record in self._all():
+                record.mailbox.member_alive(peer)
+
+    def _member_died(self, record: JobRecord, peer: bytes) -> None:
+        record.mailbox.member_dead(peer)
+        # a proposal it has not answered, or a start we wait for from it as proposer
+        self._answer(record.id, peer, m.JobReject(job_id=record.id, reason=f"{DEAD_DETAIL} before answering"))
+        signal = record.start_signal
+        if peer == record.proposer and signal is not None and not signal.done():
+            signal.set_exception(_SiteFailure(peer, f"{DEAD_DETAIL} before starting the job"))
+
+    async def unless_dead(self, peer: bytes, work: Any) -> Any:
+        """Await `work` (a send to `peer`), but raise PeerUnreachable at once if membership has
+        declared `peer` dead, or as soon as it does: a send to a dead peer would retry for a
+        whole hop timeout."""
+        if peer in self.dead:
+            work.close()
+            raise PeerUnreachable(peer, DEAD_DETAIL)
+        death = asyncio.get_running_loop().create_future()
+        self._deaths.setdefault(peer, set()).add(death)
+        task = asyncio.ensure_future(work)
+        try:
+            await asyncio.wait({task, death}, return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                return task.result()
+            raise PeerUnreachable(peer, DEAD_DETAIL)
+        finally:
+            self._deaths.get(peer, set()).discard(death)
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
     # -- persistence -------------------------------------------------------------------------
 
@@ -186,7 +262,9 @@ class JobRegistry:
                 log.warning("job_record_unreadable", extra=fields(path=str(path), error=str(exc)))
                 continue
             if record.state not in TERMINAL:
-                record.state, record.error = "failed", "this daemon stopped while the job was running"
+                at = f" (phase: {record.phase}, step {record.step} of {record.total})" if record.state == "running" else \
+                    f" (state: {record.state})"
+                record.state, record.error = "failed", f"this daemon stopped while the job was running{at}"
                 record.finished_ms = record.finished_ms or self.transport.now_ms()
                 self._save(record)
             self.jobs[record.id] = record
@@ -208,6 +286,7 @@ class JobRegistry:
         path = self._root / record.id / "job.json"
         try:
             doc = record.to_json(self.names, self.transport.now_ms())
+            doc.pop("waiting_for", None)      # a moment's view, stale once written
             doc["_members"] = [k.hex() for k in record.members]
             doc["_proposer"] = record.proposer.hex()
             if self.state is not None:
@@ -354,6 +433,9 @@ class JobRegistry:
         finally:
             for task in sends:
                 task.cancel()
+        missing = self._missing_pairs(answers)
+        if missing:   # every pair at once: the operator fixes them in one pass
+            raise _SiteFailure(self.transport.me, "; ".join(missing))
         fp, features = mine
         for peer in others:
             answer = answers[peer]
@@ -365,6 +447,27 @@ class JobRegistry:
         start = m.JobStart(job_id=record.id, members=list(record.members))
         await asyncio.gather(*(self._send_start(record, p, start) for p in others))
         await self._execute(record, kind)
+
+    def _missing_pairs(self, answers: Mapping[bytes, Any]) -> list[str]:
+        """Refusals that say two members do not know each other, in this site's names: a member
+        names the keys it lacks by fingerprint (`_policy_refusal`), and a member that lacks us
+        refuses the proposal's frame itself (unknown_sender) or holds another key for us (header)."""
+        by_fingerprint = {fingerprint(k): n for k, n in self.names.items()}
+        me = self.config.node.name
+        pairs = []
+        for peer, answer in answers.items():
+            if not isinstance(answer, m.JobReject):
+                continue
+            name, reason = self.names.get(peer, fingerprint(peer)), answer.reason
+            if NOT_LISTED in reason:
+                pairs += [f"{name} does not list {other}: run `fedpeer peer add` there"
+                          for f, other in by_fingerprint.items() if f in reason]
+            elif reason.endswith("unknown_sender"):
+                pairs.append(f"{name} does not list {me}: run `fedpeer peer add` there")
+            elif reason.endswith(": header"):
+                pairs.append(f"{name} holds another key for {me}, or another key answers at {name}'s address: "
+                             "compare `fedpeer key show` with both peers.toml")
+        return pairs
 
     async def _send_or_reply_unreachable(self, record: JobRecord, peer: bytes, msg: object) -> None:
         try:
@@ -412,6 +515,8 @@ class JobRegistry:
             self._on_start(src, msg)
         elif isinstance(msg, m.JobAbort):
             self._on_abort(src, msg)
+        elif isinstance(msg, m.JobCancel):
+            self._on_cancel(src, msg)
         else:
             record = self.jobs.get(job_id)
             if record is None or src not in record.members or record.state in TERMINAL:
@@ -469,7 +574,7 @@ class JobRegistry:
         unknown = [k for k in record.members if k not in self.names]
         if unknown:
             listed = ", ".join(fingerprint(k) for k in unknown[:4])
-            return (f"member(s) {listed} not in this site's peers.toml; add them there (and on every member) "
+            return (f"member(s) {listed} {NOT_LISTED}; add them there (and on every member) "
                     "before proposing a job with them")
         problem = self._disk_problem()
         if problem is not None:
@@ -540,6 +645,17 @@ class JobRegistry:
         if record.task is not None:
             record.task.cancel()
 
+    def _on_cancel(self, src: bytes, msg: m.JobCancel) -> None:
+        """Another member's operator cancelled the job: it ends `cancelled` here too."""
+        record = self._find(msg.job_id)
+        if record is None or src not in record.members:
+            raise RemoteProtocolError("unknown_job", f"cancel of unknown job {msg.job_id!r}")
+        if record.state in TERMINAL:
+            return
+        self._finish(record, "cancelled", f"{self.names[src]}: {msg.reason}")
+        if record.task is not None:
+            record.task.cancel()
+
     # -- running -----------------------------------------------------------------------------
 
     async def _check_data(self, record: JobRecord, kind: JobKind) -> tuple[bytes, tuple[str, ...]]:
@@ -582,6 +698,8 @@ class JobRegistry:
                          hop_timeout_ms=self.config.jobs.hop_timeout_ms, data=record.data,
                          test_data=record.test_data, workdir=self._root / record.id)
         channel = NodeChannel(self, record)
+        for peer in self.dead.intersection(record.members):   # died before the start: no wait for them
+            record.mailbox.member_dead(peer)
         try:
             result = await asyncio.wait_for(kind.run(channel, record.params, ctx),
                                             self.config.jobs.job_timeout_ms / 1000)
@@ -589,6 +707,8 @@ class JobRegistry:
             raise _SiteFailure(self.transport.me, f"did not finish within {self.config.jobs.job_timeout_ms} ms") from None
         except MalformedFrom as exc:    # evidence against that member, not against this site
             raise _SiteFailure(exc.peer, f"sent a malformed message ({exc.reason})") from None
+        except PeerDead as exc:         # the job could not go on without it
+            raise _SiteFailure(exc.peer, DEAD_DETAIL) from None
         except (JobError, DataError, RecvTimeout) as exc:
             raise _SiteFailure(self.transport.me, str(exc), everywhere=isinstance(exc, JobFailsEverywhere)) from None
         record.data = record.test_data = None
@@ -617,7 +737,8 @@ class JobRegistry:
             # an operator's cancel or a peer's abort finished the record first; what is left is
             # the daemon stopping (a restarted daemon shows this record, not a running one)
             if record.state not in TERMINAL:
-                self._finish(record, "cancelled", f"{self.config.node.name}: the daemon was stopped while the job ran")
+                self._finish(record, "cancelled", f"{self.config.node.name}: the daemon was stopped while the job "
+                                                  f"ran (phase: {record.phase})")
             raise
         except Exception as exc:
             try:
@@ -691,6 +812,28 @@ class JobRegistry:
             log.warning("job_send_failed", extra=fields(job=job_id, peer=self.names.get(peer, "?"),
                                                         error=f"{type(exc).__name__}: {exc}"))
 
+    def reconfigure(self, config: Config, names: Mapping[bytes, str]) -> list[str]:
+        """A reloaded peers.toml: proposals, policy checks and data loads use `config` from now on
+        (a running job keeps the parameters and data it started with). Every job a removed member
+        takes part in ends now, `failed`, naming the removal, and its other members are told.
+        Returns the ids of the jobs it ended."""
+        removed = {k: self.names[k] for k in self.names if k not in names}
+        self.config, self.names = config, names
+        ended = []
+        for record in [r for r in self._all() if r.state not in TERMINAL]:
+            gone = [k for k in record.members if k in removed]
+            if not gone:
+                continue
+            reason = f"removed from {config.node.name}'s peers.toml"
+            self._finish(record, "failed", f"{removed[gone[0]]}: {reason}")
+            if record.task is not None:
+                record.task.cancel()
+            if record.announced:   # _send_quietly never addresses the removed key
+                with contextlib.suppress(JobError):   # the daemon is stopping: their waits time out
+                    self._spawn(self._broadcast_abort(record, gone[0], reason))
+            ended.append(record.id)
+        return ended
+
     def cancel(self, job_id: str) -> dict:
         record = self._find(job_id)
         if record is None:
@@ -701,8 +844,13 @@ class JobRegistry:
         if record.task is not None:
             record.task.cancel()
         if record.announced:
-            self._spawn(self._broadcast_abort(record, self.transport.me, "cancelled by the operator"))
+            self._spawn(self._broadcast_cancel(record, "cancelled by the operator"))
         return record.to_json(self.names, self.transport.now_ms())
+
+    async def _broadcast_cancel(self, record: JobRecord, reason: str) -> None:
+        cancel = m.JobCancel(job_id=record.id, reason=reason)
+        others = [k for k in record.members if k != self.transport.me]
+        await asyncio.gather(*(self._send_quietly(p, cancel, record.id) for p in others))
 
 
 class _Refused(Exception):

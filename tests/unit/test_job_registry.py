@@ -40,6 +40,7 @@ class FakeTransport:
     clock_ms: int = 1_700_000_000_000
     sent: list[tuple[bytes, object]] = field(default_factory=list)
     fail_with: Exception | None = None        # every send raises this (a transport bug, a refusal)
+    hang_s: float = 0.0                       # a job's own sends take this long (a peer that does not answer)
 
     def now_ms(self) -> int:
         return self.clock_ms
@@ -59,7 +60,7 @@ class FakeTransport:
             raise KeyError(dst)
         if self.fail_with is not None:
             raise self.fail_with
-        await asyncio.sleep(0)
+        await asyncio.sleep(self.hang_s if isinstance(msg, wire.DiagProbe) else 0)
 
 
 @dataclass
@@ -98,11 +99,18 @@ async def _recv_from_alice(ch: Any, params: Any, ctx: Any) -> dict:
     return {}
 
 
+async def _send_to_alice(ch: Any, params: Any, ctx: Any) -> dict:
+    ch.progress("sending to alice", 1, 2)
+    await ch.send(ALICE, wire.DiagProbe(b"x"))
+    return {}
+
+
 KINDS = {k.name: k for k in (
     JobKind(name="noop", help="", params={}, run=_noop_run, needs_data=False),
     JobKind(name="fails", help="", params={}, run=_failing_run, needs_data=False),
     JobKind(name="waits", help="", params={}, run=_recv_from_alice, needs_data=False),
     JobKind(name="short", help="", params={}, run=_short_run, needs_data=False),
+    JobKind(name="sends", help="", params={}, run=_send_to_alice, needs_data=False),
 )}
 
 
@@ -347,3 +355,118 @@ async def test_malformed_job_ids_are_refused(tmp_path: Path, job_id: str) -> Non
             registry.on_message(ALICE, job_id, proposal(ALICE, job_id))
     assert registry.jobs == {} and transport.sent == []
 
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. Membership: a member declared dead ends every wait on it at once (issue 12 item 3)
+# ---------------------------------------------------------------------------------------------
+
+async def running_job(registry: JobRegistry, job_id: str, kind: str) -> reg.JobRecord:
+    registry.on_message(ALICE, job_id, proposal(ALICE, job_id, kind, members=(BOB,)))
+    await settle()
+    registry.on_message(ALICE, job_id, start(job_id, ALICE, BOB, ME))
+    await settle()
+    return registry.jobs[job_id]
+
+
+@pytest.mark.looptime
+async def test_a_receive_from_a_member_declared_dead_ends_at_once_and_show_said_what_it_waited_for(
+        tmp_path: Path) -> None:
+    transport = FakeTransport()
+    async with asyncio.TaskGroup() as tg:
+        registry = JobRegistry(make_config(tmp_path), transport, NAMES, KINDS, tg.create_task)
+        record = await running_job(registry, "d-1", "waits")
+        await asyncio.sleep(12.4)
+        assert registry.show("d-1")["waiting_for"] == ["DiagProbe from alice since 12.4 s"]
+        started = asyncio.get_running_loop().time()
+        registry.on_peer_state(ALICE, "suspect")            # a suspicion is no verdict
+        await settle()
+        assert record.state == "running"
+        registry.on_peer_state(ALICE, "dead")
+        await record.task
+        ended = asyncio.get_running_loop().time() - started
+    assert record.state == "failed" and record.error == "alice: declared dead by membership", record.error
+    assert ended <= reg.ABORT_GRACE_MS / 1000 + 0.1, "the 60 s receive must end when alice is declared dead"
+    assert "waiting_for" not in registry.show("d-1")
+
+
+@pytest.mark.looptime
+async def test_a_send_to_a_member_declared_dead_ends_at_once(tmp_path: Path) -> None:
+    transport = FakeTransport(hang_s=600.0)               # alice never acknowledges
+    async with asyncio.TaskGroup() as tg:
+        registry = JobRegistry(make_config(tmp_path, hop_timeout_ms=600_000), transport, NAMES, KINDS,
+                               tg.create_task)
+        record = await running_job(registry, "d-2", "sends")
+        await asyncio.sleep(3)
+        started = asyncio.get_running_loop().time()
+        registry.on_peer_state(ALICE, "dead")
+        await record.task
+        ended = asyncio.get_running_loop().time() - started
+    assert record.state == "failed" and "declared dead by membership" in record.error, record.error
+    assert ended <= reg.ABORT_GRACE_MS / 1000 + 0.1
+    assert not registry._deaths.get(ALICE), "no death watch is left behind"
+
+
+@pytest.mark.looptime
+async def test_a_proposer_declared_dead_before_the_start_ends_the_members_wait(tmp_path: Path) -> None:
+    transport = FakeTransport()
+    async with asyncio.TaskGroup() as tg:
+        registry = JobRegistry(make_config(tmp_path, job_start_timeout_ms=600_000), transport, NAMES, KINDS,
+                               tg.create_task)
+        registry.on_message(ALICE, "d-3", proposal(ALICE, "d-3", members=(BOB,)))
+        await settle()
+        registry.on_peer_state(ALICE, "dead")
+        async with asyncio.timeout(reg.ABORT_GRACE_MS / 1000 + 1):
+            await registry.jobs["d-3"].task
+    assert registry.show("d-3")["error"] == "alice: declared dead by membership before starting the job"
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. Cancel and interrupted jobs (issue 12: cancelled here, failed elsewhere; phase `starting`)
+# ---------------------------------------------------------------------------------------------
+
+async def test_a_cancel_is_cancelled_on_every_member(tmp_path: Path) -> None:
+    transport = FakeTransport()
+    async with asyncio.TaskGroup() as tg:
+        registry = JobRegistry(make_config(tmp_path), transport, NAMES, KINDS, tg.create_task)
+        record = await running_job(registry, "c-1", "waits")
+        # alice's operator cancels: we hear it, and end `cancelled`, naming alice
+        registry.on_message(ALICE, "c-1", m.JobCancel(job_id="c-1", reason="cancelled by the operator"))
+        await settle()
+        assert record.state == "cancelled" and record.error == "alice: cancelled by the operator"
+        # our own operator cancels another job: every other member hears a cancel, not an abort
+        other = await running_job(registry, "c-2", "waits")
+        registry.cancel("c-2")
+        await settle()
+    assert other.state == "cancelled"
+    cancels = [(dst, msg.job_id) for dst, msg in sent_of(transport, m.JobCancel)]
+    assert sorted(cancels) == sorted([(ALICE, "c-2"), (BOB, "c-2")])
+    assert not [a for _, a in sent_of(transport, m.JobAbort) if a.job_id in ("c-1", "c-2")]
+
+
+async def test_a_restarted_site_says_which_phase_its_interrupted_job_was_in(tmp_path: Path) -> None:
+    transport = FakeTransport(hang_s=600.0)
+    async with asyncio.TaskGroup() as tg:
+        registry = JobRegistry(make_config(tmp_path), transport, NAMES, KINDS, tg.create_task)
+        record = await running_job(registry, "k-1", "sends")
+        assert record.phase == "sending to alice"
+        # kill -9: nothing of the registry runs any more; only what is on disk remains
+        on_disk = (tmp_path / "state" / "jobs" / "k-1" / "job.json").read_text()
+        record.task.cancel()
+    assert '"phase": "sending to alice"' in on_disk
+    import shutil
+    shutil.rmtree(tmp_path / "state2", ignore_errors=True)
+    shutil.copytree(tmp_path / "state", tmp_path / "state2")
+    (tmp_path / "state2" / "jobs" / "k-1" / "job.json").write_text(on_disk)
+    config = make_config(tmp_path)
+    config = Config(path=config.path, node=NodeSectionAt(config.node, tmp_path / "state2"), peers=(),
+                    policy=config.policy, jobs=config.jobs)
+    restarted = JobRegistry(config, FakeTransport(), NAMES, KINDS, lambda coro: coro.close())
+    shown = restarted.show("k-1")
+    assert shown["state"] == "failed" and shown["phase"] == "sending to alice"
+    assert "phase: sending to alice" in shown["error"], shown["error"]
+
+
+def NodeSectionAt(node: NodeSection, state_dir: Path) -> NodeSection:  # noqa: N802
+    from dataclasses import replace
+    return replace(node, state_dir=state_dir)
