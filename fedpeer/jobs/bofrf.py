@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -41,7 +41,7 @@ from ..errors import JobError
 from ..ml import data as mldata
 from ..protocols.fixedpoint import encode_counts
 from ..protocols.securesum import secure_sum
-from ..net.channel import MalformedFrom, PeerRefused, SubChannel
+from ..net.channel import MalformedFrom, PeerDead, PeerRefused, SubChannel
 from .base import JobContext, JobKind, Param, site_seed
 
 FOREST_RECV_TIMEOUT_HOPS = 4        # waiting for a forest: this many hop timeouts
@@ -167,6 +167,7 @@ def finish_site(part: SitePart, forest: Any, owners: np.ndarray, me_index: int, 
 class ForestMsg:
     tag: str
     forest: Any          # fedpeer.ml.trees.Forest, validated on arrival
+    WAITING_FOR: ClassVar[str] = "forest"
 
 
 @dataclass(frozen=True)
@@ -176,12 +177,14 @@ class ForestMissing:
 
     tag: str
     reason: str
+    WAITING_FOR: ClassVar[str] = "word of an undelivered forest"
 
 
 @dataclass(frozen=True)
 class VectorMsg:
     tag: str
     vector: np.ndarray   # float64: a characteristic vector (clustered variant)
+    WAITING_FOR: ClassVar[str] = "characteristic vector"
 
 
 def _forest_field(value: Any, where: str) -> Any:
@@ -266,6 +269,8 @@ async def _federate(ch: Any, part: SitePart, params: Mapping[str, Any], ctx: Job
 async def _exchange_forests(ch: Any, own: Any, ctx: JobContext) -> tuple[dict[bytes, Any], dict[str, Any]]:
     """Send our forest to every member and collect theirs; members that do not deliver are left out.
 
+    A member the failure detector declares dead ends its wait at once too (PeerDead: named in
+    `forests_undelivered`), and the secure sums then go on without it.
     A refusal is evidence and ends its wait at once (no FOREST_RECV_TIMEOUT_HOPS): a forest our
     gate refused (MalformedFrom) or that splits on other features is left out here, and the roster
     sum then leaves it out everywhere, while its sender stays in the sums (as for any missing
@@ -296,6 +301,9 @@ async def _exchange_forests(ch: Any, own: Any, ctx: JobContext) -> tuple[dict[by
             msg = await _forest_or_word(ch, peer, FOREST_RECV_TIMEOUT_HOPS * ctx.hop_timeout_ms)
         except MalformedFrom as exc:
             evidence["forests_refused"][name(peer)] = exc.reason
+            return None
+        except PeerDead as exc:      # membership buried it: no FOREST_RECV_TIMEOUT_HOPS wait
+            evidence["forests_undelivered"][name(peer)] = exc.detail
             return None
         except JobError:
             return None

@@ -66,7 +66,7 @@ import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -153,6 +153,7 @@ class Directive:
     trees: list              # commit: the round's trees documents, in member order
     participants: list       # commit: members whose trees are in the round (they evaluate it)
     history: bytes           # with model: the rounds' history entries (JSON), see Site.history
+    WAITING_FOR: ClassVar[str] = "leader's directive"
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,7 @@ class Reply:
     model: bytes             # fetch: the member's committed model
     history: bytes           # fetch: its history entries (JSON)
     error: str               # "" or why not: "stale_term", "need_model", a training error
+    WAITING_FOR: ClassVar[str] = "reply"
 
 
 def _reply_tag(term: int, op: str, rnd: int) -> str:

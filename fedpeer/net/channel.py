@@ -74,7 +74,7 @@ class PeerDead(JobError):
     `recv(..., src=peer)`. Not evidence of misbehaviour: a crash, a kill -9, a cut cable."""
 
     def __init__(self, peer: NodeId, detail: str = "declared dead by membership") -> None:
-        self.peer = peer
+        self.peer, self.detail = peer, detail
         super().__init__(f"member {peer.hex()[:16]} {detail}")
 
 

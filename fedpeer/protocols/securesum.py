@@ -167,7 +167,7 @@ import dataclasses
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -204,6 +204,7 @@ class SumChunk:
     """One chunk of the masked running sum, predecessor -> successor (and last -> initiator)."""
     tag: str
     data: np.ndarray          # uint64
+    WAITING_FOR: ClassVar[str] = "secure-sum chunk"
 
 
 FAULTS = ("unreachable", "refused", "malformed")
@@ -228,6 +229,7 @@ class SumRestart:
     attempt: int
     participants: tuple[bytes, ...]
     reason: str
+    WAITING_FOR: ClassVar[str] = "secure-sum announcement"
 
 
 @dataclass(frozen=True)
@@ -263,6 +265,7 @@ class SumResult:
     """The initiator -> members: one chunk of the total."""
     tag: str
     data: np.ndarray          # uint64
+    WAITING_FOR: ClassVar[str] = "secure-sum total"
 
 
 def _register() -> None:

@@ -260,6 +260,37 @@ async def test_member_dies_during_confusion_sum(dead_index: int, net_seed: int, 
     assert not any(src == dead and getattr(m, "tag", "").startswith(prefix) for src, _, m in net.sent), where
 
 
+@pytest.mark.parametrize("dead_index, mode", [(2, "pairwise"), (0, "ring")])
+async def test_member_killed_while_forests_travel_ends_the_wait_when_declared_dead(dead_index: int, mode: str) -> None:
+    """Issue 12: a BOFRF member killed with kill -9 held the survivors for four hop timeouts
+    (~80 s) although membership declared it dead after ~6 s. Here the hop timeout is 60 s: the
+    survivors must finish soon after detect_ms, without the dead member's forest, and say why.
+    The dead member is also, once, the secure sums' initiator: the next in ring order takes over."""
+    n = 4
+    params = make_params(seed=3, tau=0.3, secure_sum=mode)
+    where = f"dead_index={dead_index} mode={mode}"
+    keys = make_keys(n, f"killed-{dead_index}")
+    names = {k: f"site{i}" for i, k in enumerate(keys)}
+    datasets = make_sites(n, 5, noise=(0.0, 0.1, 0.2, 0.3))
+    dead = keys[dead_index]
+
+    def wrap(key: bytes, ch: MemoryChannel) -> Any:
+        return CrashOnTag(ch, "bofrf/forest") if key == dead else ch
+
+    net = MemoryNetwork(keys, seed=dead_index, **NET)
+    survivors = [k for k in keys if k != dead]
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    results = await run_job(net, dict(zip(keys, datasets)), params, names, wrap=wrap, expect_done=survivors,
+                            hop_ms=60_000)
+    took_s = loop.time() - started
+    assert took_s < 20, f"{where}: survivors took {took_s:.1f} s; a hop timeout is 60 s"
+    assert_matches_reference(results, [d for k, d in zip(keys, datasets) if k != dead], survivors, params, where)
+    for key in survivors:
+        assert results[key]["participants"] == [names[k] for k in survivors], where
+        assert results[key]["forests_undelivered"] == {names[dead]: "declared dead by membership"}, where
+
+
 # ---------------------------------------------------------------------------------------------
 # 4. Clustered variant
 # ---------------------------------------------------------------------------------------------
