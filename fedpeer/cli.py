@@ -69,6 +69,15 @@ def _parser() -> argparse.ArgumentParser:
     k.add_argument("--name", required=True, help="this site's name for the other site (a local label)")
     k.add_argument("--address", required=True, help="HOST:PORT the other site advertises")
     k.add_argument("--public-key", required=True, help="the site's key, from its 'fedpeer key show'")
+    k = ps.add_parser("remove", help="remove a site from peers.toml (the running daemon refuses it at once)")
+    k.add_argument("--config", required=True, type=Path, help=CONFIG_HELP + " to remove the peer from")
+    k.add_argument("name", help="the peer's name in peers.toml")
+    k = ps.add_parser("list", help="the sites in peers.toml (with their state, if the daemon answers)")
+    k.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
+
+    s = sub.add_parser("reload", help="make the running daemon re-read peers.toml (as SIGHUP does)")
+    s.add_argument("--config", required=True, type=Path, help=CONFIG_HELP + " (checked here first)")
+    s.add_argument("--json", action="store_true", help="print what changed as JSON")
 
     s = sub.add_parser("start", help="run the daemon in the foreground")
     s.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
@@ -180,10 +189,59 @@ def _key(args: argparse.Namespace) -> int:
 
 
 def _peer(args: argparse.Namespace) -> int:
-    from .sitefiles import add_peer
+    from .sitefiles import add_peer, remove_peer
 
-    add_peer(args.config, args.name, args.address, args.public_key)
-    print(f"added peer {args.name} ({args.address}) to {args.config}; restart the daemon to apply")
+    if args.peer_command == "list":
+        return _peer_list(args)
+    if args.peer_command == "add":
+        add_peer(args.config, args.name, args.address, args.public_key)
+        print(f"added peer {args.name} ({args.address}) to {args.config}")
+    else:
+        remove_peer(args.config, args.name)
+        print(f"removed peer {args.name} from {args.config}")
+    return _tell_daemon(args.config)
+
+
+def _tell_daemon(config_path: Path) -> int:
+    """After an edit of peers.toml: reload the running daemon, and say whether it took the edit."""
+    from .net.admin import request
+    from .reload import one_line
+
+    config = cfg.load(config_path)
+    try:
+        doc = asyncio.run(request(config, "POST", "/v1/reload"))
+    except NoDaemonError:
+        print("no daemon answers on this site's admin endpoint: it reads the change when it starts")
+        return EXIT_OK
+    except FedpeerError as exc:
+        print(f"fedpeer: the running daemon did not take the change: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"the running daemon picked it up: {one_line(doc['changes'])}")
+    return EXIT_OK
+
+
+def _peer_list(args: argparse.Namespace) -> int:
+    from .identity import fingerprint
+    from .net.admin import request
+
+    config = cfg.load(args.config)
+    try:
+        states = {p["name"]: p["state"] for p in asyncio.run(request(config, "GET", "/v1/status"))["peers"]}
+    except NoDaemonError:
+        states = {}
+    rows = [("PEER", "ADDRESS", "FINGERPRINT", "STATE")]
+    rows += [(p.name, str(p.address), fingerprint(p.public_key), states.get(p.name, "-")) for p in config.peers]
+    print(_table(rows) if config.peers else f"no [[peer]] in {config.path}")
+    return EXIT_OK
+
+
+def _reload(args: argparse.Namespace) -> int:
+    from .net.admin import request
+    from .reload import one_line
+
+    config = cfg.load(args.config)   # a file that does not validate is refused here, as by `start`
+    doc = asyncio.run(request(config, "POST", "/v1/reload"))
+    print(json.dumps(doc, indent=2) if args.json else f"reloaded {doc['path']}: {one_line(doc['changes'])}")
     return EXIT_OK
 
 
@@ -202,10 +260,12 @@ def _start(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        node = Node(config, identity)
+        loop.add_signal_handler(signal.SIGHUP, node.reload_on_signal)   # systemd's ExecReload
         # Writes the counts of log floods that stopped; lives exactly as long as the node.
         flusher = asyncio.create_task(logs.flush_repeats_forever())
         try:
-            await Node(config, identity).run(stop)
+            await node.run(stop)
         finally:
             flusher.cancel()
 
@@ -239,6 +299,13 @@ def format_status(doc: dict) -> str:
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     alive = sum(p["state"] == "alive" for p in doc["peers"])
     lines.append(f"\n{alive} of {len(doc['peers'])} peers alive")
+    lines += [f"  hint: {p['hint']}" for p in doc["peers"] if p.get("hint")]
+    loaded = doc.get("config")
+    if loaded:
+        lines.append(f"config {loaded['path']} loaded at {loaded['loaded_at']}")
+        error = (loaded.get("last_reload") or {}).get("error")
+        if error:
+            lines.append(f"last reload refused ({loaded['last_reload']['at']}): {error}")
     if doc.get("rejected"):
         lines.append("rejected frames: " + ", ".join(f"{k}={v}" for k, v in doc["rejected"].items()))
     return "\n".join(lines)
@@ -392,7 +459,7 @@ def _harness(args: argparse.Namespace) -> int:
     return harness_main(args)
 
 
-_COMMANDS = {"init": _init, "key": _key, "peer": _peer, "start": _start, "status": _status,
+_COMMANDS = {"init": _init, "key": _key, "peer": _peer, "reload": _reload, "start": _start, "status": _status,
              "ping": _ping, "run": _run, "jobs": _jobs, "job": _job, "predict": _predict, "harness": _harness}
 
 if __name__ == "__main__":

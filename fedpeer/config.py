@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .core.election import ElectionConfig
+from .core.membership import MembershipConfig
 from .errors import ConfigError
 from .jobs.kinds import KIND_NAMES   # names only: no job module is imported
 
@@ -110,6 +111,19 @@ class MembershipTiming:
     dead_probe_interval_ms: int = 2_000
     piggyback_max: int = 8
     retransmit_mult: int = 3
+
+    def __post_init__(self) -> None:
+        self.swim()   # its consistency checks (probe_timeout_ms < probe_interval_ms, ...) at load
+        if self.tick_ms < 1:
+            raise ValueError("tick_ms must be >= 1")
+
+    def swim(self) -> MembershipConfig:
+        """The pure core's config; ValueError (a ConfigError at load) when inconsistent."""
+        return MembershipConfig(
+            probe_interval_ms=self.probe_interval_ms, probe_timeout_ms=self.probe_timeout_ms,
+            indirect_probes=self.indirect_probes, suspect_timeout_ms=self.suspect_timeout_ms,
+            dead_probe_interval_ms=self.dead_probe_interval_ms, piggyback_max=self.piggyback_max,
+            retransmit_mult=self.retransmit_mult)
 
 
 # A site's election timing (fedpeer/core/election.py keeps faster defaults for its simulations):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import logging
 import os
 import random
@@ -25,6 +26,8 @@ from typing import Any
 
 from aiohttp import web
 
+from . import config as cfg
+from . import reload as reloading
 from . import wire
 from .config import Config
 from .core import election as el
@@ -48,6 +51,7 @@ PING_BYTES_MAX = 256 * 1024 * 1024   # and count x payload_bytes at most (a diag
 LOOP_ERROR_LOG_INTERVAL_MS = 5_000   # a failing loop step logs once per interval (with a count)
 STATUS_JOBS_MAX = 20               # most recent jobs listed in `status`
 OFF_LOOP_BYTES_MIN = 256 * 1024   # frames larger than this are sealed/opened in a worker thread
+DUPLICATE_RECENT_MS = 60_000      # a second process with a peer's key, heard this recently, is shown as a hint
 
 
 def _monotonic_ms() -> int:
@@ -76,7 +80,8 @@ class Node:
             counter_for=lambda key: self.state.counter("replay", key.hex()[:32] + ".seq"))
         self._replay = replay
         self._keys = wire.PairKeys(identity)
-        self._gate = wire.Gate(identity, self._allowed.__contains__, replay,
+        # read per frame, so a reload that removes a peer refuses its next frame
+        self._gate = wire.Gate(identity, lambda key: key in self._allowed, replay,
                                message_bytes_max=config.limits.message_bytes_max,
                                clock_skew_ms_max=config.limits.clock_skew_ms_max, keys=self._keys)
         self._sealer = wire.Sealer(identity, self._keys)
@@ -95,7 +100,8 @@ class Node:
                                            ("POST", "/v1/jobs"): self._admin_propose,
                                            ("GET", "/v1/jobs"): self._admin_jobs,
                                            ("GET", "/v1/jobs/{id}"): self._admin_job,
-                                           ("POST", "/v1/jobs/{id}/cancel"): self._admin_cancel})
+                                           ("POST", "/v1/jobs/{id}/cancel"): self._admin_cancel,
+                                           ("POST", "/v1/reload"): self._admin_reload})
         t = config.membership
         self.membership = mb.Membership(
             me=identity.public_key, address=str(config.node.advertise),
@@ -123,6 +129,10 @@ class Node:
         self._tg: asyncio.TaskGroup | None = None
         self._synced_ms = _monotonic_ms()
         self._open_files = 0
+        self._refusals: dict[bytes, tuple[str, int]] = {}   # peer -> (its last refusal of our sends, wall ms)
+        self._duplicates_logged: dict[bytes, int] = {}       # peer -> duplicate_count last logged
+        self._config_loaded_ms = self.now_ms()
+        self._last_reload: dict[str, Any] | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -178,8 +188,9 @@ class Node:
     # -- membership ----------------------------------------------------------------------------
 
     async def _tick_loop(self) -> None:
-        tick_s = min(self.config.membership.tick_ms, self.config.election.heartbeat_interval_ms // 2) / 1000
         while True:
+            # read each turn: a reload may change the timings
+            tick_s = min(self.config.membership.tick_ms, self.config.election.heartbeat_interval_ms // 2) / 1000
             now = _monotonic_ms()
             with self._step("state_probe"):   # notices freed space with nothing else writing
                 if self.state.probe():
@@ -230,7 +241,8 @@ class Node:
             address = self._address(send.dst)
             if address is not None:
                 frame = self._sealer.seal(send.dst, send.msg, _wall_us(), term=self.election.term)
-                self._tg.create_task(self._client.send_best_effort(address, frame, timeout_ms, send.dst))
+                self._tg.create_task(self._client.send_best_effort(
+                    address, frame, timeout_ms, send.dst, functools.partial(self._note_refusal, send.dst)))
 
     def _address(self, peer: bytes) -> str | None:
         try:
@@ -252,7 +264,8 @@ class Node:
             timeout_ms = 2 * self.config.membership.probe_interval_ms
             for send in sends:
                 frame = self._sealer.seal(send.dst, send.msg, _wall_us())
-                self._tg.create_task(self._client.send_best_effort(send.address, frame, timeout_ms, send.dst))
+                self._tg.create_task(self._client.send_best_effort(
+                    send.address, frame, timeout_ms, send.dst, functools.partial(self._note_refusal, send.dst)))
         if self.membership.incarnation != self._saved_incarnation:
             self.state.save_incarnation(self.membership.incarnation)
             self._saved_incarnation = self.membership.incarnation
@@ -266,6 +279,12 @@ class Node:
                                                     was=old.value if old else "-", incarnation=view.incarnation,
                                                     address=view.address))
                 self.jobs.on_peer_state(view.node, view.state.value)   # a dead member's jobs stop waiting for it
+            logged = self._duplicates_logged.get(view.node, 0)
+            if view.duplicate_count > logged and (logged == 0 or view.duplicate_count >= 2 * logged):
+                self._duplicates_logged[view.node] = view.duplicate_count   # 1, 2, 4, 8, ...: not a flood
+                log.warning("duplicate_identity", extra=fields(
+                    peer=self._names.get(view.node, "?"), fingerprint=fingerprint(view.node), address=view.address,
+                    other_address=view.duplicate_address, count=view.duplicate_count))
 
     # -- inbound ----------------------------------------------------------------------------
 
@@ -320,6 +339,93 @@ class Node:
             sender_name=self._name(sender) if sender else "-",
             count=self.rejected[exc.reason]))
 
+    # -- reload (fedpeer/reload.py) and onboarding hints -----------------------------------------
+
+    def reload(self) -> dict[str, str]:
+        """Re-read peers.toml and apply it; returns what changed per area. A file that does not
+        validate raises ConfigError (the one line `start` prints) and nothing changes: the checks
+        all run before the first change is made."""
+        try:
+            new = cfg.load(self.config.path)
+            cfg.check_own_key_not_peer(new, self.me)
+        except ConfigError as exc:
+            self._last_reload = {"at_ms": self.now_ms(), "error": f"configuration error: {exc}"}
+            log.error("reload_refused", extra=fields(error=str(exc), running="the previous configuration"))
+            raise
+        changes = reloading.compare(self.config, new)
+        new = reloading.applicable(self.config, new)
+        now = _monotonic_ms()
+        self.membership.set_config(new.membership.swim())
+        self.election.set_config(new.election)
+        self._client.use_limits(new.limits)
+        self._server.use_limits(new.limits)
+        self.config = new
+        self._names = {p.public_key: p.name for p in new.peers}
+        self._allowed = frozenset(self._names)   # the gate's next frame from a removed peer is refused
+        self.jobs.reconfigure(new, {**self._names, self.me: new.node.name})   # fails a removed member's jobs
+        with self._step("reload_membership"):
+            self._apply(self.membership.set_members({p.public_key: str(p.address) for p in new.peers}, now))
+        with self._step("reload_election"):
+            self._apply_election(self.election.set_members(sorted([self.me, *self._names]), now))
+        for key in [k for k in self._peer_states if k not in self._allowed]:
+            self._peer_states.pop(key, None)
+            self._refusals.pop(key, None)
+        summary = changes.summary()
+        self._config_loaded_ms = self.now_ms()
+        self._last_reload = {"at_ms": self._config_loaded_ms, "changes": summary}
+        log.info("reloaded", extra=fields(path=str(new.path), changes=reloading.one_line(summary)))
+        return summary
+
+    def reload_on_signal(self) -> None:
+        """SIGHUP: like `fedpeer reload`; a refused file is logged (reload_refused) and status shows it."""
+        with self._step("reload"), contextlib.suppress(ConfigError):
+            self.reload()
+
+    async def _admin_reload(self, request: web.Request) -> web.Response:
+        try:
+            return web.json_response({"path": str(self.config.path), "changes": self.reload()})
+        except ConfigError as exc:
+            return web.json_response({"error": f"configuration error: {exc}"}, status=400)
+
+    def _config_status(self) -> dict[str, Any]:
+        return {"path": str(self.config.path),
+                "loaded_at": _iso(self._config_loaded_ms),
+                "loaded_s_ago": round((self.now_ms() - self._config_loaded_ms) / 1000, 1),
+                "last_reload": None if self._last_reload is None else {
+                    **{k: v for k, v in self._last_reload.items() if k != "at_ms"},
+                    "at": _iso(self._last_reload["at_ms"])}}
+
+    def _note_refusal(self, peer: bytes, reason: str | None) -> None:
+        """A peer's answer to one of our sends: a 400 `reason`, or None for a delivery. A peer
+        that does not list us, or holds another key for us (or another key answers at its
+        address), refuses everything we send: that is the news `status` shows."""
+        if reason is None:
+            self._refusals.pop(peer, None)
+            return
+        if peer not in self._allowed:
+            return   # removed while the send was in flight
+        if self._refusals.get(peer, ("",))[0] != reason:
+            name = self._names.get(peer, "?")
+            log.warning("peer_refuses_us", extra=fields(peer=name, reason=reason, hint=refusal_hint(name, reason)))
+        self._refusals[peer] = (reason, self.now_ms())
+
+    def _onboarding(self, view: mb.MemberView) -> dict[str, Any]:
+        """Per peer in status: its last refusal of our sends, evidence of a second process with
+        its key, and a one-line hint for the operator (or None)."""
+        name = self._names.get(view.node, "?")
+        refused = self._refusals.get(view.node)
+        duplicate = None if not view.duplicate_count else {
+            "count": view.duplicate_count, "other_address": view.duplicate_address,
+            "last_s_ago": round((_monotonic_ms() - view.duplicate_ms) / 1000, 1)}
+        hint = None
+        if duplicate is not None and duplicate["last_s_ago"] * 1000 < DUPLICATE_RECENT_MS:
+            hint = (f"two processes use {name}'s key: one at {view.address}, one at {view.duplicate_address}; "
+                    "stop one (a copied site directory?)")
+        elif refused is not None:
+            hint = refusal_hint(name, refused[0])
+        return {"refused": None if refused is None else {"reason": refused[0], "at": _iso(refused[1])},
+                "duplicate": duplicate, "hint": hint}
+
     # -- status -----------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
@@ -337,6 +443,7 @@ class Node:
                 "sent_bytes": {c: self._client.sent_bytes_by_peer[view.node, c] for c in ("reliable", "best_effort")},
                 "received_bytes": {k: n for (src, k), n in self.received_bytes.items() if src == view.node},
                 "frames_accepted": {k: n for (src, k), n in self.accepted.items() if src == view.node},
+                **self._onboarding(view),
             })
         peers.sort(key=lambda p: p["name"])
         return {
@@ -358,6 +465,7 @@ class Node:
             "loop_errors": dict(self._loop_errors),
             "state_dir": {"path": str(self.config.node.state_dir), **self.state.health()},
             "sent_bytes": dict(self._client.sent_bytes),   # reliable: jobs; best_effort: membership, election
+            "config": self._config_status(),
         }
 
     async def _admin_status(self, request: web.Request) -> web.Response:
@@ -403,6 +511,7 @@ class Node:
                                                       large=_payload_bytes(msg) > OFF_LOOP_BYTES_MIN),
                                    timeout_ms / 1000)
         except SendRefused as exc:
+            self._note_refusal(dst, exc.reason)
             if exc.frame is not None and wire.refusal_verified(self._keys, dst, exc.frame, exc.reason, exc.tag):
                 raise PeerRefused(dst, exc.reason) from None
             raise PeerUnreachable(dst, str(exc)) from None   # an unproven 400: from anyone on the path
@@ -492,6 +601,21 @@ def _preload_ml() -> None:
 
 class _Stopping(Exception):
     """Raised inside the TaskGroup on SIGTERM/SIGINT so that it cancels all its tasks."""
+
+
+def refusal_hint(name: str, reason: str) -> str:
+    """What an operator does about a peer that refuses our frames for `reason`."""
+    if reason == "unknown_sender":
+        return (f"{name} does not list this site: run `fedpeer peer add` there with this site's key "
+                "(`fedpeer key show`)")
+    if reason == "header":
+        return (f"{name}'s address answers with another key, or {name} holds another key for this site: "
+                "compare `fedpeer key show` on both sites with both peers.toml")
+    return f"{name} refuses this site's frames ({reason})"
+
+
+def _iso(wall_ms: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall_ms / 1000))
 
 
 def _payload_bytes(msg: object) -> int:

@@ -1,11 +1,13 @@
-"""Creating and editing a site's files: `fedpeer init` and `fedpeer peer add`.
+"""Creating and editing a site's files: `fedpeer init`, `fedpeer peer add/remove/list`.
 
 peers.toml is edited with tomlkit so the operator's comments survive; every edit is checked by
-loading the result with config.load before it replaces the file.
+loading the result with config.load before it replaces the file, and `init` checks the file it
+would write before it writes anything (a refused command leaves nothing to clean up).
 """
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import tomlkit
@@ -69,10 +71,29 @@ def init_site(directory: Path, name: str, listen: str, advertise: str | None = N
     text = PEERS_TEMPLATE.format(name=name, listen=listen, advertise_line=advertise_line)
     if admin:
         text = text.replace('admin = "unix:state/admin.sock"', f'admin = "{admin}"')
-    identity = create_key_file(directory / "identity.key")
-    atomic_write(conf_path, text.encode("utf-8"), mode=0o644)
-    cfg.load(conf_path)   # the template must always load; a failure here is a bug
+    _check_before_writing(conf_path, text)
+    key_path = directory / "identity.key"
+    if key_path.exists():
+        raise ConfigError(key_path, "", "key file already exists; refusing to overwrite an identity")
+    identity = create_key_file(key_path)
+    try:
+        atomic_write(conf_path, text.encode("utf-8"), mode=0o644)
+    except BaseException:
+        key_path.unlink(missing_ok=True)   # a site is both files or neither
+        raise
     return conf_path, identity
+
+
+def _check_before_writing(conf_path: Path, text: str) -> None:
+    """Load `text` as conf_path would be loaded, from a scratch directory: a ConfigError names
+    conf_path and the key, and nothing has been written to the site's directory yet."""
+    with tempfile.TemporaryDirectory(prefix="fedpeer-init-") as scratch:
+        candidate = Path(scratch) / "peers.toml"
+        candidate.write_text(text, encoding="utf-8")
+        try:
+            cfg.load(candidate)
+        except ConfigError as exc:
+            raise ConfigError(conf_path, exc.key, exc.problem) from None
 
 
 def add_peer(conf_path: Path, name: str, address: str, public_key: str) -> None:
@@ -107,7 +128,25 @@ def add_peers(conf_path: Path, peers: list[tuple[str, str, str]],
             doc.append(section, tomlkit.table())
         for key, value in values.items():
             doc[section][key] = value
-    updated = tomlkit.dumps(doc)
+    _replace_checked(conf_path, tomlkit.dumps(doc))
+
+
+def remove_peer(conf_path: Path, name: str) -> None:
+    """Delete the [[peer]] table named `name`, keeping comments; checked like add_peers (a
+    [policy] proposers entry naming it is then an error naming that key)."""
+    conf_path = conf_path.resolve()
+    doc = tomlkit.parse(conf_path.read_text(encoding="utf-8"))
+    peers = doc.get("peer", [])
+    names = [str(t.get("name", "")) for t in peers]
+    if name not in names:
+        raise ConfigError(conf_path, "peer", f"no [[peer]] named {name!r}; listed: {', '.join(names) or 'none'}")
+    del peers[names.index(name)]
+    if not peers:
+        del doc["peer"]
+    _replace_checked(conf_path, tomlkit.dumps(doc))
+
+
+def _replace_checked(conf_path: Path, updated: str) -> None:
     candidate = conf_path.with_name(f".{conf_path.name}.candidate")
     candidate.write_text(updated, encoding="utf-8")
     try:

@@ -338,6 +338,11 @@ class Membership:
         self._order, self._order_pos = [], 0   # reshuffled over the new set at the next probe
         return sends
 
+    def set_config(self, config: MembershipConfig) -> None:
+        """New timings (peers.toml reloaded): running timers keep their deadlines; every timer
+        set from now on uses the new values."""
+        self._cfg = config
+
     def _forget(self, node: NodeId) -> None:
         del self._members[node]
         self._gossip.pop(node, None)

@@ -170,6 +170,11 @@ class PeerServer:
         self.port: int | None = None
         self.shed = Counter[str]()          # connections closed to keep the budgets, by reason
 
+    def use_limits(self, limits: Limits) -> None:
+        """A reloaded [limits]: timeouts apply to the next request; the budgets sized here at
+        start (fedpeer/reload.py LIMITS_AT_START) wait for a restart."""
+        self._limits = limits
+
     async def start(self) -> None:
         self._server = await asyncio.start_server(
             self._serve, self._listen.host, self._listen.port, limit=HTTP_HEAD_BYTES_MAX,
@@ -369,6 +374,11 @@ class PeerClient:
         self.sent_bytes = {"reliable": 0, "best_effort": 0}   # frames accepted by peers (for status)
         self.sent_bytes_by_peer: Counter[tuple[bytes, str]] = Counter()   # (peer key, class) -> bytes
 
+    def use_limits(self, limits: Limits) -> None:
+        """A reloaded [limits]: retries and backoff apply to the next send; what sized the
+        session at start (fedpeer/reload.py LIMITS_AT_START) waits for a restart."""
+        self._limits = limits
+
     async def start(self) -> None:
         timeout = aiohttp.ClientTimeout(total=self._limits.http_timeout_ms / 1000,
                                         sock_connect=self._limits.http_connect_timeout_ms / 1000)
@@ -412,8 +422,11 @@ class PeerClient:
             await asyncio.sleep(self._rng.uniform(0, cap) / 1000)   # "full jitter"
         raise AssertionError("unreachable")
 
-    async def send_best_effort(self, address: str, frame: bytes, timeout_ms: int, peer: bytes = b"") -> bool:
-        """One try, short timeout, never raises. Drops (and counts) when too many are in flight."""
+    async def send_best_effort(self, address: str, frame: bytes, timeout_ms: int, peer: bytes = b"",
+                               on_refused: Callable[[str | None], None] | None = None) -> bool:
+        """One try, short timeout, never raises. Drops (and counts) when too many are in flight.
+        `on_refused(reason)` hears a peer's 400 (news an operator needs: the peer does not list
+        us, or holds another key), `on_refused(None)` a delivery."""
         if self._best_effort.locked():
             self.dropped_best_effort += 1
             return False
@@ -422,7 +435,14 @@ class PeerClient:
                 await self._post(address, frame, timeout_ms)
                 self.sent_bytes["best_effort"] += len(frame)
                 self.sent_bytes_by_peer[peer, "best_effort"] += len(frame)
+                if on_refused is not None:
+                    on_refused(None)
                 return True
+            except SendRefused as exc:
+                if on_refused is not None:
+                    on_refused(exc.reason)
+                log.debug("best-effort send to %s refused: %s", address, exc.reason)
+                return False
             except (SendError, aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
                 log.debug("best-effort send to %s failed: %s", address, exc)
                 return False
