@@ -68,17 +68,19 @@ async def test_a_removed_peer_is_refused_at_once_and_its_job_ends(make_federatio
     h: Harness = make_federation(3, {"jobs": {"job_accept_timeout_ms": 20_000}})
     await h.wait_all_alive(timeout_s=15)
     before = (await h.status(0))["rejected"].get("unknown_sender", 0)
-    # a job waiting for site-3's answer: site-3 holds no [data], so site-1 never sends the start
-    job_id = await h.propose(0, "sumcheck", {})
+    h.pause(2)   # site-3 cannot answer: the job waits for it
+    job_id = (await request(h.sites[0].config, "POST", "/v1/jobs",
+                            {"kind": "sumcheck", "params": {}, "members": ["site-1", "site-2", "site-3"]}))["id"]
+    await asyncio.sleep(0.5)
+    assert (await h.job(0, job_id))["state"] == "proposed"
     r = await asyncio.to_thread(_fedpeer, "peer", "remove", "--config", str(h.sites[0].config_path), "site-3")
     assert r.returncode == 0, r.stderr
     assert "the running daemon picked it up: peers: -site-3;" in r.stdout, r.stdout
     status = await h.status(0)
     assert _peer(status, "site-3") is None
     record = await h.job(0, job_id)
-    assert record["state"] in ("failed", "done"), record
-    if record["state"] == "failed":
-        assert "site-3: removed from site-1's peers.toml" in record["error"], record
+    assert record["state"] == "failed" and record["error"] == "site-3: removed from site-1's peers.toml", record
+    h.resume(2)
 
     async def refused() -> bool:
         return (await h.status(0))["rejected"].get("unknown_sender", 0) > before
@@ -177,8 +179,9 @@ async def test_a_second_process_with_a_peers_key_is_reported(make_federation, tm
     port = _free_port()
     _edit(twin / "peers.toml", "node", "listen", f"127.0.0.1:{port}")
     _edit(twin / "peers.toml", "node", "advertise", f"127.0.0.1:{port}")
-    proc = subprocess.Popen([sys.executable, "-m", "fedpeer", "start", "--config", str(twin / "peers.toml")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = await asyncio.to_thread(
+        subprocess.Popen, [sys.executable, "-m", "fedpeer", "start", "--config", str(twin / "peers.toml")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         for _ in range(50):
             peer = _peer(await h.status(0), "site-2")
@@ -191,7 +194,7 @@ async def test_a_second_process_with_a_peers_key_is_reported(make_federation, tm
         assert "duplicate_identity" in log
     finally:
         proc.terminate()
-        proc.wait(timeout=10)
+        await asyncio.to_thread(proc.wait, 10)
 
 
 def _free_port() -> int:
@@ -205,3 +208,26 @@ def test_peer_remove_of_an_unknown_name_says_which_exist(tmp_path: Path) -> None
     r = _fedpeer("peer", "remove", "--config", str(tmp_path / "s" / "peers.toml"), "site-9")
     assert r.returncode == 2 and "no [[peer]] named 'site-9'" in r.stderr, r.stderr
     assert cfg.load(tmp_path / "s" / "peers.toml").peers == ()
+
+
+async def test_the_data_errors_own_advice_works_after_a_reload(make_federation, tmp_path: Path) -> None:
+    """The walk-through's finding: `[data] missing = "drop"`, as the error advises, did nothing
+    until a restart. Now a reload makes the next job read the data with it."""
+    full = breast_cancer_csv(tmp_path / "bc.csv")
+    parts = split_csv(full, "diagnosis", 2, "stratified", seed=6, out_dir=tmp_path / "parts")
+    h: Harness = make_federation(2, start=False)
+    _attach_data(h, parts, label="diagnosis", positive="malignant")
+    data = h.sites[0].dir / "data.csv"
+    lines = data.read_text().splitlines()
+    first = lines[1].split(",")
+    lines[1] = ",".join(["", *first[1:]] if first[0] != "" else first)   # one missing value
+    data.write_text("\n".join(lines) + "\n")
+    h.start()
+    await h.wait_all_alive(timeout_s=15)
+    failed = (await h.wait_job(await h.propose(0, "stats", {}), timeout_s=30, among=[0]))[0]
+    assert failed["state"] == "failed" and "drop" in failed["error"], failed
+    _edit(h.sites[0].config_path, "data", "missing", "drop")
+    r = await asyncio.to_thread(_fedpeer, "reload", "--config", str(h.sites[0].config_path))
+    assert r.returncode == 0 and "data: changed" in r.stdout, (r.stdout, r.stderr)
+    done = (await h.wait_job(await h.propose(0, "stats", {}), timeout_s=30, among=[0]))[0]
+    assert done["state"] == "done", done
