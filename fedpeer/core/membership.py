@@ -25,12 +25,14 @@ Rules of this module:
   placeholder and is pinged at once; a removed one is forgotten entirely (its
   gossip, pending probes, and the reports it made about others), so nothing
   it said before its removal can count afterwards.
-* Duplicate identities: X's own word names one address per incarnation (a
-  process has one advertised address; moving needs a restart, which raises
-  the incarnation). X's own word naming ANOTHER address without a higher
-  incarnation means two processes speak with X's key (a copied site dir);
-  it is counted in `duplicates` (MemberView.duplicate_*) and changes nothing
-  else: which one we follow is still decided by the rules below.
+* Duplicate identities: one process has one advertised address, and moving
+  needs a restart, which raises the incarnation. So X's own word going back
+  and forth between two addresses (A, then B without a higher incarnation,
+  then A again, then B again) means two processes speak with X's key (a
+  copied site directory). A single switch is not counted: a restart at a new
+  address with lost state (incarnation reset) looks like that once. Each
+  return to the other address counts (MemberView.duplicate_*); the evidence
+  changes nothing else: which one we follow is still decided below.
 
 Gossip about others is evidence, not truth. Any member may be wrong, buggy or
 hostile, so what X is (its incarnation, its address, alive or not) is decided
@@ -214,7 +216,7 @@ class MemberView:
     address: str
     last_seen_ms: int | None
     rtt_ms: float | None
-    duplicate_count: int = 0              # own-word messages from a second address (see rules)
+    duplicate_count: int = 0              # returns of X's own word to a second address (see rules)
     duplicate_address: str | None = None  # the last such other address
     duplicate_ms: int | None = None       # when it was last heard
 
@@ -230,9 +232,10 @@ class _Member:
     rtt_ms: float | None = None
     next_ping_ms: int = 0           # next verify (SUSPECT) or dead (DEAD) ping
     reports: dict[NodeId, int] = field(default_factory=dict)  # reporter -> when, at `incarnation`
-    duplicate_count: int = 0                # own word from a second address (module rules)
-    duplicate_address: str | None = None
+    duplicate_count: int = 0                # returns of X's own word to a second address (module rules)
+    duplicate_address: str | None = None    # that second address, once heard
     duplicate_ms: int | None = None
+    last_word_address: str = ""             # the address X's latest own word named
 
 
 @dataclass(slots=True)
@@ -600,9 +603,12 @@ class Membership:
         if incarnation > INCARNATION_MAX:
             return  # out of range (a peer still on the old bug): its message counts, not its number
         if m.heard and address != m.address and incarnation <= m.incarnation:
-            # one process, one address per incarnation: a second process holds X's key
-            m.duplicate_count += 1
-            m.duplicate_address, m.duplicate_ms = address, now_ms
+            # one process, one address per incarnation: back at the other address means two processes
+            if m.duplicate_address == address and m.last_word_address == m.address:
+                m.duplicate_count += 1
+                m.duplicate_ms = now_ms
+            m.duplicate_address = address
+        m.last_word_address = address
         if m.heard and (incarnation == m.incarnation or (
                 incarnation < m.incarnation and m.state is MemberState.ALIVE)):
             return  # same self (a verdict stands until refuted), or a late message from its past

@@ -5,12 +5,23 @@ two processes with one key are noticed. No event loop, no sockets."""
 from __future__ import annotations
 
 from fedpeer.core.election import Heartbeat, HeartbeatReply, RequestVote, Role
-from fedpeer.core.membership import Ping, PingReq, Update
+from fedpeer.core.membership import MembershipConfig, Ping, PingReq, Update
 from tests.unit.test_election import IDS as EIDS
 from tests.unit.test_election import Cluster as ElectionCluster
-from tests.unit.test_election import beat, make as make_election, msgs
-from tests.unit.test_membership import ADDRS, IDS, A, D, S, Cluster, heard, make, member, state
-
+from tests.unit.test_election import beat, msgs
+from tests.unit.test_election import make as make_election
+from tests.unit.test_membership import (
+    ADDRS,
+    IDS,
+    A,
+    Cluster,
+    D,
+    S,
+    heard,
+    make,
+    member,
+    state,
+)
 
 # -- membership -------------------------------------------------------------------------------
 
@@ -56,17 +67,29 @@ def test_a_new_configured_address_is_tried_at_once():
     assert m.set_members({IDS[1]: "10.9.9.9:7000", IDS[2]: ADDRS[2]}, 200) == []   # unchanged: nothing
 
 
-def test_a_member_speaking_from_two_addresses_at_one_incarnation_is_a_duplicate_identity():
+def test_a_member_speaking_from_two_addresses_back_and_forth_is_a_duplicate_identity():
     m = make(0, 3)
     heard(m, 1, incarnation=3)
-    assert member(m, 1).duplicate_count == 0
-    m.receive(IDS[1], Ping(2, 3, "10.7.7.7:7000", ()), 100)      # same key, another process
-    m.receive(IDS[1], Ping(3, 2, "10.7.7.7:7000", ()), 200)
+    m.receive(IDS[1], Ping(2, 3, "10.7.7.7:7000", ()), 100)      # same key, another process ...
+    assert member(m, 1).duplicate_count == 0, "one switch may be a restart at a new address"
+    m.receive(IDS[1], Ping(3, 3, ADDRS[1], ()), 150)             # ... and the first one again
+    m.receive(IDS[1], Ping(4, 2, "10.7.7.7:7000", ()), 200)
     v = member(m, 1)
-    assert (v.duplicate_count, v.duplicate_address, v.duplicate_ms) == (2, "10.7.7.7:7000", 200)
+    assert (v.duplicate_count, v.duplicate_address, v.duplicate_ms) == (1, "10.7.7.7:7000", 200)
     assert v.address == ADDRS[1], "which process we follow is not changed by the evidence"
-    m.receive(IDS[1], Ping(4, 4, "10.8.8.8:7000", ()), 300)      # a restart at a new address: a move
+    m.receive(IDS[1], Ping(5, 3, ADDRS[1], ()), 250)
+    m.receive(IDS[1], Ping(6, 3, "10.7.7.7:7000", ()), 300)
+    assert member(m, 1).duplicate_count == 2
+    m.receive(IDS[1], Ping(7, 4, "10.8.8.8:7000", ()), 400)      # a restart at a new address: a move
     assert member(m, 1).duplicate_count == 2 and member(m, 1).address == "10.8.8.8:7000"
+
+
+def test_a_restart_at_a_new_address_with_lost_state_is_not_a_duplicate():
+    m = make(0, 3)
+    heard(m, 1, incarnation=7)
+    for t in range(100, 2_000, 100):   # the new process, incarnation reset, until we take its word
+        m.receive(IDS[1], Ping(t, 1, "10.9.9.9:7000", ()), t)
+    assert member(m, 1).duplicate_count == 0
 
 
 def test_a_dead_member_re_added_starts_again_as_a_placeholder():
@@ -125,3 +148,14 @@ def test_a_removed_member_cannot_vote_or_lead():
     before = e.stats.ignored_messages
     assert e.receive(EIDS[2], RequestVote(1, 0, 0), 5_000).sends == ()
     assert e.stats.ignored_messages == before + 1
+
+
+def test_new_timings_apply_to_the_timers_set_after_them():
+    c = Cluster(3)
+    c.run_until(500)
+    c.m(0).set_config(MembershipConfig(suspect_timeout_ms=20_000))
+    c.down.add(2)
+    c.run_until(12_000)   # dead by now under the 4 s default (test above)
+    assert state(c.m(0), 2) is S
+    c.run_until(25_000)
+    assert state(c.m(0), 2) is D
