@@ -231,3 +231,26 @@ async def test_the_data_errors_own_advice_works_after_a_reload(make_federation, 
     assert r.returncode == 0 and "data: changed" in r.stdout, (r.stdout, r.stderr)
     done = (await h.wait_job(await h.propose(0, "stats", {}), timeout_s=30, among=[0]))[0]
     assert done["state"] == "done", done
+
+
+async def test_a_rotated_key_is_taken_by_a_reload(make_federation) -> None:
+    """site-2 gets a new identity key; the other sites replace its key in peers.toml and reload."""
+    from fedpeer.identity import create_key_file
+
+    h: Harness = make_federation(3)
+    await h.wait_all_alive(timeout_s=15)
+    h.stop(1)
+    key_file = h.sites[1].dir / "identity.key"
+    key_file.unlink()
+    new_key = encode_public_key(create_key_file(key_file).public_key)
+    h.start(1)
+    for i in (0, 2):
+        doc = tomlkit.parse(h.sites[i].config_path.read_text())
+        for entry in doc["peer"]:
+            if entry["name"] == "site-2":
+                entry["public_key"] = new_key
+        h.sites[i].config_path.write_text(tomlkit.dumps(doc))
+        r = await asyncio.to_thread(_fedpeer, "reload", "--config", str(h.sites[i].config_path))
+        assert r.returncode == 0 and "peers: site-2 new key;" in r.stdout, (r.stdout, r.stderr)
+    await h.wait_all_alive(timeout_s=15)
+    assert _peer(await h.status(0), "site-2")["public_key"] == new_key
