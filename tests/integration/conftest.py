@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import subprocess
+import time
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +41,15 @@ def predict_scores(config_path: Path, job_id: str, data: Path, out: Path) -> np.
     assert r.returncode == 0, r.stderr
     with open(out) as f:
         return np.array([float(row["score"]) for row in csv.DictReader(f)])
+
+
+def ml_loaded(site, timeout_s: float = 60) -> None:
+    """Wait until the daemon has imported its training libraries (it does so in the background
+    after start, ~100 MiB): RSS measured before that would count the import as growth."""
+    deadline = time.monotonic() + timeout_s
+    while "event=ml_libraries_loaded" not in site.log_path.read_text():
+        assert time.monotonic() < deadline, f"{site.name} did not load its ML libraries"
+        time.sleep(0.1)
 
 
 def rss_kib(pid: int) -> int:

@@ -17,7 +17,7 @@ from fedpeer.harness import Harness
 from fedpeer.identity import Identity, load_key_file
 from fedpeer.net.transport import PATH
 from tests import frames
-from tests.integration.conftest import rss_kib
+from tests.integration.conftest import ml_loaded, rss_kib
 
 pytestmark = pytest.mark.integration
 FRAME_CAP = 256 * 1024
@@ -50,6 +50,7 @@ async def test_hostile_frames_are_rejected_counted_and_harmless(make_federation)
     from fedpeer.core import membership as mb
     ping = mb.Ping(probe_id=1, incarnation=1, address=h.sites[2].address, updates=())
     valid = sealer.seal(bob, ping, now_us)
+    ml_loaded(target)
     rss_before = rss_kib(target.process.pid)
 
     async with aiohttp.ClientSession() as s:

@@ -19,7 +19,7 @@ from fedpeer.harness import Harness, split_csv
 from fedpeer.identity import Identity, fingerprint, load_key_file, parse_public_key
 from fedpeer.jobs import messages as m
 from fedpeer.net.transport import PATH
-from tests.integration.conftest import rss_kib
+from tests.integration.conftest import ml_loaded, rss_kib
 from tests.integration.test_jobs import _attach_data, _fedpeer, breast_cancer_csv
 
 pytestmark = pytest.mark.integration
@@ -132,6 +132,7 @@ async def test_three_thousand_proposals_from_one_member(make_federation) -> None
     h, mallory = await _attacker_federation(make_federation)
     target, pid = _key(h, 0), h.sites[0].process.pid
     sealer = wire.Sealer(mallory)
+    ml_loaded(h.sites[0])
     rss_before = rss_kib(pid)
     answers: dict[str, int] = {}
     status_s: list[float] = []

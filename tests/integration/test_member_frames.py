@@ -22,7 +22,7 @@ from fedpeer.identity import load_key_file
 from fedpeer.jobs import messages as m
 from fedpeer.net.transport import PATH
 from tests import frames
-from tests.integration.conftest import rss_kib
+from tests.integration.conftest import ml_loaded, rss_kib
 
 pytestmark = pytest.mark.integration
 
@@ -52,6 +52,7 @@ async def test_amplification_frames_are_refused_without_building_millions_of_obj
     plaintext = b"\xdc" + (24).to_bytes(2, "big") + inner * 24
     now_us = time.time_ns() // 1000
     bombs = [frames.seal_raw(mallory, bob, plaintext, seq=now_us + i) for i in range(8)]
+    ml_loaded(target)
     rss_before = rss_kib(target.process.pid)
     started = time.monotonic()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
