@@ -56,6 +56,17 @@ class JobContext:
 
 
 @dataclass(frozen=True)
+class Finished:
+    """A job that ended `done` at this site, as a kind's `serve_done` sees it: enough to answer a
+    member that missed the end (cut off by a partition) from what this site stored."""
+
+    me: bytes
+    members: tuple[bytes, ...]
+    workdir: Path
+    leadership: tuple[int, bytes | None]    # (term, leader) of this site's election now
+
+
+@dataclass(frozen=True)
 class JobKind:
     name: str
     help: str
@@ -73,6 +84,10 @@ class JobKind:
     # params -> the values the job really uses, where they differ from what was asked for
     # (bofrf: max_depth 0 is 64): a site's limits apply to what the job will do
     in_effect: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
+    # (finished job, member, its message) -> the answer to send it, or None: how a site that is
+    # done answers a member still running the job (runs in a worker thread: it may read files)
+    serve_done: Callable[[Finished, bytes, Any], Any] | None = None
+    serve_done_kinds: tuple[type, ...] = ()     # the messages it answers; others meet a done job as before
 
     def __post_init__(self) -> None:
         for limit, param in self.limited.items():

@@ -52,7 +52,7 @@ from ..logs import fields
 from ..net.channel import Mailbox, MalformedFrom, PeerDead, PeerRefused, PeerUnreachable, RecvTimeout
 from ..store import read_json, write_json
 from . import messages as m
-from .base import JobContext, JobFailsEverywhere, JobKind
+from .base import Finished, JobContext, JobFailsEverywhere, JobKind
 from .messages import JOB_ID_RE
 
 log = logging.getLogger("fedpeer.jobs")
@@ -61,6 +61,8 @@ PENDING = ("proposed", "accepted")      # known, not yet running: holds no jobs_
 ABORT_SEND_TIMEOUT_MS = 5_000
 ABORT_GRACE_MS = 1_000          # a local failure waits this long for a peer's abort with the cause
 RECORDS_LISTED_MAX = 200
+SERVE_DONE_INTERVAL_MS = 2_000  # a member may have a done job's answer this often (it reads a model)
+SERVED_REMEMBERED_MAX = 1_024   # (job, member) pairs whose last answer time is kept
 WAITS_SHOWN_MAX = 8             # pending receives `job show` lists per job (oldest first)
 DEAD_DETAIL = "declared dead by membership"
 # Insider load (issue 11 item 4): a member's key must not fill our disk, memory or job slots.
@@ -200,6 +202,7 @@ class JobRegistry:
         self._replies: dict[tuple[str, bytes], asyncio.Future] = {}
         self.dead: set[bytes] = set()                                  # peers membership declared dead
         self._deaths: dict[bytes, set[asyncio.Future]] = {}            # peer -> sends to it in flight
+        self._served: dict[tuple[str, bytes], int] = {}                # (job, member) -> last served_ms
         self._load_records()
 
     # -- membership ----------------------------------------------------------------------------
@@ -519,9 +522,43 @@ class JobRegistry:
             self._on_cancel(src, msg)
         else:
             record = self.jobs.get(job_id)
+            if record is not None and src in record.members and record.state == "done" \
+                    and self._serve_done(record, src, msg):
+                return
             if record is None or src not in record.members or record.state in TERMINAL:
                 raise RemoteProtocolError("unknown_job", f"no running job {job_id!r} with that member")
             record.mailbox.put(src, msg)
+
+    def _serve_done(self, record: JobRecord, src: bytes, msg: object) -> bool:
+        """A member still running a job that is done here (it was cut off when it ended) may ask
+        its kind for what it missed. At most once per SERVE_DONE_INTERVAL_MS per member and job:
+        the answer may read a model file. Whether the message was taken."""
+        kind = self.kinds.get(record.kind)
+        if kind is None or kind.serve_done is None or not isinstance(msg, kind.serve_done_kinds):
+            return False
+        now = self.transport.now_ms()
+        last = self._served.get((record.id, src))
+        if last is not None and now - last < SERVE_DONE_INTERVAL_MS:
+            return True      # taken, not answered: it asks again later
+        self._served[(record.id, src)] = now
+        while len(self._served) > SERVED_REMEMBERED_MAX:
+            self._served.pop(next(iter(self._served)))
+        finished = Finished(me=self.transport.me, members=record.members, workdir=self._root / record.id,
+                            leadership=self.transport.leadership())
+        try:
+            self._spawn(self._answer_done(kind, finished, src, msg, record.id))
+        except JobError:
+            pass     # the daemon is stopping
+        return True
+
+    async def _answer_done(self, kind: JobKind, finished: Finished, src: bytes, msg: object, job_id: str) -> None:
+        try:
+            answer = await asyncio.to_thread(kind.serve_done, finished, src, msg)
+        except (OSError, FedpeerError, ValueError) as exc:   # files gone or unreadable: nothing to offer
+            log.info("job_not_served", extra=fields(job=job_id, peer=self.names.get(src, "?"), error=str(exc)))
+            return
+        if answer is not None:
+            await self._send_quietly(src, answer, job_id)
 
     def on_refused(self, src: bytes, job_id: str, reason: str) -> None:
         """The gate refused a frame an authenticated member sent for `job_id`: whatever that job

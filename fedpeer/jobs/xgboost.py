@@ -50,6 +50,15 @@ A leader of term T:
   and, once all confirmed, "release". A member told "finish" lingers (LINGER_MS) until released,
   so that if the leader dies half-way, a finished member elected next can still finish the rest.
 
+A member cut off when the job ended (a partition: the leader finished with the majority and
+released it) is not left waiting for member_timeout_ms: a member that has had no directive for
+SYNC_SILENCE_MS asks the leader its election knows (`SyncAsk`, again every SYNC_SILENCE_MS). A
+leader whose job is done answers from what it stored (the registry hands the question to
+`serve_done`): "done" with the final model, its commit term and the rounds' history, under the
+leader's current term. The member obeys it as any directive (its election must say the sender
+leads that term; the model passes `check_model` and its SHA-256), stores it and ends at once. A
+leader still running the job ignores the question: its own directives bring the member up to date.
+
 A member stores every committed round (model first, then its commit record; both atomic) under
 the job's directory, so any member can lead. Members that fail leave the job; the others go on
 (`member_failure_aborts=False`). Messages and every wait are bounded: directives and replies
@@ -75,11 +84,11 @@ from ..errors import DataError, JobError
 from ..logs import fields as log_fields
 from ..ml import boosting
 from ..ml import data as mldata
-from ..net.channel import PeerUnreachable, RecvTimeout, SubChannel
+from ..net.channel import PeerDead, PeerUnreachable, RecvTimeout, SubChannel
 from ..protocols.fixedpoint import decode_counts, encode_counts
 from ..protocols.securesum import secure_sum
 from ..store import atomic_write, write_json
-from .base import JobContext, JobFailsEverywhere, JobKind, Param, site_seed
+from .base import Finished, JobContext, JobFailsEverywhere, JobKind, Param, site_seed
 
 PARK_MS = 5_000                  # a directive of a term not yet confirmed by the election waits this long
 POLL_MS = 200                    # a member re-checks its election's view this often while waiting
@@ -88,7 +97,10 @@ EVAL_HOP_TIMEOUT_MS = 5_000      # hop timeout of the per-round evaluation sum (
 LEADER_SILENCE_MS = 60_000       # beyond member_timeout_ms: a member without any leader this long fails
 COUNT_MAX = 2**40                # per-site counts are row counts: far below this
 DIRECTIVE_TAG = "xgb/leader"
-OPS = ("state", "fetch", "round", "commit", "finish", "release")
+OPS = ("state", "fetch", "round", "commit", "finish", "release", "done")   # done: the job ended, adopt and stop
+SYNC_SILENCE_MS = 10_000         # a member without a directive this long asks the leader where the job is
+SYNC_TAG = "xgb/sync"
+HISTORY_FILE = "xgb-history.json"
 LINGER_MS = 20_000               # a member told "finish" stays this long for sites that did not hear it
                                  # (unless the leader says "release": every live member has finished)
 MODEL_BYTES_MAX = 48 * 1024 * 1024        # a model sent in one message (the frame cap is 64 MiB)
@@ -171,6 +183,15 @@ class Reply:
     WAITING_FOR: ClassVar[str] = "reply"
 
 
+@dataclass(frozen=True)
+class SyncAsk:
+    """Member -> the leader its election knows: no directive for SYNC_SILENCE_MS; if the job is
+    done at your site, send me its end ("done"). `round` is the member's commit round."""
+
+    tag: str                 # SYNC_TAG
+    round: int
+
+
 def _reply_tag(term: int, op: str, rnd: int) -> str:
     return f"xgb/reply/{term}/{op}/{rnd}"
 
@@ -182,6 +203,7 @@ wire.register("xgb_directive", Directive, {
     "model": wire.v_bytes(max_bytes=MODEL_BYTES_MAX), "commit_term": wire.v_int(),
     "trees": wire.v_list(wire.v_bytes(max_bytes=TREES_BYTES_MAX), MEMBERS_MAX),
     "participants": wire.v_list(wire.NODE_ID, MEMBERS_MAX), "history": wire.v_bytes(max_bytes=HISTORY_BYTES_MAX)})
+wire.register("xgb_sync_ask", SyncAsk, {"tag": wire.v_str(32), "round": wire.v_int()})
 wire.register("xgb_reply", Reply, {
     "tag": wire.v_str(96), "commit_term": wire.v_int(), "commit_round": wire.v_int(), "commit_sha": _SHA,
     "trees": wire.v_bytes(max_bytes=TREES_BYTES_MAX), "model": wire.v_bytes(max_bytes=MODEL_BYTES_MAX),
@@ -329,6 +351,7 @@ class Site:
     led_term: int = 0
     last_gains: dict = field(default_factory=dict)
     silent_since_ms: int = 0
+    asked_ms: int | None = None       # when this member last asked the leader for the job's end (SyncAsk)
     finished_ms: int | None = None    # when this site learned the job is over (it then lingers)
     released: bool = False
     parked: dict = field(default_factory=dict)       # sender -> (parked at ms, Directive): term not confirmed yet
@@ -478,9 +501,29 @@ class Site:
                 await self.ch.send(leader, out)
             except JobError:
                 pass     # the leader is gone: its successor asks again
-        task = asyncio.ensure_future(send())
+        self._background(send())
+
+    def _background(self, work: Any) -> None:
+        task = asyncio.ensure_future(work)
         self._replies[task] = None
         task.add_done_callback(lambda t: self._replies.pop(t, None))
+
+    def ask_for_sync(self, leader: bytes | None) -> None:
+        """No directive for SYNC_SILENCE_MS: ask the leader our election knows whether the job
+        ended without us (module docstring); again every SYNC_SILENCE_MS."""
+        now = self.ch.now_ms()
+        if (self.finished_ms is not None or leader is None or leader == self.me or leader not in self.ch.members
+                or now - self.silent_since_ms < SYNC_SILENCE_MS
+                or self.asked_ms is not None and now - self.asked_ms < SYNC_SILENCE_MS):
+            return
+        self.asked_ms = now
+
+        async def send() -> None:
+            try:
+                await self.ch.send(leader, SyncAsk(tag=SYNC_TAG, round=self.round))
+            except JobError:
+                pass     # unreachable still: the next silence asks again
+        self._background(send())
 
     async def close(self) -> None:
         if self._replies:     # the last acknowledgements; a dead leader's are not worth a long wait
@@ -512,6 +555,7 @@ class Site:
                 if self.finished_ms is None and self.ch.now_ms() - self.silent_since_ms > silence_ms:
                     who = f"leader {self.name(leader)} (term {term})" if leader else "no leader"
                     raise JobError(f"no directive from a leader for {silence_ms // 1000} s ({who})") from None
+                self.ask_for_sync(leader)
                 continue
             await self.follow(src, msg)
         return self.result()
@@ -531,7 +575,7 @@ class Site:
         self.silent_since_ms = self.ch.now_ms()
         try:
             self.check_bounds(msg)
-            if msg.model and msg.op in ("round", "commit", "finish"):
+            if msg.model and msg.op in ("round", "commit", "finish", "done"):
                 rnd = msg.round - 1 if msg.op == "round" else msg.round
                 self.adopt(msg.commit_term, rnd, msg.model, expect=msg.prev_sha if msg.op == "round" else msg.sha)
                 self.take_history(msg.history)
@@ -553,6 +597,9 @@ class Site:
                 self.reply(src, msg)
                 if self.finished_ms is not None:
                     self.released = True
+            elif msg.op == "done" and self.commit[1:] == (msg.round, msg.sha):
+                self.finish_now()     # the job ended while we were cut off: nobody waits for us
+                self.released = True
         except (boosting.TreesError, JobError, DataError, ValueError) as exc:
             self.reply(src, msg, error=f"{type(exc).__name__}: {exc}"[:2000])
 
@@ -561,11 +608,11 @@ class Site:
         term after the directive's own, "finish" before the last round, a commit whose trees and
         participants do not pair up with distinct job members."""
         rounds = self.params["rounds"]
-        if msg.op in ("round", "commit", "finish") and not 1 <= msg.round <= rounds:
+        if msg.op in ("round", "commit", "finish", "done") and not 1 <= msg.round <= rounds:
             raise JobError(f"{msg.op} of round {msg.round}: the job has rounds 1..{rounds}")
         if msg.model and not 0 <= msg.commit_term <= msg.term:
             raise JobError(f"a model committed in term {msg.commit_term}, sent in term {msg.term}")
-        if msg.op == "finish" and msg.round != rounds:
+        if msg.op in ("finish", "done") and msg.round != rounds:
             raise JobError(f"finish at round {msg.round}, before the last round {rounds}")
         parts = list(msg.participants)
         if len(parts) != len(set(parts)) or not set(parts) <= set(self.ch.members) \
@@ -705,6 +752,8 @@ class Site:
                 try:
                     _, reply = await self.ch.recv(Reply, tag, src=peer, timeout_ms=POLL_MS)
                     break
+                except PeerDead:     # membership declared it dead: its reply will not come
+                    return None
                 except RecvTimeout:
                     if not self.ch.alive(peer) or self.ch.now_ms() > deadline:
                         return None
@@ -864,6 +913,8 @@ class Site:
 
     def result(self) -> dict:
         p = self.params
+        if self.ctx.workdir is not None:    # what serve_done hands a member that missed the end
+            atomic_write(self.ctx.workdir / HISTORY_FILE, self.history_bytes())
         out: dict[str, Any] = {
             "rounds": self.round, "model_sha256": self.commit[2], "history": [self.named(h) for h in self.history],
             "trees": boosting.model_info(self.model).n_trees if self.model else 0,
@@ -936,6 +987,32 @@ async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, tools: To
         await site.close()
 
 
+def serve_done(finished: Finished, src: bytes, msg: Any) -> Directive | None:
+    """This site's job is done and a member asks where the job is (SyncAsk, module docstring):
+    if this site leads now, the job's end ("done") with the final model and history, read from
+    what it stored, under its current term; else None (the member asks the leader it knows)."""
+    term, leader = finished.leadership
+    if not isinstance(msg, SyncAsk) or leader != finished.me or term <= 0:
+        return None
+    with open(finished.workdir / "xgb-commit.json", "rb") as f:
+        commit = json.loads(f.read(64 * 1024))
+    model_file = commit.get("model_file")
+    if not model_file or not isinstance(commit.get("round"), int) or not isinstance(commit.get("term"), int):
+        return None
+    with open(finished.workdir / str(model_file), "rb") as f:
+        model = f.read(MODEL_BYTES_MAX + 1)
+    if len(model) > MODEL_BYTES_MAX or boosting.model_sha256(model) != commit.get("model_sha256"):
+        return None      # changed since it was stored: offer nothing rather than something else
+    try:
+        with open(finished.workdir / HISTORY_FILE, "rb") as f:
+            history = f.read(HISTORY_BYTES_MAX + 1)
+    except FileNotFoundError:
+        history = b""
+    history = history if len(history) <= HISTORY_BYTES_MAX else b""
+    return _directive(term, "done", commit["round"], sha=commit["model_sha256"], model=model,
+                      commit_term=commit["term"], history=history)
+
+
 def save_model(path: Any, model: bytes) -> None:
     """The global model: a normal XGBoost JSON model file (`xgboost.Booster().load_model(path)`)."""
     atomic_write(path, model)
@@ -966,5 +1043,6 @@ def predict(model: bytes, X: np.ndarray, nthread: int | None = None) -> np.ndarr
 KIND = JobKind(name="xgboost", help="federated XGBoost (tree bagging / tree+) in rounds run by the elected leader",
                params=PARAMS, run=functools.partial(run_job, tools=None), needs_data=True, binary_label=False,
                save_model=save_model, model_file="model.json", member_failure_aborts=False,
+               serve_done=serve_done, serve_done_kinds=(SyncAsk,),
                limited={"rounds_max": "rounds", "trees_per_round_max": "num_local_round", "depth_max": "max_depth",
                         "bins_max": "max_bin"})

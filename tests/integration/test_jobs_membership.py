@@ -76,3 +76,39 @@ async def test_a_cancel_is_cancelled_on_every_member_and_show_says_what_it_waits
     assert {r["state"] for r in records.values()} == {"cancelled"}, {i: (r["state"], r["error"]) for i, r in records.items()}
     for i, record in records.items():
         assert record["error"] == f"{h.sites[2].name}: cancelled by the operator", (i, record["error"])
+
+
+async def test_xgboost_member_cut_off_when_the_job_ended_gets_the_final_model_after(
+        make_federation, tmp_path: Path) -> None:
+    """Issue 12: members cut off at round 3 sat at "round 4 of 20" for minutes after the heal,
+    reachable and knowing the leader. Here a member is frozen (SIGSTOP: cut off from everyone)
+    in the middle of the rounds; the leader finishes with the majority; once the member runs
+    again it asks the leader, takes the final model and ends `done` with the same model."""
+    h, _, _ = await breast_cancer_federation(make_federation, tmp_path, 3, "0.34,0.33,0.33", seed=9)
+    job_id = await h.propose(0, "xgboost", {"rounds": 12, "max_depth": 2, "nthread": 1, "test_fraction": 0.0})
+    leader_name = None
+    while leader_name is None:
+        leader_name = (await h.status(0))["leader"]
+        await asyncio.sleep(0.1)
+    cut = next(i for i, s in enumerate(h.sites) if s.name != leader_name)
+    others = [i for i in range(3) if i != cut]
+    while True:
+        record = await h.job(cut, job_id)
+        if record is not None and record["progress"]["step"] >= 2:
+            break
+        assert record is None or record["state"] == "running", record
+        await asyncio.sleep(0.05)
+    h.pause(cut)
+    records = await h.wait_job(job_id, timeout_s=180, among=others)
+    assert {r["state"] for r in records.values()} == {"done"}, [r["error"] for r in records.values()]
+    sha = {r["result"]["model_sha256"] for r in records.values()}
+    assert len(sha) == 1
+    h.resume(cut)
+    resumed = time.monotonic()
+    late = await h.wait_job(job_id, timeout_s=60, among=[cut])
+    took_s = time.monotonic() - resumed
+    assert late[cut]["state"] == "done", late[cut]["error"]
+    assert late[cut]["result"]["model_sha256"] in sha and late[cut]["result"]["rounds"] == 12
+    assert len(late[cut]["result"]["history"]) == 12, late[cut]["result"]["history"]
+    assert took_s < 30, f"the cut-off member ended {took_s:.1f} s after it could reach the others"
+    print(f"cut-off member: done {took_s:.1f} s after the heal")
