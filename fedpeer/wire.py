@@ -1,4 +1,5 @@
-"""The one gate for untrusted bytes, and the only place that turns messages into bytes.
+"""The one gate for untrusted bytes, and the only place that turns messages into bytes (what
+each message kind looks like is fedpeer/schema.py's).
 
 Frame (everything a peer sends, one HTTP body):
 
@@ -36,22 +37,25 @@ off the event loop): their only shared state, the replay marks and the sequence 
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import heapq
 import hmac
-import math
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 import nacl.exceptions
 
-from .core import membership as mb
 from .errors import LocalProtocolError, RemoteProtocolError
 from .identity import MAC_BYTES, NONCE_BYTES, PUBLIC_KEY_BYTES, SIGNATURE_BYTES, Identity, verify
+# The message schema lives in fedpeer/schema.py; its names are re-exported here because every
+# message-defining module reaches them as `wire.register`, `wire.v_int`, ...
+from .schema import (  # noqa: F401
+    _BY_CLASS, _BY_KIND, ARRAY_DIMS_MAX, ARRAY_DTYPES, INT64_MAX, NODE_ID, DiagProbe, MessageSpec, Validator,
+    encode_array, kind_of, register, v_array, v_bool, v_bytes, v_float, v_int, v_list, v_map, v_str,
+)
 
 PROTOCOL_VERSION = 1
 MAGIC = b"FPW2"
@@ -73,247 +77,6 @@ NESTING_DEPTH_MAX = 16     # our messages nest at most a few levels; msgpack its
 # (1.8 GiB, 22 s with the GIL held); our largest messages hold ~10^5 items (a job's feature names).
 DECODED_ITEMS_MAX = 1 << 18
 JOB_ID_BYTES_MAX = 64
-INT64_MAX = 2**63 - 1
-
-
-# ---------------------------------------------------------------------------------------------
-# Typed validation: small composable validators, each `(value, where) -> value`.
-# ---------------------------------------------------------------------------------------------
-
-Validator = Callable[[Any, str], Any]
-
-
-def _bad(where: str, problem: str) -> RemoteProtocolError:
-    return RemoteProtocolError("schema", f"{where}: {problem}")
-
-
-def v_int(lo: int = 0, hi: int = INT64_MAX) -> Validator:
-    def check(value: Any, where: str) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-            raise _bad(where, f"expected an integer in [{lo}, {hi}]")
-        return value
-    return check
-
-
-def v_float(lo: float = -math.inf, hi: float = math.inf) -> Validator:
-    def check(value: Any, where: str) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise _bad(where, "expected a number")
-        if not math.isfinite(value) or not lo <= value <= hi:
-            raise _bad(where, f"expected a finite number in [{lo}, {hi}]")
-        return float(value)
-    return check
-
-
-def v_bool(value: Any, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise _bad(where, "expected a boolean")
-    return value
-
-
-def v_str(max_bytes: int = 1024, choices: frozenset[str] | None = None) -> Validator:
-    def check(value: Any, where: str) -> str:
-        if not isinstance(value, str) or len(value.encode("utf-8", "surrogatepass")) > max_bytes:
-            raise _bad(where, f"expected a string of at most {max_bytes} bytes")
-        if choices is not None and value not in choices:
-            raise _bad(where, f"expected one of {sorted(choices)}")
-        return value
-    return check
-
-
-def v_bytes(exact: int | None = None, max_bytes: int | None = None) -> Validator:
-    def check(value: Any, where: str) -> bytes:
-        if not isinstance(value, bytes):
-            raise _bad(where, "expected bytes")
-        if exact is not None and len(value) != exact:
-            raise _bad(where, f"expected exactly {exact} bytes")
-        if max_bytes is not None and len(value) > max_bytes:
-            raise _bad(where, f"expected at most {max_bytes} bytes")
-        return value
-    return check
-
-
-def v_list(item: Validator, max_len: int) -> Validator:
-    def check(value: Any, where: str) -> list:
-        if not isinstance(value, list) or len(value) > max_len:
-            raise _bad(where, f"expected a list of at most {max_len} items")
-        return [item(v, f"{where}[{i}]") for i, v in enumerate(value)]
-    return check
-
-
-def v_map(fields: Mapping[str, Validator], optional: frozenset[str] = frozenset()) -> Validator:
-    """A map with exactly these string keys (those in `optional` may be absent)."""
-    def check(value: Any, where: str) -> dict:
-        if not isinstance(value, dict):
-            raise _bad(where, "expected a map")
-        extra = set(value) - set(fields)
-        if extra:
-            raise _bad(where, f"unexpected keys {sorted(map(str, extra))[:5]}")
-        missing = set(fields) - set(value) - optional
-        if missing:
-            raise _bad(where, f"missing keys {sorted(missing)}")
-        return {k: fields[k](value[k], f"{where}.{k}") for k in fields if k in value}
-    return check
-
-
-NODE_ID = v_bytes(exact=PUBLIC_KEY_BYTES)
-
-
-# ---------------------------------------------------------------------------------------------
-# Message registry: kind -> how a typed message becomes a body and back.
-# ---------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class MessageSpec:
-    kind: str
-    cls: type
-    schema: Validator
-    to_body: Callable[[Any], dict]
-    from_body: Callable[[dict], Any]
-
-
-_BY_KIND: dict[str, MessageSpec] = {}
-_BY_CLASS: dict[type, MessageSpec] = {}
-
-
-def register(kind: str, cls: type, fields: Mapping[str, Validator], *,
-             to_body: Callable[[Any], dict] | None = None,
-             from_body: Callable[[dict], Any] | None = None) -> None:
-    """Declare a message kind. Default codec: the dataclass fields, one key each."""
-    assert kind not in _BY_KIND and cls not in _BY_CLASS, f"message kind {kind} registered twice"
-    spec = MessageSpec(
-        kind=kind, cls=cls, schema=v_map(fields),
-        to_body=to_body or (lambda m: {f.name: getattr(m, f.name) for f in dataclasses.fields(m)}),
-        from_body=from_body or (lambda body: cls(**body)),
-    )
-    _BY_KIND[kind] = spec
-    _BY_CLASS[cls] = spec
-
-
-def kind_of(msg: object) -> str:
-    spec = _BY_CLASS.get(type(msg))
-    if spec is None:
-        raise LocalProtocolError("unregistered", f"no wire kind for {type(msg).__name__}")
-    return spec.kind
-
-
-# Membership (fedpeer/core/membership.py) ----------------------------------------------------
-
-_UPDATES_MAX = 64
-_ADDRESS = v_str(max_bytes=300)
-_UPDATE = v_map({"node": NODE_ID, "state": v_str(16, frozenset(s.value for s in mb.MemberState)),
-                 "incarnation": v_int(), "address": _ADDRESS})
-_UPDATES = v_list(_UPDATE, _UPDATES_MAX)
-
-
-def _updates_out(updates: tuple[mb.Update, ...]) -> list[dict]:
-    return [{"node": u.node, "state": u.state.value, "incarnation": u.incarnation, "address": u.address}
-            for u in updates]
-
-
-def _updates_in(raw: list[dict]) -> tuple[mb.Update, ...]:
-    return tuple(mb.Update(node=u["node"], state=mb.MemberState(u["state"]),
-                           incarnation=u["incarnation"], address=u["address"]) for u in raw)
-
-
-def _register_membership() -> None:
-    def to_body(m: Any) -> dict:
-        body = {f.name: getattr(m, f.name) for f in dataclasses.fields(m)}
-        body["updates"] = _updates_out(m.updates)
-        return body
-
-    def from_body(cls: type) -> Callable[[dict], Any]:
-        return lambda body: cls(**{**body, "updates": _updates_in(body["updates"])})
-
-    direct = {"probe_id": v_int(), "incarnation": v_int(), "address": _ADDRESS, "updates": _UPDATES}
-    indirect = {"probe_id": v_int(), "target": NODE_ID, "updates": _UPDATES}
-    for kind, cls, fields in (("ping", mb.Ping, direct), ("ack", mb.Ack, direct),
-                              ("ping_req", mb.PingReq, indirect), ("indirect_ack", mb.IndirectAck, indirect)):
-        register(kind, cls, fields, to_body=to_body, from_body=from_body(cls))
-
-
-_register_membership()
-
-
-def _register_election() -> None:
-    from .core import election as el
-
-    term = v_int(0, INT64_MAX)
-    with_commit = {"term": term, "commit_term": term, "commit_index": term}
-    pre_vote_reply = {"term": term, "granted": v_bool}
-    # A granted vote carries the voter's signature (empty when refused); a heartbeat carries the
-    # votes that elected its sender: at most one per member (the core refuses duplicates).
-    vote_reply = {**pre_vote_reply, "sig": v_bytes(max_bytes=SIGNATURE_BYTES)}
-    vote = v_map({"voter": NODE_ID, "sig": v_bytes(exact=SIGNATURE_BYTES)})
-    heartbeat = {**with_commit, "certificate": v_list(vote, el.MEMBERS_MAX)}
-
-    def heartbeat_out(m: el.Heartbeat) -> dict:
-        return {"term": m.term, "commit_term": m.commit_term, "commit_index": m.commit_index,
-                "certificate": [{"voter": v.voter, "sig": v.sig} for v in m.certificate]}
-
-    def heartbeat_in(body: dict) -> el.Heartbeat:
-        return el.Heartbeat(**{**body, "certificate": tuple(el.VoteSig(**v) for v in body["certificate"])})
-
-    for kind, cls, fields in (("el_pre_vote", el.PreVote, with_commit),
-                              ("el_pre_vote_reply", el.PreVoteReply, pre_vote_reply),
-                              ("el_request_vote", el.RequestVote, with_commit),
-                              ("el_request_vote_reply", el.RequestVoteReply, vote_reply),
-                              ("el_heartbeat_reply", el.HeartbeatReply, {"term": term, "follows": v_bool})):
-        register(kind, cls, fields)
-    register("el_heartbeat", el.Heartbeat, heartbeat, to_body=heartbeat_out, from_body=heartbeat_in)
-
-
-_register_election()
-
-
-@dataclass(frozen=True)
-class DiagProbe:
-    """`fedpeer ping`: a message that only has to pass the gate; its delivery time is the
-    transport's latency as a job would see it (sealing, HTTP, the peer's full gate)."""
-    payload: bytes
-
-
-register("diag_probe", DiagProbe, {"payload": v_bytes()})
-
-
-# ---------------------------------------------------------------------------------------------
-# Arrays on the wire: {dtype (allow-list), shape, data}; length must match exactly.
-# ---------------------------------------------------------------------------------------------
-
-ARRAY_DTYPES = frozenset({"<u1", "<i4", "<i8", "<u4", "<u8", "<f4", "<f8", "|b1", "|u1"})
-ARRAY_DIMS_MAX = 4
-
-
-def encode_array(array: Any) -> dict:
-    import numpy as np
-
-    array = np.ascontiguousarray(array)
-    dtype = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
-    if dtype.str not in ARRAY_DTYPES:
-        raise LocalProtocolError("array", f"dtype {array.dtype} not allowed on the wire")
-    return {"dtype": dtype.str, "shape": list(array.shape), "data": array.astype(dtype, copy=False).tobytes()}
-
-
-def v_array(max_elements: int, dtypes: frozenset[str] = ARRAY_DTYPES) -> Validator:
-    """Validates and decodes to a read-only numpy array (zero copy over the frame's bytes)."""
-    shape_check = v_list(v_int(0, max_elements), ARRAY_DIMS_MAX)
-
-    def check(value: Any, where: str) -> Any:
-        import numpy as np
-
-        raw = v_map({"dtype": v_str(8, dtypes & ARRAY_DTYPES), "shape": shape_check,
-                     "data": v_bytes()})(value, where)
-        count = math.prod(raw["shape"])
-        dtype = np.dtype(raw["dtype"])
-        if count > max_elements:
-            raise _bad(where, f"{count} elements exceed the limit {max_elements}")
-        if len(raw["data"]) != count * dtype.itemsize:
-            raise _bad(where, "data length does not match dtype and shape")
-        array = np.frombuffer(raw["data"], dtype=dtype).reshape(raw["shape"])
-        if dtype.kind == "f" and not np.isfinite(array).all():
-            raise _bad(where, "non-finite values")
-        return array
-    return check
 
 
 # ---------------------------------------------------------------------------------------------
@@ -601,7 +364,8 @@ class Gate:
             raise RemoteProtocolError("frame", "truncated or not a fedpeer frame")
         header = self.open_header(frame[:HEADER_BYTES])
         if header.length != len(frame):
-            raise refused_from(header.sender, RemoteProtocolError("frame", f"{len(frame)} bytes, the header says {header.length}"))
+            problem = f"{len(frame)} bytes, the header says {header.length}"
+            raise refused_from(header.sender, RemoteProtocolError("frame", problem))
         sender = header.sender
         view = memoryview(frame)
         at = HEADER_BYTES
@@ -615,7 +379,8 @@ class Gate:
         try:
             plaintext = self._identity.unseal(sender, nonce, ciphertext)
         except nacl.exceptions.CryptoError:
-            raise refused_from(sender, RemoteProtocolError("decrypt", "cannot decrypt (not sealed to this node?)")) from None
+            problem = "cannot decrypt (not sealed to this node?)"
+            raise refused_from(sender, RemoteProtocolError("decrypt", problem)) from None
         try:
             raw = _decode(plaintext, self._bytes_max)
         except RemoteProtocolError as exc:
