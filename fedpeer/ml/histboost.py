@@ -1,0 +1,292 @@
+"""Histogram-mode federated XGBoost (issue 14; ALGORITHMS.md §2, "Lossless histogram federated
+XGBoost"): parameters, the intercept from summed label statistics, model assembly, and an
+in-process driver — pure functions; the job only moves their inputs and outputs.
+
+A job (every member runs the same steps; "sum" = one secure sum over the members):
+  1. p = HistParams.from_mapping(job params); sum `label_stats(y, p)` (encode_ints) ->
+     base = base_score_from_stats(total, p).
+  2. Cut points: the step machine of fedpeer.ml.sketch (33 sums of F * (max_bin - 1) counts),
+     then bins = bin_matrix(X, cuts) once.
+  3. Per boosting round: g, h = gradients(objective, margins, y) (rows, K); per class k one tree:
+     gq, hq = quantize_gradients(g[:, k], h[:, k], *p.bounds()); growth = start_tree(...);
+     per level: sum encode_histograms(level_histograms(bins, gq, hq, positions, growth.build,
+     cuts.n_slots)); growth = grow_level(growth, decode_histograms(...)); positions =
+     route_rows(...). Then tree = finish_tree(growth, cuts); margins[:, k] += tree.value[positions].
+  4. model = model_bytes(trees, base, F, p): the canonical xgboost JSON model (fedpeer.ml.xgbmodel).
+`train_in_process` does exactly this with a plain sum of the members' uint64 vectors (the secure
+sum's arithmetic, mod 2^64); `train_reference` does it on the pooled rows. Because every sum is a
+sum of integers, both give byte-identical models.
+
+Not supported (refused by from_mapping, never silently ignored): reg_alpha, subsample and
+colsample_* below 1, grow_policy lossguide / max_leaves, scale_pos_weight, boosters other than
+gbtree. The K trees of a multi-class round use the gradients of the round's start (as xgboost).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from ..errors import DataError
+from .hist import (
+    decode_histograms,
+    encode_histograms,
+    gradients,
+    level_histograms,
+    quantize_gradients,
+    scale_bits,
+)
+from .histtree import SplitParams, finish_tree, grow_level, route_rows, start_tree
+from .sketch import (
+    Cuts,
+    bin_matrix,
+    prepare_site,
+    site_counts,
+    sketch_advance,
+    sketch_cuts,
+    sketch_start,
+)
+from .xgbmodel import _base_vector, _model_bytes, global_base_score
+from .xgbtree import CLASSES_MAX, DEPTH_MAX, MODEL_OBJECTIVES, _groups, _Tree
+
+__all__ = [
+    "HistParams",
+    "HistResult",
+    "base_score_from_stats",
+    "decode_ints",
+    "encode_ints",
+    "initial_margins",
+    "label_stats",
+    "model_bytes",
+    "train_in_process",
+    "train_reference",
+]
+
+LABEL_FRAC_BITS = 16           # regression labels are summed as round(y * 2^16)
+LABEL_ABS_MAX = float(1 << 20)  # |y| <= 2^20 keeps a site's label sum far below 2^63 (2^24 rows * 2^36)
+ROUNDS_MAX = 100_000
+# The objectives' own gradient bounds (|g| <= grad_abs_max, 0 <= h <= hess_max); regression has
+# none, so its default is a declaration the job may change (a row beyond it ends the job, named).
+_BOUNDS = {"binary:logistic": (1.0, 0.25), "multi:softprob": (1.0, 0.5), "reg:squarederror": (1000.0, 1.0)}
+_ALIASES = {"learning_rate": "eta", "lambda": "reg_lambda", "min_split_loss": "gamma", "num_boost_round": "num_round"}
+_NO_EFFECT = {"tree_method": ("hist",), "nthread": None, "verbosity": None, "seed": None, "random_state": None,
+              "grow_policy": ("depthwise",), "booster": ("gbtree",), "num_parallel_tree": (1, "1")}
+_MUST_BE = {"reg_alpha": 0, "alpha": 0, "subsample": 1, "colsample_bytree": 1, "colsample_bylevel": 1,
+            "colsample_bynode": 1, "max_leaves": 0, "scale_pos_weight": 1}
+
+
+@dataclass(frozen=True)
+class HistParams:
+    """The training parameters, under xgboost's names (aliases accepted by from_mapping)."""
+
+    objective: str = "binary:logistic"
+    num_class: int = 0
+    num_round: int = 10
+    eta: float = 0.3
+    max_depth: int = 6
+    reg_lambda: float = 1.0
+    gamma: float = 0.0
+    min_child_weight: float = 1.0
+    max_delta_step: float = 0.0
+    min_leaf_rows: int = 2
+    max_bin: int = 256
+    grad_abs_max: float = 0.0      # 0: the objective's own bound (_BOUNDS)
+    hess_max: float = 0.0
+
+    @classmethod
+    def from_mapping(cls, params: Mapping[str, Any]) -> HistParams:
+        known = {f.name: f.type for f in fields(cls)}
+        values: dict[str, Any] = {}
+        for key, value in params.items():
+            name = _ALIASES.get(key, key)
+            if name in known:
+                values[name] = value
+            elif name in _NO_EFFECT:
+                allowed = _NO_EFFECT[name]
+                if allowed is not None and value not in allowed:
+                    raise ValueError(f"histogram mode supports {name} in {allowed}, got {value!r}")
+            elif name in _MUST_BE:
+                if float(value) != _MUST_BE[name]:
+                    raise ValueError(f"histogram mode does not support {name}={value!r} (only {_MUST_BE[name]})")
+            else:
+                raise ValueError(f"histogram mode has no parameter {key!r}")
+        out = cls(**values)
+        out.check()
+        return out
+
+    def check(self) -> None:
+        _groups(self.objective, int(self.num_class))          # objective and num_class agree
+        ints = (("num_round", 1, ROUNDS_MAX), ("max_depth", 1, DEPTH_MAX), ("min_leaf_rows", 1, 1 << 40),
+                ("max_bin", 2, 65535))
+        for name, low, high in ints:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not low <= v <= high:
+                raise ValueError(f"{name} must be an integer in [{low}, {high}], got {v!r}")
+        for name in ("eta", "reg_lambda", "gamma", "min_child_weight", "max_delta_step", "grad_abs_max", "hess_max"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+        if self.eta <= 0:
+            raise ValueError(f"eta must be positive, got {self.eta!r}")
+
+    @property
+    def groups(self) -> int:
+        return _groups(self.objective, int(self.num_class))
+
+    def bounds(self) -> tuple[float, float]:
+        """(grad_abs_max, hess_max) as declared, or the objective's own."""
+        g, h = _BOUNDS[self.objective]
+        return float(self.grad_abs_max or g), float(self.hess_max or h)
+
+    def split_params(self) -> SplitParams:
+        g, h = self.bounds()
+        return SplitParams(grad_bits=scale_bits(g), hess_bits=scale_bits(h), eta=float(self.eta),
+                           max_depth=int(self.max_depth), reg_lambda=float(self.reg_lambda), gamma=float(self.gamma),
+                           min_child_weight=float(self.min_child_weight), max_delta_step=float(self.max_delta_step),
+                           min_leaf_rows=int(self.min_leaf_rows))
+
+
+def _labels(y: Any, p: HistParams) -> np.ndarray:
+    y = np.asarray(y)
+    if y.ndim != 1 or y.dtype.kind not in "biuf" or not np.isfinite(y.astype(np.float64)).all():
+        raise DataError(f"y must be finite numbers (rows,), got {y.dtype} {y.shape}")
+    if p.objective == "reg:squarederror":
+        return y.astype(np.float64)
+    top = 1 if p.groups == 1 else p.groups - 1
+    if (y != np.round(y)).any() or (len(y) and (y.min() < 0 or y.max() > top)):
+        raise DataError(f"{p.objective} needs integer labels in [0, {top}]")
+    return y.astype(np.int64)
+
+
+def label_stats(y: Any, p: HistParams) -> np.ndarray:
+    """A site's additive label statistics (int64): binary [positives, rows]; multi-class
+    [rows of class 0..K-1, rows]; regression [Σ round(y * 2^16), rows] (|y| <= 2^20, named)."""
+    y = _labels(y, p)
+    if p.objective == "reg:squarederror":
+        if len(y) and float(np.abs(y).max()) > LABEL_ABS_MAX:
+            raise DataError(f"histogram mode: |label| {float(np.abs(y).max())!r} exceeds LABEL_ABS_MAX={LABEL_ABS_MAX}")
+        return np.array([int(np.rint(np.ldexp(y, LABEL_FRAC_BITS)).astype(np.int64).sum()), len(y)], dtype=np.int64)
+    if p.groups == 1:
+        return np.array([int(y.sum()), len(y)], dtype=np.int64)
+    return np.concatenate((np.bincount(y, minlength=p.groups), [len(y)])).astype(np.int64)
+
+
+def base_score_from_stats(total: Any, p: HistParams) -> tuple[float, ...]:
+    """The federation's intercept (float32 values) from summed `label_stats`: the label mean
+    (binary: as a probability; regression: as a margin), or the class-prior margins."""
+    total = np.asarray(total, dtype=np.int64)
+    rows = int(total[-1])
+    if rows <= 0:
+        raise DataError("histogram mode: the federation has no rows")
+    if p.objective == "reg:squarederror":
+        return (float(np.float32(math.ldexp(int(total[0]), -LABEL_FRAC_BITS) / rows)),)
+    if p.groups == 1:
+        return (global_base_score(int(total[0]), rows, p.objective),)
+    return tuple(global_base_score(total[:-1], rows, p.objective, p.groups))
+
+
+def initial_margins(base: Sequence[float], rows: int, p: HistParams) -> np.ndarray:
+    """Every row's margin before any tree: float64 (rows, K)."""
+    b = np.asarray(base, dtype=np.float64)
+    if p.objective == "binary:logistic":
+        b = np.log(b / (1.0 - b))                  # xgboost's ProbToMargin
+    return np.tile(b, (rows, 1))
+
+
+def encode_ints(values: Any, n_parties: int) -> np.ndarray:
+    """Signed int64 statistics -> uint64 for the secure sum (the bound check of encode_histograms)."""
+    return encode_histograms(np.asarray(values, dtype=np.int64), n_parties)
+
+
+def decode_ints(total: Any) -> np.ndarray:
+    total = np.asarray(total)
+    if total.dtype != np.uint64:
+        raise ValueError(f"expected uint64, got {total.dtype}")
+    return total.view(np.int64)
+
+
+def model_bytes(trees: Sequence[_Tree], base: Sequence[float], num_feature: int, p: HistParams) -> bytes:
+    """The canonical xgboost JSON model of the trees (round major, class minor)."""
+    if p.objective not in MODEL_OBJECTIVES or not 1 <= p.groups <= CLASSES_MAX:
+        raise ValueError(f"cannot write a model for {p.objective}")
+    return _model_bytes(list(trees), _base_vector(list(base), p.objective, p.groups), int(num_feature), p.groups,
+                        p.objective)
+
+
+@dataclass(frozen=True, eq=False)
+class HistResult:
+    model: bytes
+    margins: tuple[np.ndarray, ...]   # each site's final margins (rows, K), as the builder tracked them
+    cuts: Cuts
+    base: tuple[float, ...]
+
+
+def _plain_sum(parts: Sequence[np.ndarray]) -> np.ndarray:
+    """The secure sum's arithmetic without its privacy: uint64 vectors added mod 2^64."""
+    total = np.zeros_like(parts[0])
+    for part in parts:
+        total += part
+    return total
+
+
+def _federated_cuts(sites_X: Sequence[np.ndarray], max_bin: int) -> Cuts:
+    n = len(sites_X)
+    prepared = [prepare_site(X) for X in sites_X]
+    sk = sketch_start(sites_X[0].shape[1], max_bin)
+    while not sk.done:
+        keys = sk.request()
+        total = _plain_sum([encode_ints(site_counts(pr, keys), n) for pr in prepared])
+        sk = sketch_advance(sk, decode_ints(total).reshape(keys.shape))
+    return sketch_cuts(sk)
+
+
+def _grow_tree(cuts: Cuts, bins: Sequence[np.ndarray], grads: Sequence[tuple[np.ndarray, np.ndarray]],
+               p: HistParams) -> tuple[_Tree, list[np.ndarray]]:
+    """One tree over all sites: per level one (plain) sum of the sites' encoded histograms."""
+    n = len(bins)
+    growth = start_tree(cuts.counts(), p.split_params())
+    positions = [np.zeros(len(b), dtype=np.int64) for b in bins]
+    while not growth.done:
+        parts = [encode_histograms(level_histograms(b, gq, hq, pos, growth.build, cuts.n_slots), n)
+                 for b, (gq, hq), pos in zip(bins, grads, positions, strict=True)]
+        summed = decode_histograms(_plain_sum(parts), len(growth.build), cuts.n_features, cuts.n_slots)
+        growth = grow_level(growth, summed)
+        positions = [route_rows(growth, b, pos, cuts.missing_bin) for b, pos in zip(bins, positions, strict=True)]
+    tree = finish_tree(growth, cuts)
+    return tree, [tree.value[pos] for pos in positions]
+
+
+def train_in_process(sites: Sequence[tuple[Any, Any]], params: Mapping[str, Any] | HistParams) -> HistResult:
+    """Histogram-mode training over sites held in one process, summing with plain uint64 sums
+    instead of the secure sum (module docstring, steps 1-4)."""
+    p = params if isinstance(params, HistParams) else HistParams.from_mapping(params)
+    if not sites:
+        raise ValueError("no sites")
+    Xs = [np.asarray(X) for X, _ in sites]
+    ys = [_labels(y, p) for _, y in sites]
+    n = len(sites)
+    base = base_score_from_stats(decode_ints(_plain_sum([encode_ints(label_stats(y, p), n) for y in ys])), p)
+    cuts = _federated_cuts(Xs, p.max_bin)
+    bins = [bin_matrix(X, cuts) for X in Xs]
+    margins = [initial_margins(base, len(y), p) for y in ys]
+    trees: list[_Tree] = []
+    for _ in range(p.num_round):
+        derivs = [gradients(p.objective, m, y) for m, y in zip(margins, ys, strict=True)]
+        for k in range(p.groups):
+            grads = [quantize_gradients(g[:, k], h[:, k], *p.bounds()) for g, h in derivs]
+            tree, leaf_values = _grow_tree(cuts, bins, grads, p)
+            for m, values in zip(margins, leaf_values, strict=True):
+                m[:, k] += values
+            trees.append(tree)
+    model = model_bytes(trees, base, Xs[0].shape[1], p)
+    return HistResult(model=model, margins=tuple(margins), cuts=cuts, base=base)
+
+
+def train_reference(sites_X: Sequence[Any], sites_y: Sequence[Any], params: Mapping[str, Any] | HistParams) -> bytes:
+    """The centralized reference: the same pure functions on the pooled rows (one "site")."""
+    pooled = (np.concatenate([np.asarray(X) for X in sites_X]), np.concatenate([np.asarray(y) for y in sites_y]))
+    return train_in_process([pooled], params).model
