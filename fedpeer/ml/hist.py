@@ -14,7 +14,7 @@ at most SITE_ROWS_MAX = 2^24 rows per site (2^24 * 2^28 = 2^52).
 
 Histogram layout: int64 (nodes, F, S, 3) with S = max_bin + 1 slots per feature (bins
 0..max_bin-1, slot max_bin = missing values) and channels (Σ g_q, Σ h_q, rows). The secure sum
-carries it raveled, one uint64 per cell (two's complement; the sum is exact while every site's
+carries it raveled (C order), one uint64 per cell (two's complement; the sum is exact while every site's
 |cell| * n_parties < 2^63, checked by `encode_histograms`): a level with n built nodes sends
 n * F * (max_bin + 1) * 3 * 8 bytes.
 """
@@ -105,27 +105,31 @@ def level_histograms(bins: np.ndarray, gq: np.ndarray, hq: np.ndarray, positions
     """This site's histograms of the nodes `build_nodes` (tree node ids): int64
     (len(build_nodes), F, n_slots, 3) of (Σ gq, Σ hq, rows) per (node, feature, bin).
 
-    `bins` (rows, F) from sketch.bin_matrix, `positions` (rows,) each row's current node.
-    Vectorised: one cell index per (row, feature) and three np.bincount calls over them (the
-    float64 sums of integers below 2^52 are exact; see the module docstring)."""
+    `bins` (rows, F) from sketch.bin_matrix (column-major: one feature's bins are contiguous),
+    `positions` (rows,) each row's current node. Vectorised over rows: per feature, three
+    np.bincount calls over (node, bin) cells — a feature's cells stay in cache, which made this
+    2-4x faster than one bincount over all (row, feature) cells (benchmarks/bench_hist.py). The
+    float64 sums of integers below 2^52 are exact (module docstring)."""
     build = np.asarray(build_nodes, dtype=np.int64)
-    n_features = bins.shape[1]
-    per_node = n_features * int(n_slots)
-    size = len(build) * per_node
+    n_features, n_slots = bins.shape[1], int(n_slots)
+    size = len(build) * n_slots
     if len(build) == 0:
-        return np.zeros((0, n_features, int(n_slots), CHANNELS), dtype=np.int64)
+        return np.zeros((0, n_features, n_slots, CHANNELS), dtype=np.int64)
     slot_of = np.full(int(max(positions.max(initial=0), build.max())) + 1, -1, dtype=np.int64)
     slot_of[build] = np.arange(len(build))
     slot = slot_of[positions]
-    rows = np.flatnonzero(slot >= 0)
-    offset = (np.arange(n_features, dtype=np.int64) * int(n_slots))[None, :] + (slot[rows] * per_node)[:, None]
-    cells = (bins[rows].astype(np.int64) + offset).ravel()
-    counts = np.bincount(cells, minlength=size)
-    g_sum = np.bincount(cells, weights=np.repeat(gq[rows].astype(np.float64), n_features), minlength=size)
-    h_sum = np.bincount(cells, weights=np.repeat(hq[rows].astype(np.float64), n_features), minlength=size)
-    out = np.stack([np.rint(g_sum).astype(np.int64), np.rint(h_sum).astype(np.int64), counts.astype(np.int64)],
-                   axis=-1)
-    return out.reshape(len(build), n_features, int(n_slots), CHANNELS)
+    every_row = bool((slot >= 0).all())
+    rows = slice(None) if every_row else np.flatnonzero(slot >= 0)
+    base = slot[rows] * n_slots
+    g, h = gq[rows].astype(np.float64), hq[rows].astype(np.float64)
+    sums = np.empty((CHANNELS, n_features, size), dtype=np.float64)
+    for f in range(n_features):              # features, not rows or bins: each step is vectorised
+        cells = base + bins[rows, f]
+        sums[0, f] = np.bincount(cells, weights=g, minlength=size)
+        sums[1, f] = np.bincount(cells, weights=h, minlength=size)
+        sums[2, f] = np.bincount(cells, minlength=size)
+    out = np.rint(sums).astype(np.int64).reshape(CHANNELS, n_features, len(build), n_slots)
+    return np.ascontiguousarray(out.transpose(2, 1, 3, 0))
 
 
 def encode_histograms(hist: np.ndarray, n_parties: int) -> np.ndarray:

@@ -221,11 +221,12 @@ def sketch_cuts(sketch: Sketch) -> Cuts:
 
 
 def bin_matrix(X: Any, cuts: Cuts) -> np.ndarray:
-    """A site's matrix -> bin indices (rows, F): uint8 when max_bin <= 255, else uint16. Bin
+    """A site's matrix -> bin indices (rows, F), column-major: uint8 when max_bin <= 255, else uint16. Bin
     #{cuts <= x} for a value, `cuts.missing_bin` for NaN. Vectorised: one searchsorted."""
     keys = float_keys(_features_f32(X, cuts.n_features))
     feature_of_cut = np.repeat(np.arange(cuts.n_features, dtype=np.uint64), cuts.counts())
     cut_keys = float_keys(cuts.values).astype(np.uint64) | (feature_of_cut << np.uint64(32))   # ascending
     bins = np.searchsorted(cut_keys, _combined(keys), side="right") - cuts.ptr[:-1][None, :]
     bins[keys == KEY_MISSING] = cuts.missing_bin
-    return bins.astype(np.uint8 if cuts.max_bin <= 255 else np.uint16)
+    # Column-major: level_histograms reads one feature at a time.
+    return np.asfortranarray(bins.astype(np.uint8 if cuts.max_bin <= 255 else np.uint16))

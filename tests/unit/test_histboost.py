@@ -99,7 +99,7 @@ def test_bin_matrix_matches_xgboost_split_rule_and_marks_missing():
 def test_level_histograms_sum_over_sites_to_the_pooled_histogram():
     rng = np.random.default_rng(2)
     rows, features, slots = 600, 4, 9
-    bins = rng.integers(0, slots, size=(rows, features)).astype(np.uint8)
+    bins = np.asfortranarray(rng.integers(0, slots, size=(rows, features)).astype(np.uint8))
     gq, hq = rng.integers(-1000, 1000, rows), rng.integers(0, 1000, rows)
     pos = rng.integers(0, 7, rows)
     build = [1, 4, 6]
