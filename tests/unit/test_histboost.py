@@ -220,3 +220,40 @@ def test_min_leaf_rows_is_a_floor_on_every_leaf():
         leaves = booster.predict(xgb.DMatrix(X), pred_leaf=True)
         counts[floor] = min(np.unique(leaves[:, t], return_counts=True)[1].min() for t in range(leaves.shape[1]))
     assert counts[1] < 5 <= counts[5]
+
+
+def test_regularisation_parameters_match_xgboost_hist():
+    X, y = load_breast_cancer(return_X_y=True)
+    params = {"objective": "binary:logistic", "num_round": 6, "max_depth": 4, "max_bin": 1024, "min_leaf_rows": 1,
+              "gamma": 0.5, "reg_lambda": 3.0, "min_child_weight": 2.0, "max_delta_step": 0.7, "eta": 0.5}
+    fed = histboost.train_in_process(iid_sites(X, y, 5), params)
+    theirs = {k: v for k, v in params.items() if k not in ("num_round", "min_leaf_rows")}
+    booster = xgb.train(dict(theirs, tree_method="hist", base_score=fed.base[0], nthread=1),
+                        xgb.DMatrix(X, label=y), params["num_round"])
+    ours, xgbs = trees_of(fed.model), trees_of(booster.save_raw("json"))
+    assert [t["split_indices"] for t in ours] == [t["split_indices"] for t in xgbs]
+    leaves = [np.array(t["split_conditions"])[np.array(t["left_children"]) < 0] for t in ours]
+    assert max(np.abs(v).max() for v in leaves) <= 0.5 * 0.7 + 1e-6          # eta * max_delta_step
+
+
+def test_each_level_builds_only_the_smaller_child_of_each_pair():
+    X, y = load_breast_cancer(return_X_y=True)
+    p = histboost.HistParams(num_round=1, max_depth=3)
+    cuts, _ = run_sketch([X], p.max_bin)
+    bins = S.bin_matrix(X, cuts)
+    gq, hq = H.quantize_gradients(*(d[:, 0] for d in H.gradients(p.objective, np.zeros((len(y), 1)), y)), *p.bounds())
+    growth = T.start_tree(cuts.counts(), p.split_params())
+    positions = np.zeros(len(y), dtype=np.int64)
+    levels = 0
+    while not growth.done:
+        summed = H.level_histograms(bins, gq, hq, positions, growth.build, cuts.n_slots)
+        growth = T.grow_level(growth, summed)
+        positions = T.route_rows(growth, bins, positions, cuts.missing_bin)
+        levels += 1
+        if not growth.done:
+            rows = np.bincount(positions, minlength=growth.n_nodes)
+            assert len(growth.build) * 2 == len(growth.frontier)
+            for node in growth.build:
+                sibling = node + 1 if node % 2 else node - 1
+                assert rows[node] < rows[sibling] or (rows[node] == rows[sibling] and node % 2 == 1)
+    assert levels == 3
