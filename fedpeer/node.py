@@ -24,8 +24,6 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from aiohttp import web
-
 from . import config as cfg
 from . import reload as reloading
 from . import wire
@@ -40,14 +38,13 @@ from .identity import Identity, encode_public_key, fingerprint
 from .logs import fields
 from .metrics import PATH as METRICS_PATH, MetricsListener, NodeMetrics
 from .net.admin import AdminServer
+from .net.admin_routes import AdminRoutes
 from .net.transport import PeerClient, PeerServer, SendError, SendRefused, raise_open_files_limit
 from .store import StateDir
 
 log = logging.getLogger("fedpeer.node")
 REPLAY_SYNC_MS = 1_000            # fsync of replay marks (kill -9 is covered without it)
 REJECT_LOG_INTERVAL_MS = 5_000    # per reason: log the first rejection, then at most this often
-PING_COUNT_MAX = 10_000           # probes one `fedpeer ping` may send
-PING_BYTES_MAX = 256 * 1024 * 1024   # and count x payload_bytes at most (a diagnostic, not a flood)
 LOOP_ERROR_LOG_INTERVAL_MS = 5_000   # a failing loop step logs once per interval (with a count)
 STATUS_JOBS_MAX = 20               # most recent jobs listed in `status`
 OFF_LOOP_BYTES_MIN = 256 * 1024   # frames larger than this are sealed/opened in a worker thread
@@ -94,14 +91,7 @@ class Node:
         self.metrics = NodeMetrics(self)   # read at scrape time: status() and jobs.list()
         self._metrics_listener = (MetricsListener(self.metrics, config.node.metrics, config.path)
                                   if config.node.metrics is not None else None)
-        self._admin = AdminServer(config, {("GET", "/v1/status"): self._admin_status,
-                                           ("GET", METRICS_PATH): self.metrics.handle,
-                                           ("POST", "/v1/diag/ping"): self._admin_ping,
-                                           ("POST", "/v1/jobs"): self._admin_propose,
-                                           ("GET", "/v1/jobs"): self._admin_jobs,
-                                           ("GET", "/v1/jobs/{id}"): self._admin_job,
-                                           ("POST", "/v1/jobs/{id}/cancel"): self._admin_cancel,
-                                           ("POST", "/v1/reload"): self._admin_reload})
+        self._admin = AdminServer(config, {**AdminRoutes(self).table(), ("GET", METRICS_PATH): self.metrics.handle})
         t = config.membership
         self.membership = mb.Membership(
             me=identity.public_key, address=str(config.node.advertise),
@@ -166,7 +156,8 @@ class Node:
         except OSError as exc:
             await self._client.stop()
             problem = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
-            raise ConfigError(self.config.path, "node.listen", f"cannot listen on {self.config.node.listen}: {problem}") from None
+            where = f"cannot listen on {self.config.node.listen}: {problem}"
+            raise ConfigError(self.config.path, "node.listen", where) from None
         try:
             await self._admin.start()
             if self._metrics_listener is not None:
@@ -381,12 +372,6 @@ class Node:
         with self._step("reload"), contextlib.suppress(ConfigError):
             self.reload()
 
-    async def _admin_reload(self, request: web.Request) -> web.Response:
-        try:
-            return web.json_response({"path": str(self.config.path), "changes": self.reload()})
-        except ConfigError as exc:
-            return web.json_response({"error": f"configuration error: {exc}"}, status=400)
-
     def _config_status(self) -> dict[str, Any]:
         return {"path": str(self.config.path),
                 "loaded_at": _iso(self._config_loaded_ms),
@@ -468,9 +453,6 @@ class Node:
             "config": self._config_status(),
         }
 
-    async def _admin_status(self, request: web.Request) -> web.Response:
-        return web.json_response(self.status())
-
     async def ping(self, peer_name: str, count: int, payload_bytes: int) -> list[float]:
         """Reliable sealed sends of `count` probes; returns each one's delivery time in ms."""
         peer = next((p for p in self.config.peers if p.name == peer_name), None)
@@ -546,49 +528,6 @@ class Node:
         except SendRefused as exc:
             exc.frame = frame     # the caller checks the refusal's proof against what was sent
             raise
-
-    async def _admin_propose(self, request: web.Request) -> web.Response:
-        try:
-            doc = await request.json()
-            kind, params = str(doc["kind"]), dict(doc.get("params") or {})
-            members = doc.get("members")
-            job_id = self.jobs.propose(kind, params, [str(n) for n in members] if members else None)
-        except (KeyError, ValueError, TypeError) as exc:
-            return web.json_response({"error": f"bad request: {exc}"}, status=400)
-        except JobError as exc:
-            return web.json_response({"error": str(exc)}, status=400)
-        return web.json_response({"id": job_id})
-
-    async def _admin_jobs(self, request: web.Request) -> web.Response:
-        return web.json_response({"jobs": self.jobs.list()})
-
-    async def _admin_job(self, request: web.Request) -> web.Response:
-        try:
-            return web.json_response(self.jobs.show(request.match_info["id"]))
-        except JobError as exc:
-            return web.json_response({"error": str(exc)}, status=404)
-
-    async def _admin_cancel(self, request: web.Request) -> web.Response:
-        try:
-            return web.json_response(self.jobs.cancel(request.match_info["id"]))
-        except JobError as exc:
-            return web.json_response({"error": str(exc)}, status=400)
-
-    async def _admin_ping(self, request: web.Request) -> web.Response:
-        try:
-            doc = await request.json()
-            peer, count, size = str(doc["peer"]), int(doc.get("count", 10)), int(doc.get("payload_bytes", 64))
-            if not (1 <= count <= PING_COUNT_MAX and 0 <= size <= self.config.limits.message_bytes_max // 2
-                    and count * size <= PING_BYTES_MAX):
-                raise ValueError(f"count or payload_bytes out of range (count <= {PING_COUNT_MAX}, "
-                                 f"count x payload_bytes <= {PING_BYTES_MAX})")
-            return web.json_response({"peer": peer, "payload_bytes": size,
-                                      "delivery_ms": await self.ping(peer, count, size)})
-        except (KeyError, ValueError, TypeError) as exc:
-            return web.json_response({"error": f"bad request: {exc}"}, status=400)
-        except (ConfigError, SendError) as exc:
-            return web.json_response({"error": str(exc)}, status=400)
-
 
 def _preload_ml() -> None:
     """Import the training libraries in a worker thread once the daemon serves: a job's first
