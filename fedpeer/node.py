@@ -441,6 +441,9 @@ class Node:
             "term": self.election.term,
             "role": self.election.role.value,
             "term_jumps_ignored": self.election.stats.term_jumps_ignored,   # forged or wild election terms
+            "election_refused": {   # claims of leadership or votes that did not prove themselves
+                "uncertified_heartbeats": self.election.stats.uncertified_heartbeats,
+                "bad_vote_signatures": self.election.stats.bad_vote_signatures},
             "jobs": [{k: j[k] for k in ("id", "kind", "state", "phase", "progress", "error")}
                      for j in self.jobs.list()[:STATUS_JOBS_MAX]],
             "rejected": dict(sorted(self.rejected.items())),
