@@ -96,26 +96,29 @@ def best_splits(hist: np.ndarray, cut_counts: np.ndarray, p: SplitParams) -> Spl
     n, n_features, n_slots, _ = hist.shape
     n_cuts = n_slots - 2                                   # cuts k = 1..max_bin-1
     total = hist[:, 0].sum(axis=1)                         # (n, 3): every feature holds every row once
-    below = np.cumsum(hist[:, :, :n_slots - 2], axis=2)   # (n, F, K, 3): rows in bins < k, k = 1..K
+    below = np.cumsum(hist[:, :, :n_cuts], axis=2)         # (n, F, K, 3): sums over bins < k, k = 1..K
     missing = hist[:, :, n_slots - 1]                      # (n, F, 3)
-    left = np.stack([below, below + missing[:, :, None]], axis=3)        # (n, F, K, 2, 3)
-    right = total[:, None, None, None, :] - left
-    GL, HL = p.sums(left)
-    GR, HR = p.sums(right)
     G, H = p.sums(total)
-    loss_chg = p.gain(GL, HL) + p.gain(GR, HR) - p.gain(G, H)[:, None, None, None]
-    k = np.arange(1, n_cuts + 1)
-    allowed = ((k[None, :] <= cut_counts[:, None])[None, :, :, None]
-               & (HL >= p.min_child_weight) & (HR >= p.min_child_weight) & (HL > 0) & (HR > 0)
-               & (left[..., 2] >= p.min_leaf_rows) & (right[..., 2] >= p.min_leaf_rows))
-    scored = np.where(allowed, loss_chg, -np.inf).reshape(n, -1)
-    best = np.argmax(scored, axis=1)                       # first maximum: the fixed tie rule
-    best_chg = scored[np.arange(n), best]
+    g_below, h_below = p.sums(below)                       # float64 of integers: exact below 2^53
+    g_miss, h_miss = p.sums(missing)
+    cut_ok = (np.arange(1, n_cuts + 1)[None, :] <= cut_counts[:, None])[None]
+    node = (slice(None), None, None)
+    scored = []
+    for gl, hl, nl in ((g_below, h_below, below[..., 2]),                                  # missing right
+                       (g_below + g_miss[..., None], h_below + h_miss[..., None], below[..., 2] + missing[..., None, 2])):
+        gr, hr, nr = G[node] - gl, H[node] - hl, total[:, 2][node] - nl
+        chg = p.gain(gl, hl) + p.gain(gr, hr) - p.gain(G, H)[node]
+        ok = (cut_ok & (hl >= p.min_child_weight) & (hr >= p.min_child_weight) & (hl > 0) & (hr > 0)
+              & (nl >= p.min_leaf_rows) & (nr >= p.min_leaf_rows))
+        scored.append(np.where(ok, chg, -np.inf))
+    flat = np.stack(scored, axis=-1).reshape(n, -1)        # order (feature, cut, direction)
+    best = np.argmax(flat, axis=1)                         # first maximum: the fixed tie rule
+    best_chg = flat[np.arange(n), best]
     f, kk, d = np.unravel_index(best, (n_features, n_cuts, 2))
     made = (best_chg > RT_EPS) & (best_chg >= p.gamma)
-    flat_left = left.reshape(n, -1, CHANNELS)[np.arange(n), best]
+    left = below[np.arange(n), f, kk] + d[:, None] * missing[np.arange(n), f]             # exact integers
     return Splits(made=made, feature=f.astype(np.int64), cut=kk.astype(np.int64) + 1, default_left=d.astype(np.int64),
-                  loss_chg=np.where(made, best_chg, 0.0), left=flat_left, right=total - flat_left)
+                  loss_chg=np.where(made, best_chg, 0.0), left=left, right=total - left)
 
 
 @dataclass(frozen=True, eq=False)
