@@ -87,6 +87,17 @@ only by X's own authenticated word and by our own probes:
   report per (member, reporter), pending relayed/extra pings capped at
   pending_probes_per_member_max per member and expired after one period.
 
+* Slow is not dead (Lifeguard §4.1, and RTT-aware timeouts): every wait for X's answer — the
+  direct ack before ping-reqs, the probe's whole window, a tracked ping's life, the time between
+  verifications — is the configured one or RTT_TIMEOUT_MULT times X's smoothed round-trip time,
+  whichever is longer, and X's suspicion lasts suspect_timeout_ms plus SUSPECT_RTT_MULT RTTs. An
+  answer that comes after its probe was judged still proves X up and is an RTT sample, so a
+  site behind a slow link teaches us its RTT with its first late answers. Our own health scales
+  every wait too: a local health multiplier (0..LHM_MAX) rises when our probes fail or we must
+  refute a suspicion of ourselves and falls when a probe succeeds; waits are multiplied by
+  1 + multiplier, so a node that is itself slow (overloaded, behind a slow link) blames others
+  later. Every wait is capped at PROBE_WAIT_MS_MAX.
+
 Known limit: a relay we ask may lie that X answered, which keeps a crashed X
 ALIVE at us while that relay is among those asked; it cannot make anyone
 suspect or evict X.
@@ -104,6 +115,10 @@ NodeId = bytes  # a member's 32-byte Ed25519 public key; the canonical id on the
 
 _PROBE_ID_MASK = 0xFFFF_FFFF  # probe ids are 32-bit and wrap; collisions are also filtered by src
 _RTT_EWMA_ALPHA = 0.2
+RTT_TIMEOUT_MULT = 3          # a ping to X may take this many of X's smoothed RTTs before it counts as lost
+SUSPECT_RTT_MULT = 4          # X's suspicion lasts suspect_timeout_ms plus this many of its RTTs
+LHM_MAX = 2                   # local health multiplier: waits x (1 + LHM); small, so an isolated node still detects in time
+PROBE_WAIT_MS_MAX = 10_000    # no single wait for an answer exceeds this, however slow the link
 # The highest incarnation anyone may use (inclusive); fedpeer/store.py keeps persisted values
 # below 2**62, and int64 on the wire leaves room for peers that still send more (ignored).
 INCARNATION_MAX = 2**62 - 1
@@ -236,6 +251,7 @@ class _Member:
     duplicate_address: str | None = None    # that second address, once heard
     duplicate_ms: int | None = None
     last_word_address: str = ""             # the address X's latest own word named
+    late_probe: tuple[int, int] | None = None   # (probe id, sent ms) of our last unanswered probe of X
 
 
 @dataclass(slots=True)
@@ -246,6 +262,7 @@ class _Probe:  # this period's failure-detector probe (SWIM §3.1)
     started_ms: int
     acked: bool = False
     relays: tuple[NodeId, ...] | None = None  # None until the ping-req phase
+    indirect_ms: int = 0     # when ping-reqs go out if the target has not answered (RTT-aware)
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,6 +307,7 @@ class Membership:
         self._period_end_ms = now_ms + config.probe_interval_ms
         self._next_refute_ms = now_ms
         self._refute_pending = False
+        self._lhm = 0                    # local health multiplier (module rules: slow is not dead)
         # Announce myself: gossip carries my own word to members I do not ping directly soon.
         self._enqueue(Update(me, MemberState.ALIVE, incarnation, address))
 
@@ -425,21 +443,37 @@ class Membership:
     def _run_probe(self, now_ms: int) -> list[Send]:
         sends: list[Send] = []
         p = self._probe
-        if (p is not None and not p.acked and p.relays is None
-                and now_ms >= p.started_ms + self._cfg.probe_timeout_ms):
+        if p is not None and not p.acked and p.relays is None and now_ms >= p.indirect_ms:
             sends += self._send_ping_reqs(p)
         if now_ms < self._period_end_ms:
             return sends
-        if p is not None and not p.acked:
+        if p is not None and not p.acked and p.target in self._members:
+            self._lhm = min(LHM_MAX, self._lhm + 1)     # a failed probe: maybe it, maybe us
+            self._members[p.target].late_probe = (p.probe_id, p.started_ms)
             self._suspect(p.target, p.target_incarnation, now_ms)  # no ack within the period
         self._probe = None
         self._period_end_ms = now_ms + self._cfg.probe_interval_ms
         target = self._next_target()
         if target is not None:
             incarnation = self._members[target].incarnation
-            self._probe = _Probe(target, incarnation, self._new_probe_id(), now_ms)
+            self._probe = _Probe(target, incarnation, self._new_probe_id(), now_ms,
+                                 indirect_ms=now_ms + self._wait_ms(target, self._cfg.probe_timeout_ms))
+            # a slow target gets a longer window: its answer must be able to arrive within it
+            self._period_end_ms = now_ms + self._wait_ms(target, self._cfg.probe_interval_ms)
             sends.append(self._ping(target, self._probe.probe_id))
         return sends
+
+    def _wait_ms(self, node: NodeId, base_ms: int, health: bool = True) -> int:
+        """How long an answer from `node` may take (module rules, "slow is not dead"): `base_ms`
+        or RTT_TIMEOUT_MULT of its smoothed RTT, whichever is longer, times our own health
+        factor (unless `health` is False), at most PROBE_WAIT_MS_MAX."""
+        rtt_ms = self._members[node].rtt_ms or 0.0
+        factor = 1 + self._lhm if health else 1
+        return min(PROBE_WAIT_MS_MAX, int(max(base_ms, RTT_TIMEOUT_MULT * rtt_ms) * factor))
+
+    def _suspect_timeout_ms(self, node: NodeId) -> int:
+        rtt_ms = self._members[node].rtt_ms or 0.0
+        return self._cfg.suspect_timeout_ms + min(PROBE_WAIT_MS_MAX, int(SUSPECT_RTT_MULT * rtt_ms))
 
     def _next_target(self) -> NodeId | None:
         # §4.3: round-robin over a shuffled list, reshuffled after each full pass, bounds the
@@ -477,14 +511,15 @@ class Membership:
         sends = []
         for node, m in self._members.items():
             if m.state is MemberState.SUSPECT:
-                if now_ms - m.state_since_ms >= self._cfg.suspect_timeout_ms:
+                if now_ms - m.state_since_ms >= self._suspect_timeout_ms(node):
                     self._confirm_dead(node, m, now_ms)
                 elif now_ms >= m.next_ping_ms:
                     # Verify it ourselves every period rather than wait for the round robin
                     # (up to 2n - 1 periods): a live member answers well within the suspect
                     # timeout (a placeholder whose join ping was lost, too), and the direct ping
                     # leads with our verdict so it also refutes.
-                    m.next_ping_ms = now_ms + self._cfg.probe_interval_ms
+                    # as often as its link allows (no flood of a slow one); our health: no matter
+                    m.next_ping_ms = now_ms + self._wait_ms(node, self._cfg.probe_interval_ms, health=False)
                     sends += self._verify(node, now_ms)
             elif m.state is MemberState.DEAD and now_ms >= m.next_ping_ms:
                 # Not in SWIM (which needs an explicit re-join): pinging the dead at their last
@@ -528,7 +563,7 @@ class Membership:
         while len(self._pending) >= cap:
             del self._pending[next(iter(self._pending))]
         probe_id = self._new_probe_id()
-        self._pending[probe_id] = _Pending(target, now_ms, now_ms + self._cfg.probe_interval_ms,
+        self._pending[probe_id] = _Pending(target, now_ms, now_ms + self._wait_ms(target, self._cfg.probe_interval_ms),
                                            requester, requester_probe_id, relay)
         return probe_id
 
@@ -555,7 +590,14 @@ class Membership:
             if not p.acked:
                 self._sample_rtt(src, now_ms - p.started_ms)
                 p.acked = True
+                self._lhm = max(0, self._lhm - 1)
                 self._answered(src, now_ms)
+            return []
+        late = self._members[src].late_probe
+        if late is not None and late[0] == msg.probe_id:    # a probe judged lost: X is slow, not dead
+            self._members[src].late_probe = None
+            self._sample_rtt(src, now_ms - late[1])
+            self._answered(src, now_ms)
             return []
         pending = self._pending.get(msg.probe_id)
         if pending is None or pending.target != src or pending.relay is not None:
@@ -582,6 +624,7 @@ class Membership:
         if (p is not None and p.relays is not None and src in p.relays and not p.acked
                 and p.probe_id == msg.probe_id and p.target == msg.target):
             p.acked = True
+            self._lhm = max(0, self._lhm - 1)
             self._answered(msg.target, now_ms)  # a relay we chose vouches: our own probe's answer
             return []
         pending = self._pending.get(msg.probe_id)
@@ -662,6 +705,7 @@ class Membership:
         self._incarnation = inc + 1 if inc < INCARNATION_MAX else 1  # 1: peers take my own word
         self._next_refute_ms = now_ms + self._cfg.refute_interval_ms
         self._refute_pending = False
+        self._lhm = min(LHM_MAX, self._lhm + 1)    # others could not reach us in time: we may be the slow one
         self._enqueue(Update(self._me, MemberState.ALIVE, self._incarnation, self._address))
 
     def _set(self, node: NodeId, m: _Member, state: MemberState, now_ms: int) -> None:

@@ -13,6 +13,8 @@ Rules:
   (NodeId), `.address` ("host:port") and `.msg`. Sends are routed by address,
   as a real network does, and dropped if the node listening there has a
   different id (the real transport's signature check would reject them).
+* Slow links: `slow(i, (low, high))` adds a uniform extra delay to every copy
+  to or from node i (a site behind a thin, queueing uplink).
 * Faults: per-copy drop and duplicate probability, directed link cuts
   (`partition`, `cut`, `heal`), `crash`/`restart` (in-flight messages to a
   crashed node are lost; a restarted node gets incarnation + 1), and
@@ -186,6 +188,7 @@ class SimNet:
         self._epoch = [0] * n_nodes  # bumped on crash/restart/pause: stale ticks are skipped
         self._paused: dict[int, list[tuple[int, Any]]] = {}  # index -> queued (src index, msg)
         self._cut: set[tuple[int, int]] = set()
+        self._slow: dict[int, tuple[int, int]] = {}   # node -> extra delay range (ms) on its link
         self._heap: list[tuple[int, int, int, int, int, Any]] = []
         self._seq = itertools.count()
         for i in range(n_nodes):
@@ -210,6 +213,11 @@ class SimNet:
 
     def heal(self) -> None:
         self._cut.clear()
+
+    def slow(self, i: int, extra_ms: tuple[int, int]) -> None:
+        """Node i sits behind a slow link: every copy to or from it takes extra_ms more."""
+        assert 0 <= extra_ms[0] <= extra_ms[1]
+        self._slow[i] = extra_ms
 
     def crash(self, i: int) -> None:
         node = self.nodes[i]
@@ -313,6 +321,9 @@ class SimNet:
                     self.stats["dropped"] += 1
                     continue
                 delay = self.rng.randint(*self.delay_ms)
+                for end in (src, dst):   # no draw unless a link is slow: old seeds replay as before
+                    if end in self._slow:
+                        delay += self.rng.randint(*self._slow[end])
                 self._push(self.now_ms + delay, _DELIVER, src, dst, send.msg)
 
     def _on_deliver(self, src: int, dst: int, msg: Any) -> None:
