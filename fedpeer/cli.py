@@ -399,6 +399,7 @@ def format_job(record: dict) -> str:
              f"  proposed by {record['proposer']}; members: {', '.join(m['name'] for m in record['members'])}",
              f"  phase: {record['phase']}" + (f" (step {p['step']} of {p['total']})" if p["total"] else ""),
              f"  parameters: {json.dumps(record['params'], sort_keys=True)}"]
+    lines += [f"  waiting for {wait}" for wait in record.get("waiting_for") or ()]   # "forest from site-3 since 12.4 s"
     if record.get("elapsed_s") is not None:
         lines.append(f"  elapsed: {record['elapsed_s']:.1f} s; rows at this site: {record.get('rows')}")
     if record.get("error"):

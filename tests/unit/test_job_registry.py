@@ -470,3 +470,12 @@ async def test_a_restarted_site_says_which_phase_its_interrupted_job_was_in(tmp_
 def NodeSectionAt(node: NodeSection, state_dir: Path) -> NodeSection:  # noqa: N802
     from dataclasses import replace
     return replace(node, state_dir=state_dir)
+
+
+def test_job_show_prints_what_a_running_job_waits_for() -> None:
+    from fedpeer.cli import format_job
+    record = {"id": "j-1", "kind": "bofrf", "state": "running", "proposer": "alice",
+              "members": [{"name": "alice"}, {"name": "site-me"}], "phase": "exchanging forests",
+              "progress": {"step": 2, "total": 5}, "params": {}, "elapsed_s": 20.0, "rows": 10,
+              "error": None, "result": None, "waiting_for": ["forest from site-3 since 12.4 s"]}
+    assert "  waiting for forest from site-3 since 12.4 s" in format_job(record).splitlines()
