@@ -6,7 +6,7 @@
     of 5 sites of 100,000) x 50 features, max_bin 256, the rows spread over 1, 8 and 32 nodes of a
     level. Printed: ratio = level_histograms / one bincount (median of --repeats).
 (2) Training, in one process, with plain sums in place of the secure sum
-    (fedpeer.ml.histboost.train_in_process: sketch, binning, every level of every tree) on
+    (fedpeer.ml.histrun.train_in_process: sketch, binning, every level of every tree) on
     100,000 x 50 synthetic rows over 5 sites, depth 6, max_bin 256 — against xgboost hist on the
     pooled rows with the same parameters (nthread 1 and all CPUs). This excludes the network: the
     job adds one secure sum per level and 33 for the sketch. --trees sets the trees (default 10;
@@ -31,7 +31,7 @@ from sklearn.datasets import make_classification
 from sklearn.metrics import roc_auc_score
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from fedpeer.ml import hist, histboost, xgbmodel
+from fedpeer.ml import hist, histrun, xgbmodel
 
 ROWS = 100_000
 SITES = 5
@@ -82,7 +82,7 @@ def bench_training(n_trees: int) -> dict:
               "max_bin": MAX_BIN}
     sites = list(zip(np.array_split(Xtr, SITES), np.array_split(ytr, SITES), strict=True))
     start = time.perf_counter()
-    fed = histboost.train_in_process(sites, params)
+    fed = histrun.train_in_process(sites, params)
     t_ours = time.perf_counter() - start
     auc_ours = roc_auc_score(yte, xgbmodel.predict_proba(fed.model, Xte))
     result = {"trees": n_trees, "fedpeer_in_process_s": round(t_ours, 2), "fedpeer_auc": round(auc_ours, 4)}

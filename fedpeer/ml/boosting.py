@@ -6,7 +6,9 @@ The code lives in modules with one job each:
                          append_round, loading and predicting with xgboost
   fedpeer.ml.bagging     tree bagging / tree+: a site's part of one round (train_local_round)
   fedpeer.ml.evalcounts  federated evaluation counts (score histograms, AUC, log-loss, accuracy)
-  fedpeer.ml.histboost   histogram mode: exact federated trees from summed gradient histograms
+  histogram mode (exact federated trees from summed gradient histograms): fedpeer.ml.sketch
+  (cut points), hist (a site's level histograms), histtree (splits, one tree), histboost
+  (parameters, intercept, model), histrun (a member's side; the in-process reference)
 New code should import from those modules; this one stays so no importer has to change.
 """
 

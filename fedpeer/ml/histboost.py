@@ -1,6 +1,7 @@
 """Histogram-mode federated XGBoost (issue 14; ALGORITHMS.md §2, "Lossless histogram federated
-XGBoost"): parameters, the intercept from summed label statistics, model assembly, and an
-in-process driver — pure functions; the job only moves their inputs and outputs.
+XGBoost"): parameters, the intercept from summed label statistics, the encoding of integer
+statistics for the secure sum, model assembly — pure functions; the job only moves their inputs
+and outputs.
 
 A job (every member runs the same steps; "sum" = one secure sum over the members):
   1. p = HistParams.from_mapping(job params); sum `label_stats(y, p)` (encode_ints) ->
@@ -13,9 +14,10 @@ A job (every member runs the same steps; "sum" = one secure sum over the members
      cuts.n_slots)); growth = grow_level(growth, decode_histograms(...)); positions =
      route_rows(...). Then tree = finish_tree(growth, cuts); margins[:, k] += tree.value[positions].
   4. model = model_bytes(trees, base, F, p): the canonical xgboost JSON model (fedpeer.ml.xgbmodel).
-`train_in_process` does exactly this with a plain sum of the members' uint64 vectors (the secure
-sum's arithmetic, mod 2^64); `train_reference` does it on the pooled rows. Because every sum is a
-sum of integers, both give byte-identical models.
+fedpeer.ml.histrun holds a member's side of these steps (HistSite) and runs them in one process
+with a plain sum of the members' uint64 vectors (the secure sum's arithmetic, mod 2^64):
+`train_in_process`, and `train_reference` on the pooled rows. Because every sum is a sum of
+integers, both give byte-identical models.
 
 Not supported (refused by from_mapping, never silently ignored): reg_alpha, subsample and
 colsample_* below 1, grow_policy lossguide / max_leaves, scale_pos_weight, boosters other than
@@ -32,39 +34,13 @@ from typing import Any
 import numpy as np
 
 from ..errors import DataError
-from .hist import (
-    decode_histograms,
-    encode_histograms,
-    gradients,
-    level_histograms,
-    quantize_gradients,
-    scale_bits,
-)
-from .histtree import SplitParams, finish_tree, grow_level, route_rows, start_tree
-from .sketch import (
-    Cuts,
-    bin_matrix,
-    prepare_site,
-    site_counts,
-    sketch_advance,
-    sketch_cuts,
-    sketch_start,
-)
+from .hist import encode_histograms, scale_bits
+from .histtree import SplitParams
 from .xgbmodel import _base_vector, _model_bytes, global_base_score
 from .xgbtree import CLASSES_MAX, DEPTH_MAX, MODEL_OBJECTIVES, _groups, _Tree
 
-__all__ = [
-    "HistParams",
-    "HistResult",
-    "base_score_from_stats",
-    "decode_ints",
-    "encode_ints",
-    "initial_margins",
-    "label_stats",
-    "model_bytes",
-    "train_in_process",
-    "train_reference",
-]
+__all__ = ["HistParams", "base_score_from_stats", "decode_ints", "encode_ints", "initial_margins", "label_stats",
+           "model_bytes"]
 
 LABEL_FRAC_BITS = 16           # regression labels are summed as round(y * 2^16)
 LABEL_ABS_MAX = float(1 << 20)  # |y| <= 2^20 keeps a site's label sum far below 2^63 (2^24 rows * 2^36)
@@ -215,78 +191,3 @@ def model_bytes(trees: Sequence[_Tree], base: Sequence[float], num_feature: int,
         raise ValueError(f"cannot write a model for {p.objective}")
     return _model_bytes(list(trees), _base_vector(list(base), p.objective, p.groups), int(num_feature), p.groups,
                         p.objective)
-
-
-@dataclass(frozen=True, eq=False)
-class HistResult:
-    model: bytes
-    margins: tuple[np.ndarray, ...]   # each site's final margins (rows, K), as the builder tracked them
-    cuts: Cuts
-    base: tuple[float, ...]
-
-
-def _plain_sum(parts: Sequence[np.ndarray]) -> np.ndarray:
-    """The secure sum's arithmetic without its privacy: uint64 vectors added mod 2^64."""
-    total = np.zeros_like(parts[0])
-    for part in parts:
-        total += part
-    return total
-
-
-def _federated_cuts(sites_X: Sequence[np.ndarray], max_bin: int) -> Cuts:
-    n = len(sites_X)
-    prepared = [prepare_site(X) for X in sites_X]
-    sk = sketch_start(sites_X[0].shape[1], max_bin)
-    while not sk.done:
-        keys = sk.request()
-        total = _plain_sum([encode_ints(site_counts(pr, keys), n) for pr in prepared])
-        sk = sketch_advance(sk, decode_ints(total).reshape(keys.shape))
-    return sketch_cuts(sk)
-
-
-def _grow_tree(cuts: Cuts, bins: Sequence[np.ndarray], grads: Sequence[tuple[np.ndarray, np.ndarray]],
-               p: HistParams) -> tuple[_Tree, list[np.ndarray]]:
-    """One tree over all sites: per level one (plain) sum of the sites' encoded histograms."""
-    n = len(bins)
-    growth = start_tree(cuts.counts(), p.split_params())
-    positions = [np.zeros(len(b), dtype=np.int64) for b in bins]
-    while not growth.done:
-        parts = [encode_histograms(level_histograms(b, gq, hq, pos, growth.build, cuts.n_slots), n)
-                 for b, (gq, hq), pos in zip(bins, grads, positions, strict=True)]
-        summed = decode_histograms(_plain_sum(parts), len(growth.build), cuts.n_features, cuts.n_slots)
-        growth = grow_level(growth, summed)
-        positions = [route_rows(growth, b, pos, cuts.missing_bin) for b, pos in zip(bins, positions, strict=True)]
-    tree = finish_tree(growth, cuts)
-    return tree, [tree.value[pos] for pos in positions]
-
-
-def train_in_process(sites: Sequence[tuple[Any, Any]], params: Mapping[str, Any] | HistParams) -> HistResult:
-    """Histogram-mode training over sites held in one process, summing with plain uint64 sums
-    instead of the secure sum (module docstring, steps 1-4)."""
-    p = params if isinstance(params, HistParams) else HistParams.from_mapping(params)
-    if not sites:
-        raise ValueError("no sites")
-    Xs = [np.asarray(X) for X, _ in sites]
-    ys = [_labels(y, p) for _, y in sites]
-    n = len(sites)
-    base = base_score_from_stats(decode_ints(_plain_sum([encode_ints(label_stats(y, p), n) for y in ys])), p)
-    cuts = _federated_cuts(Xs, p.max_bin)
-    bins = [bin_matrix(X, cuts) for X in Xs]
-    margins = [initial_margins(base, len(y), p) for y in ys]
-    trees: list[_Tree] = []
-    for _ in range(p.num_round):
-        derivs = [gradients(p.objective, m, y) for m, y in zip(margins, ys, strict=True)]
-        for k in range(p.groups):
-            grads = [quantize_gradients(g[:, k], h[:, k], *p.bounds()) for g, h in derivs]
-            tree, leaf_values = _grow_tree(cuts, bins, grads, p)
-            for m, values in zip(margins, leaf_values, strict=True):
-                m[:, k] += values
-            trees.append(tree)
-    model = model_bytes(trees, base, Xs[0].shape[1], p)
-    return HistResult(model=model, margins=tuple(margins), cuts=cuts, base=base)
-
-
-def train_reference(sites_X: Sequence[Any], sites_y: Sequence[Any], params: Mapping[str, Any] | HistParams) -> bytes:
-    """The centralized reference: the same pure functions on the pooled rows (one "site")."""
-    pooled = (np.concatenate([np.asarray(X) for X in sites_X]), np.concatenate([np.asarray(y) for y in sites_y]))
-    return train_in_process([pooled], params).model

@@ -14,7 +14,15 @@ from sklearn.metrics import roc_auc_score
 from sklearn.model_selection import train_test_split
 
 from fedpeer.errors import DataError
-from fedpeer.ml import bagging, boosting, evalcounts, histboost, xgbmodel, xgbtree
+from fedpeer.ml import (
+    bagging,
+    boosting,
+    evalcounts,
+    histboost,
+    histrun,
+    xgbmodel,
+    xgbtree,
+)
 from fedpeer.ml import hist as H
 from fedpeer.ml import histtree as T
 from fedpeer.ml import sketch as S
@@ -125,7 +133,7 @@ def test_gradients_beyond_the_declared_bound_are_refused_by_name():
         H.encode_histograms(np.array([1 << 62]), 2)
     X, y = load_diabetes(return_X_y=True)
     with pytest.raises(DataError, match="grad_abs_max=100.0"):          # labels up to 346, base 152
-        histboost.train_in_process(iid_sites(X, y, 2), {"objective": "reg:squarederror", "grad_abs_max": 100.0,
+        histrun.train_in_process(iid_sites(X, y, 2), {"objective": "reg:squarederror", "grad_abs_max": 100.0,
                                                         "num_round": 1})
 
 
@@ -161,8 +169,8 @@ def test_federated_model_is_byte_identical_to_the_pooled_reference_and_loads_in_
     order = np.random.default_rng(4).permutation(len(y))
     sizes = np.cumsum([len(y) // 10, len(y) // 5, len(y) // 3])           # unequal sites
     sites = [(X[s], y[s]) for s in np.split(order, sizes)]
-    fed = histboost.train_in_process(sites, params)
-    reference = histboost.train_reference([X for X, _ in sites], [y for _, y in sites], params)
+    fed = histrun.train_in_process(sites, params)
+    reference = histrun.train_reference([X for X, _ in sites], [y for _, y in sites], params)
     assert fed.model == reference
     booster = xgbmodel.load_booster(fed.model)
     margins = booster.predict(xgb.DMatrix(np.concatenate([X for X, _ in sites])), output_margin=True)
@@ -178,7 +186,7 @@ def test_trees_equal_xgboost_hist_when_every_distinct_value_is_a_cut(case):
     loader, params = CASES[case]
     X, y = loader(return_X_y=True)
     params = dict(params, max_bin=1024, min_leaf_rows=1)
-    fed = histboost.train_in_process(iid_sites(X, y, 5), params)
+    fed = histrun.train_in_process(iid_sites(X, y, 5), params)
     theirs = {k: v for k, v in params.items() if k != "num_round" and k != "min_leaf_rows"}
     base = list(fed.base) if len(fed.base) > 1 else fed.base[0]
     booster = xgb.train(dict(theirs, tree_method="hist", base_score=base, nthread=1), xgb.DMatrix(X, label=y),
@@ -199,7 +207,7 @@ def test_breast_cancer_auc_within_0_002_of_xgboost_hist_at_max_bin_256():
     ours, theirs = [], []
     for seed in range(10):
         Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=0.2, random_state=seed, stratify=y)
-        fed = histboost.train_in_process(iid_sites(Xtr, ytr, 5), params)
+        fed = histrun.train_in_process(iid_sites(Xtr, ytr, 5), params)
         ours.append(roc_auc_score(yte, xgbmodel.predict_proba(fed.model, Xte)))
         booster = xgb.train({"objective": "binary:logistic", "max_depth": 3, "eta": 0.3, "tree_method": "hist",
                              "max_bin": 256, "base_score": fed.base[0], "nthread": 1},
@@ -215,7 +223,7 @@ def test_min_leaf_rows_is_a_floor_on_every_leaf():
     for floor in (1, 5):
         params = {"objective": "binary:logistic", "num_round": 5, "max_depth": 6, "min_child_weight": 0.0,
                   "min_leaf_rows": floor}
-        fed = histboost.train_in_process(iid_sites(X, y, 5), params)
+        fed = histrun.train_in_process(iid_sites(X, y, 5), params)
         booster = xgbmodel.load_booster(fed.model)
         leaves = booster.predict(xgb.DMatrix(X), pred_leaf=True)
         counts[floor] = min(np.unique(leaves[:, t], return_counts=True)[1].min() for t in range(leaves.shape[1]))
@@ -226,7 +234,7 @@ def test_regularisation_parameters_match_xgboost_hist():
     X, y = load_breast_cancer(return_X_y=True)
     params = {"objective": "binary:logistic", "num_round": 6, "max_depth": 4, "max_bin": 1024, "min_leaf_rows": 1,
               "gamma": 0.5, "reg_lambda": 3.0, "min_child_weight": 2.0, "max_delta_step": 0.7, "eta": 0.5}
-    fed = histboost.train_in_process(iid_sites(X, y, 5), params)
+    fed = histrun.train_in_process(iid_sites(X, y, 5), params)
     theirs = {k: v for k, v in params.items() if k not in ("num_round", "min_leaf_rows")}
     booster = xgb.train(dict(theirs, tree_method="hist", base_score=fed.base[0], nthread=1),
                         xgb.DMatrix(X, label=y), params["num_round"])
