@@ -11,6 +11,10 @@
     pooled rows with the same parameters (nthread 1 and all CPUs). This excludes the network: the
     job adds one secure sum per level and 33 for the sketch. --trees sets the trees (default 10;
     the issue's 50 takes ~5x as long).
+(3) The issue's label-skewed case: 20,000 training rows (make_classification, 20 features) over
+    5 sites holding 90/70/50/30/10 % positives, depth 6, 30 rounds at eta 0.3 and 100 at eta 0.1:
+    test AUC of the in-process histogram mode vs xgboost hist on the pooled rows (goal: within
+    0.002), and both times.
 Last line: one JSON object.
 
 Run: .venv/bin/python benchmarks/bench_hist.py [--repeats 5] [--trees 10]
@@ -105,6 +109,37 @@ def bench_training(n_trees: int) -> dict:
     return result
 
 
+def bench_skew() -> list[dict]:
+    X, y = make_classification(n_samples=25_000, n_features=20, n_informative=10, random_state=0)
+    Xtr, ytr, Xte, yte = X[:20_000], y[:20_000], X[20_000:], y[20_000:]
+    rng = np.random.default_rng(0)
+    pos, neg = rng.permutation(np.flatnonzero(ytr == 1)), rng.permutation(np.flatnonzero(ytr == 0))
+    sites, taken_pos, taken_neg = [], 0, 0
+    for share in (0.9, 0.7, 0.5, 0.3, 0.1):
+        n_pos = int(4_000 * share)
+        rows = np.concatenate([pos[taken_pos:taken_pos + n_pos], neg[taken_neg:taken_neg + 4_000 - n_pos]])
+        taken_pos, taken_neg = taken_pos + n_pos, taken_neg + 4_000 - n_pos
+        sites.append((Xtr[rows], ytr[rows]))
+    pooled_X, pooled_y = np.concatenate([s[0] for s in sites]), np.concatenate([s[1] for s in sites])
+    out = []
+    for rounds, eta in ((30, 0.3), (100, 0.1)):
+        start = time.perf_counter()
+        fed = histrun.train_in_process(sites, {"objective": "binary:logistic", "num_round": rounds, "eta": eta,
+                                              "max_depth": DEPTH})
+        t_ours = time.perf_counter() - start
+        start = time.perf_counter()
+        booster = xgb.train({"objective": "binary:logistic", "eta": eta, "max_depth": DEPTH, "tree_method": "hist",
+                             "base_score": fed.base[0], "nthread": 1}, xgb.DMatrix(pooled_X, label=pooled_y), rounds)
+        t_xgb = time.perf_counter() - start
+        auc_ours = roc_auc_score(yte, xgbmodel.predict_proba(fed.model, Xte))
+        auc_xgb = roc_auc_score(yte, booster.predict(xgb.DMatrix(Xte)))
+        out.append({"rounds": rounds, "eta": eta, "fedpeer_auc": round(auc_ours, 4), "xgboost_auc": round(auc_xgb, 4),
+                    "fedpeer_in_process_s": round(t_ours, 2), "xgboost_1thread_s": round(t_xgb, 2)})
+        print(f"label skew, {rounds} rounds at eta {eta}: AUC fedpeer {auc_ours:.4f} vs xgboost {auc_xgb:.4f} "
+              f"(diff {auc_ours - auc_xgb:+.4f}); {t_ours:.1f} s in process vs {t_xgb:.2f} s")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -112,7 +147,8 @@ def main() -> None:
     args = parser.parse_args()
     levels = bench_level(args.repeats)
     training = bench_training(args.trees)
-    print(json.dumps({"benchmark": "hist", "levels": levels, "training": training}))
+    skew = bench_skew()
+    print(json.dumps({"benchmark": "hist", "levels": levels, "training": training, "label_skew": skew}))
 
 
 if __name__ == "__main__":
