@@ -55,6 +55,12 @@ async def test_bofrf_member_killed_ends_within_membership_dead_time(make_federat
         assert h.sites[victim].name not in result["participants"], result["participants"]
         assert sorted(result["participants"]) == sorted(h.sites[j].name for j in survivors)
     print(f"kill -9 of the initiator: dead after {dead_after_s:.1f} s, survivors done {took_s:.1f} s after the kill")
+    # the killed site, restarted, says which phase its interrupted job was in (issue 12: always `starting`)
+    h.start(victim)
+    await h.wait_all_alive(timeout_s=30)
+    record = await h.job(victim, job_id)
+    assert record["state"] == "failed" and record["phase"] not in ("starting", "failed"), record["phase"]
+    assert f"(phase: {record['phase']}" in record["error"], record["error"]
 
 
 async def test_a_cancel_is_cancelled_on_every_member_and_show_says_what_it_waits_for(
