@@ -55,7 +55,7 @@ def test_a_slow_site_that_crashes_is_still_declared_dead() -> None:
         net, slow, _ = run_with_a_slow_site(seed)
         net.crash(slow)
         crashed = net.now_ms
-        at = net.run_checking(crashed + 40_000, lambda net: all(
+        at = net.run_checking(crashed + 40_000, lambda net, slow=slow: all(
             net.node(i).states()[net.ids[slow]] is MemberState.DEAD for i in range(net.n - 1)))
         if at is None:
             failures.append(f"seed {seed}: not dead everywhere 40 s after the crash")

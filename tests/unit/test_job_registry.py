@@ -467,7 +467,7 @@ async def test_a_restarted_site_says_which_phase_its_interrupted_job_was_in(tmp_
     assert "phase: sending to alice" in shown["error"], shown["error"]
 
 
-def NodeSectionAt(node: NodeSection, state_dir: Path) -> NodeSection:  # noqa: N802
+def NodeSectionAt(node: NodeSection, state_dir: Path) -> NodeSection:
     from dataclasses import replace
     return replace(node, state_dir=state_dir)
 
