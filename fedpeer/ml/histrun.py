@@ -44,7 +44,7 @@ from .histboost import (
     label_stats,
     model_bytes,
 )
-from .histtree import Growth, finish_tree, grow_level, route_rows, start_tree
+from .histtree import Growth, finish_tree, grow_level, route_rows, start_tree, tree_leaf_values
 from .sketch import (
     Cuts,
     bin_matrix,
@@ -118,6 +118,22 @@ class HistSite:
     def add_tree(self, tree: _Tree, k: int) -> None:
         self.margins[:, k] += tree.value[self.positions]
 
+    def resume(self, base: Sequence[float], trees: Sequence[_Tree]) -> int:
+        """Rebuild the margins (and the current round's g, h) from committed trees, e.g. under a
+        new leader or after a restart; returns the class k of the next tree (start_tree(k) next,
+        or start_round() first when k is 0)."""
+        groups = self.p.groups
+        complete = len(trees) // groups * groups
+        self.set_base(base)
+        for t, tree in enumerate(trees[:complete]):
+            self.margins[:, t % groups] += tree_leaf_values(tree, self.X)
+        if complete == len(trees):
+            return 0
+        self.start_round()                         # the round's g, h: at its start, as when it began
+        for t, tree in enumerate(trees[complete:]):
+            self.margins[:, t] += tree_leaf_values(tree, self.X)
+        return len(trees) - complete
+
 
 @dataclass(frozen=True, eq=False)
 class HistResult:
@@ -153,8 +169,10 @@ def _grow(members: Sequence[HistSite], cuts: Cuts, p: HistParams) -> _Tree:
     return finish_tree(growth, cuts)
 
 
-def train_in_process(sites: Sequence[tuple[Any, Any]], params: Mapping[str, Any] | HistParams) -> HistResult:
-    """Histogram-mode training of members held in one process, summing with plain uint64 sums."""
+def train_in_process(sites: Sequence[tuple[Any, Any]], params: Mapping[str, Any] | HistParams,
+                     start_trees: Sequence[_Tree] = ()) -> HistResult:
+    """Histogram-mode training of members held in one process, summing with plain uint64 sums;
+    with `start_trees` (committed trees, round major, class minor) it resumes after them."""
     p = params if isinstance(params, HistParams) else HistParams.from_mapping(params)
     if not sites:
         raise ValueError("no sites")
@@ -168,11 +186,16 @@ def train_in_process(sites: Sequence[tuple[Any, Any]], params: Mapping[str, Any]
     cuts = _agree_cuts(members, n_features, p.max_bin)
     for m in members:
         m.set_cuts(cuts)
-    trees: list[_Tree] = []
-    for _ in range(p.num_round):
-        for m in members:
-            m.start_round()
-        for k in range(p.groups):
+    trees: list[_Tree] = list(start_trees)
+    first_k = 0
+    for m in members:
+        first_k = m.resume(base, trees) if trees else 0
+    resume_round = len(trees) // p.groups
+    for r in range(resume_round, p.num_round):
+        if r > resume_round or first_k == 0:     # resume() already took g, h at a partial round's start
+            for m in members:
+                m.start_round()
+        for k in range(first_k if r == resume_round else 0, p.groups):
             for m in members:
                 m.start_tree(k)
             tree = _grow(members, cuts, p)

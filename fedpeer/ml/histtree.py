@@ -35,7 +35,8 @@ from .hist import CHANNELS
 from .sketch import Cuts
 from .xgbtree import _f32, _Tree
 
-__all__ = ["Growth", "SplitParams", "best_splits", "finish_tree", "grow_level", "route_rows", "start_tree"]
+__all__ = ["Growth", "SplitParams", "best_splits", "finish_tree", "grow_level", "route_rows", "start_tree",
+           "tree_leaf_values"]
 
 RT_EPS = 1e-6     # xgboost's kRtEps: a split must gain more than this
 
@@ -104,8 +105,9 @@ def best_splits(hist: np.ndarray, cut_counts: np.ndarray, p: SplitParams) -> Spl
     cut_ok = (np.arange(1, n_cuts + 1)[None, :] <= cut_counts[:, None])[None]
     node = (slice(None), None, None)
     scored = []
-    for gl, hl, nl in ((g_below, h_below, below[..., 2]),                                  # missing right
-                       (g_below + g_miss[..., None], h_below + h_miss[..., None], below[..., 2] + missing[..., None, 2])):
+    n_below, n_miss = below[..., 2], missing[..., None, 2]
+    for gl, hl, nl in ((g_below, h_below, n_below),                                              # missing right
+                       (g_below + g_miss[..., None], h_below + h_miss[..., None], n_below + n_miss)):   # left
         gr, hr, nr = G[node] - gl, H[node] - hl, total[:, 2][node] - nl
         chg = p.gain(gl, hl) + p.gain(gr, hr) - p.gain(G, H)[node]
         ok = (cut_ok & (hl >= p.min_child_weight) & (hr >= p.min_child_weight) & (hl > 0) & (hr > 0)
@@ -248,3 +250,21 @@ def finish_tree(g: Growth, cuts: Cuts) -> _Tree:
     return _Tree(left=g.left.copy(), right=right, feature=np.where(leaf, 0, g.feature),
                  value=np.where(leaf, leaf_value, threshold), default_left=np.where(leaf, 0, g.default_left),
                  gain=np.where(leaf, 0.0, _f32(g.loss_chg)), cover=_f32(H), depth=int(g.depth.max()))
+
+
+def tree_leaf_values(tree: _Tree, X: np.ndarray) -> np.ndarray:
+    """Each row's leaf value in a finished tree, from raw features as xgboost reads them (float32
+    x < split_condition goes left, NaN follows default_left): float64 (rows,). Routing by bins
+    gives the same leaves (sketch module docstring); this one needs no cuts, so a member can
+    rebuild its margins from committed trees alone."""
+    X32 = np.asarray(X, dtype=np.float32)
+    pos = np.zeros(X32.shape[0], dtype=np.int64)
+    for _ in range(tree.depth):
+        moving = np.flatnonzero(tree.left[pos] >= 0)
+        if len(moving) == 0:
+            break
+        at = pos[moving]
+        x = X32[moving, tree.feature[at]]
+        go_left = np.where(np.isnan(x), tree.default_left[at] == 1, x < tree.value[at].astype(np.float32))
+        pos[moving] = np.where(go_left, tree.left[at], tree.right[at])
+    return tree.value[pos]

@@ -265,3 +265,19 @@ def test_each_level_builds_only_the_smaller_child_of_each_pair():
                 sibling = node + 1 if node % 2 else node - 1
                 assert rows[node] < rows[sibling] or (rows[node] == rows[sibling] and node % 2 == 1)
     assert levels == 3
+
+
+@pytest.mark.parametrize("cut_after", [3, 4])          # mid-round (class 0 of round 1 done) and a round's end
+def test_resuming_from_committed_trees_gives_the_same_model(cut_after):
+    X, y = load_wine(return_X_y=True)
+    params = {"objective": "multi:softprob", "num_class": 3, "num_round": 3, "max_depth": 3}
+    sites = iid_sites(X, y, 3)
+    full = histrun.train_in_process(sites, params)
+    committed = xgbmodel.model_info(full.model).trees[:cut_after]
+    resumed = histrun.train_in_process(sites, params, start_trees=committed)
+    assert resumed.model == full.model
+    np.testing.assert_array_equal(np.concatenate(resumed.margins), np.concatenate(full.margins))
+    margins = histboost.initial_margins(full.base, len(y), histboost.HistParams.from_mapping(params))
+    for t, tree in enumerate(xgbmodel.model_info(full.model).trees):   # raw-feature routing == bin routing
+        margins[:, t % 3] += T.tree_leaf_values(tree, np.concatenate([s[0] for s in sites]))
+    np.testing.assert_array_equal(margins, np.concatenate(full.margins))
