@@ -7,9 +7,9 @@ Rules:
   document `fedpeer status` shows (`node.status()`) and the job records (`node.jobs.list()`), so a
   scrape can never disagree with `status`, and a node that nobody scrapes pays nothing.
 - Only what must be seen as it happens is a live metric: how long secure sums and training rounds
-  take (Histograms). Jobs report them with `observe_secure_sum` / `timed_secure_sum` /
+  take (Histograms): the secure sum calls its channel's `metrics.secure_sum_done`, and jobs call
   `observe_round`, given their Channel; outside a daemon (unit tests, the simulator) the channel
-  has no `metrics` and these do nothing, so protocol code stays free of the shell (DESIGN §2).
+  has no `metrics` and nothing happens, so protocol code stays free of the shell (DESIGN §2).
   Durations are measured with `ch.now_ms()`, the node's clock, never `time` directly.
 - Label values are bounded by this site's own configuration and code: peer names from
   peers.toml, job kinds and states, our own rejection reasons — never words a peer sent.
@@ -24,7 +24,7 @@ Fields of `node.status()` read here that the node may not fill yet (each peer's 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
@@ -286,36 +286,12 @@ def observer_of(ch: Any) -> JobObserver | None:
     return getattr(ch, "metrics", None)
 
 
-def observe_secure_sum(ch: Any, mode: str, started_ms: int, *, ok: bool, attempts: int = 1) -> None:
-    """A secure sum begun at `started_ms` (ch.now_ms()) ended now; `attempts` from SumOutcome."""
-    observer = observer_of(ch)
-    if observer is not None:
-        observer.secure_sum_done(mode, (ch.now_ms() - started_ms) / 1000, ok=ok, attempts=attempts)
-
-
 def observe_round(ch: Any, kind: str, started_ms: int) -> None:
     """A training round of a `kind` job begun at `started_ms` (ch.now_ms()) was committed now."""
     observer = observer_of(ch)
     if observer is not None:
         observer.round_done(kind, (ch.now_ms() - started_ms) / 1000)
 
-
-async def timed_secure_sum(ch: Any, mode: str, secure_sum: Awaitable[T]) -> T:
-    """`await timed_secure_sum(ch, mode, secure_sum(ch, tag, vector, mode=mode))`: the sum's
-    result, its duration observed either way. A cancelled sum (the job ended) is not a duration."""
-    started_ms = ch.now_ms()
-    try:
-        outcome = await secure_sum
-    except Exception:
-        observe_secure_sum(ch, mode, started_ms, ok=False)
-        raise
-    observe_secure_sum(ch, mode, started_ms, ok=True, attempts=getattr(outcome, "attempts", 1))
-    return outcome
-
-
-# ---------------------------------------------------------------------------------------------
-# Optional loopback TCP listener ([node] metrics = "127.0.0.1:9464")
-# ---------------------------------------------------------------------------------------------
 
 class MetricsListener:
     """GET /metrics on a loopback address, for a Prometheus that cannot read a unix socket.

@@ -82,6 +82,7 @@ import numpy as np
 from .. import wire
 from ..errors import DataError, JobError
 from ..logs import fields as log_fields
+from ..metrics import observe_round
 from ..ml import boosting
 from ..ml import data as mldata
 from ..net.channel import PeerDead, PeerUnreachable, RecvTimeout, SubChannel
@@ -771,7 +772,9 @@ class Site:
             known = await self.take_over(term)
             try:
                 while self.round < self.params["rounds"]:
+                    started_ms = self.ch.now_ms()
                     known = self.majority(await self.lead_round(term, known), f"round {self.round}")
+                    observe_round(self.ch, "xgboost", started_ms)   # committed: stored by a majority
                 await self.finish(term, known)
                 return
             except _NoMajority:

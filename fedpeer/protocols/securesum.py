@@ -552,12 +552,27 @@ async def secure_sum(ch: Channel, tag: str, vector: np.ndarray, *, mode: str = "
     `tag` must be unique per sum within the job (masks derive from it). Raises JobError when the
     sum fails or this member is left out, LocalProtocolError on bad arguments."""
     plan = _plan(ch, tag, vector, mode, hop_timeout_ms, chunk_entries, attempts_max)
+    started_ms = ch.now_ms()
     try:
         if ch.me == ch.members[0]:
-            return await _lead(ch, plan, _Attempt(1, tuple(ch.members)))
-        return await _follow(ch, plan)
+            outcome = await _lead(ch, plan, _Attempt(1, tuple(ch.members)))
+        else:
+            outcome = await _follow(ch, plan)
+    except JobError:
+        _observe(ch, mode, started_ms, ok=False, attempts=0)
+        raise
     finally:
         ch.discard(plan.prefix())
+    _observe(ch, mode, started_ms, ok=True, attempts=outcome.attempts)
+    return outcome
+
+
+def _observe(ch: Channel, mode: str, started_ms: int, *, ok: bool, attempts: int) -> None:
+    """Tell the daemon's metrics (fedpeer/metrics.py, carried by its channels; absent in sims)
+    how long a sum took; the protocol itself never imports the shell."""
+    observer = getattr(ch, "metrics", None)
+    if observer is not None:
+        observer.secure_sum_done(mode, (ch.now_ms() - started_ms) / 1000, ok=ok, attempts=max(1, attempts))
 
 
 class _InitiatorGone(Exception):

@@ -4,7 +4,6 @@ TCP listener answers the 0.0.4 text format on loopback only."""
 
 from __future__ import annotations
 
-import asyncio
 import copy
 from typing import Any, ClassVar
 
@@ -14,14 +13,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fedpeer.config import Address
-from fedpeer.errors import ConfigError, JobError
+from fedpeer.errors import ConfigError
 from fedpeer.metrics import (
     PATH,
     MetricsListener,
     NodeMetrics,
     observe_round,
-    observe_secure_sum,
-    timed_secure_sum,
 )
 
 STATUS: dict[str, Any] = {
@@ -182,19 +179,10 @@ def test_process_collector_is_in_the_node_registry() -> None:
     assert value(scraped, "process_open_fds") > 0
 
 
-async def test_timed_secure_sum_observes_duration_and_retries() -> None:
+def test_secure_sum_durations_and_retries() -> None:
     metrics = NodeMetrics(FakeNode(), process=False)
-    ch = FakeChannel(metrics)
-
-    class Outcome:
-        attempts = 3
-
-    async def sum_taking(ms: int) -> Outcome:
-        ch.clock_ms += ms
-        return Outcome()
-
-    outcome = await timed_secure_sum(ch, "ring", sum_taking(750))
-    assert outcome.attempts == 3
+    metrics.secure_sum_done("ring", 0.75, ok=True, attempts=3)
+    metrics.secure_sum_done("pairwise", 20, ok=False)
     scraped = samples(metrics)
     assert value(scraped, "fedpeer_secure_sum_duration_seconds_count", mode="ring", outcome="ok") == 1
     assert value(scraped, "fedpeer_secure_sum_duration_seconds_sum", mode="ring", outcome="ok") == pytest.approx(0.75)
@@ -202,45 +190,12 @@ async def test_timed_secure_sum_observes_duration_and_retries() -> None:
     assert value(scraped, "fedpeer_secure_sum_duration_seconds_bucket", mode="ring", outcome="ok", le="1.0") == 1
     assert value(scraped, "fedpeer_secure_sum_retries_total", mode="ring") == 2
     assert value(scraped, "fedpeer_secure_sum_retries_total", mode="pairwise") == 0
-
-
-async def test_a_failed_sum_is_observed_as_failed_and_still_raises() -> None:
-    metrics = NodeMetrics(FakeNode(), process=False)
-    ch = FakeChannel(metrics)
-
-    async def failing() -> None:
-        ch.clock_ms += 20_000
-        raise JobError("ring failed")
-
-    with pytest.raises(JobError, match="ring failed"):
-        await timed_secure_sum(ch, "pairwise", failing())
-    scraped = samples(metrics)
     assert value(scraped, "fedpeer_secure_sum_duration_seconds_count", mode="pairwise", outcome="failed") == 1
-    assert value(scraped, "fedpeer_secure_sum_duration_seconds_sum", mode="pairwise", outcome="failed") == 20
     assert value(scraped, "fedpeer_secure_sum_duration_seconds_count", mode="pairwise", outcome="ok") == 0
 
 
-async def test_a_cancelled_sum_is_not_a_duration() -> None:
-    metrics = NodeMetrics(FakeNode(), process=False)
-    ch = FakeChannel(metrics)
-    task = asyncio.create_task(timed_secure_sum(ch, "ring", asyncio.sleep(60)))
-    await asyncio.sleep(0)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    scraped = samples(metrics)
-    assert sum(v for (name, _), v in scraped.items() if name == "fedpeer_secure_sum_duration_seconds_count") == 0
-
-
-async def test_without_node_metrics_the_helpers_do_nothing_but_return() -> None:
-    ch = FakeChannel(None)   # a unit-test or simulator channel: no `metrics`
-
-    async def result() -> str:
-        return "sum"
-
-    assert await timed_secure_sum(ch, "ring", result()) == "sum"
-    observe_round(ch, "xgboost", ch.clock_ms - 5)
-    observe_secure_sum(ch, "ring", ch.clock_ms, ok=True)
+def test_without_node_metrics_observe_round_does_nothing() -> None:
+    observe_round(FakeChannel(None), "xgboost", 0)   # a unit-test or simulator channel: no `metrics`
 
 
 def test_observe_round_and_a_clock_step_back_is_zero() -> None:
