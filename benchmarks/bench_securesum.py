@@ -101,7 +101,8 @@ async def bare_ring(n: int, repeats: int) -> list[float]:
 async def fedpeer_sums(h: Harness, entries: int, repeats: int, mode: str) -> list[float]:
     seconds = []
     for _ in range(repeats):
-        job_id = await h.propose(0, "sumcheck", {"entries": entries, "secure_sum": mode, "chunk_entries": CHUNK_ENTRIES})
+        job_id = await h.propose(0, "sumcheck",
+                                 {"entries": entries, "secure_sum": mode, "chunk_entries": CHUNK_ENTRIES})
         records = await h.wait_job(job_id, timeout_s=600)
         record = records[0]
         assert record["state"] == "done", record["error"]

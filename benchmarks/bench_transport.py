@@ -114,7 +114,8 @@ if __name__ == "__main__":
     result = asyncio.run(main(parser.parse_args().rounds))
     s, l = result["small_64B"], result["large_1MiB"]
     print(f"small 64 B : fedpeer p50 {s['fedpeer_p50_ms']:.3f} ms p99 {s['fedpeer_p99_ms']:.3f} ms | "
-          f"bare p50 {s['bare_p50_ms']:.3f} ms p99 {s['bare_p99_ms']:.3f} ms | overhead at p50 {s['overhead_p50']:.2f}x (target <= 1.3x)")
+          f"bare p50 {s['bare_p50_ms']:.3f} ms p99 {s['bare_p99_ms']:.3f} ms | "
+          f"overhead at p50 {s['overhead_p50']:.2f}x (target <= 1.3x)")
     print(f"large 1 MiB: fedpeer {l['fedpeer_MiB_s']:.1f} MiB/s | bare {l['bare_MiB_s']:.1f} MiB/s | "
           f"ratio {l['ratio']:.2f}x (target >= 0.75x)")
     print(f"daemon RSS : idle {', '.join(f'{r:.1f}' for r in result['rss_MiB']['idle'])} MiB (target < 150); "

@@ -100,10 +100,12 @@ def main() -> None:
     print(f"\nmedians of {args.repeats} runs (every result equal to predict_proba, bit for bit):")
     print(f"  (a) loop over estimators_[i].predict_proba : {ms['loop']:7.1f} ms")
     print(f"  (b) fast path, build Tree objects (once)   : {ms['build']:7.1f} ms")
-    print(f"      fast path, evaluate                    : {ms['fast']:7.1f} ms   {ms['loop'] / ms['fast']:.2f}x the loop")
+    print(f"      fast path, evaluate                    : {ms['fast']:7.1f} ms   "
+          f"{ms['loop'] / ms['fast']:.2f}x the loop")
     print(f"      fast path, build + evaluate            : {ms['build'] + ms['fast']:7.1f} ms   "
           f"{ms['loop'] / (ms['build'] + ms['fast']):.2f}x the loop")
-    print(f"  (c) numpy fallback, evaluate               : {ms['numpy']:7.1f} ms   {ms['loop'] / ms['numpy']:.2f}x the loop")
+    print(f"  (c) numpy fallback, evaluate               : {ms['numpy']:7.1f} ms   "
+          f"{ms['loop'] / ms['numpy']:.2f}x the loop")
     target = ms["loop"] / ms["fast"] >= 5
     print(f"  target (evaluate >= 5x the loop): {'met' if target else 'NOT met'}")
     print(json.dumps({"bench": "trees", "trees": forest.n_trees, "nodes": forest.n_nodes, "rows": len(X),

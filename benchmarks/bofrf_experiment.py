@@ -72,7 +72,7 @@ def members(n: int, seed: int) -> list[bytes]:
 def run(name: str, data_dir: Path, seeds: int, params: dict) -> dict:
     ds = load(name, data_dir)
     fractions, imbalanced = DATASETS[name][4], DATASETS[name][5]
-    local, final, boppid = [], [], []
+    local, final = [], []
     for seed in range(seeds):
         sites = split_sites(ds, fractions, imbalanced, seed)
         keys = members(len(sites), seed)
@@ -105,7 +105,8 @@ def check(results: list[dict]) -> list[str]:
         sites = r["sites"]
         for s in sites:
             if s["bofrf_auc"] + 1e-9 < s["local_rf_auc"]:
-                problems.append(f"{r['dataset']} site {s['site']}: BOFRF {s['bofrf_auc']:.3f} < local {s['local_rf_auc']:.3f}")
+                problems.append(f"{r['dataset']} site {s['site']}: BOFRF {s['bofrf_auc']:.3f} "
+                                f"< local {s['local_rf_auc']:.3f}")
         weakest = min(sites, key=lambda s: s["local_rf_auc"])
         best_gain = max(sites, key=lambda s: s["change_pct"])
         if weakest is not best_gain and weakest["change_pct"] + 1e-9 < best_gain["change_pct"]:

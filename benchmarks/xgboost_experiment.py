@@ -154,11 +154,13 @@ def main() -> int:
         rs = [r for r in rows if r["sites"] == n]
         print(f"{n:<5}  {statistics.mean(r['federated_auc'] for r in rs):<20.4f}  "
               f"{statistics.mean(r['centralized_auc'] for r in rs):<22.4f}  "
-              f"{statistics.mean(r['difference'] for r in rs):+.4f}    {max(abs(r['difference']) for r in rs):.4f}      "
+              f"{statistics.mean(r['difference'] for r in rs):+.4f}    "
+              f"{max(abs(r['difference']) for r in rs):.4f}      "
               f"{sum(abs(r['difference']) <= 0.01 for r in rs)} of {len(rs)}")
     print(f"\ntree vs tree+: communication rounds until the federated test AUC reaches a target "
           f"(5 sites, eta 0.1, depth 3; per seed; '-' = not within {TREE_PLUS_ROUNDS})")
-    print("NUM_LOCAL_ROUND  " + "  ".join(f"AUC {t}".ljust(16) for t in TARGETS_AUC) + f"  AUC AFTER {TREE_PLUS_ROUNDS}")
+    print("NUM_LOCAL_ROUND  " + "  ".join(f"AUC {t}".ljust(16) for t in TARGETS_AUC)
+          + f"  AUC AFTER {TREE_PLUS_ROUNDS}")
     for n in (1, 3):
         ps = [p for p in plus if p["num_local_round"] == n]
         cells = ["/".join(str(p["rounds_to_target"][str(t)] or "-") for p in ps).ljust(16) for t in TARGETS_AUC]

@@ -289,7 +289,8 @@ def format_status(doc: dict) -> str:
     node = doc["node"]
     lines = [(f"node {node['name']}  {node['address']}  fingerprint {node['fingerprint']}  "
               f"up {node['uptime_s']:.0f} s  incarnation {node['incarnation']}"),
-             f"leader: {doc.get('leader') or 'none yet'} (term {doc.get('term', 0)}; this node is {doc.get('role', '-')})", ""]
+             (f"leader: {doc.get('leader') or 'none yet'} (term {doc.get('term', 0)}; "
+              f"this node is {doc.get('role', '-')})"), ""]
     rows = [("PEER", "STATE", "ADDRESS", "LAST SEEN", "RTT")]
     for p in doc["peers"]:
         seen = "never" if p["last_seen_s"] is None else f"{p['last_seen_s']:.1f} s ago"

@@ -81,7 +81,8 @@ class Limits:
     inbound_per_peer_max: int = 8                 # of those, from one peer
     inbound_bytes_max: int = 128 * 1024 * 1024    # bytes of large frames (> 1 MiB) read/decoded at once; half per peer
     connections_max: int = 1024                   # open peer-port connections (also kept under the open-files limit)
-    unverified_connections_max: int = 64          # connections whose sender is not yet authenticated; oldest dropped first
+    unverified_connections_max: int = 64          # connections whose sender is not yet authenticated;
+                                                  # oldest dropped first
     unverified_per_ip_max: int = 16               # of those, from one IP address
     header_timeout_ms: int = 5_000                # from a connection's first byte to the end of the frame header
     idle_timeout_ms: int = 60_000                 # an authenticated keep-alive connection with no request

@@ -379,7 +379,8 @@ def _check_arguments(args: argparse.Namespace) -> str | None:
     if args.data is not None and str(args.data).startswith("builtin:"):
         if str(args.data) not in BUILTIN:
             return f"--data {args.data}: known built-in data sets: {', '.join(BUILTIN)}"
-        args.label, args.positive = args.label or BUILTIN[str(args.data)][0], args.positive or BUILTIN[str(args.data)][1]
+        builtin_label, builtin_positive = BUILTIN[str(args.data)]
+        args.label, args.positive = args.label or builtin_label, args.positive or builtin_positive
     if args.job != "membership":
         if args.data is None and args.site_data is None:
             return f"--job {args.job} needs --data CSV or --site-data CSV ..."
@@ -654,7 +655,8 @@ def bofrf_table(sites: list[dict]) -> str:
 
 
 def xgboost_table(sites: list[dict]) -> str:
-    rows = [("SITE", "ROWS", "STATE", "ROUNDS", "AUC", "AUC OF", "FED. LOGLOSS", "FED. ACCURACY", "TREES", "MODEL SHA-256")]
+    rows = [("SITE", "ROWS", "STATE", "ROUNDS", "AUC", "AUC OF", "FED. LOGLOSS", "FED. ACCURACY", "TREES",
+             "MODEL SHA-256")]
     for s in sites:
         r = s.get("result") or {}
         if not r:

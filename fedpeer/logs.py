@@ -120,7 +120,8 @@ class RepeatFilter(logging.Filter):
         otherwise never report its tail."""
         with self._lock:
             now = self._clock_ms()
-            due = [(key, seen.message, {**seen.values, "suppressed": seen.suppressed}) for key, seen in self._seen.items()
+            due = [(key, seen.message, {**seen.values, "suppressed": seen.suppressed})
+                   for key, seen in self._seen.items()
                    if seen.suppressed and (everything or now - seen.emitted_ms >= self._interval_ms)]
             for key, _, _ in due:
                 self._seen[key].emitted_ms, self._seen[key].suppressed = now, 0

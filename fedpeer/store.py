@@ -343,8 +343,8 @@ class StateDir:
         if type(found) is int and found >= STATE_INT_MAX - 1:
             # left by the bug that let a member's gossip raise it: peers that hold this node
             # suspect or dead accept its own lower number (fedpeer/core/membership.py), so restart
-            log.warning("incarnation_reset", extra=fields(file=str(path), found=found, now=1,
-                                                          reason="out of range; peers take this node's own lower number"))
+            log.warning("incarnation_reset", extra=fields(
+                file=str(path), found=found, now=1, reason="out of range; peers take this node's own lower number"))
             incarnation = 1
         else:
             incarnation = 1 if doc is None else _state_int(path, doc, "incarnation", _NODE_FIX) + 1

@@ -117,7 +117,8 @@ _PROBE_ID_MASK = 0xFFFF_FFFF  # probe ids are 32-bit and wrap; collisions are al
 _RTT_EWMA_ALPHA = 0.2
 RTT_TIMEOUT_MULT = 3          # a ping to X may take this many of X's smoothed RTTs before it counts as lost
 SUSPECT_RTT_MULT = 4          # X's suspicion lasts suspect_timeout_ms plus this many of its RTTs
-LHM_MAX = 2                   # local health multiplier: waits x (1 + LHM); small, so an isolated node still detects in time
+LHM_MAX = 2                   # local health multiplier: waits x (1 + LHM); small, so an isolated node
+                              # still detects in time
 PROBE_WAIT_MS_MAX = 10_000    # no single wait for an answer exceeds this, however slow the link
 # The highest incarnation anyone may use (inclusive); fedpeer/store.py keeps persisted values
 # below 2**62, and int64 on the wire leaves room for peers that still send more (ignored).

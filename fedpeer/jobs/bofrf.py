@@ -60,7 +60,8 @@ PARAMS = {
                                  low=0.05, high=0.9),
     "tau": Param(float, 0.2, "MCC threshold: trees at or below get weight 0", low=-1.0, high=1.0),
     "variant": Param(str, "base", "base | personalized (each site picks tau on its validation rows) | "
-                     "clustered (sites grouped by characteristic vectors)", choices=("base", "personalized", "clustered")),
+                     "clustered (sites grouped by characteristic vectors)",
+                     choices=("base", "personalized", "clustered")),
     "clusters": Param(int, 2, "clustered: number of site clusters", low=1, high=100),
     "distance": Param(str, "euclidean", "clustered: distance between characteristic vectors",
                       choices=("euclidean", "manhattan")),
@@ -228,7 +229,8 @@ async def run(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
     return result
 
 
-async def _federate(ch: Any, part: SitePart, params: Mapping[str, Any], ctx: JobContext) -> tuple[dict, Any, np.ndarray]:
+async def _federate(ch: Any, part: SitePart, params: Mapping[str, Any],
+                    ctx: JobContext) -> tuple[dict, Any, np.ndarray]:
     from ..ml import trees
 
     members = list(ch.members)
@@ -373,7 +375,8 @@ async def _cluster(ch: Any, part: SitePart, params: Mapping[str, Any], ctx: JobC
     await asyncio.gather(*(ch.send(p, VectorMsg(tag="bofrf/vector", vector=vector)) for p in others))
     vectors = {ch.me: vector}
     for p in others:
-        _, msg = await ch.recv(VectorMsg, "bofrf/vector", src=p, timeout_ms=FOREST_RECV_TIMEOUT_HOPS * ctx.hop_timeout_ms)
+        _, msg = await ch.recv(VectorMsg, "bofrf/vector", src=p,
+                               timeout_ms=FOREST_RECV_TIMEOUT_HOPS * ctx.hop_timeout_ms)
         got = np.asarray(msg.vector, dtype=np.float64)
         if got.shape != vector.shape or not np.isfinite(got).all():
             # every site must cluster the same vectors: the job ends, blaming the sender (evidence)

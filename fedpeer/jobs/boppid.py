@@ -60,7 +60,8 @@ async def run_boppid(ch: Any, part: Any, params: Mapping[str, Any], ctx: Any) ->
             "models_refused": refused}
 
 
-async def _exchange(ch: Any, own: Any, rows: int, features: int, ctx: Any) -> tuple[dict[bytes, tuple[Any, int]], dict[str, str]]:
+async def _exchange(ch: Any, own: Any, rows: int, features: int,
+                    ctx: Any) -> tuple[dict[bytes, tuple[Any, int]], dict[str, str]]:
     """Send our model to every member, collect theirs. A model that is refused (by our gate, or
     here: stumps on features this site does not have, polarity not ±1, non-finite values) is
     left out of this site's BOPPID and named in `refused` {member: why}; it ends no one's job."""

@@ -19,7 +19,8 @@ JOB_ID_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
 def JOB_ID(value: object, where: str) -> str:   # noqa: N802  (a validator, named like the others)
     text = v_str(64)(value, where)
     if not JOB_ID_RE.fullmatch(text):
-        raise wire.RemoteProtocolError("schema", f"{where}: a job id is 1-64 of [a-z0-9-], starting with a letter or digit")
+        raise wire.RemoteProtocolError("schema",
+                                       f"{where}: a job id is 1-64 of [a-z0-9-], starting with a letter or digit")
     return text
 
 REASON = v_str(2048)

@@ -265,8 +265,8 @@ class JobRegistry:
                 log.warning("job_record_unreadable", extra=fields(path=str(path), error=str(exc)))
                 continue
             if record.state not in TERMINAL:
-                at = f" (phase: {record.phase}, step {record.step} of {record.total})" if record.state == "running" else \
-                    f" (state: {record.state})"
+                at = (f" (phase: {record.phase}, step {record.step} of {record.total})" if record.state == "running"
+                      else f" (state: {record.state})")
                 record.state, record.error = "failed", f"this daemon stopped while the job was running{at}"
                 record.finished_ms = record.finished_ms or self.transport.now_ms()
                 self._save(record)
@@ -339,7 +339,8 @@ class JobRegistry:
 
     def list(self) -> list[dict]:
         records = sorted(self._all(), key=lambda r: r.created_ms, reverse=True)[:RECORDS_LISTED_MAX]
-        return [{k: v for k, v in r.to_json(self.names, self.transport.now_ms()).items() if k not in ("result", "params")} for r in records]
+        return [{k: v for k, v in r.to_json(self.names, self.transport.now_ms()).items()
+                 if k not in ("result", "params")} for r in records]
 
     def show(self, job_id: str) -> dict:
         record = self._find(job_id)
@@ -661,7 +662,8 @@ class JobRegistry:
         try:
             await asyncio.wait_for(asyncio.shield(record.start_signal), timeout_s)
         except TimeoutError:
-            raise _SiteFailure(record.proposer, f"accepted, but the job was not started within {timeout_s:.0f} s") from None
+            raise _SiteFailure(record.proposer,
+                               f"accepted, but the job was not started within {timeout_s:.0f} s") from None
         await self._execute(record, kind)
 
     def _on_start(self, src: bytes, msg: m.JobStart) -> None:
@@ -741,7 +743,8 @@ class JobRegistry:
             result = await asyncio.wait_for(kind.run(channel, record.params, ctx),
                                             self.config.jobs.job_timeout_ms / 1000)
         except TimeoutError:
-            raise _SiteFailure(self.transport.me, f"did not finish within {self.config.jobs.job_timeout_ms} ms") from None
+            raise _SiteFailure(self.transport.me,
+                               f"did not finish within {self.config.jobs.job_timeout_ms} ms") from None
         except MalformedFrom as exc:    # evidence against that member, not against this site
             raise _SiteFailure(exc.peer, f"sent a malformed message ({exc.reason})") from None
         except PeerDead as exc:         # the job could not go on without it

@@ -342,7 +342,8 @@ def train_local_forest(X: np.ndarray, y: np.ndarray, *, n_estimators: int = 100,
         return base.fit(X, y)
     param_grid = {str(k): list(v) for k, v in grid.items()}
     if "min_samples_leaf" in param_grid:
-        param_grid["min_samples_leaf"] = list(dict.fromkeys(_leaf(v, X.shape[0]) for v in param_grid["min_samples_leaf"]))
+        param_grid["min_samples_leaf"] = list(dict.fromkeys(_leaf(v, X.shape[0])
+                                                            for v in param_grid["min_samples_leaf"]))
     smaller = int(min((y == 0).sum(), (y == 1).sum()))
     folds = min(int(cv_folds), smaller)
     if folds < 2:

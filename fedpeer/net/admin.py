@@ -189,7 +189,8 @@ def _token_matches(authorization: str, token: bytes) -> bool:
 def _clear_stale_socket(config: Config, path: Path) -> None:
     """Remove a socket left by a daemon that died; refuse anything that is not a socket."""
     if len(os.fsencode(path)) > UNIX_PATH_BYTES_MAX:
-        raise ConfigError(config.path, "node.admin", f"unix socket path longer than {UNIX_PATH_BYTES_MAX} bytes: {path}")
+        raise ConfigError(config.path, "node.admin",
+                          f"unix socket path longer than {UNIX_PATH_BYTES_MAX} bytes: {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         st = os.lstat(path)   # lstat: a symlink is not a socket, whatever it points to

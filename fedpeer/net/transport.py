@@ -77,8 +77,8 @@ class _Reply(Exception):
 
 
 _STATUS_TEXT = {204: "No Content", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout",
-                405: "Method Not Allowed", 411: "Length Required", 413: "Payload Too Large", 431: "Request Header Fields Too Large",
-                500: "Internal Server Error", 503: "Service Unavailable"}
+                405: "Method Not Allowed", 411: "Length Required", 413: "Payload Too Large",
+                431: "Request Header Fields Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
 
 
 @dataclass(eq=False)
@@ -296,7 +296,8 @@ class PeerServer:
         deadline_s = (limits.body_timeout_ms + 1000 * rest / max(1, limits.body_bytes_per_s_min)) / 1000
         per_peer = self._per_peer.setdefault(header.sender, asyncio.Semaphore(limits.inbound_per_peer_max))
         large = header.length >= LARGE_FRAME_BYTES_MIN
-        peer_bytes = self._peer_bytes.setdefault(header.sender, ByteBudget(max(self._bytes.total // 2, limits.message_bytes_max)))
+        peer_bytes = self._peer_bytes.setdefault(
+            header.sender, ByteBudget(max(self._bytes.total // 2, limits.message_bytes_max)))
         try:
             async with asyncio.timeout(deadline_s), per_peer, self._reading:
                 async with contextlib.AsyncExitStack() as stack:

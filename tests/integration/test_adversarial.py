@@ -72,7 +72,8 @@ async def test_hostile_frames_are_rejected_counted_and_harmless(make_federation)
         # a bin32 claiming 2^32-1 bytes inside an authenticated frame; an HTTP body claiming 2^32
         huge_bin = frames.seal_raw(mallory, bob, b"\xc6\xff\xff\xff\xff" + b"x" * 10)
         assert await post(s, port, huge_bin) == (400, "decode")
-        reply = raw_http(port, b"POST " + PATH.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 4294967296\r\n\r\n", b"x" * 100)
+        reply = raw_http(port, b"POST " + PATH.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 4294967296\r\n\r\n",
+                         b"x" * 100)
         assert b" 413 " in reply.split(b"\r\n")[0]
         # random bytes and many oversize attempts: memory must stay bounded
         for i in range(300):

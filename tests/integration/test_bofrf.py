@@ -74,7 +74,8 @@ async def test_forest_a_member_refuses_is_left_out_at_once(make_federation, tmp_
     assert {r["state"] for r in records.values()} == {"done"}, [r["error"] for r in records.values()]
     assert elapsed < 40, f"the job took {elapsed:.0f} s: a refused forest was waited for"
     for i, record in records.items():
-        assert sorted(record["result"]["forests_left_out"]) == ["site-1", "site-3"], (i, {k: v for k, v in record["result"].items() if k.startswith(("forest", "own", "partic"))})
+        assert sorted(record["result"]["forests_left_out"]) == ["site-1", "site-3"], (
+            i, {k: v for k, v in record["result"].items() if k.startswith(("forest", "own", "partic"))})
         assert record["result"]["participants"] == ["site-2"]
     at_site2 = records[1]["result"]
     told = {**at_site2["forests_undelivered"], **at_site2["forests_refused"]}

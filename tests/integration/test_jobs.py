@@ -95,7 +95,7 @@ async def test_missing_values_refused_naming_the_site(make_federation, tmp_path:
     await h.wait_all_alive(timeout_s=15)
     job_id = await h.propose(0, "stats", {})
     records = await h.wait_job(job_id, timeout_s=60)
-    for i, record in records.items():
+    for record in records.values():
         assert record["state"] == "failed", record
         assert record["error"].startswith("site-3: ") and "Bare.nuclei" in record["error"], record["error"]
 

@@ -48,7 +48,8 @@ async def test_bofrf_member_killed_ends_within_membership_dead_time(make_federat
     records = await h.wait_job(job_id, timeout_s=120, among=survivors)
     took_s = time.monotonic() - killed
     assert {records[i]["state"] for i in survivors} == {"done"}, [records[i]["error"] for i in survivors]
-    assert took_s < dead_after_s + 12, f"survivors ended {took_s:.1f} s after the kill (dead after {dead_after_s:.1f} s)"
+    assert took_s < dead_after_s + 12, (
+        f"survivors ended {took_s:.1f} s after the kill (dead after {dead_after_s:.1f} s)")
     assert took_s < 2 * HOP_TIMEOUT_MS / 1000, took_s
     for i in survivors:
         result = records[i]["result"]
@@ -79,7 +80,8 @@ async def test_a_cancel_is_cancelled_on_every_member_and_show_says_what_it_waits
     assert all(" since " in w and w.endswith(" s") for w in shown["waiting_for"]), shown["waiting_for"]
     await admin.request(h.sites[2].config, "POST", f"/v1/jobs/{job_id}/cancel")
     records = await h.wait_job(job_id, timeout_s=60)
-    assert {r["state"] for r in records.values()} == {"cancelled"}, {i: (r["state"], r["error"]) for i, r in records.items()}
+    assert {r["state"] for r in records.values()} == {"cancelled"}, (
+        {i: (r["state"], r["error"]) for i, r in records.items()})
     for i, record in records.items():
         assert record["error"] == f"{h.sites[2].name}: cancelled by the operator", (i, record["error"])
 

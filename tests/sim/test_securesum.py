@@ -117,7 +117,8 @@ def chunk_sends(count: int, attempt: int = 1) -> Callable[[object], bool]:
 
 async def run_sum(net: MemoryNetwork, vectors: dict[bytes, np.ndarray], *, skip: Sequence[bytes] = (),
                   wrap: dict[bytes, Callable[[Any], Any]] | None = None,
-                  bound_s: float = 600.0, job_id: str = "job", **kwargs: Any) -> tuple[dict[bytes, Any], dict[bytes, float]]:
+                  bound_s: float = 600.0, job_id: str = "job",
+                  **kwargs: Any) -> tuple[dict[bytes, Any], dict[bytes, float]]:
     """Every member not in `skip` runs secure_sum; returns each one's outcome or exception and
     the virtual time it ended. Fails (never hangs) if the whole run exceeds bound_s."""
     wrap = wrap or {}
@@ -667,8 +668,9 @@ class ByzantineChannel:
     `rate`, by one of `attacks` (seeded): sends a malformed chunk (wrong dtype, refused by the
     successor's gate), a chunk of the wrong length, claims its successor unreachable without
     sending, swallows the chunk, stops altogether, or sends its chunk and then a false ring
-    report (blaming its predecessor, or any honest member with any fault). The member's own protocol code runs otherwise, so it also
-    reports what happens to it as an honest member would ("refuse" is played by the gate)."""
+    report (blaming its predecessor, or any honest member with any fault). The member's own
+    protocol code runs otherwise, so it also reports what happens to it as an honest member
+    would ("refuse" is played by the gate)."""
 
     def __init__(self, inner: Any, rng: random.Random, attacks: Sequence[str], rate: float) -> None:
         self.inner, self.rng, self.attacks, self.rate = inner, rng, attacks, rate
@@ -773,7 +775,7 @@ async def test_a_byzantine_member_never_gets_an_honest_one_excluded() -> None:
 def restarts(net: MemoryNetwork) -> list[tuple[bytes, ...]]:
     """The participant lists the initiator announced, in order (one per member it told)."""
     seen: list[tuple[bytes, ...]] = []
-    for src, _, msg in net.sent:
+    for _src, _, msg in net.sent:
         if isinstance(msg, SumRestart) and msg.participants and (not seen or seen[-1] != msg.participants):
             seen.append(msg.participants)
     return seen

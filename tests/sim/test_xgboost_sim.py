@@ -264,9 +264,12 @@ def outcome(w: World, rounds: int) -> list[str]:
         if k in w.killed:
             continue
         if k in w.isolated and (task.cancelled() or isinstance(task.exception(), JobError)):
-            continue     # still waiting for a leader when we stopped, or failed: never another model     # the job ended while it was cut off: it fails, it never keeps another model
+            # still waiting for a leader when we stopped, or the job ended while it was cut off
+            # and it failed: either way it never keeps another model
+            continue
         if task.cancelled() or task.exception() is not None:
-            problems.append(f"survivor {w.keys.index(k)} failed: {task.exception() if not task.cancelled() else 'cancelled'}")
+            why = "cancelled" if task.cancelled() else task.exception()
+            problems.append(f"survivor {w.keys.index(k)} failed: {why}")
             continue
         r = task.result()
         shas[k] = r["model_sha256"]

@@ -54,11 +54,13 @@ def test_unknown_key_is_an_error_naming_the_key(two_sites: tuple[Path, Path]) ->
     ('listen = "127.0.0.1:17401"', 'listen = "127.0.0.1:99999"', "node.listen", "out of range"),
     ('admin = "unix:state/admin.sock"', 'admin = "10.0.0.1:9000"', "node.admin", "loopback"),
     ('probe_interval_ms = 500', 'probe_interval_ms = "fast"', "membership.probe_interval_ms", "integer"),
-    ('allowed_jobs = ["stats", "sumcheck", "bofrf", "xgboost"]', 'allowed_jobs = "stats"', "policy.allowed_jobs", "list"),
+    ('allowed_jobs = ["stats", "sumcheck", "bofrf", "xgboost"]', 'allowed_jobs = "stats"', "policy.allowed_jobs",
+     "list"),
     ('members_max = 100', 'members_max = -1', "policy.members_max", "non-negative"),
     ('[limits]', '[election]\nelection_timeout_max_ms = 100\n\n[limits]', "[election]", "election_timeout"),
 ])
-def test_bad_values_name_the_key(two_sites: tuple[Path, Path], old: str, new: str, key: str, problem: str | None) -> None:
+def test_bad_values_name_the_key(two_sites: tuple[Path, Path], old: str, new: str, key: str,
+                                 problem: str | None) -> None:
     a, _ = two_sites
     _edit(a, old, new)
     with pytest.raises(ConfigError) as err:
@@ -88,8 +90,8 @@ def test_own_key_listed_as_peer_is_refused(tmp_path: Path) -> None:
     config = cfg.load(path)
     assert config.peers == (), "a refused edit must leave the file unchanged"
     with pytest.raises(ConfigError, match="own public key"):
-        cfg.check_own_key_not_peer(cfg.Config(path, config.node, (cfg.PeerEntry("x", config.node.listen, identity.public_key),)),
-                                   identity.public_key)
+        own_key_as_peer = cfg.PeerEntry("x", config.node.listen, identity.public_key)
+        cfg.check_own_key_not_peer(cfg.Config(path, config.node, (own_key_as_peer,)), identity.public_key)
 
 
 def test_peer_add_keeps_comments_and_rejects_bad_key(tmp_path: Path) -> None:

@@ -40,6 +40,7 @@ IDS = [bytes([i + 1]) * 32 for i in range(9)]
 STRANGER = bytes([0xEE]) * 32
 F, P, C, L = Role.FOLLOWER, Role.PRE_CANDIDATE, Role.CANDIDATE, Role.LEADER
 KEYS = FakeKeyring(IDS)  # each member's vote signatures; see tests/fakesig.py
+NO_COMMIT = Commit()     # nothing committed yet (Commit is frozen: one shared default is safe)
 
 
 def make(i: int = 0, n: int = 3, *, term: int = 0, voted_for: bytes | None = None,
@@ -62,7 +63,7 @@ def cert(term: int, leader: int, *voters: int) -> tuple[VoteSig, ...]:
     return tuple(VoteSig(IDS[v], sig(term, leader, v)) for v in voters)
 
 
-def beat(term: int, leader: int, *voters: int, commit: Commit = Commit()) -> Heartbeat:
+def beat(term: int, leader: int, *voters: int, commit: Commit = NO_COMMIT) -> Heartbeat:
     """A heartbeat of `leader` proving its election with the votes of `voters`."""
     return Heartbeat(term, commit.term, commit.index, cert(term, leader, *voters))
 

@@ -90,7 +90,8 @@ def test_kinds_are_limited_separately_and_info_is_never_limited(logged) -> None:
     for i in range(50):
         logger.info("peer_state", extra=fields(peer=f"p{i}", state="alive"))
     lines = out.getvalue().splitlines()
-    assert [line.split("reason=")[1] for line in lines if "event=rejected" in line] == ["signature", "replay", "oversize"]
+    reasons = [line.split("reason=")[1] for line in lines if "event=rejected" in line]
+    assert reasons == ["signature", "replay", "oversize"]
     assert sum("event=peer_state" in line for line in lines) == 50
 
 
@@ -101,7 +102,8 @@ def test_a_strangers_malformed_request_is_one_warning_line_without_traceback(log
     try:
         exc = BadStatusLine("GARBAGE\r\n")
         server_log.error("Error handling request from %s", "10.0.0.9", exc_info=exc)
-        server_log.error("Error handling request from %s", "10.0.0.10", exc_info=ConnectionResetError("Connection lost"))
+        server_log.error("Error handling request from %s", "10.0.0.10",
+                         exc_info=ConnectionResetError("Connection lost"))
     finally:
         server_log.handlers[:], server_log.propagate = [], True
     lines = out.getvalue().splitlines()

@@ -643,7 +643,7 @@ def test_ping_req_flood_is_bounded_and_expires():
 def test_flood_does_not_break_own_probe():
     c = Cluster(3)
     c.run_until(600)
-    for t in range(600, 4_000, 50):
+    for _ in range(600, 4_000, 50):
         for k in range(50):
             c.m(1).receive(IDS[2], PingReq(k, IDS[0], ()), c.now_ms)  # replies discarded
         c.step()

@@ -59,7 +59,8 @@ def test_split_csv_gives_the_harness_split_of_the_bundled_data(tmp_path: Path) -
     assert [line.split("\t")[0] for line in r.stdout.splitlines()] == [str(Path("shares") / p.name) for p in parts]
     shares = [rows(p) for p in parts]
     assert all(s[0] == rows(SONAR)[0] for s in shares), "every share keeps the header"
-    assert sorted(map(tuple, itertools.chain.from_iterable(s[1:] for s in shares))) == sorted(map(tuple, rows(SONAR)[1:]))
+    shared_rows = itertools.chain.from_iterable(s[1:] for s in shares)
+    assert sorted(map(tuple, shared_rows)) == sorted(map(tuple, rows(SONAR)[1:]))
     for label, count in (("M", 111), ("R", 97)):   # each class is cut at the same fractions
         cuts = [0, round(count * 0.5), round(count * 0.8), count]
         assert [sum(row[-1] == label for row in s[1:]) for s in shares] == [b - a for a, b in itertools.pairwise(cuts)]
@@ -96,7 +97,8 @@ def test_two_sites_by_hand_list_each_other_with_the_right_keys(tmp_path: Path) -
 
 
 def test_sites_by_hand_stops_at_the_first_refusal(tmp_path: Path) -> None:
-    assert run("sites_by_hand.sh", "--sites", "2", "--dir", "fed", "--fedpeer", str(FEDPEER), cwd=tmp_path).returncode == 0
+    first = run("sites_by_hand.sh", "--sites", "2", "--dir", "fed", "--fedpeer", str(FEDPEER), cwd=tmp_path)
+    assert first.returncode == 0
     again = run("sites_by_hand.sh", "--sites", "2", "--dir", "fed", "--fedpeer", str(FEDPEER), cwd=tmp_path)
     assert again.returncode == 2 and "already exists" in again.stderr, "init never overwrites a site"
     assert run("sites_by_hand.sh", "--sites", "1", cwd=tmp_path).returncode == 2

@@ -43,7 +43,8 @@ def on_thresholds(forest: trees.Forest, X: np.ndarray, rng: np.random.Generator)
     for _ in range(X.size // 2):
         k = rng.integers(len(feats))
         t32 = np.float32(thrs[k])
-        X[rng.integers(len(X)), feats[k]] = rng.choice([thrs[k], float(t32), float(np.nextafter(t32, np.float32(-np.inf))),
+        X[rng.integers(len(X)), feats[k]] = rng.choice([thrs[k], float(t32),
+                                                       float(np.nextafter(t32, np.float32(-np.inf))),
                                                        float(np.nextafter(t32, np.float32(np.inf)))])
     return X
 
@@ -137,7 +138,8 @@ def test_negative_class_and_string_labels(data: tuple) -> None:
     assert list(model.classes_) == ["sick", "well"]
     for index in (0, 1):
         forest = trees.from_sklearn(model, names(9), positive_index=index)
-        np.testing.assert_array_equal(trees.predict_trees(forest, X_test, names(9)), per_tree_proba(model, X_test, index))
+        np.testing.assert_array_equal(trees.predict_trees(forest, X_test, names(9)),
+                                      per_tree_proba(model, X_test, index))
 
 
 def test_a_tree_whose_bootstrap_held_one_class() -> None:
@@ -466,7 +468,8 @@ def _mutations() -> st.SearchStrategy:
     keys = ["features", "tree_offsets", "left", "right", "feature", "threshold", "value"]
     array_keys = keys[1:]
     junk = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=5)
-                        | st.binary(max_size=16), lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=3), c, max_size=3),
+                        | st.binary(max_size=16),
+                        lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=3), c, max_size=3),
                         max_leaves=6)
     element = st.one_of(            # edits that pass the type checks and reach validate()
         st.tuples(st.just("int"), st.sampled_from(["left", "right", "feature"]),
@@ -485,7 +488,8 @@ def _mutations() -> st.SearchStrategy:
         st.tuples(st.just("offset"), st.just("tree_offsets"), st.tuples(st.integers(0, 5), st.integers(-2, 30))),
         st.tuples(st.just("float"), st.sampled_from(["threshold", "value"]),
                   st.tuples(st.integers(0, 20), st.floats(allow_nan=True, allow_infinity=True))),
-        st.tuples(st.just("dtype"), st.sampled_from(array_keys), st.sampled_from(sorted(wire.ARRAY_DTYPES) + ["<f2", "O"])),
+        st.tuples(st.just("dtype"), st.sampled_from(array_keys),
+                  st.sampled_from(sorted(wire.ARRAY_DTYPES) + ["<f2", "O"])),
         st.tuples(st.just("shape"), st.sampled_from(array_keys), st.lists(st.integers(-1, 40), max_size=4)),
         st.tuples(st.just("truncate"), st.sampled_from(array_keys), st.integers(0, 100)),
         st.tuples(st.just("name"), st.just("features"), junk),
