@@ -113,6 +113,10 @@ MEMBERS_MAX = 128
 log = logging.getLogger("fedpeer.jobs.xgboost")
 
 PARAMS = {
+    "mode": Param(str, "bagging", "bagging: each site grows trees on its own rows, the leader stacks them (tree / "
+                  "tree+) | histogram: exact federated XGBoost, every tree the one xgboost hist grows on the pooled "
+                  "rows, from secure sums of gradient histograms (fedpeer/jobs/xgbhist.py; one tree per round and "
+                  "class; no subsample / colsample)", choices=("bagging", "histogram")),
     "rounds": Param(int, 20, "communication rounds", low=1, high=10_000),
     "num_local_round": Param(int, 1, "trees each site trains per round (and class): 1 = tree, >1 = tree+",
                              low=1, high=100),
@@ -129,6 +133,9 @@ PARAMS = {
     "subsample": Param(float, 1.0, "rows sampled per tree", low=0.01, high=1.0),
     "colsample_bytree": Param(float, 1.0, "columns sampled per tree", low=0.01, high=1.0),
     "max_delta_step": Param(float, 0.0, "clip leaf weights to this (0: off)", low=0.0, high=1e6),
+    "gamma": Param(float, 0.0, "histogram mode: minimum loss reduction of a split (xgboost gamma)", low=0.0, high=1e9),
+    "min_leaf_rows": Param(int, 2, "histogram mode: no split leaves fewer rows than this in a child, federation-wide",
+                           low=1, high=2**40),
     "tree_method": Param(str, "hist", "xgboost tree method", choices=("hist", "approx", "exact")),
     "max_bin": Param(int, 256, "histogram bins per feature (hist, approx)", low=2, high=65_536),
     "nthread": Param(int, 0, "xgboost threads per site (0: all cores)", low=0, high=1024),
@@ -974,6 +981,9 @@ def prepare(site: Site) -> None:
 
 
 async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, tools: Tools | None = None) -> dict:
+    if params.get("mode") == "histogram":
+        from .xgbhist import run_hist
+        return await run_hist(ch, params, ctx, offload=tools.offload if tools is not None else None)
     site = Site(ch=ch, params=params, ctx=ctx, tools=tools or Tools())
     prepare(site)
     ch.progress("secure sum of label counts", 0, params["rounds"])
@@ -1043,7 +1053,8 @@ def predict(model: bytes, X: np.ndarray, nthread: int | None = None) -> np.ndarr
     return boosting.predict_proba(model, X, nthread=nthread)
 
 
-KIND = JobKind(name="xgboost", help="federated XGBoost (tree bagging / tree+) in rounds run by the elected leader",
+KIND = JobKind(name="xgboost", help="federated XGBoost: tree bagging / tree+ in rounds run by the elected leader "
+               "(--mode bagging), or exact histogram mode over secure sums (--mode histogram)",
                params=PARAMS, run=functools.partial(run_job, tools=None), needs_data=True, binary_label=False,
                save_model=save_model, model_file="model.json", member_failure_aborts=False,
                serve_done=serve_done, serve_done_kinds=(SyncAsk,),
