@@ -18,6 +18,7 @@ demo: $(STAMP)
 		--baseline boppid --seed 2 --workdir .demo
 
 test: $(STAMP)
+	$(BIN)/ruff check fedpeer tests scripts benchmarks
 	$(BIN)/python -m pytest -q
 
 clean:

@@ -20,8 +20,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fedpeer.harness import Harness  # noqa: E402
 from fedpeer.identity import parse_public_key  # noqa: E402

@@ -20,7 +20,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 

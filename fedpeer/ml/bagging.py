@@ -186,7 +186,10 @@ def train_local_round(global_model: bytes | None, X: Any, y: Any, params: Mappin
     eta_i = float(eta_i)
     if not math.isfinite(eta_i) or eta_i <= 0:
         raise ValueError(f"eta_i must be a positive finite number, got {eta_i!r}")
-    objective = params.get("objective", "binary:logistic") if global_model is None else _read_model(global_model).objective
+    if global_model is None:
+        objective = params.get("objective", "binary:logistic")
+    else:
+        objective = _read_model(global_model).objective
     if objective not in OBJECTIVES:
         raise ValueError(f"tree bagging trains {OBJECTIVES}, not {objective!r}")
     if global_model is not None:

@@ -18,7 +18,6 @@ Rules, because every local user and every web page in a local browser can reach 
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
 import logging
@@ -277,7 +276,7 @@ async def request(config: Config, method: str, path: str, payload: Any = None,
                 if status != 401 or sock_path is not None or read_token(config) == sent:
                     break
             return _answer(config, method, path, status, content_type, answer)
-    except (aiohttp.ClientConnectionError, FileNotFoundError, ConnectionRefusedError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientConnectionError, FileNotFoundError, ConnectionRefusedError) as exc:
         raise NoDaemonError(f"no fedpeer daemon answers at {config.node.admin} ({type(exc).__name__}); "
                             f"is 'fedpeer start --config {config.path}' running?") from None
 

@@ -416,7 +416,7 @@ class PeerClient:
                 return
             except SendError:
                 raise
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 if attempt == limits.send_retries_max:
                     raise SendError(f"{address}: {type(exc).__name__}: {exc}") from None
             cap = min(limits.send_backoff_ms_max, limits.send_backoff_ms * 2 ** attempt)
@@ -444,6 +444,6 @@ class PeerClient:
                     on_refused(exc.reason)
                 log.debug("best-effort send to %s refused: %s", address, exc.reason)
                 return False
-            except (SendError, aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            except (TimeoutError, SendError, aiohttp.ClientError, OSError) as exc:
                 log.debug("best-effort send to %s failed: %s", address, exc)
                 return False

@@ -8,7 +8,8 @@ import time
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 import pytest

@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 

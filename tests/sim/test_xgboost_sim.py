@@ -43,7 +43,7 @@ from fedpeer.jobs import xgboost as xj
 from fedpeer.jobs.base import JobContext
 from fedpeer.ml import boosting
 from fedpeer.ml.data import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint
-from fedpeer.net.channel import MemoryNetwork, RecvTimeout
+from fedpeer.net.channel import MemoryNetwork
 from tests.fakesig import FakeKeyring
 
 from .test_securesum import SteadyChannel

@@ -329,7 +329,7 @@ def test_gain_normalised_round(cancer):
     Xtr, Xte, ytr, yte, base = cancer
     parts = partition(len(ytr), 3, seed=3)
     model, gains = None, None
-    for r in range(6):
+    for _ in range(6):
         docs = []
         for i, p in enumerate(parts):
             eta_i = (B.normalized_eta(0.3, len(p), len(ytr), "samples") if gains is None else
@@ -506,7 +506,7 @@ def test_a_leaders_model_passes_the_members_tree_policy(cancer, member_doc):
 def test_histogram_auc_matches_sklearn_and_is_additive(cancer):
     Xtr, Xte, ytr, yte, base = cancer
     rng = np.random.default_rng(0)
-    for trial in range(20):
+    for _ in range(20):
         n = int(rng.integers(50, 3000))
         y = (rng.random(n) < rng.uniform(0.1, 0.9)).astype(int)
         p = 1 / (1 + np.exp(-(rng.normal(size=n) + rng.uniform(0, 3) * (2 * y - 1))))
