@@ -27,7 +27,12 @@ tags, so no mask is ever reused) and goes on over the survivors only:
   except that base score and cut points are those of all the original members' rows: the first
   trees are the pooled model of every member's rows, the rest boost them on the survivors' rows.
 A member left out of a sum (slow, cut off) fails alone (`member_failure_aborts=False`); with
-fewer than two members left, the secure sum fails and so does the job.
+fewer than two members left, the secure sum fails and so does the job. The secure sum decides
+who is lost and how fast (fedpeer/protocols/securesum.py): a chunk lost with a killed member costs
+the initiator (members + 1) hops before it re-runs the sum; and where the sum itself gives up the
+job fails — e.g. with three members, a crash reported by one member against its ring successor
+is a dispute no ring order can route around, and an initiator that dies while delivering a total
+can leave the members that got it waiting for a takeover by one that did not.
 
 Who learns what: every member learns the federation-wide totals of each sum (label counts, the
 sketch's counts, every level's histograms) and hence the cut points (each one a pooled row's
