@@ -121,3 +121,23 @@ def test_histogram_mode_refuses_what_it_cannot_do() -> None:
     with pytest.raises(JobError, match="subsample"):
         xgbhist.hist_params(xj.KIND.check_params({**PARAMS, "subsample": 0.5}), 1)
     assert xj.KIND.check_params({})["mode"] == "bagging"
+
+
+def test_bounds_and_impossible_sums_end_the_job_everywhere_naming_what() -> None:
+    from fedpeer.errors import DataError
+    from fedpeer.jobs.base import JobFailsEverywhere
+    from fedpeer.ml.hist import decode_histograms
+
+    with pytest.raises(xgbhist.ImpossibleSum, match="protocol error: secure sum 'xgbh/e0/r1/c0/d2'"):
+        xgbhist._checked("xgbh/e0/r1/c0/d2", decode_histograms, np.zeros(5, dtype=np.uint64), 1, 2, 3)
+    assert issubclass(xgbhist.ImpossibleSum, JobFailsEverywhere)
+
+    sites, _, _ = breast_cancer_sites(2)
+    job = xgbhist.HistJob(MemoryNetwork([b"a" * 32, b"b" * 32]).channel(b"a" * 32), xj.KIND.check_params(PARAMS),
+                          JobContext("a", {}, 1000), (sites[0].X, sites[0].y), 1, exp._inline)
+
+    def beyond() -> None:
+        raise DataError("histogram mode: gradient 3.0 of row 7 is outside the declared bound grad_abs_max=1.0")
+
+    with pytest.raises(JobFailsEverywhere, match="grad_abs_max=1.0"):
+        asyncio.run(job.compute(beyond))
