@@ -416,6 +416,11 @@ def format_job(record: dict) -> str:
         auc = "-" if result.get("auc") is None else f"{result['auc']:.4f}"
         lines.append(f"  model: {result['rounds']} rounds, {result['trees']} trees, SHA-256 {result['model_sha256']}")
         lines.append(f"  AUC {auc} ({result.get('auc_source') or '-'}); model file {result.get('model_file', '-')}")
+        if result.get("mode") == "histogram":
+            lost = ", ".join(result["lost"]) or "none"
+            lines.append(f"  histogram mode: {result['secure_sums']} secure sums over {', '.join(result['members'])}; "
+                         f"members lost: {lost}")
+            return "\n".join(lines)
         rows = [("ROUND", "TERM", "LEADER", "SITES", "TREES", "FED. AUC", "LOGLOSS", "ACCURACY")]
         for h in result["history"]:
             scores = ("-" if h.get(k) is None else f"{h[k]:.4f}" for k in ("auc", "logloss", "accuracy"))

@@ -106,6 +106,12 @@ def test_a_member_crashed_mid_job_leaves_the_survivors_with_one_model() -> None:
     assert len(survivors) == 2, results
     assert len({r["model_sha256"] for r in survivors}) == 1
     assert all(r["lost"] == ["site-2"] and r["members"] == ["site-1", "site-3"] for r in survivors)
+    from fedpeer.cli import format_job
+
+    shown = format_job({"id": "j", "kind": "xgboost", "state": "done", "proposer": "site-1", "members": [],
+                        "phase": "done", "progress": {"step": 6, "total": 6}, "params": {},
+                        "result": {k: v for k, v in survivors[0].items() if k != "_model"}})
+    assert "members lost: site-2" in shown and "over site-1, site-3" in shown, shown
     assert survivors[0]["trees"] == 6
     # the trees finished before the loss are the three members' pooled trees
     whole = histrun.train_reference([s.X for s in sites], [s.y for s in sites],
