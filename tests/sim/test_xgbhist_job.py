@@ -147,3 +147,27 @@ def test_bounds_and_impossible_sums_end_the_job_everywhere_naming_what() -> None
 
     with pytest.raises(JobFailsEverywhere, match="grad_abs_max=1.0"):
         asyncio.run(job.compute(beyond))
+
+
+def test_multiclass_model_is_the_pooled_reference() -> None:
+    from sklearn.datasets import load_wine
+
+    from fedpeer.ml.data import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint
+
+    raw = load_wine()
+    names = np.array(["barolo", "grignolino", "barbera"])
+    features = tuple(f"f{i}" for i in range(raw.data.shape[1]))
+    parts = np.array_split(np.random.default_rng(0).permutation(len(raw.target)), 3)
+
+    def ds(rows: np.ndarray) -> Dataset:
+        return Dataset(features, np.ascontiguousarray(raw.data[rows]), None, names[raw.target[rows]], 0,
+                       schema_fingerprint(features, [FEATURE_TYPE_FLOAT] * len(features)))
+
+    params = {**PARAMS, "objective": "multi:softprob", "classes": "barolo,grignolino,barbera", "rounds": 3}
+    results, _ = run([ds(p) for p in parts], params)
+    assert all(isinstance(r, dict) for r in results), results
+    assert len({r["model_sha256"] for r in results}) == 1 and results[0]["trees"] == 3 * 3
+    want = histrun.train_reference([raw.data[p] for p in parts], [raw.target[p] for p in parts],
+                                   {"objective": "multi:softprob", "num_class": 3, "num_round": 3, "max_depth": 3,
+                                    "eta": 0.3, "max_bin": 32})
+    assert results[0]["_model"] == want
