@@ -29,10 +29,12 @@ tags, so no mask is ever reused) and goes on over the survivors only:
 A member left out of a sum (slow, cut off) fails alone (`member_failure_aborts=False`); with
 fewer than two members left, the secure sum fails and so does the job. The secure sum decides
 who is lost and how fast (fedpeer/protocols/securesum.py): a chunk lost with a killed member costs
-the initiator (members + 1) hops before it re-runs the sum; and where the sum itself gives up the
-job fails — e.g. with three members, a crash reported by one member against its ring successor
-is a dispute no ring order can route around, and an initiator that dies while delivering a total
-can leave the members that got it waiting for a takeover by one that did not.
+the initiator (members + 1) hops before it re-runs the sum. Where the sum gives up instead — with
+three members, a crash reported by one member against its ring successor is a dispute no ring
+order can route around — every member waits up to DEAD_WAIT_MS for its failure detector: the
+members it declares dead are lost as above (every survivor's detector declares the crashed one),
+else the job fails with the sum's reason. Not covered: an initiator that dies while delivering a
+total can leave the members that got it waiting for a takeover by one that did not (it fails).
 
 Who learns what: every member learns the federation-wide totals of each sum (label counts, the
 sketch's counts, every level's histograms) and hence the cut points (each one a pooled row's
@@ -49,7 +51,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -69,6 +71,8 @@ from .base import JobContext, JobFailsEverywhere
 TAG = "xgbh"
 EVAL_HOP_TIMEOUT_MS = 5_000      # the final evaluation sum is small
 COUNT_MAX = 2**40                # evaluation counts are row counts
+DEAD_WAIT_MS = 30_000            # after a failed sum, how long to wait for the failure detector to name the dead
+POLL_MS = 200
 
 
 class ImpossibleSum(JobFailsEverywhere):
@@ -127,15 +131,37 @@ class HistJob:
         """One secure sum over the current members: (its tag, its total). _Lost if some member
         is not among its participants (every survivor sees the same participants)."""
         tag = f"{TAG}/e{self.epoch}/{name}"
-        out = await secure_sum(SubChannel(self.ch, self.members), tag, vector, mode=self.params["secure_sum"],
-                               hop_timeout_ms=hop_timeout_ms or self.ctx.hop_timeout_ms)
+        try:
+            out = await secure_sum(SubChannel(self.ch, self.members), tag, vector, mode=self.params["secure_sum"],
+                                   hop_timeout_ms=hop_timeout_ms or self.ctx.hop_timeout_ms)
+        except JobError:
+            dead = await self.declared_dead()
+            if not dead:
+                raise
+            self.new_epoch(dead)          # the sum gave up on a member that has since died
         self.sums += 1
         if out.participants != self.members:
-            lost = tuple(m for m in self.members if m not in out.participants)
-            self.members, self.epoch = tuple(out.participants), self.epoch + 1
-            self.lost.extend(lost)
-            raise _Lost(lost)
+            self.new_epoch(tuple(m for m in self.members if m not in out.participants))
         return tag, out.total
+
+    def new_epoch(self, lost: tuple[bytes, ...]) -> NoReturn:
+        self.members, self.epoch = tuple(m for m in self.members if m not in lost), self.epoch + 1
+        self.lost.extend(lost)
+        raise _Lost(lost)
+
+    async def declared_dead(self) -> tuple[bytes, ...]:
+        """After a failed sum: the current members the failure detector declares dead within
+        DEAD_WAIT_MS (polled). A sum gives up at once on a dispute no ring can route around (three
+        members, one reporting its successor unreachable): if that successor has crashed, every
+        survivor sees it declared dead soon after and goes on without it, as if the sum had
+        completed without it; if nobody is declared dead, the failure stands."""
+        waited = 0
+        while True:
+            dead = tuple(m for m in self.members if m != self.ch.me and not self.ch.alive(m))
+            if dead or waited >= DEAD_WAIT_MS:
+                return dead
+            await self.ch.sleep_ms(POLL_MS)
+            waited += POLL_MS
 
     async def compute(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run a core step (off the event loop): a site's DataError (a declared bound) ends the job

@@ -99,8 +99,7 @@ def test_default_test_part_gives_a_federated_evaluation() -> None:
 def test_a_member_crashed_mid_job_leaves_the_survivors_with_one_model() -> None:
     sites, _, _ = breast_cancer_sites(3)
     # member 1 is the ring successor of the sums' initiator (member 0): the initiator sees the
-    # crash itself. (With 3 members, a crash of member 2 is reported by member 1 against it,
-    # which the secure sum cannot tell from a dispute between the two, and it gives up.)
+    # crash itself and re-runs the sum over the survivors
     results, keys = run(sites, {**PARAMS, "rounds": 6}, crash_after_trees=2, victim=1)
     survivors = [r for r in results if isinstance(r, dict)]
     assert len(survivors) == 2, results
@@ -119,6 +118,18 @@ def test_a_member_crashed_mid_job_leaves_the_survivors_with_one_model() -> None:
     got, want = boosting.model_info(survivors[0]["_model"]).trees, boosting.model_info(whole).trees
     assert all(np.array_equal(a.value, b.value) for a, b in zip(got[:2], want[:2]))
     assert not all(np.array_equal(a.value, b.value) for a, b in zip(got, want))
+
+
+def test_a_crash_the_secure_sum_gives_up_on_is_lost_once_declared_dead() -> None:
+    """Member 2's crash is reported by member 1 against it: with three members the secure sum
+    cannot route around that dispute and gives up; the survivors wait for their failure detector,
+    which declares member 2 dead, and go on without it."""
+    sites, _, _ = breast_cancer_sites(3)
+    results, _ = run(sites, {**PARAMS, "rounds": 6}, crash_after_trees=2, victim=2)
+    survivors = [r for r in results if isinstance(r, dict)]
+    assert len(survivors) == 2, results
+    assert len({r["model_sha256"] for r in survivors}) == 1 and survivors[0]["trees"] == 6
+    assert all(r["lost"] == ["site-3"] for r in survivors)
 
 
 def test_histogram_mode_refuses_what_it_cannot_do() -> None:
