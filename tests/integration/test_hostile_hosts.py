@@ -21,6 +21,7 @@ from tests.integration.conftest import rss_kib
 
 pytestmark = pytest.mark.integration
 ATTACK_S = 8.0                 # longer than membership needs to declare a silent site dead (~6 s)
+TAKE_HOLD_S_MAX = 60.0         # a spawned attacker imports aiohttp first: seconds on a loaded machine
 STATUS_S_MAX = 1.0
 RSS_MIB_MAX = 500
 LOG_BYTES_MAX = 5 * 1024 * 1024
@@ -31,7 +32,7 @@ def _attack_process(attack: Callable[..., Awaitable[None]], *args: object) -> No
     times `fedpeer status`) never waits behind the attack's work."""
     async def main() -> None:
         try:
-            async with asyncio.timeout(ATTACK_S + 5):
+            async with asyncio.timeout(TAKE_HOLD_S_MAX + ATTACK_S):   # the watcher kills it sooner
                 await attack(*args)
         except TimeoutError:
             pass
@@ -65,7 +66,7 @@ async def _under_attack(h: Harness, attack: Callable[..., Awaitable[None]], *arg
     attacker = multiprocessing.get_context("spawn").Process(target=_attack_process, args=(attack, *args))
     attacker.start()
     try:
-        await asyncio.sleep(1.0)      # let the attack take hold
+        await _taken_hold(h)
         await watch()
     finally:
         attacker.kill()
@@ -79,6 +80,17 @@ async def _under_attack(h: Harness, attack: Callable[..., Awaitable[None]], *arg
           f"{worst_rss_kib / 1024:.0f} MiB, log {target.log_path.stat().st_size} bytes")
     await h.wait_all_alive(timeout_s=10)
     return await h.status(0)
+
+
+async def _taken_hold(h: Harness) -> None:
+    """Wait until the target sees the attack (a stranger's connection open, or something refused):
+    watching before the attacker process runs would time nothing."""
+    def hold(doc: dict) -> bool:
+        return doc["connections"]["unverified"] > 0 or sum(doc["rejected"].values()) > 0
+    deadline = time.monotonic() + TAKE_HOLD_S_MAX
+    while not hold(await h.status(0)):
+        assert time.monotonic() < deadline, "the attack never reached the target"
+        await asyncio.sleep(0.05)
 
 
 async def _slow_sender(port: int) -> None:
@@ -112,7 +124,11 @@ async def test_large_bodies_from_a_stranger_are_not_read(make_federation) -> Non
     h: Harness = make_federation(3)
     await h.wait_all_alive(timeout_s=10)
     doc = await _under_attack(h, _junk_bodies, h.sites[0].port)
-    assert doc["rejected"].get("frame", 0) >= 1, doc["rejected"]   # refused from the first 64 bytes
+    # Each of the 32 connections is refused from its first 64 bytes ("frame"), or, 16 per address
+    # being the most a stranger may hold, shed for a newer one before its head arrived (which of
+    # the two depends on scheduling: on a loaded machine every one may be shed).
+    refused = doc["rejected"].get("frame", 0) + doc["connections"]["shed"].get("evicted_per_ip", 0)
+    assert refused >= 1, (doc["rejected"], doc["connections"])
     assert "frame" not in doc["jobs"] and doc["rejected"].get("internal_error", 0) == 0
 
 

@@ -58,6 +58,13 @@ async def test_a_malformed_chunk_does_not_get_the_honest_successor_dropped(make_
 
     job_id = await h.propose(initiator, "sumcheck", {"entries": ENTRIES, "secure_sum": "pairwise",
                                                      "chunk_entries": CHUNK_ENTRIES})
+    # The gate checks a frame's schema before it looks the job up: a chunk refused before the
+    # proposal reaches the successor is evidence against nothing (the job is unknown there), so
+    # inject only once the successor holds the job (on a loaded machine that can lag the propose).
+    deadline = time.monotonic() + INJECT_FOR_S
+    while await h.job(successor, job_id) is None:
+        assert time.monotonic() < deadline, "the proposal never reached the successor"
+        await asyncio.sleep(0.01)
     answer = await inject_until_refused(h.sites[successor].port, wire.Sealer(idents[liar]),
                                         idents[successor].public_key, job_id)
     assert answer == "schema", f"the successor's gate never refused the chunk for its schema: {answer!r}"
