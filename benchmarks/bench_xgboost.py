@@ -33,7 +33,7 @@ from fedpeer.jobs import xgboost as xj  # noqa: E402
 from fedpeer.ml import boosting  # noqa: E402
 from fedpeer.ml.data import DataSpec, load_csv  # noqa: E402
 
-PARAMS = {"max_depth": 6, "eta": 0.3, "nthread": 1, "secure_sum": "pairwise", "normalize": "samples"}
+PARAMS = {"mode": "bagging", "max_depth": 6, "eta": 0.3, "nthread": 1, "secure_sum": "pairwise", "normalize": "samples"}
 DATA = {"label": "label", "positive": "yes", "ignore": [], "missing": "error"}
 
 

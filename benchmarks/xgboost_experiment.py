@@ -78,7 +78,7 @@ def run_federation(sites: list[Dataset], params: dict, test: Dataset | None = No
 
     keys = sorted(hashlib.sha256(f"xgb-exp-{seed}-{i}".encode()).digest() for i in range(len(sites)))
     names = {k: f"site-{i + 1}" for i, k in enumerate(keys)}
-    checked = xj.KIND.check_params({"seed": seed, **params})
+    checked = xj.KIND.check_params({"seed": seed, "mode": "bagging", **params})
 
     async def go() -> list[dict]:
         net = MemoryNetwork(keys, seed=seed)

@@ -396,7 +396,12 @@ def _check_arguments(args: argparse.Namespace) -> str | None:
         if args.data is not None and args.job != "membership":
             split_fractions(args.split, args.sites)
         if args.job != "membership":
-            job_kinds()[args.job].check_params(_job_params(args.job, args.param))
+            checked = job_kinds()[args.job].check_params(_job_params(args.job, args.param))
+            if args.job == "xgboost" and checked["mode"] == "histogram":
+                if args.kill_leader_at_round is not None:
+                    return "--kill-leader-at-round needs --param mode=bagging (histogram mode has no leader)"
+                if (args.num_local_round or 1) > 1:
+                    return "--num-local-round > 1 needs --param mode=bagging (histogram mode grows one tree per round)"
     except (HarnessError, JobError) as exc:
         return str(exc)
     return None

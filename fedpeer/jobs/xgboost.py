@@ -113,17 +113,20 @@ MEMBERS_MAX = 128
 log = logging.getLogger("fedpeer.jobs.xgboost")
 
 PARAMS = {
-    "mode": Param(str, "bagging", "bagging: each site grows trees on its own rows, the leader stacks them (tree / "
-                  "tree+) | histogram: exact federated XGBoost, every tree the one xgboost hist grows on the pooled "
-                  "rows, from secure sums of gradient histograms (fedpeer/jobs/xgbhist.py; one tree per round and "
-                  "class; no subsample / colsample)", choices=("bagging", "histogram")),
+    "mode": Param(str, "histogram", "histogram (default): exact federated XGBoost, every tree the one xgboost "
+                  "hist grows on the pooled rows, from secure sums of gradient histograms (one tree per round and "
+                  "class; no subsample / colsample; a site sends up to 24 x features x (max_bin + 1) x "
+                  "2^(max_depth - 1) bytes per tree, the sum's initiator about members times that) | bagging: each site grows trees on its own rows, the elected leader "
+                  "stacks them (tree / tree+): fewer, smaller messages, an approximation of the pooled model",
+                  choices=("histogram", "bagging")),
     "rounds": Param(int, 20, "communication rounds", low=1, high=10_000),
     "num_local_round": Param(int, 1, "trees each site trains per round (and class): 1 = tree, >1 = tree+",
                              low=1, high=100),
     "eta": Param(float, 0.3, "learning rate", low=1e-6, high=1.0),
-    "normalize": Param(str, "samples", "normalized learning rate: samples (eta x site rows / all rows: a round's "
-                       "trees add up to one step) | gain (eta x the site's share of the last round's split gain) | "
-                       "none (every site's trees step eta)",
+    "normalize": Param(str, "none", "bagging mode's learning rate per site: none (default; every site's trees "
+                       "step eta, as Flower's FedXgbBagging) | samples (eta x site rows / all rows: a round's trees "
+                       "add up to one step, so R rounds are one R-step model) | gain (eta x the site's share of the "
+                       "last round's split gain)",
                        choices=("none", "samples", "gain")),
     "objective": Param(str, "binary:logistic", "binary:logistic or multi:softprob", choices=boosting.OBJECTIVES),
     "classes": Param(str, "", "multi:softprob: the label values, comma-separated, in class order"),

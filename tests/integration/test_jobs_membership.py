@@ -67,7 +67,7 @@ async def test_bofrf_member_killed_ends_within_membership_dead_time(make_federat
 async def test_a_cancel_is_cancelled_on_every_member_and_show_says_what_it_waits_for(
         make_federation, tmp_path: Path) -> None:
     h, _, _ = await breast_cancer_federation(make_federation, tmp_path, 3, "0.34,0.33,0.33", seed=8)
-    job_id = await h.propose(0, "xgboost", {"rounds": 10_000, "max_depth": 2, "test_fraction": 0.0})
+    job_id = await h.propose(0, "xgboost", {"mode": "bagging", "rounds": 10_000, "max_depth": 2, "test_fraction": 0.0})
     for i in range(3):
         await wait_running(h, i, job_id)
     shown = None
@@ -93,7 +93,8 @@ async def test_xgboost_member_cut_off_when_the_job_ended_gets_the_final_model_af
     in the middle of the rounds; the leader finishes with the majority; once the member runs
     again it asks the leader, takes the final model and ends `done` with the same model."""
     h, _, _ = await breast_cancer_federation(make_federation, tmp_path, 3, "0.34,0.33,0.33", seed=9)
-    job_id = await h.propose(0, "xgboost", {"rounds": 12, "max_depth": 2, "nthread": 1, "test_fraction": 0.0})
+    job_id = await h.propose(0, "xgboost", {"mode": "bagging", "rounds": 12, "max_depth": 2, "nthread": 1,
+                                             "test_fraction": 0.0})
     leader_name = None
     while leader_name is None:
         leader_name = (await h.status(0))["leader"]

@@ -137,7 +137,7 @@ def test_histogram_mode_refuses_what_it_cannot_do() -> None:
         xgbhist.hist_params(xj.KIND.check_params({**PARAMS, "num_local_round": 2}), 1)
     with pytest.raises(JobError, match="subsample"):
         xgbhist.hist_params(xj.KIND.check_params({**PARAMS, "subsample": 0.5}), 1)
-    assert xj.KIND.check_params({})["mode"] == "bagging"
+    assert xj.KIND.check_params({})["mode"] == "histogram"
 
 
 def test_bounds_and_impossible_sums_end_the_job_everywhere_naming_what() -> None:

@@ -188,7 +188,7 @@ async def run_world(seed: int, n: int, rounds: int, faults: str, tools: Any = to
     if byzantine:
         w.byzantine = w.rng.choice(w.keys)
     names = {k: f"site-{i + 1}" for i, k in enumerate(w.keys)}
-    p = xj.KIND.check_params({"rounds": rounds, "secure_sum": "ring", "member_timeout_ms": 20_000,
+    p = xj.KIND.check_params({"mode": "bagging", "rounds": rounds, "secure_sum": "ring", "member_timeout_ms": 20_000,
                               "max_depth": 3, "nthread": 1} | params)
     original_adopt = xj.Site.adopt
 
@@ -388,7 +388,7 @@ def test_a_job_member_that_is_not_led_fails_cleanly():
         net.leadership = lambda me: (3, None)
         data = make_data(2, 1)
         names = {k: f"site-{i + 1}" for i, k in enumerate(keys)}
-        p = xj.KIND.check_params({"rounds": 2, "member_timeout_ms": 1000, "secure_sum": "ring"})
+        p = xj.KIND.check_params({"mode": "bagging", "rounds": 2, "member_timeout_ms": 1000, "secure_sum": "ring"})
         tools = xj.Tools(train=fake_train, predict=fake_predict, offload=lambda fn, *a: asyncio.sleep(0, fn(*a)))
         results = await asyncio.gather(*(xj.run_job(SteadyChannel(net.channel(k)), p,
                                                     JobContext(names[k], names, HOP_MS, data=d), tools)
