@@ -163,8 +163,13 @@ class XgboostPolicy:
     bins_max: int = 65_536                # histogram bins per feature (max_bin)
 
 
+@dataclass(frozen=True)
+class LogregPolicy:
+    iterations_max: int = 10_000          # accepted solver steps, one secure sum each at least (max_iter)
+
+
 KIND_POLICIES: dict[str, type] = {"stats": StatsPolicy, "sumcheck": SumcheckPolicy, "bofrf": BofrfPolicy,
-                                  "xgboost": XgboostPolicy}
+                                  "xgboost": XgboostPolicy, "logreg": LogregPolicy}
 assert tuple(KIND_POLICIES) == KIND_NAMES, "every job kind has its [policy.<kind>] table"
 EVERY_PEER = "*"
 
@@ -182,6 +187,7 @@ class Policy:
     sumcheck: SumcheckPolicy = field(default_factory=SumcheckPolicy)
     bofrf: BofrfPolicy = field(default_factory=BofrfPolicy)
     xgboost: XgboostPolicy = field(default_factory=XgboostPolicy)
+    logreg: LogregPolicy = field(default_factory=LogregPolicy)
 
     def may_propose(self, peer_name: str) -> bool:
         return EVERY_PEER in self.proposers or peer_name in self.proposers

@@ -199,6 +199,7 @@ REFUSALS = [
      "num_local_round 3 > [policy.xgboost] trees_per_round_max 2"),
     ("xgboost", "depth_max", 4, {"max_depth": 5}, "max_depth 5 > [policy.xgboost] depth_max 4"),
     ("xgboost", "bins_max", 64, {"max_bin": 65}, "max_bin 65 > [policy.xgboost] bins_max 64"),
+    ("logreg", "iterations_max", 50, {"max_iter": 51}, "max_iter 51 > [policy.logreg] iterations_max 50"),
 ]
 
 

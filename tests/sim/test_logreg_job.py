@@ -1,0 +1,220 @@
+"""The `logreg` job (fedpeer/jobs/logreg.py), every member in one process over the in-memory network
+in virtual time: every member ends with the same coefficients, bit for bit those of the same pure
+functions on the sites' rows in one process, and equal to scikit-learn's LogisticRegression on the
+pooled standardised rows to 1e-5 relative; a site lacking a class is reported; extreme values and
+non-finite terms end the job naming what to change; a member lost mid-fit leaves the survivors
+with the pooled model of their own rows."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import warnings
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fedpeer.errors import JobError
+from fedpeer.jobs import logreg
+from fedpeer.jobs.base import JobContext
+from fedpeer.ml import linear
+from fedpeer.ml.data import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint
+from fedpeer.net.channel import MemoryNetwork
+
+
+def dataset(X: np.ndarray, labels: np.ndarray, positive: str | None = "1") -> Dataset:
+    features = tuple(f"f{j}" for j in range(X.shape[1]))
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    labels = np.asarray([str(v) for v in labels])
+    y = (labels == positive).astype(np.int8) if positive is not None else None
+    return Dataset(features, X, y, labels, 0, schema_fingerprint(features, [FEATURE_TYPE_FLOAT] * len(features)))
+
+
+def split(X: np.ndarray, y: np.ndarray, sizes: list[int], seed: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
+    rows = np.random.default_rng(seed).permutation(len(y))
+    cuts = np.cumsum(sizes)[:-1]
+    return [(X[p], y[p]) for p in np.split(rows, cuts)]
+
+
+async def _inline(fn: Any, *args: Any) -> Any:
+    return fn(*args)
+
+
+def run(sites: list[Dataset], params: dict, crash_at_step: int | None = None, victim: int = 1,
+        tests: list[Dataset] | None = None) -> tuple[list, list[bytes]]:
+    import looptime
+
+    keys = sorted(hashlib.sha256(f"lr-{i}".encode()).digest() for i in range(len(sites)))
+    names = {k: f"site-{i + 1}" for i, k in enumerate(keys)}
+    checked = logreg.KIND.check_params(params)
+
+    async def go() -> list:
+        net = MemoryNetwork(keys, seed=0)
+        jobs = [logreg.run_job(net.channel(k), checked,
+                               JobContext(names[k], names, 2_000, data=d, test_data=tests[i] if tests else None),
+                               offload=_inline)
+                for i, (k, d) in enumerate(zip(keys, sites))]
+
+        async def crash() -> None:
+            while not any(step >= crash_at_step for _, _, step, _ in net.progress_log):
+                await asyncio.sleep(0.001)
+            net.crash(keys[victim])
+
+        watcher = asyncio.ensure_future(crash()) if crash_at_step is not None else None
+        try:
+            return await asyncio.gather(*jobs, return_exceptions=True)
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+
+    loop = looptime.new_event_loop(start=0, noop_cycles=1)
+    try:
+        return loop.run_until_complete(go()), keys
+    finally:
+        loop.close()
+
+
+def fixed_point_sum(vectors: list[np.ndarray], fixed: Any = logreg.TERMS) -> np.ndarray:
+    """What the secure sum computes: the encodings added modulo 2^64, decoded."""
+    n = len(vectors)
+    total = np.sum([fixed.encode(v, n) for v in vectors], axis=0, dtype=np.uint64)
+    return fixed.decode(total)
+
+
+def sklearn_fit(X: np.ndarray, y: np.ndarray, C: float) -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn on the pooled rows standardised as StandardScaler does, converged tightly."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = LogisticRegression(C=C, solver="newton-cholesky", tol=1e-14, max_iter=10_000)
+        m.fit(StandardScaler().fit_transform(X), y)
+    return m.coef_, m.intercept_
+
+
+def close(got: Any, want: np.ndarray, rtol: float = 1e-5) -> None:
+    got = np.asarray(got)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * float(np.abs(want).max()))
+
+
+def test_binary_breast_cancer_equals_sklearn_and_the_in_process_reference() -> None:
+    from sklearn.datasets import load_breast_cancer
+
+    X, y = load_breast_cancer(return_X_y=True)
+    parts = split(X, y, [300, 150, 80, 39])
+    sites = [dataset(Xs, ys) for Xs, ys in parts]
+    params = {"C": 0.5, "tol": 1e-10, "secure_sum": "ring"}
+    results, _ = run(sites, params)
+    assert all(isinstance(r, dict) for r in results), results
+    assert len({str(r["coef"]) + str(r["intercept"]) for r in results}) == 1   # every member: the same model
+    r = results[0]
+    assert r["solver"] == "newton" and r["status"] == "converged" and r["lost"] == []
+    assert np.asarray(r["coef"]).shape == (1, 30) and len(r["intercept"]) == 1
+    assert r["secure_sums"] == 2 + r["evaluations"] + 1        # moments, spread, one per evaluation, eval
+    # the same pure functions in one process, summed as the secure sum sums: bit for bit
+    fit, mean, scale = linear.fit_in_process([(Xs, ys.astype(np.int64)) for Xs, ys in parts], 1, 0.5, tol=1e-10,
+                                             add=fixed_point_sum,
+                                             add_columns=lambda v: fixed_point_sum(v, logreg.MOMENTS))
+    assert r["coef_standardised"] == fit.W[:, :-1].tolist() and r["iterations"] == fit.iterations
+    # scikit-learn on the pooled rows
+    coef, intercept = sklearn_fit(X, y, 0.5)
+    close(r["coef_standardised"], coef)
+    close(r["intercept_standardised"], intercept)
+    from sklearn.preprocessing import StandardScaler
+
+    sc = StandardScaler().fit(X)
+    close(r["coef"], coef / sc.scale_)                                  # folded back to the original units
+    close(r["intercept"], intercept - (coef / sc.scale_) @ sc.mean_)
+    # history: the federated log-loss falls to the end; the final model is evaluated by secure sum
+    losses = [h["loss"] for h in r["history"]]
+    assert losses[0] == pytest.approx(np.log(2)) and losses[-1] < 0.1
+    assert r["federated_eval"]["auc"] > 0.99 and r["auc_source"].startswith("federated")
+    # the exported coefficients give scikit-learn's predictions
+    model = logreg.to_sklearn(r["sklearn"])
+    assert np.allclose(model.predict_proba(X)[:, 1], linear.predict_proba(np.asarray(r["coef"]),
+                                                                          np.asarray(r["intercept"]), X))
+
+
+def test_multinomial_with_a_site_lacking_a_class_equals_sklearn() -> None:
+    from sklearn.datasets import load_wine
+
+    X, y = load_wine(return_X_y=True)
+    # site 1 holds rows of class 0 only: non-IID, and fine for exact mode
+    no2 = np.flatnonzero(y != 2)
+    rest = np.setdiff1d(np.arange(len(y)), no2[:40])
+    parts = [(X[no2[:40]], y[no2[:40]])] + split(X[rest], y[rest], [60, len(rest) - 60])
+    sites = [dataset(Xs, ys, positive=None) for Xs, ys in parts]
+    tests = [dataset(X[::3], y[::3], positive=None)] * 3
+    results, _ = run(sites, {"C": 2.0, "classes": "0,1,2", "tol": 1e-10, "secure_sum": "pairwise"}, tests=tests)
+    assert all(isinstance(r, dict) for r in results), results
+    assert len({str(r["coef"]) for r in results}) == 1
+    coef, intercept = sklearn_fit(X, y, 2.0)
+    r = results[0]
+    close(r["coef_standardised"], coef)
+    close(r["intercept_standardised"], intercept)
+    assert np.asarray(r["coef"]).shape == (3, 13)
+    assert r["class_counts"] == {"0": 59, "1": 71, "2": 48}
+    absent = {tuple(x["classes_absent_here"]) for x in results}
+    assert absent == {("1", "2"), ()}, absent      # site 1 holds class 0 only
+    assert r["test_csv"]["auc"] > 0.99 and r["auc_source"] == "[data] test_csv"
+    assert all(h["test_auc"] is not None for h in r["history"][1:])
+
+
+def test_lbfgs_reaches_the_same_coefficients() -> None:
+    from sklearn.datasets import load_iris
+
+    X, y = load_iris(return_X_y=True)
+    parts = split(X, y, [70, 50, 30])
+    sites = [dataset(Xs, ys, positive=None) for Xs, ys in parts]
+    results, _ = run(sites, {"C": 1.0, "classes": "0,1,2", "solver": "lbfgs", "tol": 1e-10, "max_iter": 500,
+                             "secure_sum": "ring"})
+    assert all(isinstance(r, dict) for r in results), results
+    r = results[0]
+    assert r["solver"] == "lbfgs" and r["status"] == "converged"
+    coef, intercept = sklearn_fit(X, y, 1.0)
+    close(r["coef_standardised"], coef)
+    close(r["intercept_standardised"], intercept)
+
+
+def test_extreme_values_and_non_finite_terms_name_what_to_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sklearn.datasets import load_breast_cancer
+
+    X, y = load_breast_cancer(return_X_y=True)
+    parts = split(X, y, [200, 200, 169])
+    huge = parts[1][0].copy()
+    huge[0, 3] = 1e18          # a column sum beyond the fixed point's bound
+    sites = [dataset(*parts[0]), dataset(huge, parts[1][1]), dataset(*parts[2])]
+    results, _ = run(sites, {"secure_sum": "ring"})
+    assert all(isinstance(r, JobError) for r in results), results
+    assert any("'f3'" in str(r) and "rescale" in str(r) for r in results), results
+
+    real = linear.local_terms
+
+    def diverged(Z: np.ndarray, y: np.ndarray, W: np.ndarray, hessian: bool) -> np.ndarray:
+        out = real(Z, y, W, hessian)
+        return out * np.inf if len(y) == 200 and np.abs(W).max() > 0 else out
+
+    monkeypatch.setattr(linear, "local_terms", diverged)
+    results, _ = run([dataset(*p) for p in parts], {"secure_sum": "ring"})
+    assert all(isinstance(r, JobError) for r in results), results
+    assert any("lower C" in str(r) for r in results), results
+
+
+def test_a_member_lost_mid_fit_leaves_the_survivors_with_their_pooled_model() -> None:
+    from sklearn.datasets import load_breast_cancer
+
+    X, y = load_breast_cancer(return_X_y=True)
+    parts = split(X, y, [200, 200, 169])
+    sites = [dataset(*p) for p in parts]
+    results, keys = run(sites, {"C": 1.0, "tol": 1e-10, "secure_sum": "ring"}, crash_at_step=2, victim=1)
+    survivors = [r for r in results if isinstance(r, dict)]
+    assert len(survivors) == 2, results
+    assert all(r["lost"] == ["site-2"] and r["members"] == ["site-1", "site-3"] for r in survivors)
+    assert len({str(r["coef"]) for r in survivors}) == 1
+    # the victim is keys[1]; the survivors' rows are sites 0 and 2 in key order
+    kept = [parts[i] for i in (0, 2)]
+    coef, intercept = sklearn_fit(np.vstack([p[0] for p in kept]), np.concatenate([p[1] for p in kept]), 1.0)
+    close(survivors[0]["coef_standardised"], coef)
