@@ -168,8 +168,25 @@ class LogregPolicy:
     iterations_max: int = 10_000          # accepted solver steps, one secure sum each at least (max_iter)
 
 
+@dataclass(frozen=True)
+class KmeansPolicy:
+    clusters_max: int = 1000              # clusters (k)
+    iterations_max: int = 10_000          # Lloyd rounds per restart, one secure sum each (max_iter)
+    restarts_max: int = 100               # restarts summed side by side (n_init)
+    cluster_rows_min: int = 1             # smallest cluster size shown exactly (min_cluster_rows)
+
+
+@dataclass(frozen=True)
+class GmmPolicy:
+    components_max: int = 1000            # mixture components (k)
+    iterations_max: int = 10_000          # EM rounds, one secure sum each (max_iter)
+    restarts_max: int = 100               # restarts of the initialising k-means (n_init)
+    cluster_rows_min: int = 1             # smallest cluster size shown exactly (min_cluster_rows)
+
+
 KIND_POLICIES: dict[str, type] = {"stats": StatsPolicy, "sumcheck": SumcheckPolicy, "bofrf": BofrfPolicy,
-                                  "xgboost": XgboostPolicy, "logreg": LogregPolicy}
+                                  "xgboost": XgboostPolicy, "logreg": LogregPolicy,
+                                  "kmeans": KmeansPolicy, "gmm": GmmPolicy}
 assert tuple(KIND_POLICIES) == KIND_NAMES, "every job kind has its [policy.<kind>] table"
 EVERY_PEER = "*"
 
@@ -188,6 +205,8 @@ class Policy:
     bofrf: BofrfPolicy = field(default_factory=BofrfPolicy)
     xgboost: XgboostPolicy = field(default_factory=XgboostPolicy)
     logreg: LogregPolicy = field(default_factory=LogregPolicy)
+    kmeans: KmeansPolicy = field(default_factory=KmeansPolicy)
+    gmm: GmmPolicy = field(default_factory=GmmPolicy)
 
     def may_propose(self, peer_name: str) -> bool:
         return EVERY_PEER in self.proposers or peer_name in self.proposers
@@ -202,7 +221,7 @@ class DataSection:
     """This site's own data for jobs. The rows never leave the site."""
 
     csv: str = ""                     # path to the CSV (header row); relative to peers.toml's directory
-    label: str = ""                   # the label column
+    label: str = ""                   # the label column ("": none; only clustering jobs run without one)
     positive: str = ""                # the positive class value, for binary jobs
     ignore: tuple[str, ...] = ()      # columns that are not features (identifiers such as "Id")
     missing: str = "error"            # "error": a missing value stops the job; "drop": such rows are dropped
@@ -368,9 +387,8 @@ def _node(path: Path, table: dict) -> NodeSection:
 
 def _data(path: Path, table: object) -> DataSection:
     data = _section(path, "data", table, DataSection)
-    for key in ("csv", "label"):
-        if not getattr(data, key):
-            raise ConfigError(path, f"data.{key}", "missing (required when [data] is present)")
+    if not data.csv:   # label may stay unset: clustering jobs need none, the others say so when proposed
+        raise ConfigError(path, "data.csv", "missing (required when [data] is present)")
     if data.missing not in ("error", "drop"):
         raise ConfigError(path, "data.missing", "expected \"error\" or \"drop\"")
     def resolve(name: str) -> str:

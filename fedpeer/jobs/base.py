@@ -74,6 +74,9 @@ class JobKind:
     run: Callable[[Any, Mapping[str, Any], JobContext], Awaitable[dict]]   # (channel, params, ctx) -> result
     needs_data: bool = True
     binary_label: bool = True
+    # False (clustering): [data] label may be unset; features are all columns but the ignored ones
+    # and the label column, when one is set (it is never clustered on)
+    needs_label: bool = True
     members_min: int = 2
     save_model: Callable[[Any, Any], None] | None = None   # (path, model) -> None; model = result.pop("_model")
     model_file: str = "model.npz"

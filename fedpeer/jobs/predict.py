@@ -8,6 +8,9 @@ stored it is refused with a one-line message naming it (issue 10). The CSV is
 read by the same checked reader as job data, keeping only the model's feature columns. Binary
 models give a score (BOFRF: the weighted vote, positive = positive class; xgboost: P(positive))
 and a 0/1 prediction; multi-class xgboost gives the predicted class and one probability per class.
+k-means gives each row's cluster (the index in the job's canonical order: centres sorted by
+first coordinate) and its distance to that centre (fuzzy: one membership per cluster); a
+Gaussian mixture gives the most probable component and every component's probability.
 """
 
 from __future__ import annotations
@@ -40,6 +43,12 @@ def predict_csv(config: Config, job_id: str, data: Path) -> list[dict]:
     if recorded is not None:
         _check_file_sha256(model_path, recorded)
     header = _header(data)
+    if record["kind"] in ("kmeans", "gmm"):
+        from . import gmm, kmeans
+        module = kmeans if record["kind"] == "kmeans" else gmm
+        model = module.load_model(model_path)
+        features = (model if record["kind"] == "kmeans" else model[1])["features"]
+        return module.predict(model, _rows(data, header, features))
     if record["kind"] == "xgboost":
         from . import xgboost
         if not isinstance(result.get("model_sha256"), str):

@@ -705,8 +705,14 @@ class JobRegistry:
         data = self.config.data
         if data is None:
             raise JobError("this site has no [data] section in peers.toml")
-        spec = DataSpec(csv=Path(data.csv), label=data.label, positive=data.positive or None,
-                        ignore=tuple(data.ignore), missing=data.missing)
+        if kind.needs_label:
+            if not data.label:
+                raise JobError(f"[data] label is not set in peers.toml; a {kind.name} job needs the label column")
+            spec = DataSpec(csv=Path(data.csv), label=data.label, positive=data.positive or None,
+                            ignore=tuple(data.ignore), missing=data.missing)
+        else:   # clustering: no label; a configured label column is not a feature either
+            label = (data.label,) if data.label and data.label not in data.ignore else ()
+            spec = DataSpec(csv=Path(data.csv), label=None, ignore=(*data.ignore, *label), missing=data.missing)
         def load(spec: DataSpec) -> Any:
             return load_csv(spec, binary=kind.binary_label, rows_max=self.config.jobs.data_rows_max,
                             bytes_max=self.config.jobs.data_bytes_max)

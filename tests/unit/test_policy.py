@@ -200,6 +200,15 @@ REFUSALS = [
     ("xgboost", "depth_max", 4, {"max_depth": 5}, "max_depth 5 > [policy.xgboost] depth_max 4"),
     ("xgboost", "bins_max", 64, {"max_bin": 65}, "max_bin 65 > [policy.xgboost] bins_max 64"),
     ("logreg", "iterations_max", 50, {"max_iter": 51}, "max_iter 51 > [policy.logreg] iterations_max 50"),
+    ("kmeans", "clusters_max", 4, {"k": 5}, "k 5 > [policy.kmeans] clusters_max 4"),
+    ("kmeans", "iterations_max", 50, {"max_iter": 51}, "max_iter 51 > [policy.kmeans] iterations_max 50"),
+    ("kmeans", "restarts_max", 2, {"n_init": 3}, "n_init 3 > [policy.kmeans] restarts_max 2"),
+    ("kmeans", "cluster_rows_min", 10, {"min_cluster_rows": 9},
+     "min_cluster_rows 9 < [policy.kmeans] cluster_rows_min 10"),
+    ("gmm", "components_max", 4, {"k": 5}, "k 5 > [policy.gmm] components_max 4"),
+    ("gmm", "iterations_max", 50, {"max_iter": 51}, "max_iter 51 > [policy.gmm] iterations_max 50"),
+    ("gmm", "restarts_max", 2, {"n_init": 3}, "n_init 3 > [policy.gmm] restarts_max 2"),
+    ("gmm", "cluster_rows_min", 10, {"min_cluster_rows": 9}, "min_cluster_rows 9 < [policy.gmm] cluster_rows_min 10"),
 ]
 
 

@@ -1,0 +1,192 @@
+"""The `kmeans` and `gmm` jobs (fedpeer/jobs/kmeans.py, gmm.py), every member in one process over
+the in-memory network in virtual time: the federated result equals the in-process reference (the
+same pure functions on the pooled rows) to 1e-9 relative, and k-means equals scikit-learn's
+KMeans started from the same centres on non-IID make_blobs (each site holds most of one blob)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from fedpeer.errors import JobError
+from fedpeer.jobs import gmm as gj
+from fedpeer.jobs import kmeans as kj
+from fedpeer.jobs.base import JobContext
+from fedpeer.ml import cluster as cl
+from fedpeer.ml import mixture as mx
+from fedpeer.ml.data import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint
+from fedpeer.net.channel import MemoryNetwork
+
+RTOL = 1e-9
+
+
+def dataset(X: np.ndarray) -> Dataset:
+    features = tuple(f"x{j}" for j in range(X.shape[1]))
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    X.setflags(write=False)
+    return Dataset(features, X, None, np.array([""] * len(X)), 0,
+                   schema_fingerprint(features, [FEATURE_TYPE_FLOAT] * len(features)))
+
+
+def non_iid_blobs(n: int = 1500, d: int = 2, seed: int = 0) -> tuple[np.ndarray, list[np.ndarray]]:
+    """make_blobs with 3 blobs; site i holds 80 % of blob i and 10 % of each other blob."""
+    from sklearn.datasets import make_blobs
+    X, y = make_blobs(n_samples=n, centers=3, n_features=d, random_state=seed, cluster_std=[1.0, 1.5, 0.7])
+    rng = np.random.default_rng(seed)
+    owner = np.where(rng.random(n) < 0.8, y, (y + rng.integers(1, 3, n)) % 3)
+    return X, [X[owner == i] for i in range(3)]
+
+
+def run(kind, parts: list[np.ndarray], params: dict) -> list:
+    import looptime
+
+    keys = sorted(hashlib.sha256(f"cluster-{i}".encode()).digest() for i in range(len(parts)))
+    names = {k: f"site-{i + 1}" for i, k in enumerate(keys)}
+    checked = kind.KIND.check_params(params)
+
+    async def go() -> list:
+        import asyncio
+        net = MemoryNetwork(keys, seed=0)
+        jobs = [kind.run_job(net.channel(k), checked, JobContext(names[k], names, 2_000, data=dataset(p)),
+                             kj._inline) for k, p in zip(keys, parts)]
+        return await asyncio.gather(*jobs, return_exceptions=True)
+
+    loop = looptime.new_event_loop(start=0, noop_cycles=1)
+    try:
+        results = loop.run_until_complete(go())
+    finally:
+        loop.close()
+    return results
+
+
+def same_everywhere(results: list) -> dict:
+    assert all(isinstance(r, dict) for r in results), results
+    first = {k: v for k, v in results[0].items() if k != "_model"}
+    for r in results[1:]:
+        assert {k: v for k, v in r.items() if k != "_model"} == first
+    return results[0]
+
+
+def reference(X: np.ndarray, params: dict) -> tuple[cl.Space, cl.Lloyd]:
+    p = kj.KIND.check_params(params)
+    init = cl.parse_centers(p["init"], p["k"], X.shape[1]) if p["init"] else None
+    space, lloyd, _ = cl.reference_kmeans(X, k=p["k"], seed=p["seed"], n_init=p["n_init"],
+                                          standardize=p["standardize"], tol=p["tol"], max_iter=p["max_iter"],
+                                          fuzziness=p["fuzziness"], init=init)
+    return space, lloyd
+
+
+@pytest.mark.parametrize("params", [
+    {"k": 3, "n_init": 4, "seed": 7, "secure_sum": "ring"},
+    {"k": 3, "n_init": 2, "seed": 1, "standardize": True},
+    {"k": 3, "n_init": 2, "seed": 3, "fuzziness": 2.0, "secure_sum": "ring"},
+], ids=["hard", "standardized", "fuzzy"])
+def test_federated_kmeans_equals_the_pooled_reference(params: dict) -> None:
+    X, parts = non_iid_blobs()
+    fed = same_everywhere(run(kj, parts, params))
+    space, lloyd = reference(X, params)
+    best = lloyd.restarts[lloyd.best()]
+    centers = space.back(best.centers)
+    order = cl.canonical_order(centers)
+    np.testing.assert_allclose(fed["centers"], centers[order], rtol=RTOL)
+    np.testing.assert_allclose(fed["inertia"], best.inertia, rtol=RTOL)
+    np.testing.assert_allclose([h["inertia"] for h in fed["history"]], best.history, rtol=RTOL)
+    assert fed["iterations"] == best.iterations and fed["kept_restart"] == lloyd.best()
+    assert fed["cluster_sizes"] == [int(c) for c in best.counts[order]] and sum(fed["cluster_sizes"]) == len(X)
+    assert fed["rows"] == len(X) and fed["converged"] and len(fed["participants"]) == 3
+    assert fed["secure_sums"] == 1 + max(len(r.history) for r in lloyd.restarts)
+    assert fed["centers"] == sorted(fed["centers"])            # canonical order: by first coordinate
+
+
+def test_federated_kmeans_equals_sklearn_from_the_same_centres() -> None:
+    from sklearn.cluster import KMeans
+
+    X, parts = non_iid_blobs(n=3000, d=3, seed=4)
+    init = X[[0, 1, 2]]
+    text = ";".join(",".join(repr(float(v)) for v in row) for row in init)
+    fed = same_everywhere(run(kj, parts, {"k": 3, "init": text, "n_init": 5}))
+    sk = KMeans(3, init=init, n_init=1, tol=1e-4, max_iter=300).fit(X)
+    order = cl.canonical_order(sk.cluster_centers_)
+    np.testing.assert_allclose(fed["centers"], sk.cluster_centers_[order], rtol=RTOL)
+    np.testing.assert_allclose(fed["inertia"], sk.inertia_, rtol=RTOL)
+    assert fed["iterations"] == sk.n_iter_ and fed["restarts"] == 1   # n_init does not apply to explicit centres
+    assert fed["cluster_sizes"] == list(np.bincount(sk.labels_)[order])
+
+
+def test_small_clusters_are_shown_as_below_the_minimum_and_the_model_predicts() -> None:
+    X, parts = non_iid_blobs(n=300)
+    far = np.array([[40.0, 40.0], [40.5, 40.0]])               # a cluster of 2 rows, at one site
+    parts[0] = np.vstack([parts[0], far])
+    results = run(kj, parts, {"k": 4, "n_init": 6, "seed": 2})
+    fed = same_everywhere(results)
+    assert fed["cluster_sizes"][-1] == "< 5" and fed["centers"][-1] == pytest.approx([40.25, 40.0])
+    assert sorted(c for c in fed["cluster_sizes"] if isinstance(c, int)) and sum(
+        c for c in fed["cluster_sizes"] if isinstance(c, int)) == 300
+    model = results[1]["_model"]
+    scored = kj.predict(model, np.array([[40.2, 40.1], fed["centers"][0]]))
+    assert [r["cluster"] for r in scored] == [3, 0] and scored[1]["distance"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_lying_member_fails_the_job_with_the_reason() -> None:
+    X, parts = non_iid_blobs(n=300)
+    original = cl.Lloyd.local
+
+    def lying(self, Z, labels):
+        floats, counts = original(self, Z, labels)
+        if Z.shape[0] == parts[1].shape[0]:
+            counts = counts + 1                                   # claims rows it does not have
+        return floats, counts
+
+    cl.Lloyd.local = lying
+    try:
+        results = run(kj, parts, {"k": 3, "n_init": 1})
+    finally:
+        cl.Lloyd.local = original
+    assert all(isinstance(r, JobError) and "cannot come from honest sites" in str(r) for r in results), results
+
+
+@pytest.mark.parametrize("covariance", ["full", "diag"])
+def test_federated_gmm_equals_the_pooled_reference_and_sklearn(covariance: str) -> None:
+    from sklearn.mixture import GaussianMixture
+
+    X, parts = non_iid_blobs(n=1500, d=2, seed=5)
+    params = {"k": 3, "covariance": covariance, "seed": 3, "n_init": 2, "tol": 1e-6, "max_iter": 200}
+    fed = same_everywhere(run(gj, parts, params))
+    p = gj.KIND.check_params(params)
+    space, lloyd, _ = cl.reference_kmeans(X, **gj._kmeans_params(p) | {"init": None})
+    C = lloyd.restarts[lloyd.best()].centers
+    labels, _ = cl.nearest(X, C)
+    model, history, counts = mx.em_reference(X, C, labels, covariance=covariance, reg_covar=p["reg_covar"],
+                                             tol=p["tol"], max_iter=p["max_iter"])
+    order = cl.canonical_order(model.means)
+    ref = model.reordered(order)
+    np.testing.assert_allclose(fed["weights"], ref.weights, rtol=RTOL)
+    np.testing.assert_allclose(fed["means"], ref.means, rtol=RTOL)
+    np.testing.assert_allclose(fed["covariances"], ref.covariances, rtol=RTOL, atol=1e-12)
+    np.testing.assert_allclose(fed["log_likelihood"], history[-1] * len(X), rtol=RTOL)
+    assert fed["iterations"] == len(history) and fed["cluster_sizes"] == list(counts[order])
+    # scikit-learn from the same first mixture: within EM's own tolerance
+    first = mx.mstep(len(X), mx.local_block(X, None, C, covariance, labels)[0], C, covariance, p["reg_covar"])
+    precisions = np.linalg.inv(first.covariances) if covariance == "full" else 1 / first.covariances
+    sk = GaussianMixture(3, covariance_type=covariance, weights_init=first.weights, means_init=first.means,
+                         precisions_init=precisions, tol=1e-6, max_iter=200).fit(X)
+    sk_order = cl.canonical_order(sk.means_)
+    np.testing.assert_allclose(fed["means"], sk.means_[sk_order], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(fed["mean_log_likelihood"], sk.score(X), rtol=1e-6)
+    assert fed["bic"] == pytest.approx(sk.bic(X), rel=1e-6)
+
+
+def test_gmm_standardized_reports_original_units_and_predicts() -> None:
+    X, parts = non_iid_blobs(n=900, d=2, seed=6)
+    parts = [p * [1000.0, 0.01] + [5e4, -3.0] for p in parts]     # features on very different scales
+    results = run(gj, parts, {"k": 3, "standardize": True, "seed": 1})
+    fed = same_everywhere(results)
+    pooled = np.vstack(parts)
+    assert np.isclose(sum(fed["weights"]), 1.0)
+    assert pooled[:, 0].min() < fed["means"][0][0] < fed["means"][-1][0] < pooled[:, 0].max()
+    scored = gj.predict((mx.Mixture(**{k: results[0]["_model"][k] for k in ("weights", "means", "covariances")},
+                                    covariance="full"), results[0]["_model"]), np.array(fed["means"]))
+    assert [r["cluster"] for r in scored] == [0, 1, 2]
+    assert all(abs(sum(v for k, v in r.items() if k.startswith("p_")) - 1) < 1e-9 for r in scored)
