@@ -7,7 +7,8 @@ kind: `model_file_sha256` when the record has it): a file modified or corrupted 
 stored it is refused with a one-line message naming it (issue 10). The CSV is
 read by the same checked reader as job data, keeping only the model's feature columns. Binary
 models give a score (BOFRF: the weighted vote, positive = positive class; xgboost: P(positive))
-and a 0/1 prediction; multi-class xgboost gives the predicted class and one probability per class.
+and a 0/1 prediction; multi-class xgboost gives the predicted class and one probability per class;
+a reg:squarederror xgboost model gives the predicted value.
 k-means gives each row's cluster (the index in the job's canonical order: centres sorted by
 first coordinate) and its distance to that centre (fuzzy: one membership per cluster); a
 Gaussian mixture gives the most probable component and every component's probability.
@@ -57,6 +58,8 @@ def predict_csv(config: Config, job_id: str, data: Path) -> list[dict]:
         features = tuple(record["result"]["features"])
         proba = xgboost.predict(model, _rows(data, header, features))
         classes = record["result"].get("classes") or []
+        if record["result"].get("objective") == "reg:squarederror":
+            return [{"row": i + 1, "prediction": float(v)} for i, v in enumerate(proba)]
         if not classes:
             return [{"row": i + 1, "score": float(p), "prediction": int(p > 0.5)} for i, p in enumerate(proba)]
         return [{"row": i + 1, "prediction": classes[int(row.argmax())],

@@ -64,13 +64,12 @@ from ..ml.histtree import Growth, finish_tree, grow_level, start_tree
 from ..ml.sketch import Cuts, sketch_advance, sketch_cuts, sketch_start
 from ..ml.xgbtree import _Tree
 from ..net.channel import SubChannel
-from ..protocols.fixedpoint import decode_counts, encode_counts
 from ..protocols.securesum import secure_sum
 from .base import JobContext, JobFailsEverywhere
+from .xgbtarget import class_names, eval_metrics, eval_vector, model_score, site_labels
 
 TAG = "xgbh"
 EVAL_HOP_TIMEOUT_MS = 5_000      # the final evaluation sum is small
-COUNT_MAX = 2**40                # evaluation counts are row counts
 DEAD_WAIT_MS = 30_000            # after a failed sum, how long to wait for the failure detector to name the dead
 POLL_MS = 200
 
@@ -97,6 +96,7 @@ def hist_params(params: Mapping[str, Any], groups: int) -> HistParams:
                "reg_lambda": params["reg_lambda"], "gamma": params["gamma"],
                "min_child_weight": params["min_child_weight"], "max_delta_step": params["max_delta_step"],
                "min_leaf_rows": params["min_leaf_rows"], "max_bin": params["max_bin"],
+               "grad_abs_max": params["grad_abs_max"],
                "subsample": params["subsample"], "colsample_bytree": params["colsample_bytree"]}
     try:
         return HistParams.from_mapping(mapping)
@@ -241,21 +241,15 @@ class HistJob:
         self.site.after_level(grown)
         return grown
 
-    async def evaluate(self, model: bytes, test: tuple[np.ndarray, np.ndarray], bins: int) -> dict | None:
+    async def evaluate(self, model: bytes, test: tuple[np.ndarray, np.ndarray]) -> dict | None:
         """The final model on the sites' test parts: one secure sum; None if it fails."""
-        from .stats import FIXED
-        from .xgboost import eval_counts, eval_metrics
-
-        proba = await self.offload(boosting.predict_proba, model, test[0], self.params["nthread"] or None)
-        counts, loss = eval_counts(test[1], proba, bins)
-        n = len(self.members)
-        vector = np.concatenate([encode_counts(counts, n, COUNT_MAX), FIXED.encode(np.array([loss]), n)])
+        pred = await self.offload(boosting.predict_proba, model, test[0], self.params["nthread"] or None)
+        vector = eval_vector(test[1], pred, self.params, len(self.members))
         try:
             _, total = await self.sum("eval", vector, min(self.ctx.hop_timeout_ms, EVAL_HOP_TIMEOUT_MS))
         except (JobError, _Lost):
             return None            # the model is final either way; only its federated score is missing
-        return eval_metrics(decode_counts(total[:len(counts)]), float(FIXED.decode(total[len(counts):])[0]),
-                            self.p.groups, bins)
+        return eval_metrics(total, self.params)
 
 
 def _checked(tag: str, step: Callable[..., Any], *args: Any) -> Any:
@@ -271,7 +265,7 @@ async def run_hist(ch: Any, params: Mapping[str, Any], ctx: JobContext,
                    offload: Callable[..., Any] | None = None) -> dict:
     """The xgboost kind's run() for mode = "histogram"; `offload` runs the core's steps
     (asyncio.to_thread in the daemon; inline in simulations under virtual time)."""
-    from .xgboost import Site, Tools, class_names, model_auc, prepare, site_labels
+    from .xgboost import Site, Tools, prepare, score_result
 
     site = Site(ch=ch, params=params, ctx=ctx, tools=Tools())
     prepare(site)              # the same seeded train/test split as bagging mode
@@ -287,17 +281,11 @@ async def run_hist(ch: Any, params: Mapping[str, Any], ctx: JobContext,
         "rows": {"train": int(len(site.fit[1])), "test": int(len(site.test[1])) if p["test_fraction"] else 0},
         "members": [names.get(m, m.hex()[:16]) for m in job.members],
         "lost": [names.get(m, m.hex()[:16]) for m in job.lost], "secure_sums": job.sums,
-        "federated_eval": None, "auc": None, "auc_source": None,
     }
-    if p["test_fraction"] > 0:
-        fed = await job.evaluate(model, site.test, p["eval_bins"])
-        if fed is not None:
-            out["federated_eval"] = {**fed, "rows": "the sites' test parts"}
-            out["auc"], out["auc_source"] = fed["auc"], "federated, on the sites' test parts"
+    fed = await job.evaluate(model, site.test) if p["test_fraction"] > 0 else None
+    score_result(out, p, fed, "the sites' test parts")
     if ctx.test_data is not None:
         X, y = ctx.test_data.X, site_labels(ctx.test_data, p)
-        auc = await job.offload(model_auc, model, X, y, site.groups, p["nthread"] or None)
-        out["test_csv"] = {"auc": auc, "rows": int(len(y))}
-        out["auc"], out["auc_source"] = auc, "[data] test_csv"
+        score_result(out, p, None, "", await job.offload(model_score, model, X, y, p, p["nthread"] or None))
     out["_model"] = model
     return out

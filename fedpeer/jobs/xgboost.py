@@ -72,7 +72,6 @@ import asyncio
 import functools
 import json
 import logging
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -86,17 +85,17 @@ from ..metrics import observe_round
 from ..ml import boosting
 from ..ml import data as mldata
 from ..net.channel import PeerDead, PeerUnreachable, RecvTimeout, SubChannel
-from ..protocols.fixedpoint import decode_counts, encode_counts
 from ..protocols.securesum import secure_sum
 from ..store import atomic_write, write_json
 from .base import Finished, JobContext, JobFailsEverywhere, JobKind, Param, site_seed
+from .xgbtarget import (base_from_total, class_names, eval_metrics, eval_vector, groups_of,
+                        is_regression, label_vector, metric_keys, model_score, site_labels)
 
 PARK_MS = 5_000                  # a directive of a term not yet confirmed by the election waits this long
 POLL_MS = 200                    # a member re-checks its election's view this often while waiting
 STATE_TIMEOUT_MS = 5_000         # a leader waits this long for a member's commit point
 EVAL_HOP_TIMEOUT_MS = 5_000      # hop timeout of the per-round evaluation sum (small vectors)
 LEADER_SILENCE_MS = 60_000       # beyond member_timeout_ms: a member without any leader this long fails
-COUNT_MAX = 2**40                # per-site counts are row counts: far below this
 DIRECTIVE_TAG = "xgb/leader"
 OPS = ("state", "fetch", "round", "commit", "finish", "release", "done")   # done: the job ended, adopt and stop
 SYNC_SILENCE_MS = 10_000         # a member without a directive this long asks the leader where the job is
@@ -116,8 +115,9 @@ PARAMS = {
     "mode": Param(str, "histogram", "histogram (default): exact federated XGBoost, every tree the one xgboost "
                   "hist grows on the pooled rows, from secure sums of gradient histograms (one tree per round and "
                   "class; no subsample / colsample; a site sends up to 24 x features x (max_bin + 1) x "
-                  "2^(max_depth - 1) bytes per tree, the sum's initiator about members times that) | bagging: each site grows trees on its own rows, the elected leader "
-                  "stacks them (tree / tree+): fewer, smaller messages, an approximation of the pooled model",
+                  "2^(max_depth - 1) bytes per tree, the sum's initiator about members times that) | bagging: "
+                  "each site grows trees on its own rows, the elected leader stacks them (tree / tree+): fewer, "
+                  "smaller messages, an approximation of the pooled model",
                   choices=("histogram", "bagging")),
     "rounds": Param(int, 20, "communication rounds", low=1, high=10_000),
     "num_local_round": Param(int, 1, "trees each site trains per round (and class): 1 = tree, >1 = tree+",
@@ -128,7 +128,8 @@ PARAMS = {
                        "add up to one step, so R rounds are one R-step model) | gain (eta x the site's share of the "
                        "last round's split gain)",
                        choices=("none", "samples", "gain")),
-    "objective": Param(str, "binary:logistic", "binary:logistic or multi:softprob", choices=boosting.OBJECTIVES),
+    "objective": Param(str, "binary:logistic", "binary:logistic, multi:softprob (with classes) or reg:squarederror "
+                       "(a numeric label; federated RMSE and MAE instead of AUC)", choices=boosting.MODEL_OBJECTIVES),
     "classes": Param(str, "", "multi:softprob: the label values, comma-separated, in class order"),
     "max_depth": Param(int, 6, "maximum tree depth", low=1, high=16),
     "min_child_weight": Param(float, 1.0, "minimum hessian sum in a child", low=0.0, high=1e9),
@@ -136,14 +137,18 @@ PARAMS = {
     "subsample": Param(float, 1.0, "rows sampled per tree", low=0.01, high=1.0),
     "colsample_bytree": Param(float, 1.0, "columns sampled per tree", low=0.01, high=1.0),
     "max_delta_step": Param(float, 0.0, "clip leaf weights to this (0: off)", low=0.0, high=1e6),
+    "grad_abs_max": Param(float, 0.0, "histogram mode: the declared bound on a row's |gradient| (0: the objective's "
+                          "own: 1 for classification, 1000 for reg:squarederror, i.e. |prediction - label|); a site "
+                          "beyond it ends the job naming the bound; larger bounds cost gradient precision",
+                          low=0.0, high=1e12),
     "gamma": Param(float, 0.0, "histogram mode: minimum loss reduction of a split (xgboost gamma)", low=0.0, high=1e9),
     "min_leaf_rows": Param(int, 2, "histogram mode: no split leaves fewer rows than this in a child, federation-wide",
                            low=1, high=2**40),
     "tree_method": Param(str, "hist", "xgboost tree method", choices=("hist", "approx", "exact")),
     "max_bin": Param(int, 256, "histogram bins per feature (hist, approx)", low=2, high=65_536),
     "nthread": Param(int, 0, "xgboost threads per site (0: all cores)", low=0, high=1024),
-    "leaf_abs_max": Param(float, 10.0, "the leader refuses trees with a larger |leaf value| (margin units, "
-                          "learning rate applied)", low=1e-6, high=1e9),
+    "leaf_abs_max": Param(float, 10.0, "bagging mode: the leader refuses trees with a larger |leaf value| (margin "
+                          "units, learning rate applied; reg:squarederror: label units)", low=1e-6, high=1e9),
     "test_fraction": Param(float, 0.2, "share of each site's rows kept out of training for the per-round "
                            "evaluation (0: train on every row; the rounds are then evaluated on the training rows)",
                            low=0.0, high=0.9),
@@ -231,33 +236,6 @@ def _directive(term: int, op: str, rnd: int = 0, **kw: Any) -> Directive:
 # Pure helpers
 # ---------------------------------------------------------------------------------------------
 
-def class_names(params: Mapping[str, Any]) -> list[str]:
-    if params["objective"] == "binary:logistic":
-        return []
-    names = [c.strip() for c in params["classes"].split(",") if c.strip()]
-    if len(names) < 2 or len(set(names)) != len(names):
-        raise JobError("multi:softprob needs classes: at least two distinct label values, comma-separated")
-    return names
-
-
-def site_labels(dataset: Any, params: Mapping[str, Any]) -> np.ndarray:
-    """Class indices of a site's rows: 0/1 (positive = [data] positive) or the index in `classes`."""
-    names = class_names(params)
-    present = sorted(set(dataset.labels.tolist()))
-    if not names:
-        if dataset.y is None:
-            raise DataError("binary:logistic needs the positive class: set [data] positive")
-        if len(present) > 2:
-            raise DataError(f"binary:logistic: the label column has {len(present)} values {present[:10]}, "
-                            "not two; use objective multi:softprob with classes")
-        return np.asarray(dataset.y, dtype=np.int64)
-    unknown = [v for v in present if v not in names]
-    if unknown:
-        raise DataError(f"label value(s) {unknown[:10]} are not among the job's classes {names}")
-    index = {name: i for i, name in enumerate(names)}
-    return np.array([index[v] for v in dataset.labels.tolist()], dtype=np.int64)
-
-
 def train_params(params: Mapping[str, Any]) -> dict[str, Any]:
     """xgboost parameters of the job (eta and seed are set per site and round)."""
     out = {"objective": params["objective"], "max_depth": params["max_depth"],
@@ -270,53 +248,6 @@ def train_params(params: Mapping[str, Any]) -> dict[str, Any]:
     if params["nthread"]:
         out["nthread"] = params["nthread"]
     return out
-
-
-def label_counts(y: np.ndarray, groups: int) -> np.ndarray:
-    """binary: [positives, rows]; multi: rows per class. Secure-summed for the base score."""
-    if groups == 1:
-        return np.array([int(y.sum()), len(y)], dtype=np.int64)
-    return np.bincount(y, minlength=groups).astype(np.int64)
-
-
-def base_from_counts(total: np.ndarray, objective: str, groups: int) -> tuple[Any, int]:
-    """(global base_score, total training rows) from summed `label_counts`."""
-    if groups == 1:
-        return boosting.global_base_score(int(total[0]), int(total[1]), objective), int(total[1])
-    rows = int(total.sum())
-    return boosting.global_base_score(total.astype(np.int64), rows, objective, groups), rows
-
-
-def eval_counts(y: np.ndarray, proba: np.ndarray, bins: int) -> tuple[np.ndarray, float]:
-    """(integer counts: score histograms ++ [correct, rows], log-loss sum) of one site."""
-    hist = boosting.score_histograms(y, proba, bins)
-    correct, rows = boosting.accuracy_counts(y, proba)
-    loss, _ = boosting.logloss_sums(y, proba)
-    return np.concatenate([hist.ravel(), [correct, rows]]).astype(np.int64), loss
-
-
-def eval_metrics(counts: np.ndarray, loss: float, groups: int, bins: int) -> dict:
-    """Federated metrics from summed `eval_counts`."""
-    hist = counts[:-2].reshape((2, bins) if groups == 1 else (groups, 2, bins))
-    correct, rows = int(counts[-2]), int(counts[-1])
-    auc = boosting.auc_from_histograms(hist)
-    if groups > 1:
-        finite = auc[np.isfinite(auc)]
-        auc = float(finite.mean()) if len(finite) else math.nan
-    return {"auc": None if math.isnan(auc) else round(float(auc), 6), "logloss": round(loss / rows, 6),
-            "accuracy": round(correct / rows, 6), "test_rows": rows}
-
-
-def model_auc(model: bytes, X: np.ndarray, y: np.ndarray, groups: int, nthread: int | None = None) -> float | None:
-    """AUC of a model on rows (macro one-vs-rest for multi-class), exact (scikit-learn)."""
-    from sklearn.metrics import roc_auc_score
-
-    proba = boosting.predict_proba(model, X, nthread=nthread)
-    if len(np.unique(y)) < 2:
-        return None
-    if groups == 1:
-        return float(roc_auc_score(y, proba))
-    return float(roc_auc_score(y, proba, multi_class="ovr", labels=list(range(groups))))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -706,10 +637,7 @@ class Site:
             return
         p = self.params
         proba = await self.tools.offload(self.tools.predict, self.model, self.test[0], p["nthread"] or None)
-        counts, loss = eval_counts(self.test[1], proba, p["eval_bins"])
-        n = len(participants)
-        from .stats import FIXED
-        vector = np.concatenate([encode_counts(counts, n, COUNT_MAX), FIXED.encode(np.array([loss]), n)])
+        vector = eval_vector(self.test[1], proba, p, len(participants))
         ring = tuple(sorted(participants))
         # The sum's initiator (first member) dying would hold everyone for many hops, and a new
         # leader's term means the round's leader is gone: its successor must not find us busy.
@@ -720,9 +648,7 @@ class Site:
         except (JobError, _Died) as exc:
             entry["eval_error"] = str(exc)[:300]
             return
-        total = decode_counts(out.total[:len(counts)])
-        entry.update(eval_metrics(total, float(FIXED.decode(out.total[len(counts):])[0]), self.groups,
-                                  p["eval_bins"]))
+        entry.update(eval_metrics(out.total, p))
         entry["evaluated_by"] = [m.hex() for m in out.participants]
 
     async def while_alive(self, peer: bytes, work: Any, term: int | None = None) -> Any:
@@ -937,18 +863,35 @@ class Site:
             # directives this site refused because their sender did not lead their term (issue 11)
             "directives_refused": {self.name(k): dict(v) for k, v in self.refused.items()},
         }
-        last = next((h for h in reversed(self.history) if h.get("auc") is not None), None)
+        keys = metric_keys(p)
+        last = next((h for h in reversed(self.history) if h.get(keys[0]) is not None), None)
         on = "the sites' test parts" if p["test_fraction"] else "the sites' training rows"
-        out["federated_eval"] = {**{k: last[k] for k in ("auc", "logloss", "accuracy", "test_rows")}, "rows": on} \
-            if last else None
-        out["auc"], out["auc_source"] = (last["auc"], f"federated, on {on}") if last else (None, None)
+        score_result(out, p, {k: last[k] for k in keys} if last else None, on)
         if self.ctx.test_data is not None and self.model is not None:
             X, y = self.ctx.test_data.X, site_labels(self.ctx.test_data, p)
-            out["test_csv"] = {"auc": model_auc(self.model, X, y, self.groups, p["nthread"] or None),
-                               "rows": int(len(y))}
-            out["auc"], out["auc_source"] = out["test_csv"]["auc"], "[data] test_csv"
+            score_result(out, p, None, on, model_score(self.model, X, y, p, p["nthread"] or None))
         out["_model"] = self.model
         return out
+
+
+def score_result(out: dict, params: Mapping[str, Any], federated: dict | None, on: str,
+                 test_csv: dict | None = None) -> None:
+    """A result's scores (both modes): `federated_eval` (the secure-summed metrics on `on`) and
+    `test_csv` (the model on [data] test_csv); `auc` (classification) or `rmse` and `mae`
+    (regression) lead with the test_csv figure when there is one, `auc_source` says which."""
+    lead = ("rmse", "mae") if is_regression(params) else ("auc",)
+    if test_csv is None:
+        out["federated_eval"] = {**federated, "rows": on} if federated else None
+        for k in lead:
+            out[k] = federated[k] if federated else None
+        out["auc_source"] = f"federated, on {on}" if federated else None
+        if is_regression(params):
+            out["auc"] = None
+        return
+    out["test_csv"] = test_csv
+    for k in lead:
+        out[k] = test_csv[k]
+    out["auc_source"] = "[data] test_csv"
 
 
 async def _all(*aws: Any) -> list[Any]:
@@ -973,14 +916,14 @@ def prepare(site: Site) -> None:
     """Split this site's rows (stratified, seeded by the job seed and the site's key)."""
     p, data = site.params, site.ctx.data
     y = site_labels(data, p)
-    labelled = mldata.Dataset(data.features, data.X, y.astype(np.int64), data.labels, data.rows_dropped,
-                              data.fingerprint)
+    labelled = mldata.Dataset(data.features, data.X, y, data.labels, data.rows_dropped, data.fingerprint)
     if p["test_fraction"] > 0:
-        train, test = mldata.split_train_test(labelled, p["test_fraction"], seed=site_seed(p["seed"], site.me))
+        train, test = mldata.split_train_test(labelled, p["test_fraction"], seed=site_seed(p["seed"], site.me),
+                                              stratify=not is_regression(p))
     else:
         train = test = labelled
     site.fit, site.test = (train.X, train.y), (test.X, test.y)
-    site.groups = max(1, len(class_names(p)))
+    site.groups = groups_of(p)
 
 
 async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, tools: Tools | None = None) -> dict:
@@ -990,12 +933,11 @@ async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, tools: To
     site = Site(ch=ch, params=params, ctx=ctx, tools=tools or Tools())
     prepare(site)
     ch.progress("secure sum of label counts", 0, params["rounds"])
-    counts = label_counts(site.fit[1], site.groups)
-    out = await secure_sum(ch, "xgb/labels", encode_counts(counts, len(ch.members), COUNT_MAX),
+    out = await secure_sum(ch, "xgb/labels", label_vector(site.fit[1], params, len(ch.members)),
                            mode=params["secure_sum"], hop_timeout_ms=ctx.hop_timeout_ms)
     if ch.me not in out.participants:
         raise JobError("this site was left out of the label-count sum")
-    site.base, site.total_rows = base_from_counts(decode_counts(out.total), params["objective"], site.groups)
+    site.base, site.total_rows = base_from_total(out.total, params)
     site.adopt(0, 0, None)
     try:
         return await site.run()

@@ -28,7 +28,7 @@ from .xgbmodel import _base_vector, _features, _nthread, _read_model
 from .xgbtree import (
     DEPTH_MAX,
     NODES_PER_TREE_MAX,
-    OBJECTIVES,
+    MODEL_OBJECTIVES,
     _f32,
     _groups,
     _parse_trees,
@@ -80,10 +80,14 @@ def normalized_eta(eta: float, my_rows: int, total_rows: int, mode: str = "none"
 
 
 
-def _labels(y: Any, rows: int, groups: int) -> np.ndarray:
+def _labels(y: Any, rows: int, groups: int, objective: str) -> np.ndarray:
     y = np.asarray(y)
     if y.shape != (rows,):
         raise DataError(f"y must have shape ({rows},), got {y.shape}")
+    if objective == "reg:squarederror":
+        if y.dtype.kind not in "biuf" or not np.isfinite(y.astype(np.float64)).all():
+            raise DataError("reg:squarederror needs finite numeric labels")
+        return y.astype(np.float64)
     if y.dtype.kind == "f":
         if not np.isfinite(y).all() or (y != np.round(y)).any():
             raise DataError("y must hold integer class labels")
@@ -107,7 +111,7 @@ def _site_params(params: Mapping[str, Any], objective: str, groups: int, eta_i: 
             raise ValueError(f"params num_class {out.get('num_class')} differs from the model's {groups}")
         out["num_class"] = groups
     elif int(out.get("num_class", 0)) not in (0, 1):
-        raise ValueError("binary:logistic takes no num_class")
+        raise ValueError(f"{objective} takes no num_class")
     for key, allowed in _ALLOWED_PARAMS.items():
         if key in out and out[key] not in allowed:
             raise ValueError(f"params {key}={out[key]!r} is not supported by tree bagging (allowed: {allowed})")
@@ -172,8 +176,8 @@ def train_local_round(global_model: bytes | None, X: Any, y: Any, params: Mappin
     boosting rounds with learning rate eta_i and return only the new trees, as a canonical trees
     document (module docstring) of num_local_round * K trees.
 
-    `params` are xgboost training parameters (objective binary:logistic or multi:softprob with
-    num_class; max_depth, lambda, tree_method, ...). eta/learning_rate and seed/random_state are
+    `params` are xgboost training parameters (objective binary:logistic, multi:softprob with
+    num_class, or reg:squarederror; max_depth, lambda, tree_method, ...). eta/learning_rate and seed/random_state are
     replaced by eta_i and seed. With a global model its intercept is kept (a base_score in params
     is dropped); without one (round 1), params must hold the federation's base_score
     (`global_base_score`). Refused: booster other than gbtree, num_parallel_tree != 1, vector
@@ -190,8 +194,8 @@ def train_local_round(global_model: bytes | None, X: Any, y: Any, params: Mappin
         objective = params.get("objective", "binary:logistic")
     else:
         objective = _read_model(global_model).objective
-    if objective not in OBJECTIVES:
-        raise ValueError(f"tree bagging trains {OBJECTIVES}, not {objective!r}")
+    if objective not in MODEL_OBJECTIVES:
+        raise ValueError(f"tree bagging trains {MODEL_OBJECTIVES}, not {objective!r}")
     if global_model is not None:
         info = _read_model(global_model)
         objective, groups = info.objective, info.groups
@@ -204,7 +208,7 @@ def train_local_round(global_model: bytes | None, X: Any, y: Any, params: Mappin
         X = _features(X)
         base = None
         old = ()
-    y = _labels(y, X.shape[0], groups)
+    y = _labels(y, X.shape[0], groups, objective)
     train_params = _site_params(params, objective, groups, eta_i, seed, warm=global_model is not None)
     if base is None:
         base = _base_vector(train_params["base_score"], objective, groups)

@@ -79,7 +79,7 @@ def _check_bound(values: np.ndarray, low: float, high: float, name: str, bound: 
     bad = ~np.isfinite(values) | (values < low) | (values > high)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise DataError(f"histogram mode: {name} {values[i]!r} of row {i} is outside the declared bound "
+        raise DataError(f"histogram mode: {name} {float(values[i])!r} of row {i} is outside the declared bound "
                         f"{'grad_abs_max' if name == 'gradient' else 'hess_max'}={bound!r} (the job's fixed-point "
                         "scale; raise the bound for every member, or check the labels)")
 

@@ -61,8 +61,8 @@ __all__ = [
 ]
 
 TREES_FORMAT = "fedpeer-xgb-trees/1"
-OBJECTIVES = ("binary:logistic", "multi:softprob")          # what tree bagging trains
-MODEL_OBJECTIVES = OBJECTIVES + ("reg:squarederror",)       # what a model may hold (histogram mode too)
+OBJECTIVES = ("binary:logistic", "multi:softprob")          # the classification objectives
+MODEL_OBJECTIVES = OBJECTIVES + ("reg:squarederror",)       # what a model may hold (both modes train each)
 CLASSES_MAX = 1000
 
 # Bounds that hold whatever a caller's policy says (the global model is checked with these only).

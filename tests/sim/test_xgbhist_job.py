@@ -182,3 +182,54 @@ def test_multiclass_model_is_the_pooled_reference() -> None:
                                    {"objective": "multi:softprob", "num_class": 3, "num_round": 3, "max_depth": 3,
                                     "eta": 0.3, "max_bin": 32})
     assert results[0]["_model"] == want
+
+
+def diabetes_sites(n: int) -> tuple[list, list[np.ndarray]]:
+    """scikit-learn's diabetes regression data over n sites; labels as the CSV reader gives them."""
+    from sklearn.datasets import load_diabetes
+
+    from fedpeer.ml.data import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint
+
+    raw = load_diabetes()
+    features = tuple(raw.feature_names)
+    parts = np.array_split(np.random.default_rng(3).permutation(len(raw.target)), n)
+    sites = [Dataset(features, np.ascontiguousarray(raw.data[p]), None, np.array([repr(float(v)) for v in raw.target[p]]),
+                     0, schema_fingerprint(features, [FEATURE_TYPE_FLOAT] * len(features))) for p in parts]
+    return sites, [raw.target[p] for p in parts]
+
+
+def test_regression_histogram_mode_is_the_pooled_model_and_reports_rmse() -> None:
+    sites, ys = diabetes_sites(3)
+    params = {**PARAMS, "objective": "reg:squarederror", "grad_abs_max": 400.0, "test_fraction": 0.0}
+    results, _ = run(sites, params)
+    assert all(isinstance(r, dict) for r in results), results
+    model = results[0]["_model"]
+    assert {r["model_sha256"] for r in results} == {boosting.model_sha256(model)}
+    reference = histrun.train_reference([s.X for s in sites], ys, {"objective": "reg:squarederror", "num_round": 4,
+                                                                   "max_depth": 3, "eta": 0.3, "max_bin": 32,
+                                                                   "grad_abs_max": 400.0})
+    assert model == reference
+    assert results[0]["base_score"] == pytest.approx(np.concatenate(ys).mean(), rel=1e-6)
+    results, _ = run(sites, {**params, "test_fraction": 0.2})
+    fed = results[0]["federated_eval"]
+    assert set(fed) == {"rmse", "mae", "test_rows", "rows"} and 0 < fed["mae"] <= fed["rmse"] < 80
+    assert results[0]["rmse"] == fed["rmse"] and results[0]["auc"] is None
+
+
+def test_regression_gradients_beyond_the_declared_bound_end_the_job_naming_it() -> None:
+    sites, _ = diabetes_sites(3)
+    # labels 25..346 around a mean of ~152: |prediction - label| reaches ~194 on the first tree
+    results, _ = run(sites, {**PARAMS, "objective": "reg:squarederror", "grad_abs_max": 50.0})
+    assert all(isinstance(r, JobError) and "grad_abs_max" in str(r) for r in results), results
+
+
+def test_regression_in_bagging_mode() -> None:
+    sites, ys = diabetes_sites(3)
+    results, _ = run(sites, {**PARAMS, "mode": "bagging", "objective": "reg:squarederror", "test_fraction": 0.2,
+                             "leaf_abs_max": 1000.0, "rounds": 3})
+    assert all(isinstance(r, dict) for r in results), results
+    assert len({r["model_sha256"] for r in results}) == 1
+    r = results[0]
+    assert r["trees"] == 9 and r["auc"] is None and 0 < r["mae"] <= r["rmse"] < 80, r
+    assert all(h.get("rmse") is not None for h in r["history"])
+    assert r["base_score"] == pytest.approx(np.mean(np.concatenate([y for y in ys])), rel=0.05)   # train parts' mean

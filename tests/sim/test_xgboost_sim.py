@@ -535,14 +535,12 @@ async def forger(w: World, k: bytes, p: dict, data: Dataset) -> None:
     election messages of term 2**62 or heartbeats claiming the next term (issue 11: without a
     certificate of signed votes they make nobody leader). It never runs an election core, so it
     never leads."""
-    from fedpeer.protocols.fixedpoint import decode_counts, encode_counts
     from fedpeer.protocols.securesum import secure_sum
 
     ch = SteadyChannel(w.net.channel(k))
-    counts = xj.label_counts(np.asarray(data.y, dtype=np.int64), 1)
-    out = await secure_sum(ch, "xgb/labels", encode_counts(counts, len(ch.members), xj.COUNT_MAX),
+    out = await secure_sum(ch, "xgb/labels", xj.label_vector(np.asarray(data.y, dtype=np.int64), p, len(ch.members)),
                            mode=p["secure_sum"], hop_timeout_ms=HOP_MS)
-    base, _ = xj.base_from_counts(decode_counts(out.total), p["objective"], 1)
+    base, _ = xj.base_from_total(out.total, p)
     poison, plausible = poisoned_model(base=base), poisoned_model(base=base, leaf=-0.5)
     w.forged |= {boosting.model_sha256(poison), boosting.model_sha256(plausible)}
     forging = asyncio.create_task(forge(w, k, ch, p, poison, plausible))

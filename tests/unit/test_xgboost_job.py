@@ -46,26 +46,46 @@ def test_multiclass_labels_follow_the_job_class_order():
             xj.class_names(params(objective="multi:softprob", classes=bad))
 
 
-def test_base_score_from_summed_label_counts():
+def test_base_score_from_summed_label_statistics():
     y1, y2 = np.array([1, 0, 0, 1]), np.array([1, 1, 0])
-    total = xj.label_counts(y1, 1) + xj.label_counts(y2, 1)
-    base, rows = xj.base_from_counts(total, "binary:logistic", 1)
+    p = params()
+    base, rows = xj.base_from_total(xj.label_vector(y1, p, 2) + xj.label_vector(y2, p, 2), p)
     assert rows == 7 and base == pytest.approx(4 / 7, rel=1e-6)
-    total = xj.label_counts(np.array([0, 2, 2]), 3) + xj.label_counts(np.array([1]), 3)
-    base, rows = xj.base_from_counts(total, "multi:softprob", 3)
+    p = params(objective="multi:softprob", classes="a,b,c")
+    base, rows = xj.base_from_total(xj.label_vector(np.array([0, 2, 2]), p, 2)
+                                    + xj.label_vector(np.array([1]), p, 2), p)
     assert rows == 4 and len(base) == 3 and np.argmax(base) == 2
+    p = params(objective="reg:squarederror")
+    y1, y2 = np.array([1.5, -2.0, 10.25]), np.array([3.0])
+    base, rows = xj.base_from_total(xj.label_vector(y1, p, 2) + xj.label_vector(y2, p, 2), p)
+    assert rows == 4 and base == pytest.approx(12.75 / 4, rel=1e-6)      # the label mean, as a margin
 
 
-def test_evaluation_counts_add_up_to_the_pooled_metrics():
+def test_evaluation_vectors_add_up_to_the_pooled_metrics():
     from sklearn.metrics import log_loss, roc_auc_score
     rng = np.random.default_rng(0)
     y = rng.integers(0, 2, 300)
     p = np.clip(0.3 * y + 0.7 * rng.random(300), 0, 1)
-    counts, loss = zip(*(xj.eval_counts(y[i::3], p[i::3], 1000) for i in range(3)))
-    m = xj.eval_metrics(sum(counts), sum(loss), 1, 1000)
+    pa = params()
+    m = xj.eval_metrics(sum(xj.eval_vector(y[i::3], p[i::3], pa, 3) for i in range(3)), pa)
     assert m["test_rows"] == 300 and m["accuracy"] == pytest.approx(((p > 0.5) == y).mean(), abs=1e-6)
     assert m["logloss"] == pytest.approx(log_loss(y, p), abs=1e-6)
     assert m["auc"] == pytest.approx(roc_auc_score(y, p), abs=2e-3)      # ties inside a bin count 1/2
+    yr, pred = rng.normal(5, 3, 300), rng.normal(5, 3, 300)
+    pr = params(objective="reg:squarederror")
+    m = xj.eval_metrics(sum(xj.eval_vector(yr[i::3], pred[i::3], pr, 3) for i in range(3)), pr)
+    assert m["test_rows"] == 300 and set(m) == {"rmse", "mae", "test_rows"}
+    assert m["rmse"] == pytest.approx(np.sqrt(np.mean((pred - yr) ** 2)), abs=1e-6)
+    assert m["mae"] == pytest.approx(np.mean(np.abs(pred - yr)), abs=1e-6)
+
+
+def test_regression_labels_are_the_label_column_numbers():
+    p = params(objective="reg:squarederror")
+    assert xj.site_labels(ds(["1.5", "-2", "1e3"]), p).tolist() == [1.5, -2.0, 1000.0]
+    with pytest.raises(DataError, match="numeric label: data row 2 has 'abc'"):
+        xj.site_labels(ds(["1", "abc"]), p)
+    with pytest.raises(DataError, match="finite"):
+        xj.site_labels(ds(["1", "inf"]), p)
 
 
 def test_directives_and_replies_round_trip_the_wire_schema():
