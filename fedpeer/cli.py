@@ -103,6 +103,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--data", required=True, type=Path, help="CSV with the model's feature columns (others are ignored)")
     s.add_argument("--out", type=Path, help="write the scores here as CSV (default: standard output)")
 
+    s = sub.add_parser("export", help="write a logreg job's model as scikit-learn LogisticRegression coefficients "
+                       "(JSON; no daemon needed)")
+    s.add_argument("--config", required=True, type=Path, help=CONFIG_HELP + " (its state_dir holds the model)")
+    s.add_argument("--job", required=True, help="the logreg job id whose model to export")
+    s.add_argument("--out", type=Path, help="write the JSON here (default: standard output)")
+
     from .harness import add_arguments as add_harness_arguments
     add_harness_arguments(sub.add_parser("harness", help="run a local federation of real daemons"))
     return p
@@ -412,6 +418,25 @@ def format_job(record: dict) -> str:
         rows = [("COLUMN", "MEAN", "STD")] + [(c, f"{result['mean'][c]:.6g}", f"{result['std'][c]:.6g}")
                                               for c in result["mean"]]
         lines.append(_table(rows, indent="  "))
+    elif result and record["kind"] == "logreg":
+        auc = "-" if result.get("auc") is None else f"{result['auc']:.4f}"
+        lines.append(f"  model: {result['mode']} logistic regression, solver {result['solver']}, C {result['C']:g}: "
+                     f"{result['status']} after {result['iterations']} iterations ({result['secure_sums']} secure "
+                     f"sums over {', '.join(result['members'])}; members lost: {', '.join(result['lost']) or 'none'})")
+        lines.append(f"  AUC {auc} ({result.get('auc_source') or '-'}); model file {result.get('model_file', '-')}")
+        if result.get("classes_absent_here"):
+            lines.append(f"  this site's rows lack class(es) {', '.join(result['classes_absent_here'])} "
+                         "(the federation's sums still hold them)")
+        rows = [("ITERATION", "LOGLOSS", "MAX |GRAD|", "STEP", "TEST AUC")]
+        for h in result["history"]:
+            test = "-" if h.get("test_auc") is None else f"{h['test_auc']:.4f}"
+            rows.append((h["iteration"], f"{h['loss']:.6f}", f"{h['grad_max']:.2e}", f"{h['step']:g}", test))
+        lines.append(_table(rows, indent="  "))
+        names = result["classes"] if len(result["classes"]) > 2 else ["coef"]
+        rows = [("FEATURE", *names)] + [(f, *(f"{c[j]:.6g}" for c in result["coef"]))
+                                        for j, f in enumerate(result["features"])]
+        rows.append(("(intercept)", *(f"{b:.6g}" for b in result["intercept"])))
+        lines.append(_table(rows, indent="  "))
     elif result and record["kind"] == "xgboost":
         auc = "-" if result.get("auc") is None else f"{result['auc']:.4f}"
         lines.append(f"  model: {result['rounds']} rounds, {result['trees']} trees, SHA-256 {result['model_sha256']}")
@@ -452,6 +477,18 @@ def _predict(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _export(args: argparse.Namespace) -> int:
+    from .jobs.predict import export_sklearn
+
+    text = json.dumps(export_sklearn(cfg.load(args.config), args.job), indent=2)
+    if not args.out:
+        print(text)
+        return EXIT_OK
+    args.out.write_text(text + "\n", encoding="utf-8")
+    print(f"wrote the model's scikit-learn coefficients to {args.out}", file=sys.stderr)
+    return EXIT_OK
+
+
 def _write_csv(out, rows: list[dict]) -> None:
     import csv
 
@@ -467,7 +504,8 @@ def _harness(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"init": _init, "key": _key, "peer": _peer, "reload": _reload, "start": _start, "status": _status,
-             "ping": _ping, "run": _run, "jobs": _jobs, "job": _job, "predict": _predict, "harness": _harness}
+             "ping": _ping, "run": _run, "jobs": _jobs, "job": _job, "predict": _predict, "harness": _harness,
+             "export": _export}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -618,6 +618,8 @@ def format_report(report: dict, workdir: Path, temp: bool) -> str:
                          f"committed {f.get('next_commit_after_s')} s after the kill" if "error" not in f
                          else f"failover: {f['error']}")
         lines.append(xgboost_table(report["sites"]))
+    if job["kind"] == "logreg":
+        lines.append(logreg_table(report["sites"]))
     if not temp:
         lines.append(f"sites, keys and daemon logs: {workdir}")
     return "\n".join(lines)
@@ -626,6 +628,22 @@ def format_report(report: dict, workdir: Path, temp: bool) -> str:
 def _table(rows: list[tuple]) -> str:
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def logreg_table(sites: list[dict]) -> str:
+    """One row per site: the fit's end, its federated training log-loss and AUC, and the classes
+    the site's own rows lack (the coefficients are in --json)."""
+    rows = [("SITE", "ROWS HERE", "STATUS", "ITERATIONS", "SECURE SUMS", "LOGLOSS", "AUC", "AUC ON", "LACKS CLASSES")]
+    for s in sites:
+        r = s["result"] or {}
+        if not r:
+            rows.append((s["name"], s["rows"] or "-", s["state"], "-", "-", "-", "-", "-", "-"))
+            continue
+        loss = f"{r['history'][-1]['loss']:.6f}" if r.get("history") else "-"
+        auc = "-" if r.get("auc") is None else f"{r['auc']:.4f}"
+        rows.append((s["name"], s["rows"], r["status"], r["iterations"], r["secure_sums"], loss, auc,
+                     r.get("auc_source") or "-", ", ".join(r["classes_absent_here"]) or "-"))
+    return _table(rows)
 
 
 def _membership_table(sites: list[dict]) -> str:

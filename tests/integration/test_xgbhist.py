@@ -112,3 +112,58 @@ def test_cli_and_harness_take_the_mode(tmp_path: Path) -> None:
     results = [s["result"] for s in json.loads(r.stdout)["sites"]]
     assert len({res["model_sha256"] for res in results}) == 1
     assert all(res["mode"] == "histogram" and res["trees"] == 3 and res["auc"] > 0.9 for res in results)
+
+
+async def test_regression_over_real_daemons_is_the_pooled_model_and_predict_gives_values(make_federation,
+                                                                                        tmp_path: Path) -> None:
+    """reg:squarederror (issue 14 item 5) on scikit-learn's diabetes data over 3 daemons: the
+    pooled-rows model byte for byte, the federated RMSE / MAE on [data] test_csv, and `fedpeer
+    predict` giving values equal to xgboost's."""
+    import csv
+
+    from sklearn.datasets import load_diabetes
+
+    raw = load_diabetes()
+    order = np.random.default_rng(0).permutation(len(raw.target))
+    header = list(raw.feature_names) + ["progression"]
+
+    def write(path: Path, rows: np.ndarray) -> Path:
+        with open(path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(header)
+            for i in rows:
+                w.writerow([repr(float(v)) for v in raw.data[i]] + [repr(float(raw.target[i]))])
+        return path
+
+    test = write(tmp_path / "test.csv", order[:80])
+    parts = [write(tmp_path / f"part{k}.csv", rows) for k, rows in enumerate(np.array_split(order[80:], 3))]
+    h = make_federation(3, None, start=False)
+    _attach_data(h, parts, label="progression", test_csv=str(test))
+    h.start()
+    await h.wait_all_alive(timeout_s=15)
+    params = {**PARAMS, "objective": "reg:squarederror", "grad_abs_max": 400.0}
+    job_id = await h.propose(0, "xgboost", params)
+    records = await h.wait_job(job_id, timeout_s=90)
+    assert {r["state"] for r in records.values()} == {"done"}, [r["error"] for r in records.values()]
+    results = [r["result"] for r in records.values()]
+    want = histrun.train_reference([raw.data[rows] for rows in np.array_split(order[80:], 3)],
+                                   [raw.target[rows] for rows in np.array_split(order[80:], 3)],
+                                   {"objective": "reg:squarederror", "num_round": 4, "max_depth": 3, "eta": 0.3,
+                                    "max_bin": 32, "grad_abs_max": 400.0})
+    assert all(Path(r["model_file"]).read_bytes() == want for r in results)
+    first = results[0]
+    assert first["auc"] is None and first["auc_source"] == "[data] test_csv"
+    assert 0 < first["mae"] <= first["rmse"] == first["test_csv"]["rmse"] and first["test_csv"]["rows"] == 80
+
+    import xgboost as xgb
+    booster = xgb.Booster()
+    booster.load_model(first["model_file"])
+    r = subprocess.run([sys.executable, "-m", "fedpeer", "predict", "--config", str(h.sites[2].config_path),
+                        "--job", job_id, "--data", str(test), "--out", str(tmp_path / "values.csv")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    with open(tmp_path / "values.csv") as f:
+        got = np.array([float(row["prediction"]) for row in csv.DictReader(f)])
+    assert np.allclose(got, booster.predict(xgb.DMatrix(raw.data[order[:80]])), rtol=0, atol=1e-4)
+    err = got - raw.target[order[:80]]
+    assert first["rmse"] == pytest.approx(float(np.sqrt(np.mean(err * err))), rel=1e-5)
