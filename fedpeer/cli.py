@@ -454,6 +454,9 @@ def format_job(record: dict) -> str:
         for h in result["history"]:
             for site, why in (h.get("excluded") or {}).items():
                 lines.append(f"  round {h['round']}: {site} left out: {why}")
+    elif result and record["kind"] in ("kmeans", "gmm"):
+        from .jobs.kmeans import describe
+        lines += describe(record["kind"], result)
     elif result:
         lines.append("  result: " + json.dumps(result, indent=2).replace("\n", "\n  "))
     return "\n".join(lines)

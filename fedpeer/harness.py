@@ -285,7 +285,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", default="stratified",
                    help="how --data is split: 'stratified' (equal parts, same class mix) or comma-separated "
                         "fractions, e.g. 0.5,0.3,0.2 (stratified, one fraction per site)")
-    p.add_argument("--label", help="label column of the CSVs")
+    p.add_argument("--label", help="label column of the CSVs (kmeans, gmm: none needed; a given one is not a feature)")
     p.add_argument("--positive", help="positive class value of the label column")
     p.add_argument("--ignore", default="", help="comma-separated columns that are not features (e.g. Id)")
     p.add_argument("--missing", default="error", choices=["error", "drop"], help="rows with missing values")
@@ -384,8 +384,8 @@ def _check_arguments(args: argparse.Namespace) -> str | None:
     if args.job != "membership":
         if args.data is None and args.site_data is None:
             return f"--job {args.job} needs --data CSV or --site-data CSV ..."
-        if not args.label:
-            return "--label is required with a job"
+        if not args.label and job_kinds()[args.job].needs_label:
+            return f"--label is required with --job {args.job}"
         if args.site_data is not None and len(args.site_data) != args.sites:
             return f"--site-data has {len(args.site_data)} files for --sites {args.sites}"
     if args.holdout is not None and (args.data is None or args.test_data is not None or not 0 < args.holdout < 1):
@@ -545,8 +545,8 @@ def split_fractions(split: str, parts: int) -> list[float]:
     return fractions
 
 
-def split_csv(path: Path, label: str, parts: int, split: str, seed: int, out_dir: Path) -> list[Path]:
-    """Split one CSV into `parts` files, stratified by `label`, seeded; returns the paths.
+def split_csv(path: Path, label: str | None, parts: int, split: str, seed: int, out_dir: Path) -> list[Path]:
+    """Split one CSV into `parts` files, stratified by `label` (None: shuffled only), seeded; returns the paths.
 
     split: "stratified" (equal parts) or comma-separated fractions (one per part)."""
     import csv
@@ -557,14 +557,14 @@ def split_csv(path: Path, label: str, parts: int, split: str, seed: int, out_dir
     if len(rows) < 2:
         raise HarnessError(f"{path}: no data rows")
     header, body = rows[0], rows[1:]
-    if label not in header:
+    if label is not None and label not in header:
         raise HarnessError(f"{path}: no column {label!r}; columns: {header}")
     fractions = split_fractions(split, parts)
     rng = random.Random(seed)
-    col = header.index(label)
+    col = header.index(label) if label is not None else -1
     by_class: dict[str, list[list[str]]] = {}
     for row in body:
-        by_class.setdefault(row[col] if col < len(row) else "", []).append(row)
+        by_class.setdefault(row[col] if 0 <= col < len(row) else "", []).append(row)
     out: list[list[list[str]]] = [[] for _ in range(parts)]
     for cls in sorted(by_class):
         members = by_class[cls]
@@ -618,6 +618,8 @@ def format_report(report: dict, workdir: Path, temp: bool) -> str:
                          f"committed {f.get('next_commit_after_s')} s after the kill" if "error" not in f
                          else f"failover: {f['error']}")
         lines.append(xgboost_table(report["sites"]))
+    elif job["kind"] in ("kmeans", "gmm"):
+        lines.append(cluster_table(report["sites"]))
     if job["kind"] == "logreg":
         lines.append(logreg_table(report["sites"]))
     if not temp:
@@ -701,4 +703,16 @@ def _stats_table(sites: list[dict]) -> str:
         spread = f"{first}: {r['mean'][first]:.4g} ± {r['std'][first]:.4g}" if first else "-"
         rows.append((s["name"], s.get("state", "-"), s.get("rows") if s.get("rows") is not None else "-",
                      r.get("count", "-"), f"{r['positive_share']:.3f}" if r else "-", spread))
+    return _table(rows)
+
+
+def cluster_table(sites: list[dict]) -> str:
+    """kmeans / gmm: every site holds the same model; sizes are federation-wide ("< N": too few to show)."""
+    rows = [("SITE", "STATE", "LOCAL ROWS", "FEDERATION ROWS", "ROUNDS", "INERTIA / LOG-LIKELIHOOD", "CLUSTER SIZES")]
+    for s in sites:
+        r = s.get("result") or {}
+        fit = r.get("inertia", r.get("log_likelihood"))
+        rows.append((s["name"], s.get("state", "-"), s.get("rows") if s.get("rows") is not None else "-",
+                     r.get("rows", "-"), r.get("iterations", "-"), "-" if fit is None else f"{fit:.6g}",
+                     " ".join(str(c) for c in r.get("cluster_sizes", [])) or "-"))
     return _table(rows)

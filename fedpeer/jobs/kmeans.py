@@ -194,6 +194,32 @@ def result(lloyd: cl.Lloyd, space: cl.Space, params: Mapping[str, Any], features
     }
 
 
+def describe(kind: str, result: Mapping[str, Any]) -> list[str]:
+    """`fedpeer job show` lines for a kmeans or gmm result: rounds, the fit per round, sizes."""
+    fit = "inertia" if kind == "kmeans" else "log_likelihood"
+    lines = [f"  federation: {result['rows']} rows over {', '.join(result['participants'])}; k = {result['k']}; "
+             f"{result['iterations']} rounds ({'converged' if result['converged'] else 'max_iter reached'}); "
+             f"{result['secure_sums']} secure sums ({result['secure_sum']}), "
+             f"{result['bytes_sent_per_site']} bytes sent per site"]
+    if kind == "gmm":
+        lines.append(f"  log-likelihood {result['log_likelihood']:.6g}; BIC {result['bic']:.6g} "
+                     f"({result['parameters']} parameters, covariance {result['covariance']})")
+    else:
+        lines.append(f"  inertia {result['inertia']:.6g} ({result['inertia_units']}); kept restart "
+                     f"{result['kept_restart'] + 1} of {result['restarts']}")
+    lines.append("  " + fit.replace("_", "-") + " per round: "
+                 + ", ".join(f"{h[fit]:.6g}" for h in result["history"]))
+    centres = result["centers"] if kind == "kmeans" else result["means"]
+    rows = [("CLUSTER", "ROWS", *(["WEIGHT"] if kind == "gmm" else []), "CENTRE" if kind == "kmeans" else "MEAN")]
+    for c, (size, centre) in enumerate(zip(result["cluster_sizes"], centres)):
+        weight = [f"{result['weights'][c]:.4f}"] if kind == "gmm" else []
+        rows.append((str(c), str(size), *weight, ", ".join(f"{v:.6g}" for v in centre[:8])
+                     + (" ..." if len(centre) > 8 else "")))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines += ["  " + "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+    return lines
+
+
 # ---------------------------------------------------------------------------------------------
 # The stored model and `fedpeer predict`
 # ---------------------------------------------------------------------------------------------

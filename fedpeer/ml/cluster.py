@@ -94,12 +94,14 @@ def parse_centers(text: str, k: int, d: int) -> np.ndarray:
     """`init` = "x1,x2;y1,y2": one centre per ';'-separated group, d numbers each (original units)."""
     rows = [r for r in text.split(";") if r.strip()]
     try:
-        C = np.array([[float(v) for v in r.split(",")] for r in rows], dtype=np.float64)
+        values = [[float(v) for v in r.split(",")] for r in rows]
     except ValueError:
         raise JobError(f"parameter init: {text[:80]!r} is not centres like \"1.0,2.0;3.5,-1\"") from None
-    if C.ndim != 2 or C.shape != (k, d):
-        got = f"{len(rows)} centre(s)" + (f" of {C.shape[1]} values" if C.ndim == 2 else " of unequal lengths")
+    lengths = {len(v) for v in values}
+    if len(rows) != k or lengths != {d}:
+        got = f"{len(rows)} centre(s)" + (f" of {lengths.pop()} values" if len(lengths) == 1 else " of unequal lengths")
         raise JobError(f"parameter init: {got}; this job needs k = {k} centres of {d} values (one per feature)")
+    C = np.array(values, dtype=np.float64)
     if not np.isfinite(C).all():
         raise JobError("parameter init: every value must be finite")
     return C
@@ -111,7 +113,8 @@ def parse_centers(text: str, k: int, d: int) -> np.ndarray:
 
 def sq_distances(X: np.ndarray, C: np.ndarray) -> np.ndarray:
     """(rows, k) squared Euclidean distances, ‖x‖² - 2 x·c + ‖c‖² clipped at 0 (as scikit-learn)."""
-    d2 = (X * X).sum(axis=1)[:, None] - 2.0 * (X @ C.T) + (C * C).sum(axis=1)[None, :]
+    with np.errstate(over="ignore", invalid="ignore"):
+        d2 = (X * X).sum(axis=1)[:, None] - 2.0 * (X @ C.T) + (C * C).sum(axis=1)[None, :]
     np.maximum(d2, 0.0, out=d2)
     if not np.isfinite(d2).all():
         raise JobError("squared distances overflow float64 (features of magnitude ~1e154 or more): "

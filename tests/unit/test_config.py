@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 from fedpeer import config as cfg
 from fedpeer.errors import ConfigError
 from fedpeer.identity import Identity, encode_public_key, load_key_file
+from fedpeer.jobs.kinds import KIND_NAMES
 from fedpeer.sitefiles import add_peer, init_site
 
 
@@ -54,7 +56,7 @@ def test_unknown_key_is_an_error_naming_the_key(two_sites: tuple[Path, Path]) ->
     ('listen = "127.0.0.1:17401"', 'listen = "127.0.0.1:99999"', "node.listen", "out of range"),
     ('admin = "unix:state/admin.sock"', 'admin = "10.0.0.1:9000"', "node.admin", "loopback"),
     ('probe_interval_ms = 500', 'probe_interval_ms = "fast"', "membership.probe_interval_ms", "integer"),
-    ('allowed_jobs = ["stats", "sumcheck", "bofrf", "xgboost"]', 'allowed_jobs = "stats"', "policy.allowed_jobs",
+    (f"allowed_jobs = {json.dumps(list(KIND_NAMES))}", 'allowed_jobs = "stats"', "policy.allowed_jobs",
      "list"),
     ('members_max = 100', 'members_max = -1', "policy.members_max", "non-negative"),
     ('[limits]', '[election]\nelection_timeout_max_ms = 100\n\n[limits]', "[election]", "election_timeout"),

@@ -1,0 +1,114 @@
+"""The pure clustering steps (fedpeer/ml/cluster.py, mixture.py) and the kmeans / gmm jobs' stored
+models: parameters that cannot work fail with the parameter to change, the empty-cluster rule is
+deterministic, a stored model that is not a valid one is refused, and `job show` describes them."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import pytest
+
+from fedpeer.errors import DataError, JobError
+from fedpeer.jobs import gmm as gj
+from fedpeer.jobs import kmeans as kj
+from fedpeer.ml import cluster as cl
+from fedpeer.ml import mixture as mx
+
+
+@pytest.mark.parametrize("text, words", [
+    ("1,2;3", "2 centre(s) of unequal lengths"),
+    ("1,2;3,4", "2 centre(s) of 2 values; this job needs k = 3 centres of 2 values"),
+    ("1,a;3,4;5,6", "is not centres like"),
+    ("1,inf;3,4;5,6", "every value must be finite"),
+])
+def test_explicit_centres_are_checked_naming_the_parameter(text: str, words: str) -> None:
+    with pytest.raises(JobError, match="parameter init") as caught:
+        cl.parse_centers(text, 3, 2)
+    assert words in str(caught.value)
+
+
+def test_an_empty_cluster_is_reseeded_from_the_federated_normal_the_same_way_everywhere() -> None:
+    X = np.array([[0.0, 0.0], [0.1, 0.0], [10.0, 10.0], [10.1, 10.0]])
+    far = np.array([[0.0, 0.0], [10.0, 10.0], [500.0, 500.0]])          # the third gets no row
+    runs = []
+    for _ in range(2):
+        lloyd = cl.Lloyd([far], 1.0, 0.0, 1, seed=9, mean=X.mean(axis=0), std=X.std(axis=0))
+        floats, counts = lloyd.local(X, {})
+        lloyd.advance(floats, counts, len(X))
+        runs.append(lloyd.restarts[0])
+    assert runs[0].reseeded == 1 and np.array_equal(runs[0].centers, runs[1].centers)
+    rng = np.random.default_rng([9, 0, 1, 1])
+    want = X.mean(axis=0) + X.std(axis=0) * rng.standard_normal((3, 2))
+    assert np.array_equal(runs[0].centers[2], want[2])
+    assert np.allclose(runs[0].centers[:2], [[0.05, 0.0], [10.05, 10.0]])
+
+
+def test_fuzzy_memberships_survive_a_row_on_a_centre_and_large_exponents() -> None:
+    d2 = np.array([[0.0, 4.0, 9.0], [1.0, 1.0, 1e6]])
+    for m in (1.01, 2.0, 10.0):
+        u = cl.memberships(d2, m)
+        assert np.isfinite(u).all() and np.allclose(u.sum(axis=1), 1.0)
+        assert u[0, 0] > 0.99 and abs(u[1, 0] - u[1, 1]) < 1e-12
+
+
+def test_distances_that_overflow_name_standardize() -> None:
+    with pytest.raises(JobError, match="standardize=true"):
+        cl.sq_distances(np.array([[1e200, 0.0]]), np.array([[0.0, 0.0]]))
+
+
+def test_a_round_too_large_for_the_secure_sum_names_what_to_lower() -> None:
+    with pytest.raises(JobError, match="use covariance=diag or fewer components"):
+        kj.check_size("gmm", *mx.stat_sizes(1000, 1000, "full"), "use covariance=diag or fewer components")
+
+
+def test_stored_models_round_trip_and_a_bad_file_is_refused(tmp_path) -> None:
+    model = {"kind": "kmeans", "features": ["a", "b"], "centers": np.array([[0.0, 1.0], [2.0, 3.0]]),
+             "shift": np.zeros(2), "scale": np.ones(2), "fuzziness": 1.0}
+    kj.save_model(tmp_path / "m.npz", model)
+    back = kj.load_model(tmp_path / "m.npz")
+    assert back["features"] == ("a", "b") and np.array_equal(back["centers"], model["centers"])
+    assert [r["cluster"] for r in kj.predict(back, np.array([[1.9, 3.1], [0.0, 0.9]]))] == [1, 0]
+    for bad in ({"centers": np.array([[0.0, np.nan], [2.0, 3.0]])}, {"centers": np.zeros((2, 3))},
+                {"scale": np.array([1.0, 0.0])}, {"kind": "gmm"}):
+        kj.save_model(tmp_path / "bad.npz", {**model, **bad})
+        with pytest.raises(DataError, match="not a valid stored kmeans model"):
+            kj.load_model(tmp_path / "bad.npz")
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(DataError, match="junk.npz: not a valid stored kmeans model"):
+        kj.load_model(tmp_path / "junk.npz")
+    covs = np.array([np.eye(2), [[1.0, 2.0], [2.0, 1.0]]])              # the second is not positive definite
+    gm = {"kind": "gmm", "features": ["a", "b"], "weights": np.array([0.5, 0.5]), "means": np.zeros((2, 2)),
+          "covariances": covs, "shift": np.zeros(2), "scale": np.ones(2), "full": 1.0}
+    kj.save_model(tmp_path / "g.npz", gm)
+    with pytest.raises(DataError, match="not positive definite"):
+        gj.load_model(tmp_path / "g.npz")
+    kj.save_model(tmp_path / "g.npz", {**gm, "covariances": np.array([np.eye(2), 2 * np.eye(2)])})
+    mixture, arrays = gj.load_model(tmp_path / "g.npz")
+    assert mixture.covariance == "full" and arrays["features"] == ("a", "b")
+
+
+def test_job_show_describes_the_rounds_the_fit_and_the_sizes() -> None:
+    result = {"rows": 12, "participants": ["a", "b"], "k": 2, "iterations": 3, "converged": True, "secure_sums": 5,
+              "secure_sum": "pairwise", "bytes_sent_per_site": 800, "inertia": 1.5, "inertia_units": "original units",
+              "kept_restart": 0, "restarts": 2, "history": [{"round": 1, "inertia": 3.0}, {"round": 2, "inertia": 1.5}],
+              "cluster_sizes": [9, "< 5"], "centers": [[0.0, 1.0], [5.0, 6.0]]}
+    text = "\n".join(kj.describe("kmeans", result))
+    assert "12 rows over a, b; k = 2; 3 rounds (converged)" in text and "inertia per round: 3, 1.5" in text
+    assert "1        < 5   5, 6" in text
+    gm = {**result, "log_likelihood": -20.0, "bic": 50.0, "parameters": 9, "covariance": "diag",
+          "history": [{"round": 1, "log_likelihood": -20.0}], "weights": [0.75, 0.25], "means": result["centers"]}
+    text = "\n".join(kj.describe("gmm", gm))
+    assert "BIC 50 (9 parameters, covariance diag)" in text and "0.2500" in text
+
+
+@pytest.mark.parametrize("job, label, problem", [
+    ("kmeans", None, None), ("gmm", None, None), ("xgboost", None, "--label is required with --job xgboost")])
+def test_the_harness_needs_a_label_only_for_kinds_that_learn_one(job: str, label: str | None,
+                                                                 problem: str | None, tmp_path) -> None:
+    from fedpeer import harness
+    p = argparse.ArgumentParser()
+    harness.add_arguments(p)
+    args = p.parse_args(["--sites", "3", "--job", job, "--site-data", *[str(tmp_path / f"{i}.csv") for i in range(3)],
+                         "--param", "seed=1"] + (["--label", label] if label else []))
+    assert harness._check_arguments(args) == problem
