@@ -142,13 +142,13 @@ ring mode (DESIGN §6)
 
 pairwise mode (collusion-resistant)
 * As ring mode, and every participant i adds, for every other participant j, a mask expanded
-  (SHAKE-256) from a seed only i and j can derive (`ch.pairwise_seed`, an X25519 agreement in
+  (the AES-256-CTR keystream, `expand_mask`) from a seed only i and j can derive (`ch.pairwise_seed`, an X25519 agreement in
   the daemon): +mask if i's key < j's key, -mask otherwise, so these cancel in the total. Every
   site but the initiator also adds a self mask expanded from a fresh secret seed, which it
   reveals to the initiator only when asked, after the whole vector has come back.
 * A coalition of any size learns nothing beyond the total and its own vectors: every value it
   sees carries pairwise masks shared with participants outside the coalition, which cancel only
-  in the complete sum (computationally: the pairwise seeds stay secret and SHAKE-256 output
+  in the complete sum (computationally: the pairwise seeds stay secret and AES-CTR keystream
   looks random). A site's vector is exposed only if all other participants collude, and then
   the total gives it away anyway.
 * Dropouts: members reveal their self-mask seeds only after every chunk has come back, and an
@@ -170,6 +170,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from .. import wire
 from ..errors import JobError, LocalProtocolError
@@ -190,8 +191,8 @@ REASON_BYTES_MAX = 2048
 SEED_BYTES = 32
 PHASE = "secure sum"
 
-_PAIR_DOMAIN = b"fedpeer/securesum/pair-mask/v1\x00"
-_SELF_DOMAIN = b"fedpeer/securesum/self-mask/v1\x00"
+_PAIR_DOMAIN = b"fedpeer/securesum/pair-mask/v2\x00"    # v2: AES-256-CTR (v1: SHAKE-256)
+_SELF_DOMAIN = b"fedpeer/securesum/self-mask/v2\x00"
 _LABEL_DOMAIN = b"fedpeer/securesum/pairwise-seed/v1"
 
 
@@ -434,10 +435,15 @@ def _plan(ch: Channel, tag: str, vector: np.ndarray, mode: str, hop_timeout_ms: 
 # ---------------------------------------------------------------------------------------------
 
 def expand_mask(domain: bytes, seed: bytes, chunk: int, entries: int) -> np.ndarray:
-    """`entries` uniform uint64 from SHAKE-256 over (domain, seed, chunk index): one independent
-    stream per seed and chunk, so no mask is reused across chunks."""
-    xof = hashlib.shake_256(domain + seed + chunk.to_bytes(8, "little"))
-    return np.frombuffer(xof.digest(8 * entries), dtype="<u8").astype(np.uint64)
+    """`entries` uniform uint64 (read-only): the AES-256-CTR keystream under the key
+    BLAKE2b-256(domain ‖ seed), initial counter block = chunk index (8 bytes) ‖ 0 (8 bytes), so
+    every seed and chunk has its own stream (2^64 blocks each) and no mask is reused across
+    chunks. About 10x faster than SHAKE-256 where the CPU has AES instructions (issue 13: 8 MiB
+    in ~2 ms vs ~24 ms), which matters since pairwise mode expands one mask per other member
+    and chunk on the event loop."""
+    key = hashlib.blake2b(domain + seed, digest_size=32).digest()
+    stream = Cipher(algorithms.AES(key), modes.CTR(chunk.to_bytes(8, "big") + bytes(8))).encryptor()
+    return np.frombuffer(stream.update(bytes(8 * entries)), dtype="<u8")
 
 
 def pairwise_label(plan: _Plan, attempt: int) -> bytes:
