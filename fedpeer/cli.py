@@ -454,7 +454,7 @@ def format_job(record: dict) -> str:
         for h in result["history"]:
             for site, why in (h.get("excluded") or {}).items():
                 lines.append(f"  round {h['round']}: {site} left out: {why}")
-    elif result and record["kind"] in ("kmeans", "gmm"):
+    elif result and record["kind"] in ("kmeans", "gmm", "dbscan"):
         from .jobs.kmeans import describe
         lines += describe(record["kind"], result)
     elif result:

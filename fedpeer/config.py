@@ -184,9 +184,18 @@ class GmmPolicy:
     cluster_rows_min: int = 1             # smallest cluster size shown exactly (min_cluster_rows)
 
 
+@dataclass(frozen=True)
+class DbscanPolicy:
+    components_max: int = 100             # Gaussians describing each local cluster (components)
+    local_clusters_max: int = 1000        # local clusters a site describes (local_clusters_max)
+    synthetic_rows_max: int = 10_000_000  # synthetic points every site clusters (synthetic_rows_max)
+    cluster_rows_min: int = 1             # smallest cluster size shown exactly (min_cluster_rows)
+
+
 KIND_POLICIES: dict[str, type] = {"stats": StatsPolicy, "sumcheck": SumcheckPolicy, "bofrf": BofrfPolicy,
                                   "xgboost": XgboostPolicy, "logreg": LogregPolicy,
-                                  "kmeans": KmeansPolicy, "gmm": GmmPolicy}
+                                  "kmeans": KmeansPolicy, "gmm": GmmPolicy,
+                                  "dbscan": DbscanPolicy}
 assert tuple(KIND_POLICIES) == KIND_NAMES, "every job kind has its [policy.<kind>] table"
 EVERY_PEER = "*"
 
@@ -207,6 +216,7 @@ class Policy:
     logreg: LogregPolicy = field(default_factory=LogregPolicy)
     kmeans: KmeansPolicy = field(default_factory=KmeansPolicy)
     gmm: GmmPolicy = field(default_factory=GmmPolicy)
+    dbscan: DbscanPolicy = field(default_factory=DbscanPolicy)
 
     def may_propose(self, peer_name: str) -> bool:
         return EVERY_PEER in self.proposers or peer_name in self.proposers

@@ -285,7 +285,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", default="stratified",
                    help="how --data is split: 'stratified' (equal parts, same class mix) or comma-separated "
                         "fractions, e.g. 0.5,0.3,0.2 (stratified, one fraction per site)")
-    p.add_argument("--label", help="label column of the CSVs (kmeans, gmm: none needed; a given one is not a feature)")
+    p.add_argument("--label", help="label column of the CSVs (clustering: none needed; a given one is not a feature)")
     p.add_argument("--positive", help="positive class value of the label column")
     p.add_argument("--ignore", default="", help="comma-separated columns that are not features (e.g. Id)")
     p.add_argument("--missing", default="error", choices=["error", "drop"], help="rows with missing values")
@@ -618,7 +618,7 @@ def format_report(report: dict, workdir: Path, temp: bool) -> str:
                          f"committed {f.get('next_commit_after_s')} s after the kill" if "error" not in f
                          else f"failover: {f['error']}")
         lines.append(xgboost_table(report["sites"]))
-    elif job["kind"] in ("kmeans", "gmm"):
+    elif job["kind"] in ("kmeans", "gmm", "dbscan"):
         lines.append(cluster_table(report["sites"]))
     if job["kind"] == "logreg":
         lines.append(logreg_table(report["sites"]))
@@ -707,7 +707,7 @@ def _stats_table(sites: list[dict]) -> str:
 
 
 def cluster_table(sites: list[dict]) -> str:
-    """kmeans / gmm: every site holds the same model; sizes are federation-wide ("< N": too few to show)."""
+    """kmeans / gmm / dbscan: every site holds the same model; sizes are federation-wide ("< N": too few)."""
     rows = [("SITE", "STATE", "LOCAL ROWS", "FEDERATION ROWS", "ROUNDS", "INERTIA / LOG-LIKELIHOOD", "CLUSTER SIZES")]
     for s in sites:
         r = s.get("result") or {}

@@ -195,7 +195,13 @@ def result(lloyd: cl.Lloyd, space: cl.Space, params: Mapping[str, Any], features
 
 
 def describe(kind: str, result: Mapping[str, Any]) -> list[str]:
-    """`fedpeer job show` lines for a kmeans or gmm result: rounds, the fit per round, sizes."""
+    """`fedpeer job show` lines for a kmeans, gmm or dbscan result: rounds, the fit per round, sizes."""
+    if kind == "dbscan":
+        return [f"  federation: {result['rows']} rows over {', '.join(result['participants'])}; "
+                f"{result['clusters']} clusters from {result['local_clusters']} shared local-cluster descriptions "
+                f"({result['synthetic_rows']} synthetic points); noise {result['noise_fraction']:.3f} of the rows",
+                f"  cluster sizes: {' '.join(str(c) for c in result['cluster_sizes']) or '-'}; eps {result['eps']}, "
+                f"min_samples {result['min_samples']}"]
     fit = "inertia" if kind == "kmeans" else "log_likelihood"
     lines = [f"  federation: {result['rows']} rows over {', '.join(result['participants'])}; k = {result['k']}; "
              f"{result['iterations']} rounds ({'converged' if result['converged'] else 'max_iter reached'}); "

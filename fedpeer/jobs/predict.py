@@ -13,7 +13,8 @@ xgboost and logreg give the predicted class and one probability per class; a reg
 xgboost model gives the predicted value.
 k-means gives each row's cluster (the index in the job's canonical order: centres sorted by
 first coordinate) and its distance to that centre (fuzzy: one membership per cluster); a
-Gaussian mixture gives the most probable component and every component's probability.
+Gaussian mixture gives the most probable component and every component's probability; dbscan the
+cluster of the nearest clustered synthetic point within eps, or -1 (noise).
 """
 
 from __future__ import annotations
@@ -46,11 +47,11 @@ def predict_csv(config: Config, job_id: str, data: Path) -> list[dict]:
     if recorded is not None:
         _check_file_sha256(model_path, recorded)
     header = _header(data)
-    if record["kind"] in ("kmeans", "gmm"):
-        from . import gmm, kmeans
-        module = kmeans if record["kind"] == "kmeans" else gmm
+    if record["kind"] in ("kmeans", "gmm", "dbscan"):
+        from . import dbscan, gmm, kmeans
+        module = {"kmeans": kmeans, "gmm": gmm, "dbscan": dbscan}[record["kind"]]
         model = module.load_model(model_path)
-        features = (model if record["kind"] == "kmeans" else model[1])["features"]
+        features = (model[1] if record["kind"] == "gmm" else model)["features"]
         return module.predict(model, _rows(data, header, features))
     if record["kind"] == "logreg":
         from . import logreg

@@ -190,3 +190,42 @@ def test_gmm_standardized_reports_original_units_and_predicts() -> None:
                                     covariance="full"), results[0]["_model"]), np.array(fed["means"]))
     assert [r["cluster"] for r in scored] == [0, 1, 2]
     assert all(abs(sum(v for k, v in r.items() if k.startswith("p_")) - 1) < 1e-9 for r in scored)
+
+
+def moons_and_blobs() -> tuple[np.ndarray, list[np.ndarray]]:
+    """make_moons + two make_blobs, non-IID over 3 sites (site i holds 80 % of shape i mod 3)."""
+    from sklearn.datasets import make_blobs, make_moons
+    Xm, ym = make_moons(600, noise=0.05, random_state=0)
+    Xb, yb = make_blobs(400, centers=[[3, 2], [-1.5, 2]], cluster_std=0.15, random_state=0)
+    X, y = np.vstack([Xm, Xb]), np.concatenate([ym, yb + 2])
+    rng = np.random.default_rng(0)
+    owner = np.where(rng.random(len(X)) < 0.8, y % 3, rng.integers(0, 3, len(X)))
+    parts = [X[owner == i] for i in range(3)]
+    return np.vstack(parts), parts
+
+
+def test_federated_dbscan_agrees_with_centralized_dbscan() -> None:
+    from sklearn.cluster import DBSCAN
+    from sklearn.metrics import adjusted_rand_score
+
+    from fedpeer.jobs import dbscan as dj
+
+    X, parts = moons_and_blobs()
+    results = run(dj, parts, {"eps": 0.2, "min_samples": 5, "components": 6, "seed": 1})
+    fed = same_everywhere(results)
+    central = DBSCAN(eps=0.2, min_samples=5).fit_predict(X)
+    model = results[2]["_model"]
+    model = {**model, "labels": model["labels"].astype(np.int64)}
+    labels = np.array([r["cluster"] for p in parts for r in dj.predict(model, p)])
+    assert adjusted_rand_score(central, labels) >= 0.9
+    assert fed["clusters"] == len(set(central) - {-1}) == 4 and fed["rows"] == len(X)
+    assert fed["local_clusters"] >= 4 and 0 <= fed["noise_fraction"] < 0.05
+    assert sum(c for c in fed["cluster_sizes"] if isinstance(c, int)) <= len(X)
+
+
+def test_dbscan_refuses_more_local_clusters_than_allowed_naming_the_parameter() -> None:
+    from fedpeer.jobs import dbscan as dj
+
+    _, parts = moons_and_blobs()
+    results = run(dj, parts, {"eps": 0.2, "min_samples": 5, "components": 3, "local_clusters_max": 1})
+    assert any(isinstance(r, JobError) and "raise local_clusters_max" in str(r) for r in results), results

@@ -112,3 +112,21 @@ def test_the_harness_needs_a_label_only_for_kinds_that_learn_one(job: str, label
     args = p.parse_args(["--sites", "3", "--job", job, "--site-data", *[str(tmp_path / f"{i}.csv") for i in range(3)],
                          "--param", "seed=1"] + (["--label", label] if label else []))
     assert harness._check_arguments(args) == problem
+
+
+def test_a_stored_dbscan_model_round_trips_and_a_bad_one_is_refused(tmp_path) -> None:
+    from fedpeer.jobs import dbscan as dj
+    model = {"kind": "dbscan", "features": ["a"], "points": np.array([[0.0], [0.1], [5.0]]),
+             "labels": np.array([0.0, 0.0, -1.0]), "eps": 0.5}
+    kj.save_model(tmp_path / "d.npz", model)
+    back = dj.load_model(tmp_path / "d.npz")
+    assert [r["cluster"] for r in dj.predict(back, np.array([[0.3], [5.0], [9.0]]))] == [0, -1, -1]
+    for bad in ({"labels": np.array([0.0, 0.5, -1.0])}, {"labels": np.array([0.0, -2.0, -1.0])}, {"eps": 0.0},
+                {"points": np.array([[0.0, 1.0], [0.1, 1.0], [5.0, 1.0]])}):
+        kj.save_model(tmp_path / "bad.npz", {**model, **bad})
+        with pytest.raises(DataError, match="not a valid stored dbscan model"):
+            dj.load_model(tmp_path / "bad.npz")
+    text = "\n".join(kj.describe("dbscan", {"rows": 9, "participants": ["a"], "clusters": 1, "local_clusters": 2,
+                                            "synthetic_rows": 8, "noise_fraction": 1 / 9, "cluster_sizes": [8],
+                                            "eps": 0.5, "min_samples": 3}))
+    assert "1 clusters from 2 shared local-cluster descriptions (8 synthetic points); noise 0.111" in text

@@ -210,6 +210,13 @@ REFUSALS = [
     ("gmm", "iterations_max", 50, {"max_iter": 51}, "max_iter 51 > [policy.gmm] iterations_max 50"),
     ("gmm", "restarts_max", 2, {"n_init": 3}, "n_init 3 > [policy.gmm] restarts_max 2"),
     ("gmm", "cluster_rows_min", 10, {"min_cluster_rows": 9}, "min_cluster_rows 9 < [policy.gmm] cluster_rows_min 10"),
+    ("dbscan", "components_max", 4, {"components": 5}, "components 5 > [policy.dbscan] components_max 4"),
+    ("dbscan", "local_clusters_max", 4, {"local_clusters_max": 5},
+     "local_clusters_max 5 > [policy.dbscan] local_clusters_max 4"),
+    ("dbscan", "synthetic_rows_max", 1000, {"synthetic_rows_max": 1001},
+     "synthetic_rows_max 1001 > [policy.dbscan] synthetic_rows_max 1000"),
+    ("dbscan", "cluster_rows_min", 10, {"min_cluster_rows": 9},
+     "min_cluster_rows 9 < [policy.dbscan] cluster_rows_min 10"),
 ]
 
 

@@ -1,0 +1,130 @@
+"""`dbscan`: federated DBSCAN via Gaussian-mixture descriptions of local clusters (seeds/000 §5.2).
+
+Not exact, unlike kmeans and gmm: DBSCAN's clusters depend on individual rows, so the federation
+clusters synthetic points drawn from each site's description of its local clusters instead
+(fedpeer/ml/dbscan.py has the steps and the rules).
+
+Secure sums, in order (tags `dbscan/...`):
+1. descriptions: every member's slots (its own filled, the others zero), its row count and its
+   local noise count. The total is every site's descriptions side by side.
+2. sizes: rows per synthetic cluster and noise rows, federation-wide.
+
+What every member learns — more than kmeans and gmm share: for every site, the number of its local
+DBSCAN clusters, each one's exact row count and the mixture describing it (weights, means,
+covariances of up to `components` Gaussians), and every site's row count; then the federation-wide
+cluster sizes and noise count. A local cluster with few rows is described by few Gaussians whose
+means are close to its rows (a cluster of 1 to `components` rows: its rows exactly, up to reg_covar).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..errors import DataError, JobError
+from ..ml import dbscan as db
+from . import kmeans as km
+from .base import JobContext, JobKind, Param
+
+PARAMS = {
+    "eps": Param(float, 0.5, "DBSCAN neighbourhood radius, in feature units (local and synthetic runs)",
+                 low=1e-12, high=1e12),
+    "min_samples": Param(int, 5, "DBSCAN: rows within eps that make a core point", low=1, high=100_000),
+    "components": Param(int, 10, "Gaussians describing each local cluster (fewer for smaller clusters)",
+                        low=1, high=100),
+    "local_clusters_max": Param(int, 20, "local clusters a site may describe; a site with more fails the job "
+                                "naming this parameter", low=1, high=1000),
+    "synthetic_rows_max": Param(int, 200_000, "synthetic points every member clusters (one per clustered row); "
+                                "more fails the job naming this parameter", low=1, high=10_000_000),
+    "reg_covar": Param(float, 1e-6, "added to each local Gaussian's covariance diagonal", low=0.0, high=1e6),
+    "seed": Param(int, 0, "job seed: local mixtures and the synthetic points", low=0, high=km.SEED_MAX),
+    "min_cluster_rows": km.MIN_CLUSTER_ROWS,
+    "secure_sum": km.SECURE_SUM,
+}
+
+
+async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, offload: km.Offload = asyncio.to_thread) -> dict:
+    X, features = ctx.data.X, ctx.data.features
+    d, p = len(features), params
+    members = list(ch.members)
+    slots, comps = p["local_clusters_max"], p["components"]
+    km.check_size("dbscan", len(members) * slots * db.slot_size(comps, d), 2, "lower local_clusters_max or components")
+    sums = km.Sums(ch, ctx, p["secure_sum"], "dbscan")
+    ch.progress("local DBSCAN and descriptions", 0, 2)
+    described = await offload(db.describe_site, X, p["eps"], p["min_samples"], comps, p["seed"], p["reg_covar"])
+    vector = db.pack(described, members.index(ch.me), len(members), slots, comps, d)
+    clustered = sum(n for n, *_ in described)
+    ch.progress("descriptions (secure sum 1 of 2)", 1, 2)
+    total, counts = await sums.add("descriptions", vector,
+                                   np.array([X.shape[0], X.shape[0] - clustered], dtype=np.int64))
+    n = int(counts[0])
+    shared = db.unpack(total, len(members), slots, comps, d)
+    synthetic_rows = sum(rows for _, _, rows, *_ in shared)
+    if synthetic_rows > p["synthetic_rows_max"]:
+        raise JobError(f"the sites' local clusters hold {synthetic_rows} rows, more synthetic points than "
+                       f"synthetic_rows_max {p['synthetic_rows_max']}; raise it (each member clusters them all)")
+    S = db.synthesize(shared, p["seed"])
+    labels = await offload(db.cluster_synthetic, S, p["eps"], p["min_samples"])
+    k = int(labels.max()) + 1 if len(labels) else 0
+    mine = await offload(db.assign, X, S, labels, p["eps"])
+    ch.progress("cluster sizes (secure sum 2 of 2)", 2, 2)
+    _, sizes = await sums.add("sizes", np.zeros(0), np.bincount(mine + 1, minlength=k + 1).astype(np.int64))
+    if int(sizes.sum()) != n:
+        raise JobError("the secure sums cannot come from honest sites (cluster sizes do not add up to the rows): "
+                       "a member sent a wrong contribution")
+    return {
+        "features": list(features), "rows": n, "participants": sums.names(),
+        "clusters": k, "noise_fraction": float(sizes[0]) / n if n else 0.0,
+        "noise_rows": km.sizes_shown(sizes[:1], p["min_cluster_rows"])[0],
+        "cluster_sizes": km.sizes_shown(sizes[1:], p["min_cluster_rows"]),
+        "local_clusters": len(shared), "local_noise_rows": int(counts[1]), "synthetic_rows": int(len(S)),
+        "synthetic_noise": int((labels < 0).sum()), "eps": p["eps"], "min_samples": p["min_samples"],
+        "secure_sum": p["secure_sum"], "secure_sums": len(sums.sent_entries),
+        "bytes_sent_per_site": 8 * sum(sums.sent_entries),
+        "_model": {"kind": "dbscan", "features": list(features), "points": S, "labels": labels.astype(np.float64),
+                   "eps": p["eps"]},
+    }
+
+
+async def run(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
+    return await run_job(ch, params, ctx)
+
+
+def load_model(path: Any) -> dict:
+    """The synthetic points and their clusters; DataError if the file is not a valid dbscan model."""
+    import json
+    import zipfile
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            stored = {name: npz[name] for name in npz.files}
+        if str(stored["kind"][()]) != "dbscan":
+            raise ValueError("not a dbscan model")
+        features = json.loads(str(stored["features"][()]))
+        if not isinstance(features, list) or not all(isinstance(f, str) for f in features):
+            raise ValueError("features is not a list of names")
+        points, labels, eps = stored["points"], stored["labels"], stored["eps"]
+        if points.dtype != np.float64 or points.ndim != 2 or points.shape[1] != len(features) \
+                or labels.shape != (len(points),) or eps.shape != () or not np.isfinite(points).all() \
+                or not np.isfinite(labels).all() or (labels < -1).any() or (labels != np.round(labels)).any() \
+                or not float(eps) > 0:
+            raise ValueError("arrays out of shape or range")
+    except (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as exc:
+        raise DataError(f"{path}: not a valid stored dbscan model: {exc}") from None
+    return {"features": tuple(features), "points": points, "labels": labels.astype(np.int64), "eps": float(eps)}
+
+
+def predict(model: Mapping[str, Any], X: np.ndarray) -> list[dict]:
+    """Each row's cluster: that of the nearest clustered synthetic point within eps, else -1 (noise)."""
+    labels = db.assign(X, model["points"], model["labels"], model["eps"])
+    return [{"row": i + 1, "cluster": int(c)} for i, c in enumerate(labels)]
+
+
+KIND = JobKind(name="dbscan", help="federated DBSCAN on synthetic points from shared per-cluster Gaussian mixtures "
+               "(seeds/000 5.2; shares more than kmeans/gmm; no label needed)",
+               params=PARAMS, run=run, needs_data=True, binary_label=False, needs_label=False,
+               save_model=km.save_model, model_file="model.npz",
+               limited={"components_max": "components", "local_clusters_max": "local_clusters_max",
+                        "synthetic_rows_max": "synthetic_rows_max", "cluster_rows_min": "min_cluster_rows"})
