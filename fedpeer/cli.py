@@ -103,10 +103,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--data", required=True, type=Path, help="CSV with the model's feature columns (others are ignored)")
     s.add_argument("--out", type=Path, help="write the scores here as CSV (default: standard output)")
 
-    s = sub.add_parser("export", help="write a logreg job's model as scikit-learn LogisticRegression coefficients "
-                       "(JSON; no daemon needed)")
+    s = sub.add_parser("export", help="write a logreg job's model as scikit-learn LogisticRegression coefficients, "
+                       "or an mlp job's weights as arrays (JSON; no daemon needed)")
     s.add_argument("--config", required=True, type=Path, help=CONFIG_HELP + " (its state_dir holds the model)")
-    s.add_argument("--job", required=True, help="the logreg job id whose model to export")
+    s.add_argument("--job", required=True, help="the logreg or mlp job id whose model to export")
     s.add_argument("--out", type=Path, help="write the JSON here (default: standard output)")
 
     from .harness import add_arguments as add_harness_arguments
@@ -412,26 +412,42 @@ def format_job(record: dict) -> str:
     if record.get("error"):
         lines.append(f"  error: {record['error']}")
     result = record.get("result")
-    if result and "mean" in result:
+    if result and "mean" in result and record["kind"] not in ("logreg", "mlp"):
         lines.append(f"  federation: {result['count']} rows over {', '.join(result['participants'])}; "
                      f"positive share {result['positive_share']:.3f}; std = {result['std_kind']}")
         rows = [("COLUMN", "MEAN", "STD")] + [(c, f"{result['mean'][c]:.6g}", f"{result['std'][c]:.6g}")
                                               for c in result["mean"]]
         lines.append(_table(rows, indent="  "))
-    elif result and record["kind"] == "logreg":
+    elif result and record["kind"] in ("logreg", "mlp"):
         auc = "-" if result.get("auc") is None else f"{result['auc']:.4f}"
-        lines.append(f"  model: {result['mode']} logistic regression, solver {result['solver']}, C {result['C']:g}: "
-                     f"{result['status']} after {result['iterations']} iterations ({result['secure_sums']} secure "
-                     f"sums over {', '.join(result['members'])}; members lost: {', '.join(result['lost']) or 'none'})")
+        over = (f"{result['secure_sums']} secure sums over {', '.join(result['members'])}; "
+                f"members lost: {', '.join(result.get('lost') or []) or 'none'}")
+        if record["kind"] == "mlp":
+            lines.append(f"  model: MLP {'-'.join(map(str, result['layer_sizes']))} by FedAvg, {result['rounds']} "
+                         f"rounds ({over})")
+        else:
+            lines.append(f"  model: {result['mode']} logistic regression, solver {result['solver']}, C "
+                         f"{result['C']:g}: {result['status']} after {result['iterations']} iterations ({over})")
         lines.append(f"  AUC {auc} ({result.get('auc_source') or '-'}); model file {result.get('model_file', '-')}")
         if result.get("classes_absent_here"):
             lines.append(f"  this site's rows lack class(es) {', '.join(result['classes_absent_here'])} "
                          "(the federation's sums still hold them)")
-        rows = [("ITERATION", "LOGLOSS", "MAX |GRAD|", "STEP", "TEST AUC")]
-        for h in result["history"]:
-            test = "-" if h.get("test_auc") is None else f"{h['test_auc']:.4f}"
-            rows.append((h["iteration"], f"{h['loss']:.6f}", f"{h['grad_max']:.2e}", f"{h['step']:g}", test))
+        if result["mode"] == "fedavg":
+            f = result["fedavg"]
+            if f["groups"]:
+                lines.append(f"  groups: {' | '.join(', '.join(g) for g in f['groups'])}; {f['global_averages']} "
+                             f"federation-wide averages, {f['global_averages_saved']} saved")
+            rows = [("ROUND", "SCOPE", "LOGLOSS", "ACCURACY", "AUC")]
+            rows += [(h["round"], h["scope"], f"{h['logloss']:.6f}", f"{h['accuracy']:.4f}",
+                      "-" if h.get("auc") is None else f"{h['auc']:.4f}") for h in result["history"]]
+        else:
+            rows = [("ITERATION", "LOGLOSS", "MAX |GRAD|", "STEP", "TEST AUC")]
+            for h in result["history"]:
+                test = "-" if h.get("test_auc") is None else f"{h['test_auc']:.4f}"
+                rows.append((h["iteration"], f"{h['loss']:.6f}", f"{h['grad_max']:.2e}", f"{h['step']:g}", test))
         lines.append(_table(rows, indent="  "))
+        if record["kind"] == "mlp":
+            return "\n".join(lines)
         names = result["classes"] if len(result["classes"]) > 2 else ["coef"]
         rows = [("FEATURE", *names)] + [(f, *(f"{c[j]:.6g}" for c in result["coef"]))
                                         for j, f in enumerate(result["features"])]

@@ -166,6 +166,14 @@ class XgboostPolicy:
 @dataclass(frozen=True)
 class LogregPolicy:
     iterations_max: int = 10_000          # accepted solver steps, one secure sum each at least (max_iter)
+    rounds_max: int = 10_000              # mode fedavg: communication rounds, one secure sum each (rounds)
+    local_epochs_max: int = 1000          # mode fedavg: passes over the site's rows per round (local_epochs)
+
+
+@dataclass(frozen=True)
+class MlpPolicy:
+    rounds_max: int = 10_000              # communication rounds, one secure sum each (rounds)
+    local_epochs_max: int = 1000          # passes over the site's rows per round (local_epochs)
 
 
 @dataclass(frozen=True)
@@ -193,7 +201,7 @@ class DbscanPolicy:
 
 
 KIND_POLICIES: dict[str, type] = {"stats": StatsPolicy, "sumcheck": SumcheckPolicy, "bofrf": BofrfPolicy,
-                                  "xgboost": XgboostPolicy, "logreg": LogregPolicy,
+                                  "xgboost": XgboostPolicy, "logreg": LogregPolicy, "mlp": MlpPolicy,
                                   "kmeans": KmeansPolicy, "gmm": GmmPolicy,
                                   "dbscan": DbscanPolicy}
 assert tuple(KIND_POLICIES) == KIND_NAMES, "every job kind has its [policy.<kind>] table"
@@ -214,6 +222,7 @@ class Policy:
     bofrf: BofrfPolicy = field(default_factory=BofrfPolicy)
     xgboost: XgboostPolicy = field(default_factory=XgboostPolicy)
     logreg: LogregPolicy = field(default_factory=LogregPolicy)
+    mlp: MlpPolicy = field(default_factory=MlpPolicy)
     kmeans: KmeansPolicy = field(default_factory=KmeansPolicy)
     gmm: GmmPolicy = field(default_factory=GmmPolicy)
     dbscan: DbscanPolicy = field(default_factory=DbscanPolicy)

@@ -620,7 +620,7 @@ def format_report(report: dict, workdir: Path, temp: bool) -> str:
         lines.append(xgboost_table(report["sites"]))
     elif job["kind"] in ("kmeans", "gmm", "dbscan"):
         lines.append(cluster_table(report["sites"]))
-    if job["kind"] == "logreg":
+    if job["kind"] in ("logreg", "mlp"):
         lines.append(logreg_table(report["sites"]))
     if not temp:
         lines.append(f"sites, keys and daemon logs: {workdir}")
@@ -633,17 +633,19 @@ def _table(rows: list[tuple]) -> str:
 
 
 def logreg_table(sites: list[dict]) -> str:
-    """One row per site: the fit's end, its federated training log-loss and AUC, and the classes
-    the site's own rows lack (the coefficients are in --json)."""
+    """logreg / mlp: one row per site: the fit's end, its federated training log-loss and AUC, and
+    the classes the site's own rows lack (the coefficients and weights are in --json)."""
     rows = [("SITE", "ROWS HERE", "STATUS", "ITERATIONS", "SECURE SUMS", "LOGLOSS", "AUC", "AUC ON", "LACKS CLASSES")]
     for s in sites:
         r = s["result"] or {}
         if not r:
             rows.append((s["name"], s["rows"] or "-", s["state"], "-", "-", "-", "-", "-", "-"))
             continue
-        loss = f"{r['history'][-1]['loss']:.6f}" if r.get("history") else "-"
+        last = r["history"][-1] if r.get("history") else {}
+        loss = f"{last.get('loss', last.get('logloss')):.6f}" if last else "-"
         auc = "-" if r.get("auc") is None else f"{r['auc']:.4f}"
-        rows.append((s["name"], s["rows"], r["status"], r["iterations"], r["secure_sums"], loss, auc,
+        rows.append((s["name"], s["rows"], r.get("status", "rounds done"), r.get("iterations", r.get("rounds")),
+                     r["secure_sums"], loss, auc,
                      r.get("auc_source") or "-", ", ".join(r["classes_absent_here"]) or "-"))
     return _table(rows)
 

@@ -40,7 +40,7 @@ admin = "unix:state/admin.sock" # local admin API for `fedpeer status`: unix:PAT
 # public_key = "BASE64-PUBLIC-KEY-FROM-fedpeer-key-show"
 
 [policy]
-allowed_jobs = ["stats", "sumcheck", "bofrf", "xgboost", "logreg", "kmeans", "gmm", "dbscan"]   # kinds it joins
+allowed_jobs = ["stats", "sumcheck", "bofrf", "xgboost", "logreg", "mlp", "kmeans", "gmm", "dbscan"]   # kinds it joins
 members_max = 100                               # largest federation this site joins a job with
 
 [limits]

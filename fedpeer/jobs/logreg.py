@@ -45,6 +45,7 @@ from ..net.channel import SubChannel
 from ..protocols.fixedpoint import FixedPoint, decode_counts, encode_counts
 from ..protocols.securesum import secure_sum
 from .base import JobContext, JobFailsEverywhere, JobKind, Param
+from .fedavg import FEDAVG_PARAMS
 
 TAG = "lr"
 MOMENTS = FixedPoint(frac_bits=32, limbs=3)     # column sums: |Σx| * parties < 2^63
@@ -56,7 +57,8 @@ FEATURES_MAX = 100_000                          # columns a stored model may hol
 
 PARAMS = {
     "mode": Param(str, "exact", "exact: Newton / L-BFGS on secure-summed gradients (and Hessians); the "
-                  "coefficients are those of the pooled rows", choices=("exact",)),
+                  "coefficients are those of the pooled rows | fedavg: local SGD, row-weighted averages through "
+                  "the secure sum each round (fedpeer/jobs/fedavg.py)", choices=("exact", "fedavg")),
     "C": Param(float, 1.0, "inverse L2 regularisation strength, as scikit-learn's LogisticRegression C",
                low=1e-8, high=1e8),
     "solver": Param(str, "auto", f"newton: Newton steps on the summed Hessian (at most {linear.NEWTON_COEFS_MAX} "
@@ -70,6 +72,7 @@ PARAMS = {
                      "2 -> binary, the second one positive; empty -> binary with [data] positive"),
     "eval_bins": Param(int, 1000, "score histogram bins for the federated AUC", low=10, high=100_000),
     "secure_sum": Param(str, "pairwise", "secure-sum mode", choices=("ring", "pairwise")),
+    **FEDAVG_PARAMS,
 }
 
 
@@ -122,6 +125,9 @@ def _auc(y: np.ndarray, proba: np.ndarray, groups: int) -> float | None:
 class Member:
     """One member's run of the job (module docstring)."""
 
+    KIND_NAME = "logreg"
+    TERMS = TERMS
+
     def __init__(self, ch: Any, params: Mapping[str, Any], ctx: JobContext,
                  offload: Callable[..., Any] | None) -> None:
         self.ch, self.params, self.ctx = ch, params, ctx
@@ -133,17 +139,27 @@ class Member:
         self.members: tuple[bytes, ...] = tuple(ch.members)
         self.epoch, self.sums = 0, 0
         self.lost: list[bytes] = []
+        self.restart_on_loss = True
         self.test: tuple[np.ndarray, np.ndarray] | None = None
         if ctx.test_data is not None:
             self.test = (np.asarray(ctx.test_data.X, dtype=np.float64), site_labels(ctx.test_data, self.names))
 
-    async def sum(self, name: str, vector: np.ndarray, hop_timeout_ms: int | None = None) -> np.ndarray:
-        out = await secure_sum(SubChannel(self.ch, self.members), f"{TAG}/e{self.epoch}/{name}", vector,
+    async def sum(self, name: str, vector: np.ndarray, hop_timeout_ms: int | None = None,
+                  scope: tuple[bytes, ...] | None = None) -> np.ndarray:
+        """One secure sum over `scope` (default: every current member); _Lost (exact mode: refit
+        over the survivors) or JobError (fedavg) when some of them are not in it."""
+        scope = scope or self.members
+        if scope == (self.ch.me,):
+            return vector        # a group of one (fedavg): its sum is its own vector, nothing is sent
+        out = await secure_sum(SubChannel(self.ch, scope), f"{TAG}/e{self.epoch}/{name}", vector,
                                mode=self.params["secure_sum"],
                                hop_timeout_ms=hop_timeout_ms or self.ctx.hop_timeout_ms)
         self.sums += 1
-        if out.participants != self.members:
-            lost = tuple(m for m in self.members if m not in out.participants)
+        if out.participants != scope:
+            lost = tuple(m for m in scope if m not in out.participants)
+            if not self.restart_on_loss:
+                raise JobError(f"member(s) {[self.name(m) for m in lost]} lost in secure sum {name}; fedavg mode "
+                               "does not resume (exact mode refits over the survivors)")
             self.members, self.epoch = tuple(out.participants), self.epoch + 1
             self.lost.extend(lost)
             if len(self.members) < 2:
@@ -158,18 +174,33 @@ class Member:
             except _Lost:
                 continue
 
-    async def fit(self) -> dict:
+    async def scaling(self, extra: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                      np.ndarray]:
+        """The moments and spread sums: (federation class counts, mean, scale, the total of the
+        `extra` counts every member adds to the first sum)."""
         parties, d = len(self.members), self.X.shape[1]
-        self.ch.progress("logreg: federated mean and class counts", 0, self.params["max_iter"])
+        self.ch.progress(f"{self.KIND_NAME}: federated mean and class counts", 0, 0)
         counts = class_counts(self.y, self.groups)
+        extra = np.zeros(0, dtype=np.int64) if extra is None else extra
         total = await self.sum("moments", np.concatenate([self.encode_columns(linear.moment_sums(self.X)),
-                                                          encode_counts(counts, parties, COUNT_MAX)]))
-        fed_counts = decode_counts(total[d * MOMENTS.limbs:])
+                                                          encode_counts(counts, parties, COUNT_MAX),
+                                                          encode_counts(extra, parties, COUNT_MAX)]))
+        split = d * MOMENTS.limbs
+        fed_counts = decode_counts(total[split:split + len(counts)])
+        extra_total = decode_counts(total[split + len(counts):])
         n = int(fed_counts.sum())
         self.check_classes(fed_counts)
-        mean = MOMENTS.decode(total[:d * MOMENTS.limbs]) / n
+        mean = MOMENTS.decode(total[:split]) / n
         total = await self.sum("spread", self.encode_columns(linear.centred_sums(self.X, mean)))
-        scale = linear.scale_from(MOMENTS.decode(total), n)
+        return fed_counts, mean, linear.scale_from(MOMENTS.decode(total), n), extra_total
+
+    async def fit(self) -> dict:
+        if self.params["mode"] == "fedavg":
+            from .fedavg import fit_logreg
+            return await fit_logreg(self)
+        d = self.X.shape[1]
+        fed_counts, mean, scale, _ = await self.scaling()
+        n = int(fed_counts.sum())
         Z = linear.design(self.X, mean, scale)
         test_Z = linear.design(self.test[0], mean, scale) if self.test is not None else None
         problem = linear.Problem(d, self.groups, self.params["C"])
@@ -227,6 +258,12 @@ class Member:
                 f"({exc}); lower C (stronger regularisation) or rescale the extreme values of feature "
                 f"{feature!r} (up to {float(np.abs(Z[:, column]).max()):.3g} standard deviations from the "
                 "mean here)") from None
+
+    def eval_counts_of(self, proba: np.ndarray) -> tuple[np.ndarray, float]:
+        return eval_counts(self.y, proba, self.params["eval_bins"])
+
+    def metrics_of(self, counts: np.ndarray, loss: float) -> dict:
+        return eval_metrics(counts, loss, self.groups, self.params["eval_bins"])
 
     async def evaluate(self, proba: np.ndarray, bins: int) -> dict | None:
         counts, loss = eval_counts(self.y, proba, bins)
@@ -379,4 +416,5 @@ def _run(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> Any:
 KIND = JobKind(name="logreg", help="federated L2 logistic regression: exact Newton / L-BFGS on secure-summed "
                "gradients; the coefficients of the pooled rows",
                params=PARAMS, run=_run, needs_data=True, binary_label=False, save_model=save_model,
-               model_file="model.npz", limited={"iterations_max": "max_iter"})
+               model_file="model.npz",
+               limited={"iterations_max": "max_iter", "rounds_max": "rounds", "local_epochs_max": "local_epochs"})

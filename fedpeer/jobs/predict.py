@@ -1,15 +1,15 @@
 """`fedpeer predict`: score new rows with a job's stored model, locally (no daemon needed).
 
 The model is read from this site's state directory, never unpickled: BOFRF's validated tree arrays,
-logreg's validated coefficient arrays (.npz, loaded without pickle), or xgboost's JSON model
+logreg's and mlp's validated arrays (.npz, loaded without pickle), or xgboost's JSON model
 (checked to be one fedpeer built before xgboost loads it). A model is used
 only if its file's bytes hash to the SHA-256 the job record holds (xgboost: `model_sha256`; any
 kind: `model_file_sha256` when the record has it): a file modified or corrupted after the job
 stored it is refused with a one-line message naming it (issue 10). The CSV is
 read by the same checked reader as job data, keeping only the model's feature columns. Binary
-models give a score (BOFRF: the weighted vote, positive = positive class; xgboost and logreg:
-P(positive)) and a 0/1 prediction (logreg trained with two named classes: the class); multi-class
-xgboost and logreg give the predicted class and one probability per class; a reg:squarederror
+models give a score (BOFRF: the weighted vote, positive = positive class; xgboost, logreg, mlp:
+P(positive)) and a 0/1 prediction (logreg / mlp trained with two named classes: the class);
+multi-class xgboost, logreg and mlp give the predicted class and one probability per class; a reg:squarederror
 xgboost model gives the predicted value.
 k-means gives each row's cluster (the index in the job's canonical order: centres sorted by
 first coordinate) and its distance to that centre (fuzzy: one membership per cluster); a
@@ -53,10 +53,11 @@ def predict_csv(config: Config, job_id: str, data: Path) -> list[dict]:
         model = module.load_model(model_path)
         features = (model[1] if record["kind"] == "gmm" else model)["features"]
         return module.predict(model, _rows(data, header, features))
-    if record["kind"] == "logreg":
-        from . import logreg
-        model = logreg.load_model(model_path)
-        proba = logreg.predict(model, _rows(data, header, model["features"]))
+    if record["kind"] in ("logreg", "mlp"):
+        from . import logreg, mlp
+        module = logreg if record["kind"] == "logreg" else mlp
+        model = module.load_model(model_path)
+        proba = module.predict(model, _rows(data, header, model["features"]))
         classes = model["classes"]
         if proba.ndim == 1:
             return [{"row": i + 1, "score": float(p),
@@ -85,24 +86,27 @@ def predict_csv(config: Config, job_id: str, data: Path) -> list[dict]:
 
 def export_sklearn(config: Config, job_id: str) -> dict:
     """`fedpeer export`: a logreg job's stored model as scikit-learn LogisticRegression attributes
-    (coef_, intercept_, classes_, n_features_in_, feature_names_in_), after the same checks as
-    predict (the record says done, the file's SHA-256 is the record's, the arrays are valid)."""
+    (coef_, intercept_, classes_, n_features_in_, feature_names_in_), or an mlp job's weights as
+    arrays in MLPClassifier's layout (coefs_, intercepts_, with the mean and scale its inputs are
+    standardised with), after the same checks as predict (the record says done, the file's
+    SHA-256 is the record's, the arrays are valid)."""
     record_path = config.node.state_dir / "jobs" / job_id / "job.json"
     record = read_json(record_path)
     if record is None:
         raise JobError(f"no job {job_id!r} in {config.node.state_dir / 'jobs'}")
-    if record["kind"] != "logreg":
-        raise JobError(f"job {job_id} is a {record['kind']} job; only logreg models export as scikit-learn "
-                       "coefficients")
+    if record["kind"] not in ("logreg", "mlp"):
+        raise JobError(f"job {job_id} is a {record['kind']} job; only logreg and mlp models export")
     result = record.get("result") or {}
     if record["state"] != "done" or not result.get("model_file"):
         raise JobError(f"job {job_id} has no stored model (state {record['state']})")
-    from . import logreg
+    from . import logreg, mlp
 
     model_path = record_path.parent / logreg.KIND.model_file
     if not isinstance(result.get("model_file_sha256"), str):
         raise JobError(f"{record_path}: the job record holds no model_file_sha256 to check {model_path} against")
     _check_file_sha256(model_path, result["model_file_sha256"])
+    if record["kind"] == "mlp":
+        return mlp.export(mlp.load_model(model_path))
     model = logreg.load_model(model_path)
     return logreg.sklearn_export(model["coef"], model["intercept"], model["classes"], list(model["features"]))
 

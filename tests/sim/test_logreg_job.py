@@ -42,16 +42,17 @@ async def _inline(fn: Any, *args: Any) -> Any:
 
 
 def run(sites: list[Dataset], params: dict, crash_at_step: int | None = None, victim: int = 1,
-        tests: list[Dataset] | None = None) -> tuple[list, list[bytes]]:
+        tests: list[Dataset] | None = None, module: Any = logreg) -> tuple[list, list[bytes]]:
+    """Every member's result (or exception) of a job of `module`'s kind (logreg, mlp)."""
     import looptime
 
     keys = sorted(hashlib.sha256(f"lr-{i}".encode()).digest() for i in range(len(sites)))
     names = {k: f"site-{i + 1}" for i, k in enumerate(keys)}
-    checked = logreg.KIND.check_params(params)
+    checked = module.KIND.check_params(params)
 
     async def go() -> list:
         net = MemoryNetwork(keys, seed=0)
-        jobs = [logreg.run_job(net.channel(k), checked,
+        jobs = [module.run_job(net.channel(k), checked,
                                JobContext(names[k], names, 2_000, data=d, test_data=tests[i] if tests else None),
                                offload=_inline)
                 for i, (k, d) in enumerate(zip(keys, sites))]

@@ -1,0 +1,196 @@
+"""FedAvg rounds over secure sums, with optional two-level ("edge") aggregation (issue 17; seeds
+003 and 004): `logreg` mode `fedavg` and the `mlp` job.
+
+Every round each member trains `local_epochs` passes of SGD on its own rows from the current
+weights; the new weights are the row-weighted average Σ n_k w_k / Σ n_k, computed through one
+secure sum of [n_k w_k, n_k, loss] (fixed point) ++ score-histogram counts, so no site's weights
+are ever seen. The same sum carries each site's log-loss, accuracy and score histogram of the
+weights the round started from, so the history holds the federated loss / accuracy / AUC of the
+model after every round, without an extra sum; one last sum evaluates the final model.
+
+Sequencing: no leader. Every member runs the same deterministic loop of secure sums (tags
+fa/e<E>/r<R>/all or fa/e<E>/r<R>/g<G>), as histogram XGBoost does; the rounds are not sequenced
+by the elected leader, and a member lost mid-job fails the job (exact mode instead refits over
+the survivors).
+
+Groups: with `groups = "a,b;c,d"` (site names as the job's members are named), the members of
+a group average among themselves every round (a secure sum over the group only: its members
+learn the group's average, nobody else does) and the whole federation averages every
+`global_every` rounds and in the last round (Σ_k n_k w_k over all members equals the row-weighted
+average of the groups' averages; a group of one site just keeps its own weights between them).
+Every site must be in exactly one group; the members check,
+with the first sum, that they all read the groups the same way. The result counts the
+federation-wide averaging steps saved (rounds minus global averages).
+
+Errors: weights that are not finite or leave the fixed-point bound (a learning rate too large
+for the data) end the job everywhere naming `learning_rate`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..errors import DataError, JobError
+from ..ml import linear
+from ..protocols.fixedpoint import decode_counts, encode_counts
+from .base import JobFailsEverywhere, Param, site_seed
+
+FEDAVG_PARAMS = {
+    "rounds": Param(int, 20, "fedavg: communication rounds", low=1, high=10_000),
+    "local_epochs": Param(int, 1, "fedavg: passes over its own rows each site makes per round", low=1, high=1000),
+    "learning_rate": Param(float, 0.05, "fedavg: SGD step size", low=1e-8, high=100.0),
+    "batch_size": Param(int, 32, "fedavg: rows per SGD step", low=1, high=1_000_000),
+    "groups": Param(str, "", 'fedavg: two-level aggregation, e.g. "a,b;c,d": sites a and b average every round, '
+                    "so do c and d, and the groups' averages are averaged every global_every rounds (site names "
+                    "as the job's members are named; every site in one group)"),
+    "global_every": Param(int, 1, "fedavg with groups: rounds between federation-wide averages", low=1,
+                          high=10_000),
+    "seed": Param(int, 0, "fedavg: seed of the initial weights and of each site's shuffling", low=0, high=2**31 - 1),
+}
+
+
+def parse_groups(spec: str, members: tuple[bytes, ...], me: bytes, my_name: str,
+                 names: Mapping[bytes, str]) -> list[tuple[bytes, ...]]:
+    """`groups` -> the groups of member keys (ring order), [] without groups; JobError for a name
+    that is no member, a member in two groups or in none."""
+    if not spec.strip():
+        return []
+    by_name = {name: key for key, name in names.items()}
+    by_name[my_name] = me
+    groups, seen = [], set()
+    for part in spec.split(";"):
+        keys = []
+        for name in (n.strip() for n in part.split(",") if n.strip()):
+            if name not in by_name or by_name[name] not in members:
+                raise JobError(f"groups: {name!r} is not a member of this job (members: "
+                               f"{sorted(names.get(m, my_name if m == me else m.hex()[:16]) for m in members)})")
+            if by_name[name] in seen:
+                raise JobError(f"groups: {name!r} is in two groups")
+            seen.add(by_name[name])
+            keys.append(by_name[name])
+        if keys:
+            groups.append(tuple(m for m in members if m in keys))
+    missing = [m for m in members if m not in seen]
+    if missing:
+        raise JobError(f"groups: {len(missing)} member(s) are in no group, e.g. "
+                       f"{names.get(missing[0], missing[0].hex()[:16])!r}")
+    return groups
+
+
+def group_view(groups: list[tuple[bytes, ...]], members: tuple[bytes, ...]) -> np.ndarray:
+    """Each member's group number + 1, in ring order: summed over members, equal views add up to
+    members x this vector."""
+    index = {m: g + 1 for g, keys in enumerate(groups) for m in keys}
+    return np.array([index.get(m, 0) for m in members], dtype=np.int64)
+
+
+def sgd_epochs(Z: np.ndarray, y: np.ndarray, W: np.ndarray, C: float, n_total: int, learning_rate: float,
+               epochs: int, batch_size: int, rng: np.random.Generator) -> np.ndarray:
+    """Local mini-batch SGD on the federation's objective (mean log-loss + ||coef||² / (2 C n))."""
+    mask = np.ones_like(W)
+    mask[:, -1] = 0.0
+    W = W.copy()
+    for _ in range(epochs):
+        order = rng.permutation(len(y))
+        for lo in range(0, len(y), batch_size):
+            rows = order[lo:lo + batch_size]
+            grad = linear.local_terms(Z[rows], y[rows], W, False)[1:].reshape(W.shape) / len(rows)
+            W -= learning_rate * (grad + mask * W / (C * n_total))
+    return W
+
+
+class Rounds:
+    """The FedAvg loop of one member (module docstring). `train(w, round) -> w'` and
+    `proba(w) -> probabilities on this site's rows` are the model's."""
+
+    def __init__(self, member: Any, train: Any, proba: Any, initial: np.ndarray) -> None:
+        self.m, self.train, self.proba, self.w = member, train, proba, initial
+        p = member.params
+        self.rounds, self.every = p["rounds"], p["global_every"]
+        self.groups = parse_groups(p["groups"], member.members, member.ch.me, member.ctx.site_name,
+                                   member.ctx.names)
+        self.history: list[dict] = []
+        self.global_sums = 0
+
+    def scope(self, r: int) -> tuple[str, tuple[bytes, ...]]:
+        if not self.groups or (r + 1) % self.every == 0 or r == self.rounds - 1:
+            return "all", self.m.members
+        g = next(i for i, keys in enumerate(self.groups) if self.m.ch.me in keys)
+        return f"g{g + 1}", self.groups[g]
+
+    async def run(self, n_local: int) -> np.ndarray:
+        m = self.m
+        for r in range(self.rounds + 1):
+            final = r == self.rounds
+            name, scope = ("all", m.members) if final else self.scope(r)
+            local = self.w if final else await m.offload(self.train, self.w, r)
+            counts, loss = m.eval_counts_of(self.proba(self.w))
+            try:
+                weights = m.TERMS.encode(np.concatenate([n_local * local.ravel(), [n_local, loss]]), len(scope))
+            except DataError:
+                raise JobFailsEverywhere(f"{m.KIND_NAME} fedavg: this site's weights after round {r + 1} are not "
+                                         "finite or too large for the secure sum: the local SGD diverges; lower "
+                                         "learning_rate (or local_epochs)") from None
+            total = await m.sum(f"fa/r{r}/{'final' if final else name}",
+                                np.concatenate([weights, encode_counts(counts, len(scope), 2**40)]), scope=scope)
+            split = (local.size + 2) * m.TERMS.limbs
+            sums = m.TERMS.decode(total[:split])
+            rows = sums[-2]
+            if not final:
+                self.w = (sums[:-2] / rows).reshape(self.w.shape)
+                self.global_sums += name == "all"
+            metrics = m.metrics_of(decode_counts(total[split:]), float(sums[-1]))
+            self.history.append({"round": r, "scope": "federation" if name == "all" else f"group {name[1:]}",
+                                 **metrics})
+            m.ch.progress(f"{m.KIND_NAME} fedavg: round {min(r + 1, self.rounds)} of {self.rounds}",
+                          min(r + 1, self.rounds), self.rounds)
+        return self.w
+
+    def summary(self) -> dict:
+        return {"rounds": self.rounds, "global_averages": self.global_sums,
+                "global_averages_saved": self.rounds - self.global_sums,
+                "groups": [[self.m.name(k) for k in keys] for keys in self.groups]}
+
+
+async def check_groups(member: Any, extra_total: np.ndarray, view: np.ndarray) -> None:
+    if not np.array_equal(extra_total, view * len(member.members)):
+        raise JobFailsEverywhere("groups: the members read the groups differently (their peers.toml name the "
+                                 "sites differently?); give the sites' names as every member knows them")
+
+
+async def fit_logreg(member: Any) -> dict:
+    """`logreg` mode `fedavg`: FedAvg of the standardised model; the result has the exact mode's
+    fields (coef, intercept in original units ...), `iterations` = rounds."""
+    p = member.params
+    member.restart_on_loss = False
+    groups = parse_groups(p["groups"], member.members, member.ch.me, member.ctx.site_name, member.ctx.names)
+    view = group_view(groups, member.members)
+    fed_counts, mean, scale, extra = await member.scaling(view)
+    await check_groups(member, extra, view)
+    n = int(fed_counts.sum())
+    Z = linear.design(member.X, mean, scale)
+    shape = (member.groups, member.X.shape[1] + 1)
+    rng = np.random.default_rng(site_seed(p["seed"], member.ch.me))
+
+    def train(w: np.ndarray, r: int) -> np.ndarray:
+        return sgd_epochs(Z, member.y, w, p["C"], n, p["learning_rate"], p["local_epochs"], p["batch_size"], rng)
+
+    rounds = Rounds(member, train, lambda w: linear.probabilities(Z, w), np.zeros(shape))
+    W = await rounds.run(len(member.y))
+    state = _Final(W)
+    out = await member.result(state, mean, scale, fed_counts, rounds.history, Z)
+    out.update({"mode": "fedavg", "solver": "sgd", "status": "rounds done", "iterations": p["rounds"],
+                "grad_max": None, "fedavg": rounds.summary()})
+    return out
+
+
+class _Final:
+    """What Member.result reads of a fit, for a FedAvg model."""
+
+    def __init__(self, W: np.ndarray) -> None:
+        self.W, self.g = W, np.zeros(1)
+        self.solver, self.status, self.iterations, self.evaluations = "sgd", "rounds done", 0, 0
+
