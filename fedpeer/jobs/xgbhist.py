@@ -58,14 +58,14 @@ import numpy as np
 from ..errors import DataError, JobError
 from ..ml import boosting
 from ..ml.hist import decode_histograms
-from ..ml.histboost import HistParams, base_score_from_stats, decode_ints, model_bytes
+from ..ml.histboost import HistParams, base_score_from_stats, decode_ints, model_bytes, tree_features
 from ..ml.histrun import HistSite
 from ..ml.histtree import Growth, finish_tree, grow_level, start_tree
 from ..ml.sketch import Cuts, sketch_advance, sketch_cuts, sketch_start
 from ..ml.xgbtree import _Tree
 from ..net.channel import SubChannel
 from ..protocols.securesum import secure_sum
-from .base import JobContext, JobFailsEverywhere
+from .base import JobContext, JobFailsEverywhere, site_seed
 from .xgbtarget import class_names, eval_metrics, eval_vector, model_score, site_labels
 
 TAG = "xgbh"
@@ -97,7 +97,8 @@ def hist_params(params: Mapping[str, Any], groups: int) -> HistParams:
                "min_child_weight": params["min_child_weight"], "max_delta_step": params["max_delta_step"],
                "min_leaf_rows": params["min_leaf_rows"], "max_bin": params["max_bin"],
                "grad_abs_max": params["grad_abs_max"],
-               "subsample": params["subsample"], "colsample_bytree": params["colsample_bytree"]}
+               "subsample": params["subsample"], "colsample_bytree": params["colsample_bytree"],
+               "seed": params["seed"]}
     try:
         return HistParams.from_mapping(mapping)
     except ValueError as exc:
@@ -119,7 +120,7 @@ class HistJob:
         self.epoch, self.sums = 0, 0
         self.lost: list[bytes] = []
         try:
-            self.site = HistSite(fit[0], fit[1], self.p, len(self.members))
+            self.site = HistSite(fit[0], fit[1], self.p, len(self.members), site_seed(params["seed"], ch.me))
         except DataError as exc:
             raise JobError(f"histogram mode: {exc}") from None
         self.n_features = self.site.X.shape[1]
@@ -214,7 +215,7 @@ class HistJob:
             if r > first_round or first_k == 0:      # resume() took a partial round's g, h already
                 await self.compute(self.site.start_round)
             for k in range(first_k if r == first_round else 0, self.p.groups):
-                await self.compute(self.site.start_tree, k)
+                await self.compute(self.site.start_tree, k, len(self.trees))
                 tree = await self.grow(r, k)
                 self.site.add_tree(tree, k)
                 self.trees.append(tree)
@@ -225,7 +226,8 @@ class HistJob:
         """One tree: one secure sum per level."""
         cuts = self.cuts
         assert cuts is not None
-        growth = start_tree(cuts.counts(), self.p.split_params())
+        growth = start_tree(cuts.counts(), self.p.split_params(),
+                            tree_features(self.p, len(self.trees), cuts.n_features))
         depth = 0
         while not growth.done:
             tag, total = await self.sum(f"r{r}/c{k}/d{depth}", await self.compute(self.site.level_vector, growth))

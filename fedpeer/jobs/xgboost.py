@@ -114,7 +114,7 @@ log = logging.getLogger("fedpeer.jobs.xgboost")
 PARAMS = {
     "mode": Param(str, "histogram", "histogram (default): exact federated XGBoost, every tree the one xgboost "
                   "hist grows on the pooled rows, from secure sums of gradient histograms (one tree per round and "
-                  "class; no subsample / colsample; a site sends up to 24 x features x (max_bin + 1) x "
+                  "class; a site sends up to 24 x features x (max_bin + 1) x "
                   "2^(max_depth - 1) bytes per tree, the sum's initiator about members times that) | bagging: "
                   "each site grows trees on its own rows, the elected leader stacks them (tree / tree+): fewer, "
                   "smaller messages, an approximation of the pooled model",
@@ -134,8 +134,10 @@ PARAMS = {
     "max_depth": Param(int, 6, "maximum tree depth", low=1, high=16),
     "min_child_weight": Param(float, 1.0, "minimum hessian sum in a child", low=0.0, high=1e9),
     "reg_lambda": Param(float, 1.0, "L2 regularisation of leaf weights (xgboost lambda)", low=0.0, high=1e9),
-    "subsample": Param(float, 1.0, "rows sampled per tree", low=0.01, high=1.0),
-    "colsample_bytree": Param(float, 1.0, "columns sampled per tree", low=0.01, high=1.0),
+    "subsample": Param(float, 1.0, "rows sampled per tree (histogram mode: each site draws its own rows from "
+                       "the job seed and its key)", low=0.01, high=1.0),
+    "colsample_bytree": Param(float, 1.0, "columns sampled per tree (histogram mode: the same columns at every "
+                              "site, from the job seed)", low=0.01, high=1.0),
     "max_delta_step": Param(float, 0.0, "clip leaf weights to this (0: off)", low=0.0, high=1e6),
     "grad_abs_max": Param(float, 0.0, "histogram mode: the declared bound on a row's |gradient| (0: the objective's "
                           "own: 1 for classification, 1000 for reg:squarederror, i.e. |prediction - label|); a site "

@@ -19,13 +19,25 @@ with a plain sum of the members' uint64 vectors (the secure sum's arithmetic, mo
 `train_in_process`, and `train_reference` on the pooled rows. Because every sum is a sum of
 integers, both give byte-identical models.
 
-Not supported (refused by from_mapping, never silently ignored): reg_alpha, subsample and
-colsample_* below 1, grow_policy lossguide / max_leaves, scale_pos_weight, boosters other than
-gbtree. The K trees of a multi-class round use the gradients of the round's start (as xgboost).
+Sampling (issue 14 item 3), identical everywhere without any exchange: `colsample_bytree` < 1
+gives tree t the max(1, floor(colsample_bytree * F)) features with the smallest BLAKE2b(seed, t,
+feature) (`tree_features`: every member derives the same set from the job's seed, on any machine
+and numpy version; the other features' cuts are not candidates). `subsample` < 1: every member
+keeps each of its own rows for tree t with probability subsample, from its own seed (`HistSite`'s
+`row_seed`; the job derives it from the job seed and the member's key) — rows are local, so only
+the member itself needs to reproduce its draw; a row left out adds nothing to that tree's
+histograms, row counts included (the min_leaf_rows floor counts sampled rows), and still gets
+the tree's leaf value in its margin, as in xgboost. Neither draws the same numbers as xgboost's
+own sampling: the federated model equals the in-process reference with the same seeds.
+
+Not supported (refused by from_mapping, never silently ignored): reg_alpha, colsample_bylevel /
+colsample_bynode below 1, grow_policy lossguide / max_leaves, scale_pos_weight, boosters other
+than gbtree. The K trees of a multi-class round use the gradients of the round's start (as xgboost).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -40,7 +52,7 @@ from .xgbmodel import _base_vector, _model_bytes, global_base_score
 from .xgbtree import CLASSES_MAX, DEPTH_MAX, MODEL_OBJECTIVES, _groups, _Tree
 
 __all__ = ["HistParams", "base_score_from_stats", "decode_ints", "encode_ints", "initial_margins", "label_stats",
-           "model_bytes"]
+           "model_bytes", "tree_features"]
 
 LABEL_FRAC_BITS = 16           # regression labels are summed as round(y * 2^16)
 LABEL_ABS_MAX = float(1 << 20)  # |y| <= 2^20 keeps a site's label sum far below 2^63 (2^24 rows * 2^36)
@@ -49,9 +61,9 @@ ROUNDS_MAX = 100_000
 # none, so its default is a declaration the job may change (a row beyond it ends the job, named).
 _BOUNDS = {"binary:logistic": (1.0, 0.25), "multi:softprob": (1.0, 0.5), "reg:squarederror": (1000.0, 1.0)}
 _ALIASES = {"learning_rate": "eta", "lambda": "reg_lambda", "min_split_loss": "gamma", "num_boost_round": "num_round"}
-_NO_EFFECT = {"tree_method": ("hist",), "nthread": None, "verbosity": None, "seed": None, "random_state": None,
+_NO_EFFECT = {"tree_method": ("hist",), "nthread": None, "verbosity": None, "random_state": None,
               "grow_policy": ("depthwise",), "booster": ("gbtree",), "num_parallel_tree": (1, "1")}
-_MUST_BE = {"reg_alpha": 0, "alpha": 0, "subsample": 1, "colsample_bytree": 1, "colsample_bylevel": 1,
+_MUST_BE = {"reg_alpha": 0, "alpha": 0, "colsample_bylevel": 1,
             "colsample_bynode": 1, "max_leaves": 0, "scale_pos_weight": 1}
 
 
@@ -72,6 +84,9 @@ class HistParams:
     max_bin: int = 256
     grad_abs_max: float = 0.0      # 0: the objective's own bound (_BOUNDS)
     hess_max: float = 0.0
+    subsample: float = 1.0         # each member's rows kept per tree (its own draw, module docstring)
+    colsample_bytree: float = 1.0  # features per tree (the same everywhere: tree_features)
+    seed: int = 0                  # the job's seed: which features each tree may split on
 
     @classmethod
     def from_mapping(cls, params: Mapping[str, Any]) -> HistParams:
@@ -106,6 +121,12 @@ class HistParams:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+        for name in ("subsample", "colsample_bytree"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+                raise ValueError(f"{name} must be in (0, 1], got {v!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be an integer in [0, 2^63), got {self.seed!r}")
         if self.eta <= 0:
             raise ValueError(f"eta must be positive, got {self.eta!r}")
 
@@ -163,6 +184,22 @@ def base_score_from_stats(total: Any, p: HistParams) -> tuple[float, ...]:
     if p.groups == 1:
         return (global_base_score(int(total[0]), rows, p.objective),)
     return tuple(global_base_score(total[:-1], rows, p.objective, p.groups))
+
+
+def tree_features(p: HistParams, tree: int, n_features: int) -> np.ndarray:
+    """bool (F,): the features tree `tree` (round * groups + class) may split on — every one, or
+    the max(1, floor(colsample_bytree * F)) with the smallest BLAKE2b-64(seed, tree, feature),
+    ties by index (module docstring)."""
+    keep = np.ones(n_features, dtype=bool)
+    if p.colsample_bytree >= 1.0:
+        return keep
+    want = max(1, int(p.colsample_bytree * n_features))
+    prefix = int(p.seed).to_bytes(8, "big") + int(tree).to_bytes(8, "big")
+    score = [int.from_bytes(hashlib.blake2b(prefix + f.to_bytes(4, "big"), digest_size=8).digest(), "big")
+             for f in range(n_features)]
+    keep[:] = False
+    keep[sorted(range(n_features), key=lambda f: (score[f], f))[:want]] = True
+    return keep
 
 
 def initial_margins(base: Sequence[float], rows: int, p: HistParams) -> np.ndarray:

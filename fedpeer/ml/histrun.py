@@ -43,6 +43,7 @@ from .histboost import (
     initial_margins,
     label_stats,
     model_bytes,
+    tree_features,
 )
 from .histtree import Growth, finish_tree, grow_level, route_rows, start_tree, tree_leaf_values
 from .sketch import (
@@ -62,12 +63,13 @@ __all__ = ["HistResult", "HistSite", "train_in_process", "train_reference"]
 class HistSite:
     """One member's rows and running state in histogram mode (module docstring)."""
 
-    def __init__(self, X: Any, y: Any, params: HistParams, n_parties: int) -> None:
+    def __init__(self, X: Any, y: Any, params: HistParams, n_parties: int, row_seed: int = 0) -> None:
         X = np.asarray(X)
         if X.ndim != 2 or X.shape[0] == 0 or X.dtype.kind not in "biuf":
             raise DataError(f"histogram mode needs a non-empty numeric (rows, features) matrix, got {X.dtype} "
                             f"{X.shape}")
-        self.p, self.n_parties = params, int(n_parties)
+        self.p, self.n_parties, self.row_seed = params, int(n_parties), int(row_seed)
+        self.sampled: np.ndarray | None = None     # this tree's rows (subsample < 1), else every row
         self.X, self.y = X, _labels(y, params)
         if len(self.y) != X.shape[0]:
             raise DataError(f"{X.shape[0]} rows but {len(self.y)} labels")
@@ -100,15 +102,20 @@ class HistSite:
         """g, h of every class at the round's margins (the K trees of a round share them)."""
         self._derivs = gradients(self.p.objective, self.margins, self.y)
 
-    def start_tree(self, k: int) -> None:
+    def start_tree(self, k: int, tree: int = 0) -> None:
+        """Tree number `tree` (round * groups + k) of class k: its quantised g, h and, with
+        subsample < 1, this member's own draw of its rows (seeded by row_seed and the tree)."""
         assert self._derivs is not None, "start_round first"
         g, h = self._derivs
         self._gq, self._hq = quantize_gradients(g[:, k], h[:, k], *self.p.bounds())
         self.positions = np.zeros(self.rows, dtype=np.int64)
+        if self.p.subsample < 1.0:
+            self.sampled = np.random.default_rng([self.row_seed, int(tree)]).random(self.rows) < self.p.subsample
 
     def level_vector(self, growth: Growth) -> np.ndarray:
         assert self.bins is not None and self.cuts is not None, "set_cuts first"
-        hist = level_histograms(self.bins, self._gq, self._hq, self.positions, growth.build, self.cuts.n_slots)
+        hist = level_histograms(self.bins, self._gq, self._hq, self.positions, growth.build, self.cuts.n_slots,
+                                self.sampled)
         return encode_histograms(hist, self.n_parties)
 
     def after_level(self, growth: Growth) -> None:
@@ -159,8 +166,8 @@ def _agree_cuts(members: Sequence[HistSite], n_features: int, max_bin: int) -> C
     return sketch_cuts(sk)
 
 
-def _grow(members: Sequence[HistSite], cuts: Cuts, p: HistParams) -> _Tree:
-    growth = start_tree(cuts.counts(), p.split_params())
+def _grow(members: Sequence[HistSite], cuts: Cuts, p: HistParams, tree: int) -> _Tree:
+    growth = start_tree(cuts.counts(), p.split_params(), tree_features(p, tree, cuts.n_features))
     while not growth.done:
         total = _plain_sum([m.level_vector(growth) for m in members])
         growth = grow_level(growth, decode_histograms(total, len(growth.build), cuts.n_features, cuts.n_slots))
@@ -170,13 +177,15 @@ def _grow(members: Sequence[HistSite], cuts: Cuts, p: HistParams) -> _Tree:
 
 
 def train_in_process(sites: Sequence[tuple[Any, Any]], params: Mapping[str, Any] | HistParams,
-                     start_trees: Sequence[_Tree] = ()) -> HistResult:
+                     start_trees: Sequence[_Tree] = (), row_seeds: Sequence[int] | None = None) -> HistResult:
     """Histogram-mode training of members held in one process, summing with plain uint64 sums;
-    with `start_trees` (committed trees, round major, class minor) it resumes after them."""
+    with `start_trees` (committed trees, round major, class minor) it resumes after them;
+    `row_seeds`: each member's own seed for subsample (default 0 each)."""
     p = params if isinstance(params, HistParams) else HistParams.from_mapping(params)
     if not sites:
         raise ValueError("no sites")
-    members = [HistSite(X, y, p, len(sites)) for X, y in sites]
+    seeds = list(row_seeds) if row_seeds is not None else [0] * len(sites)
+    members = [HistSite(X, y, p, len(sites), seed) for (X, y), seed in zip(sites, seeds, strict=True)]
     n_features = members[0].X.shape[1]
     if any(m.X.shape[1] != n_features for m in members):
         raise DataError("members differ in their number of features")
@@ -197,8 +206,8 @@ def train_in_process(sites: Sequence[tuple[Any, Any]], params: Mapping[str, Any]
                 m.start_round()
         for k in range(first_k if r == resume_round else 0, p.groups):
             for m in members:
-                m.start_tree(k)
-            tree = _grow(members, cuts, p)
+                m.start_tree(k, len(trees))
+            tree = _grow(members, cuts, p, len(trees))
             for m in members:
                 m.add_tree(tree, k)
             trees.append(tree)

@@ -146,10 +146,15 @@ class Growth:
         return len(self.left)
 
 
-def start_tree(cut_counts: np.ndarray, params: SplitParams) -> Growth:
-    """A tree with one undecided root: the first level asks for the root's histogram."""
+def start_tree(cut_counts: np.ndarray, params: SplitParams, features: np.ndarray | None = None) -> Growth:
+    """A tree with one undecided root: the first level asks for the root's histogram. `features`
+    (bool (F,), histboost.tree_features): only these may be split on (the others' cuts are no
+    candidates; their histograms still travel, so every level has one shape)."""
     one = np.zeros(1, dtype=np.int64)
-    return Growth(params=params, cut_counts=np.asarray(cut_counts, dtype=np.int64), left=one - 1, feature=one,
+    counts = np.asarray(cut_counts, dtype=np.int64)
+    if features is not None:
+        counts = np.where(np.asarray(features, dtype=bool), counts, 0)
+    return Growth(params=params, cut_counts=counts, left=one - 1, feature=one,
                   cut=one, default_left=one, loss_chg=np.zeros(1), sums=np.zeros((1, CHANNELS), dtype=np.int64),
                   depth=one, frontier=one, build=one, parent_hist=np.zeros((0,), dtype=np.int64),
                   done=params.max_depth == 0)

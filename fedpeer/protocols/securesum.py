@@ -142,10 +142,11 @@ ring mode (DESIGN §6)
 
 pairwise mode (collusion-resistant)
 * As ring mode, and every participant i adds, for every other participant j, a mask expanded
-  (the AES-256-CTR keystream, `expand_mask`) from a seed only i and j can derive (`ch.pairwise_seed`, an X25519 agreement in
-  the daemon): +mask if i's key < j's key, -mask otherwise, so these cancel in the total. Every
-  site but the initiator also adds a self mask expanded from a fresh secret seed, which it
-  reveals to the initiator only when asked, after the whole vector has come back.
+  (the AES-256-CTR keystream, `expand_mask`) from a seed only i and j can derive
+  (`ch.pairwise_seed`, an X25519 agreement in the daemon): +mask if i's key < j's key, -mask
+  otherwise, so these cancel in the total. Every site but the initiator also adds a self mask
+  expanded from a fresh secret seed, which it reveals to the initiator only when asked, after
+  the whole vector has come back.
 * A coalition of any size learns nothing beyond the total and its own vectors: every value it
   sees carries pairwise masks shared with participants outside the coalition, which cancel only
   in the complete sum (computationally: the pairwise seeds stay secret and AES-CTR keystream

@@ -77,7 +77,8 @@ async def test_leader_killed_mid_round_survivors_finish_with_identical_models(ma
 def test_harness_runs_xgboost_and_reports_per_site_results(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "fedpeer", "harness", "--sites", "3", "--job", "xgboost",
                         "--data", "builtin:breast_cancer", "--holdout", "0.2", "--rounds", "4",
-                        "--num-local-round", "2", "--param", "mode=bagging", "--param", "nthread=1", "--param", "max_depth=3", "--json",
+                        "--num-local-round", "2", "--param", "mode=bagging", "--param", "nthread=1",
+                        "--param", "max_depth=3", "--json",
                         "--timeout-s", "180"], capture_output=True, text=True, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     report = json.loads(r.stdout)

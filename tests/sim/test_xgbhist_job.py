@@ -135,9 +135,33 @@ def test_a_crash_the_secure_sum_gives_up_on_is_lost_once_declared_dead() -> None
 def test_histogram_mode_refuses_what_it_cannot_do() -> None:
     with pytest.raises(JobError, match="num_local_round"):
         xgbhist.hist_params(xj.KIND.check_params({**PARAMS, "num_local_round": 2}), 1)
-    with pytest.raises(JobError, match="subsample"):
-        xgbhist.hist_params(xj.KIND.check_params({**PARAMS, "subsample": 0.5}), 1)
     assert xj.KIND.check_params({})["mode"] == "histogram"
+
+
+def test_subsample_and_colsample_give_the_reference_model_with_the_same_seeds() -> None:
+    """Item 3: the features of each tree come from the job seed (the same everywhere), each
+    member's rows from its own seed (site_seed(job seed, its key)): the federated model equals
+    the in-process reference run with those seeds — and differs from the unsampled model."""
+    from fedpeer.jobs.base import site_seed
+
+    sites, _, _ = breast_cancer_sites(3)
+    params = {**PARAMS, "subsample": 0.6, "colsample_bytree": 0.5, "seed": 11}
+    results, keys = run(sites, params)
+    assert all(isinstance(r, dict) for r in results), results
+    model = results[0]["_model"]
+    assert {r["_model"] for r in results} == {model}
+    ref = {"num_round": 4, "max_depth": 3, "eta": 0.3, "max_bin": 32, "subsample": 0.6, "colsample_bytree": 0.5,
+           "seed": 11}
+    want = histrun.train_in_process([(s.X, s.y) for s in sites], ref, row_seeds=[site_seed(11, k) for k in keys])
+    assert model == want.model
+    plain = histrun.train_in_process([(s.X, s.y) for s in sites], {**ref, "subsample": 1.0, "colsample_bytree": 1.0})
+    assert model != plain.model
+    from fedpeer.ml.histboost import HistParams, tree_features
+    hp = HistParams.from_mapping(ref)
+    for t, tree in enumerate(boosting.model_info(model).trees):      # each tree splits on its 15 of 30 only
+        allowed = tree_features(hp, t, 30)
+        assert allowed.sum() == 15 and allowed[tree.feature[tree.left >= 0]].all()
+    assert not np.array_equal(tree_features(hp, 0, 30), tree_features(hp, 1, 30))
 
 
 def test_bounds_and_impossible_sums_end_the_job_everywhere_naming_what() -> None:
@@ -193,8 +217,9 @@ def diabetes_sites(n: int) -> tuple[list, list[np.ndarray]]:
     raw = load_diabetes()
     features = tuple(raw.feature_names)
     parts = np.array_split(np.random.default_rng(3).permutation(len(raw.target)), n)
-    sites = [Dataset(features, np.ascontiguousarray(raw.data[p]), None, np.array([repr(float(v)) for v in raw.target[p]]),
-                     0, schema_fingerprint(features, [FEATURE_TYPE_FLOAT] * len(features))) for p in parts]
+    fingerprint = schema_fingerprint(features, [FEATURE_TYPE_FLOAT] * len(features))
+    sites = [Dataset(features, np.ascontiguousarray(raw.data[p]), None,
+                     np.array([repr(float(v)) for v in raw.target[p]]), 0, fingerprint) for p in parts]
     return sites, [raw.target[p] for p in parts]
 
 

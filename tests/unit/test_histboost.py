@@ -281,3 +281,26 @@ def test_resuming_from_committed_trees_gives_the_same_model(cut_after):
     for t, tree in enumerate(xgbmodel.model_info(full.model).trees):   # raw-feature routing == bin routing
         margins[:, t % 3] += T.tree_leaf_values(tree, np.concatenate([s[0] for s in sites]))
     np.testing.assert_array_equal(margins, np.concatenate(full.margins))
+
+
+def test_rows_left_out_by_subsample_count_in_no_channel():
+    """A member's unsampled rows add nothing to a tree's histograms — not even to the row counts
+    the min_leaf_rows floor reads — yet keep their place in the tree for their margins."""
+    from fedpeer.ml.histrun import HistSite
+
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(500, 4)), rng.integers(0, 2, 500)
+    p = histboost.HistParams.from_mapping({"num_round": 1, "max_depth": 2, "max_bin": 16, "subsample": 0.3})
+    site = HistSite(X, y, p, 1, row_seed=5)
+    site.set_base((0.5,))
+    site.set_cuts(histrun.train_in_process([(X, y)], p).cuts)
+    site.start_round()
+    site.start_tree(0, tree=0)
+    kept = int(site.sampled.sum())
+    assert 100 < kept < 200
+    growth = T.start_tree(site.cuts.counts(), p.split_params())
+    hist = H.decode_histograms(site.level_vector(growth), 1, 4, site.cuts.n_slots)
+    assert int(hist[0, 0, :, 2].sum()) == kept
+    first = site.sampled.copy()
+    site.start_tree(0, tree=1)
+    assert not np.array_equal(first, site.sampled)                # each tree its own draw
