@@ -68,3 +68,19 @@ def test_multiclass_job_keeps_class_indexing() -> None:
     want = roc_auc_score(raw.target[test_rows], proba, multi_class="ovr")
     assert results[0]["auc"] == pytest.approx(want) and want > 0.95
     assert all(0.9 < h["auc"] <= 1.0 for h in results[0]["history"][2:])     # federated, from histograms
+
+
+def test_eval_every_evaluates_only_those_rounds_and_the_last() -> None:
+    """Bagging mode's per-round evaluation sum is most of a short job's bytes: eval_every=2 over
+    5 rounds evaluates rounds 2, 4 and 5 (the last always), and the result's AUC is round 5's."""
+    from sklearn.datasets import load_breast_cancer
+
+    raw = load_breast_cancer()
+    features = tuple(n.replace(" ", "_") for n in raw.feature_names)
+    y = (raw.target == 0).astype(np.int8)
+    sites = [exp.dataset(raw.data[p], y[p], features) for p in exp.stratified_parts(y, 3, seed=1)]
+    params = {"rounds": 5, "max_depth": 3, "nthread": 1, "secure_sum": "ring", "eval_every": 2}
+    results = exp.run_federation(sites, params)
+    history = results[0]["history"]
+    assert [h["round"] for h in history if h.get("auc") is not None] == [2, 4, 5]
+    assert results[0]["auc"] == history[-1]["auc"] and results[0]["federated_eval"]["auc"] == history[-1]["auc"]
