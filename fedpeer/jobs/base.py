@@ -29,7 +29,7 @@ class Param:
     help: str
     choices: tuple[Any, ...] | None = None
     low: float | None = None
-    high: float | None = None
+    high: float | None = None       # str: the most characters
 
     def check(self, name: str, value: Any) -> Any:
         if self.type is float and isinstance(value, int) and not isinstance(value, bool):
@@ -38,6 +38,10 @@ class Param:
             raise JobError(f"parameter {name}: expected {self.type.__name__}, got {value!r}")
         if self.choices is not None and value not in self.choices:
             raise JobError(f"parameter {name}: expected one of {list(self.choices)}, got {value!r}")
+        if self.type is str:   # high: the most characters
+            if self.high is not None and len(value) > self.high:
+                raise JobError(f"parameter {name}: {len(value)} characters, more than {self.high:g}")
+            return value
         if self.low is not None and value < self.low or self.high is not None and value > self.high:
             raise JobError(f"parameter {name}: {value!r} outside [{self.low}, {self.high}]")
         return value

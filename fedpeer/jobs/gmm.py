@@ -48,8 +48,8 @@ PARAMS = {
     "seed": Param(int, 0, "job seed: the k-means initial centres", low=0, high=km.SEED_MAX),
     "standardize": Param(bool, False, "fit (x - mean) / std with the federated mean and std; the mixture is "
                          "reported in original units either way"),
-    "init": Param(str, "", "explicit initial k-means centres in original units, 'x1,x2;y1,y2'; empty: drawn "
-                  "from the federated mean and std"),
+    "init": Param(str, "", "explicit initial k-means centres in original units, 'x1,x2;y1,y2' (at most 1024 "
+                  "characters); empty: drawn from the federated mean and std", high=km.INIT_CHARS_MAX),
     "min_cluster_rows": km.MIN_CLUSTER_ROWS,
     "secure_sum": km.SECURE_SUM,
 }

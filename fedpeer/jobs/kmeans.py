@@ -37,7 +37,7 @@ from .base import JobContext, JobKind, Param
 FIXED = FixedPoint(frac_bits=32, limbs=4)
 COUNT_MAX = 2**40                     # rows per site a count may hold
 SEED_MAX = 2**31 - 1
-INIT_CHARS_MAX = 1_000_000            # the `init` parameter's text
+INIT_CHARS_MAX = 1024                 # the `init` parameter's text (a job parameter's wire limit)
 
 Offload = Callable[..., Awaitable[Any]]
 
@@ -59,7 +59,8 @@ PARAMS = {
     "fuzziness": Param(float, 1.0, "1: hard k-means; m > 1: fuzzy c-means with fuzzifier m (seeds/003)",
                        low=1.0, high=10.0),
     "init": Param(str, "", "explicit initial centres in original units, 'x1,x2;y1,y2' (k groups of one value "
-                  "per feature); empty: drawn from the federated mean and std"),
+                  "per feature, at most 1024 characters); empty: drawn from the federated mean and std",
+                  high=INIT_CHARS_MAX),
     "min_cluster_rows": MIN_CLUSTER_ROWS,
     "secure_sum": SECURE_SUM,
 }

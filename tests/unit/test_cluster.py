@@ -130,3 +130,9 @@ def test_a_stored_dbscan_model_round_trips_and_a_bad_one_is_refused(tmp_path) ->
                                             "synthetic_rows": 8, "noise_fraction": 1 / 9, "cluster_sizes": [8],
                                             "eps": 0.5, "min_samples": 3}))
     assert "1 clusters from 2 shared local-cluster descriptions (8 synthetic points); noise 0.111" in text
+
+
+def test_explicit_centres_longer_than_a_parameter_may_be_are_refused_when_proposed() -> None:
+    with pytest.raises(JobError, match="parameter init: 1025 characters, more than 1024"):
+        kj.KIND.check_params({"init": "1" * 1025})
+    assert gj.KIND.check_params({"init": "1,2"})["init"] == "1,2"
