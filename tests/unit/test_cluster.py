@@ -136,3 +136,39 @@ def test_explicit_centres_longer_than_a_parameter_may_be_are_refused_when_propos
     with pytest.raises(JobError, match="parameter init: 1025 characters, more than 1024"):
         kj.KIND.check_params({"init": "1" * 1025})
     assert gj.KIND.check_params({"init": "1,2"})["init"] == "1,2"
+
+
+@pytest.mark.parametrize("kind, label, answer", [
+    ("kmeans", "", ("x", "y")),                   # no label: every column but the ignored ones
+    ("gmm", "label", ("x", "y")),                 # a configured label column is not clustered on
+    ("stats", "", "[data] label is not set in peers.toml; a stats job needs the label column"),
+])
+async def test_clustering_kinds_need_no_label_and_the_others_say_it_is_missing(tmp_path, kind: str, label: str,
+                                                                               answer) -> None:
+    import asyncio
+    import dataclasses
+
+    from fedpeer import config as cfg
+    from fedpeer.jobs import messages as m
+    from fedpeer.jobs.kinds import job_kinds
+    from fedpeer.jobs.registry import JobRegistry
+    from tests.unit.test_policy import ALICE, NAMES, FakeTransport, make_config, proposal, small_csv
+
+    transport = FakeTransport()
+    data = dataclasses.replace(small_csv(tmp_path / "data.csv", 20), label=label, positive="",
+                               ignore=() if label else ("label",))
+    config = make_config(tmp_path, cfg.Policy(), data)
+    async with asyncio.TaskGroup() as tg:
+        registry = JobRegistry(config, transport, NAMES, job_kinds(), tg.create_task)
+        registry.on_message(ALICE, "peer-job", proposal(ALICE, "peer-job", kind, {}))
+        for _ in range(500):      # the CSV is read in a worker thread
+            if transport.of(m.JobReject) or transport.of(m.JobAccept):
+                break
+            await asyncio.sleep(0.01)
+        job = registry.jobs.get("peer-job")
+        if job is not None and job.task is not None:
+            job.task.cancel()
+    if isinstance(answer, tuple):
+        assert [tuple(msg.features) for _, msg in transport.of(m.JobAccept)] == [answer]
+    else:
+        assert [msg.reason for _, msg in transport.of(m.JobReject)] == [answer]
