@@ -127,7 +127,7 @@ class Rounds:
             final = r == self.rounds
             name, scope = ("all", m.members) if final else self.scope(r)
             local = self.w if final else await m.offload(self.train, self.w, r)
-            counts, loss = m.eval_counts_of(self.proba(self.w))
+            counts, loss = m.eval_counts_of(await m.offload(self.proba, self.w))
             try:
                 weights = m.TERMS.encode(np.concatenate([n_local * local.ravel(), [n_local, loss]]), len(scope))
             except DataError:
