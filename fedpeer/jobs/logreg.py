@@ -198,6 +198,8 @@ class Member:
         if self.params["mode"] == "fedavg":
             from .fedavg import fit_logreg
             return await fit_logreg(self)
+        if self.params["groups"].strip():
+            raise JobError("logreg: groups is for mode fedavg (exact mode sums over every member each iteration)")
         d = self.X.shape[1]
         fed_counts, mean, scale, _ = await self.scaling()
         n = int(fed_counts.sum())

@@ -101,6 +101,8 @@ def test_a_diverging_learning_rate_and_bad_groups_end_the_job_naming_what_to_cha
     assert all(isinstance(r, JobError) and "'site-9' is not a member" in str(r) for r in results), results
     results, _ = run(sites, {"mode": "fedavg", "groups": "site-1;site-2", "secure_sum": "ring"})
     assert all(isinstance(r, JobError) and "in no group" in str(r) for r in results), results
+    results, _ = run(sites, {"groups": "site-1;site-2,site-3", "secure_sum": "ring"})
+    assert all(isinstance(r, JobError) and "groups is for mode fedavg" in str(r) for r in results), results
 
 
 def test_the_mlp_model_file_round_trips_and_refuses_what_fedpeer_did_not_store(tmp_path) -> None:
