@@ -315,6 +315,9 @@ def format_status(doc: dict) -> str:
             lines.append(f"last reload refused ({loaded['last_reload']['at']}): {error}")
     if doc.get("rejected"):
         lines.append("rejected frames: " + ", ".join(f"{k}={v}" for k, v in doc["rejected"].items()))
+    lag = doc.get("loop_lag_ms") or {}
+    if lag.get("samples"):
+        lines.append(f"event-loop lag (last minute): p50 {lag['p50']} ms, p99 {lag['p99']} ms, max {lag['max']} ms")
     return "\n".join(lines)
 
 

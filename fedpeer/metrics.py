@@ -223,6 +223,11 @@ def _health_families(status: dict[str, Any]) -> Iterator[Metric]:
                                 value=float(conns["open_files_limit"]))
     yield _by_label(_counter("loop_errors", "Failed steps of the node's own loops, by step", ["step"]),
                     status.get("loop_errors", {}))
+    lag = status.get("loop_lag_ms") or {}
+    if lag.get("samples"):
+        yield _by_label(_gauge("loop_lag_seconds", "How late the event loop ran a periodic wake-up over the last "
+                               "60 s, by quantile (0.5, 0.99, 1 = the worst)", ["quantile"]),
+                        {q: lag[k] / 1000 for q, k in (("0.5", "p50"), ("0.99", "p99"), ("1", "max"))})
 
 
 # ---------------------------------------------------------------------------------------------

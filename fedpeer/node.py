@@ -39,6 +39,7 @@ from .logs import fields
 from .metrics import PATH as METRICS_PATH, MetricsListener, NodeMetrics
 from .net.admin import AdminServer
 from .net.admin_routes import AdminRoutes
+from .net.looplag import LoopLag
 from .net.transport import PeerClient, PeerServer, SendError, SendRefused, raise_open_files_limit
 from .store import StateDir
 
@@ -123,6 +124,7 @@ class Node:
         self._duplicates_logged: dict[bytes, int] = {}       # peer -> duplicate_count last logged
         self._config_loaded_ms = self.now_ms()
         self._last_reload: dict[str, Any] | None = None
+        self.loop_lag = LoopLag()
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -138,6 +140,7 @@ class Node:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
                 tg.create_task(self._tick_loop())
+                tg.create_task(self.loop_lag.run())
                 tg.create_task(self._supervised(asyncio.to_thread(_preload_ml)))
                 await stop.wait()
                 raise _Stopping   # the group cancels every task it owns: loops, sends, jobs
@@ -451,6 +454,7 @@ class Node:
             "connections": {**self._server.connections(), "shed": dict(self._server.shed),
                             "open_files_limit": self._open_files},
             "loop_errors": dict(self._loop_errors),
+            "loop_lag_ms": self.loop_lag.summary(),     # how long the loop made messages and status wait
             "state_dir": {"path": str(self.config.node.state_dir), **self.state.health()},
             "sent_bytes": dict(self._client.sent_bytes),   # reliable: jobs; best_effort: membership, election
             "config": self._config_status(),
