@@ -229,3 +229,39 @@ def test_dbscan_refuses_more_local_clusters_than_allowed_naming_the_parameter() 
     _, parts = moons_and_blobs()
     results = run(dj, parts, {"eps": 0.2, "min_samples": 5, "components": 3, "local_clusters_max": 1})
     assert any(isinstance(r, JobError) and "raise local_clusters_max" in str(r) for r in results), results
+
+
+def test_a_member_lost_between_rounds_fails_the_job_rather_than_mixing_populations() -> None:
+    import asyncio
+
+    import looptime
+
+    _, parts = non_iid_blobs(n=600)
+    parts = [parts[0][::2], parts[0][1::2], parts[1], parts[2]]     # 4 members: 3 survivors still make a ring
+    keys = sorted(hashlib.sha256(f"cluster-{i}".encode()).digest() for i in range(4))
+    names = {k: f"site-{i + 1}" for i, k in enumerate(keys)}
+    params = kj.KIND.check_params({"k": 3, "n_init": 1, "tol": 0.0, "max_iter": 50})
+
+    async def go() -> list:
+        net = MemoryNetwork(keys, seed=0, detect_ms=200.0, unreachable_ms=100.0)
+        jobs = [kj.run_job(net.channel(k), params, JobContext(names[k], names, 500, data=dataset(p)), kj._inline)
+                for k, p in zip(keys, parts)]
+
+        async def crash() -> None:
+            while not any(phase == "lloyd round 3" for _, phase, _, _ in net.progress_log):
+                await asyncio.sleep(0.001)
+            net.crash(keys[3])
+
+        watcher = asyncio.ensure_future(crash())
+        try:
+            return (await asyncio.gather(*jobs, return_exceptions=True))[:3]
+        finally:
+            watcher.cancel()
+
+    loop = looptime.new_event_loop(start=0, noop_cycles=1)
+    try:
+        survivors = loop.run_until_complete(go())
+    finally:
+        loop.close()
+    assert all(isinstance(r, JobError) for r in survivors), survivors
+    assert any("dropped out between two secure sums" in str(r) for r in survivors), survivors
