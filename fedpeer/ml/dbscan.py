@@ -117,7 +117,11 @@ def synthesize(described: list, seed: int) -> np.ndarray:
                                "is not positive definite; raise reg_covar") from None
             parts.append(mean + rng.standard_normal((n, len(mean))) @ chol.T)
     d = described[0][4].shape[1] if described else 0
-    return np.vstack(parts) if parts else np.zeros((0, d))
+    S = np.vstack(parts) if parts else np.zeros((0, d))
+    if not np.isfinite(S).all():
+        raise JobError("synthetic points that are not finite: a shared description cannot come from an honest "
+                       "site (a member sent a wrong contribution)")
+    return S
 
 
 def cluster_synthetic(S: np.ndarray, eps: float, min_samples: int) -> np.ndarray:

@@ -172,3 +172,22 @@ async def test_clustering_kinds_need_no_label_and_the_others_say_it_is_missing(t
         assert [tuple(msg.features) for _, msg in transport.of(m.JobAccept)] == [answer]
     else:
         assert [msg.reason for _, msg in transport.of(m.JobReject)] == [answer]
+
+
+def test_shared_cluster_descriptions_that_no_honest_site_sends_are_refused() -> None:
+    from fedpeer.ml import dbscan as db
+    honest = [(7, np.array([0.5, 0.5]), np.array([[0.0, 0.0], [1.0, 1.0]]), np.array([np.eye(2), np.eye(2)]))]
+    vector = db.pack(honest, 1, 2, 2, 2, 2)
+    shared = db.unpack(vector, 2, 2, 2, 2)
+    assert [(p, s, rows) for p, s, rows, *_ in shared] == [(1, 0, 7)]
+    assert db.synthesize(shared, 3).shape == (7, 2)
+    size = db.slot_size(2, 2)
+    for at, value in ((0, 2.5), (1, -0.5), (1, 0.9)):          # fractional rows, a negative weight, weights != 1
+        bad = vector.copy()
+        bad[2 * size + at] = value
+        with pytest.raises(JobError, match="cannot come from an honest site"):
+            db.unpack(bad, 2, 2, 2, 2)
+    bad = vector.copy()
+    bad[2 * size + 1 + 2 + 4:2 * size + 1 + 2 + 4 + 3] = [1.0, 5.0, 1.0]   # a covariance that is not positive definite
+    with pytest.raises(JobError, match="not positive definite"):
+        db.synthesize(db.unpack(bad, 2, 2, 2, 2), 3)
