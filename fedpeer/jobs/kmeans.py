@@ -179,7 +179,7 @@ def result(lloyd: cl.Lloyd, space: cl.Space, params: Mapping[str, Any], features
     return {
         "k": params["k"], "features": list(features), "rows": n, "participants": sums.names(),
         "centers": centers[order].tolist(),
-        "inertia": best.inertia,
+        "inertia": best.inertia,            # fuzzy c-means: the objective Σ u^m ‖x - c‖² it minimises
         "inertia_units": "standardized features" if params["standardize"] else "original units",
         "iterations": best.iterations, "converged": best.converged,
         "history": [{"round": i + 1, "inertia": v} for i, v in enumerate(best.history)],
@@ -212,7 +212,8 @@ def describe(kind: str, result: Mapping[str, Any]) -> list[str]:
         lines.append(f"  log-likelihood {result['log_likelihood']:.6g}; BIC {result['bic']:.6g} "
                      f"({result['parameters']} parameters, covariance {result['covariance']})")
     else:
-        lines.append(f"  inertia {result['inertia']:.6g} ({result['inertia_units']}); kept restart "
+        what = "inertia" if result.get("fuzziness", 1.0) == 1.0 else "fuzzy objective (sum of u^m d^2)"
+        lines.append(f"  {what} {result['inertia']:.6g} ({result['inertia_units']}); kept restart "
                      f"{result['kept_restart'] + 1} of {result['restarts']}")
     lines.append("  " + fit.replace("_", "-") + " per round: "
                  + ", ".join(f"{h[fit]:.6g}" for h in result["history"]))
