@@ -277,12 +277,45 @@ class _Rows:
         return f"data row {index + 1}, line {index + self._deltas[k]}"
 
 
+class _NeedLines(Exception):
+    """A message needs the line of a row, which only the Python parser knows."""
+
+
+class _NoLines:
+    """`_Rows` of the pyarrow path: it has no lines; asking for one sends the file to the Python parser."""
+
+    def where(self, index: int) -> str:
+        raise _NeedLines()
+
+
 def load_csv(spec: DataSpec, *, binary: bool = True, rows_max: int = 10_000_000,
              bytes_max: int = 2 * 1024**3) -> Dataset:
     """Read and check `spec.csv`. `binary`: the label must have exactly two values, one of them
-    `spec.positive`. Raises DataError for every problem with the file or the spec."""
+    `spec.positive`. Raises DataError for every problem with the file or the spec.
+
+    pyarrow's multi-threaded reader parses the file when it can say for sure that the result is what
+    the Python parser below would give (`_arrow.read_csv`); on anything it rejects or cannot vouch
+    for, and on every DataError, the Python parser reads the file again and decides, so that every
+    message (file, column, "data row N, line L", the fix) is the one it has always been."""
     if rows_max < 1 or bytes_max < 1:
         raise ValueError("rows_max and bytes_max must be positive")
+    from . import _arrow
+
+    try:
+        fast = _arrow.read_csv(spec, rows_max, bytes_max)
+    except DataError:
+        fast = None
+    if fast is not None:
+        try:
+            return _finish(spec, binary, *fast)
+        except (DataError, _NeedLines):
+            pass                      # the Python parser below gives the message, with its lines
+    return _load_csv_python(spec, binary=binary, rows_max=rows_max, bytes_max=bytes_max)
+
+
+def _load_csv_python(spec: DataSpec, *, binary: bool = True, rows_max: int = 10_000_000,
+                     bytes_max: int = 2 * 1024**3) -> Dataset:
+    """Today's streaming parser: reads `spec.csv` with the csv module and places every problem."""
     path = spec.csv
     with _open(path) as f:
         st = os.fstat(f.fileno())

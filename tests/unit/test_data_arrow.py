@@ -1,0 +1,197 @@
+"""load_csv's pyarrow fast path gives bit for bit the Dataset of the Python parser, and every bad file
+still gets the Python parser's exact message (file, column, "data row N, line L", the fix)."""
+
+from __future__ import annotations
+
+import codecs
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fedpeer.errors import DataError
+from fedpeer.ml import _arrow, data
+from fedpeer.ml.data import DataSpec, load_csv
+
+
+def write(tmp_path: Path, content: str | bytes, name: str = "site.csv") -> Path:
+    path = tmp_path / name
+    path.write_bytes(content.encode() if isinstance(content, str) else content)
+    return path
+
+
+def outcome(fn, spec: DataSpec, **kw):
+    try:
+        return fn(spec, **kw)
+    except DataError as e:
+        return str(e)
+
+
+def same_dataset(a: data.Dataset, b: data.Dataset) -> None:
+    assert a.features == b.features and a.fingerprint == b.fingerprint and a.rows_dropped == b.rows_dropped
+    assert a.X.dtype == b.X.dtype == np.float64 and a.X.shape == b.X.shape and a.X.tobytes() == b.X.tobytes()
+    assert a.X.flags.c_contiguous and not a.X.flags.writeable
+    assert a.labels.dtype == b.labels.dtype and a.labels.tolist() == b.labels.tolist()
+    assert (a.y is None) == (b.y is None)
+    if a.y is not None:
+        assert a.y.dtype == b.y.dtype and a.y.tobytes() == b.y.tobytes()
+
+
+def fast_only(spec: DataSpec, binary: bool = True, rows_max: int = 10_000_000, bytes_max: int = 2**31):
+    """The pyarrow path alone: a Dataset, or None where it hands the file to the Python parser."""
+    parsed = _arrow.read_csv(spec, rows_max, bytes_max)
+    if parsed is None:
+        return None
+    try:
+        return data._finish(spec, binary, *parsed)
+    except (DataError, data._NeedLines):
+        return None
+
+
+# Today's bad files (tests/unit/test_data.py and more): the message must be the Python parser's, word for word.
+BAD = [
+    ("", {}), ("\n\r\n\n", {}), ("a,y\n", {}), ("a,y\n\n\n", {}),
+    ("a,b,a,y\n1,2,3,0\n", {}), ("a, b,b ,y\n1,2,3,0\n", {}), (",a,y\n1,2,0\n", {}),
+    ("a,b,y\n1,2,0\n3,4,1\n5,6\n", {}), ("a,b,y\n1,2,0\n\n3,4,1,9\n", {}),
+    ("a,b,Class\n1,2,0\n", {}), ("a,b,Y\n1,2,0\n", {}),
+    ("a,when,y\n1,2024-01-02,0\n2,2024-01-03,1\n", {}), ("a,b,y\n1,2,0\n3,1_000,1\n", {}),
+    ("a,b,y\n1,2,0\n3,\uff14,1\n", {}), ("a,b,y\n1,2,0\n3,0x10,1\n", {}),
+    ("a,b,y\n1,2,0\n1,2,0\n", {}), ("a,y\n1,0\n2,1\n3,2\n", {}), ("a,y\n1,no\n2,yes\n", {}),
+    ("a,y\n1,0\n2,1\n" + "".join(f"{i},{'x' * 300}\n" for i in range(2)), {}),
+    ("a,y\n1,M\n2,R\n", {"positive": None}),
+    ("Id,a,y\n1,2,0\n2,3,1\n", {"ignore": ("ID",)}), ("Id,a,y\n1,2,0\n2,3,1\n", {"ignore": ("y",)}),
+    ("Id,a,y\n1,2,0\n2,3,1\n", {"ignore": ("Id", "a")}),
+    ("a,y\n1,0\n2,caf\xe9\n".encode("latin-1"), {}), (b"a,y\r\n" + b"1,0\r\n" * 5000 + b"2,\xff\r\n", {}),
+    ("a,y\n1,0\n2,1\n".encode("utf-16-le"), {}), (codecs.BOM_UTF16_BE + "a,y\n1,0\n2,1\n".encode("utf-16-be"), {}),
+    (b"a,y\n1,\x000\n2,1\n", {}), (b"a,y\n1,0\n2,\"1\x00\"\n", {}), (b"a,y,id\n1,0,x\n2,1,\"\x00\"\n", {"ignore": ("id",)}),
+    (b"a,y\n1,0\n2,\xed\xa0\x80\n", {}),                                     # a UTF-8 encoded surrogate
+    ("a,b,y\n1,NA,0\n,4,NA\n3,,1\n4,5,inf\n5,6,1\n6,7,0\n", {}),
+    ("a,b,y\n1,2,0\n3,4,1\n5, NA ,1\n6,7,0\n", {}), ("a,b,y\n1,2,0\n3,4,1\n5,6,1\n7,-1e400,0\n", {}),
+    ("a,y\nNA,0\n?,1\n", {"missing": "drop"}), ("a,y\n1,0\nNA,1\n2,0\n", {"missing": "drop"}),
+    ('note,a,y\n"two\nlines",1,0\n\nx,2,1\n"z\nz",NA,1\n', {"ignore": ("note",)}),
+    ("a,y\n1,0\n2,1\n\"" + "x" * 200_000 + "\",0\n", {}),
+    ("a,y,id\n1,0,x\n2,1,\"" + "x" * 200_000 + "\"\n", {"ignore": ("id",)}),   # the csv module's field limit
+    ("a,y\n1,0\n2,1\n3,0\n", {"rows_max": 2}), ("a,y\n1,0\n2,1\n", {"bytes_max": 10}),
+    ("a,y\n1,0\n  \n2,1\n", {}), ("a,b,y\n1,2,0\n3,\"4\"5x,1\n", {}),
+]
+
+
+@pytest.mark.parametrize("content,kw", BAD)
+def test_bad_files_keep_the_python_parsers_message(tmp_path: Path, content: str | bytes, kw: dict) -> None:
+    path = write(tmp_path, content)
+    spec_kw = {k: v for k, v in kw.items() if k in ("ignore", "missing", "positive")}
+    load_kw = {k: v for k, v in kw.items() if k not in spec_kw}
+    spec = DataSpec(path, "y", **{"positive": "1", **spec_kw})
+    with pytest.raises(DataError) as err:
+        load_csv(spec, **load_kw)
+    message = str(err.value)
+    assert message == outcome(data._load_csv_python, spec, **load_kw)
+    assert message.startswith(f"{path}: ")
+    assert fast_only(spec, **load_kw) is None                # the fast path never answers for a bad file
+
+
+def test_messages_name_file_column_and_row(tmp_path: Path) -> None:
+    path = write(tmp_path, "a,b,y\n1,2,0\n\n3,oops,1\n")
+    message = str(pytest.raises(DataError, load_csv, DataSpec(path, "y", "1")).value)
+    assert message.startswith(f"{path}: column 'b' is not numeric: data row 2, line 4 has 'oops'")
+    assert "add it to ignore" in message
+
+
+def test_well_formed_files_take_the_fast_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args, **kwargs):
+        raise AssertionError("the Python parser was used")
+    monkeypatch.setattr(data, "_load_csv_python", refuse)
+    path = write(tmp_path, "\ufeff id , a ,b,y\r\n"
+                           "x1, 1 ,2.5,1\r\n"
+                           "\r\n"
+                           "x2,-3e-2,+.5, 0 \r\n"
+                           "\"x\n3\",1E3,\"7\",1\r\n"
+                           "\"x,4\",NA,?,0\r\n")
+    ds = load_csv(DataSpec(path, "y", "1", ignore=("id",), missing="drop"))
+    assert ds.features == ("a", "b") and ds.X.tolist() == [[1.0, 2.5], [-0.03, 0.5], [1000.0, 7.0]]
+    assert ds.labels.tolist() == ["1", "0", "1"] and ds.y.tolist() == [1, 0, 1] and ds.rows_dropped == 1
+
+
+@pytest.mark.parametrize("content", ['a,y\n1,0\n2,"1\n', 'a,y\n1,0\n"2"5,1\n', 'a,y\n"1" ,0\n2,1'])
+def test_odd_but_accepted_files_agree(tmp_path: Path, content: str) -> None:
+    spec = DataSpec(write(tmp_path, content), "y", "1")
+    same_dataset(load_csv(spec), data._load_csv_python(spec))
+
+
+# ---------------------------------------------------------------------------------------------
+# Generated files: the fast path's Dataset is the Python parser's, bit for bit.
+
+finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
+number = st.one_of(
+    finite.map(repr), finite.map(lambda v: f"{v:.3g}"), finite.map(lambda v: f"{v:.17e}"),
+    st.integers(-2**70, 2**70).map(str), st.integers(0, 999).map(lambda i: f"+{i}."),
+    st.integers(0, 999).map(lambda i: f".{i}"), st.integers(0, 99).map(lambda i: f"0{i}e-3"),
+    st.sampled_from(["-0", "0.1000000000000000055511151231257827021181583404541015625", "4.9e-324",
+                     "2.2250738585072011e-308", "1.7976931348623157e308", "9007199254740993", "1e-400"]),
+)
+cell = st.one_of(number, number.map(lambda t: f'"{t}"'), number.map(lambda t: f" {t}"), number.map(lambda t: f"{t}\t"),
+                 st.sampled_from(["", "NA", "na", "N/A", "nan", "NaN", "NULL", "?", '""', '"NA"', "inf", "-Infinity",
+                                  "1e999", " NA ", "-nan", "1_0", "x"]))
+label = st.sampled_from(["yes", "no", " yes", "no ", '"yes"', '"no, really"', '"y""es"', "NA", "", "inf", '"a\nb"'])
+ident = st.sampled_from(["id1", '"a,b"', '"two\nlines"', "é", '""', "x\"y"])
+
+
+@st.composite
+def csv_files(draw) -> tuple[bytes, dict]:
+    nf = draw(st.integers(1, 4))
+    rows = draw(st.integers(1, 12))
+    sep = draw(st.sampled_from(["\n", "\r\n", "\r"]))
+    header = ["id"] + [f" f{j}" if j % 2 else f"f{j}" for j in range(nf)] + ["y"]
+    lines = [",".join(f'"{h}"' if draw(st.booleans()) else h for h in header)]
+    for _ in range(rows):
+        lines.append(",".join([draw(ident)] + [draw(cell) for _ in range(nf)] + [draw(label)]))
+        if draw(st.integers(0, 9)) == 0:
+            lines.append("")
+    text = sep.join(lines) + (sep if draw(st.booleans()) else "")
+    bom = draw(st.sampled_from([b"", codecs.BOM_UTF8]))
+    kw = dict(ignore=("id",), missing=draw(st.sampled_from(["error", "drop"])),
+              positive=draw(st.sampled_from(["yes", None])), binary=draw(st.booleans()))
+    return bom + text.encode(), kw
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(csv_files())
+def test_fast_path_is_bit_identical(tmp_path: Path, case: tuple[bytes, dict]) -> None:
+    content, kw = case
+    path = write(tmp_path, content)
+    spec = DataSpec(path, "y", kw["positive"], ignore=kw["ignore"], missing=kw["missing"])
+    slow = outcome(data._load_csv_python, spec, binary=kw["binary"])
+    fast = fast_only(spec, binary=kw["binary"])
+    if fast is not None:
+        assert not isinstance(slow, str), slow
+        same_dataset(fast, slow)
+    whole = outcome(load_csv, spec, binary=kw["binary"])
+    if isinstance(slow, str):
+        assert whole == slow
+    else:
+        same_dataset(whole, slow)
+
+
+def test_fast_path_on_a_larger_file(tmp_path: Path) -> None:
+    """Several pyarrow blocks (chunks), labels first seen late, dropped rows: still identical."""
+    rng = np.random.default_rng(7)
+    n, d = 30_000, 6
+    X = rng.normal(scale=1e3, size=(n, d))
+    X[rng.random((n, d)) < 0.001] = np.nan
+    labels = rng.choice(["a", " b", "c "], size=n)
+    labels[n - 3] = "late"
+    body = "".join(",".join("NA" if v != v else repr(v) for v in row) + f",{lab}\n" for row, lab in zip(X.tolist(), labels))
+    path = write(tmp_path, ",".join(f"v{j}" for j in range(d)) + ",y\n" + body)
+    saved = _arrow._BLOCK_BYTES
+    try:
+        _arrow._BLOCK_BYTES = 64 << 10
+        spec = DataSpec(path, "y", None, missing="drop")
+        fast = fast_only(spec, binary=False)
+    finally:
+        _arrow._BLOCK_BYTES = saved
+    assert fast is not None and fast.rows_dropped > 0
+    same_dataset(fast, data._load_csv_python(spec, binary=False))
+    spec = DataSpec(path, None, ignore=("y",), missing="drop")
+    same_dataset(fast_only(spec, binary=False), data._load_csv_python(spec, binary=False))
