@@ -77,8 +77,7 @@ async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, offload: 
                        "a member sent a wrong contribution")
     return {
         "features": list(features), "rows": n, "participants": sums.names(),
-        "clusters": k, "noise_fraction": float(sizes[0]) / n if n else 0.0,
-        "noise_rows": km.sizes_shown(sizes[:1], p["min_cluster_rows"])[0],
+        "clusters": k, "noise_fraction": float(sizes[0]) / n if n else 0.0,   # exact: noise is not a cluster
         "cluster_sizes": km.sizes_shown(sizes[1:], p["min_cluster_rows"]),
         "local_clusters": len(shared), "local_noise_rows": int(counts[1]), "synthetic_rows": int(len(S)),
         "synthetic_noise": int((labels < 0).sum()), "eps": p["eps"], "min_samples": p["min_samples"],

@@ -136,15 +136,28 @@ def _chunks(n: int, k: int) -> range:
     return range(0, n, max(1, ROWS_PER_CHUNK_CELLS // max(k, 1)))
 
 
+def _nearest_part(X: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's Lloyd assignment: the argmin over centres of ‖c‖² - 2 x·c (‖x‖² is the same
+    for every centre; lowest index on ties), and the squared distance to the chosen centre taken
+    directly, Σ (x - c)², free of the expansion's cancellation far from the origin."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        partial = (C * C).sum(axis=1)[None, :] - 2.0 * (X @ C.T)
+        labels = partial.argmin(axis=1)
+        diff = X - C[labels]
+        best = (diff * diff).sum(axis=1)
+    if not (np.isfinite(partial).all() and np.isfinite(best).all()):
+        raise JobError("squared distances overflow float64 (features of magnitude ~1e154 or more): "
+                       "set standardize=true or rescale the features")
+    return labels, best
+
+
 def nearest(X: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each row's nearest centre (lowest index on ties) and its squared distance."""
     labels = np.empty(X.shape[0], dtype=np.int64)
     best = np.empty(X.shape[0], dtype=np.float64)
     step = _chunks(X.shape[0], C.shape[0]).step
     for a in range(0, X.shape[0], step):
-        d2 = sq_distances(X[a:a + step], C)
-        labels[a:a + step] = d2.argmin(axis=1)
-        best[a:a + step] = d2[np.arange(d2.shape[0]), labels[a:a + step]]
+        labels[a:a + step], best[a:a + step] = _nearest_part(X[a:a + step], C)
     return labels, best
 
 
@@ -157,19 +170,21 @@ def local_block(X: np.ndarray, C: np.ndarray, fuzziness: float,
     step = _chunks(X.shape[0], k).step
     for a in range(0, X.shape[0], step):
         part = X[a:a + step]
-        d2 = sq_distances(part, C)
-        lab = d2.argmin(axis=1)
-        labels[a:a + step] = lab
         if fuzziness == 1.0:
-            for j in range(d):
-                sums[:, j] += np.bincount(lab, weights=part[:, j], minlength=k)
-            weights += np.bincount(lab, minlength=k)
-            objective += float(d2[np.arange(len(lab)), lab].sum())
+            lab, best = _nearest_part(part, C)
+            onehot = np.zeros((len(lab), k))
+            onehot[np.arange(len(lab)), lab] = 1.0
+            sums += onehot.T @ part
+            weights += onehot.sum(axis=0)
+            objective += float(best.sum())
         else:
+            d2 = sq_distances(part, C)
+            lab = d2.argmin(axis=1)
             w = memberships(d2, fuzziness) ** fuzziness
             sums += w.T @ part
             weights += w.sum(axis=0)
             objective += float((w * d2).sum())
+        labels[a:a + step] = lab
     counts = np.bincount(labels, minlength=k).astype(np.int64)
     changed = X.shape[0] if previous is None else int((labels != previous).sum())
     floats = np.concatenate([sums.ravel(), weights, [objective]])

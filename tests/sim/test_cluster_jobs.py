@@ -100,10 +100,14 @@ def test_federated_kmeans_equals_the_pooled_reference(params: dict) -> None:
     assert fed["centers"] == sorted(fed["centers"])            # canonical order: by first coordinate
 
 
-def test_federated_kmeans_equals_sklearn_from_the_same_centres() -> None:
+@pytest.mark.parametrize("offset", [0.0, 1e6], ids=["near-origin", "far-from-origin"])
+def test_federated_kmeans_equals_sklearn_from_the_same_centres(offset: float) -> None:
+    """Far from the origin, ‖x‖² - 2x·c + ‖c‖² would lose ~1e-8 of the inertia to cancellation:
+    the inertia is summed as Σ (x - c)², as scikit-learn does."""
     from sklearn.cluster import KMeans
 
     X, parts = non_iid_blobs(n=3000, d=3, seed=4)
+    X, parts = X + offset, [p + offset for p in parts]
     init = X[[0, 1, 2]]
     text = ";".join(",".join(repr(float(v)) for v in row) for row in init)
     fed = same_everywhere(run(kj, parts, {"k": 3, "init": text, "n_init": 5}))
