@@ -1,7 +1,8 @@
 """The `kmeans` and `gmm` jobs between real daemons, over CSVs without a label column: `fedpeer
 harness --job kmeans ... --json` reports scikit-learn's KMeans centres (started from the same
 centres, on the pooled rows) and `fedpeer predict` assigns new rows to them; the gmm job's mixture
-is the one the same pure functions give on the pooled rows."""
+is the one the same pure functions give on the pooled rows, and `fedpeer predict` gives its
+component probabilities."""
 
 from __future__ import annotations
 
@@ -98,3 +99,14 @@ async def test_gmm_between_daemons_equals_the_pooled_reference(make_federation, 
         np.testing.assert_allclose(res["covariances"], ref.covariances, rtol=1e-9)
         np.testing.assert_allclose(res["log_likelihood"], history[-1] * len(X), rtol=1e-9)
         assert len(res["history"]) == len(history) and res["model_file_sha256"]
+
+    out = tmp_path / "probabilities.csv"
+    r = subprocess.run([sys.executable, "-m", "fedpeer", "predict", "--config", str(h.sites[2].config_path), "--job",
+                        job_id, "--data", str(paths[0]), "--out", str(out)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    with open(out) as f:
+        rows = list(csv.DictReader(f))
+    proba = np.array([[float(row[f"p_{c}"]) for c in range(3)] for row in rows])
+    resp, _ = mx.estep(np.loadtxt(paths[0], delimiter=",", skiprows=1, usecols=(1, 2)), ref, ref.cholesky())
+    np.testing.assert_allclose(proba, resp, rtol=1e-6, atol=1e-9)
+    assert [int(row["cluster"]) for row in rows] == list(resp.argmax(axis=1))
