@@ -109,6 +109,14 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--job", required=True, help="the logreg or mlp job id whose model to export")
     s.add_argument("--out", type=Path, help="write the JSON here (default: standard output)")
 
+    s = sub.add_parser("data", help="this site's [data]: check it before a job does")
+    ds = s.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
+    k = ds.add_parser("check", help="load the site's data exactly as a job would and print rows, features, "
+                      "label balance, missing values per column and the schema fingerprint (no daemon needed)")
+    k.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
+    k.add_argument("--json", action="store_true", help="print rows, features, schema_fingerprint (hex), "
+                   "label_counts and missing as JSON")
+
     from .harness import add_arguments as add_harness_arguments
     add_harness_arguments(sub.add_parser("harness", help="run a local federation of real daemons"))
     return p
@@ -525,9 +533,20 @@ def _harness(args: argparse.Namespace) -> int:
     return harness_main(args)
 
 
+def _data(args: argparse.Namespace) -> int:
+    from .sitedata import format_report, report
+
+    config = cfg.load(args.config)
+    if config.data is None:
+        raise ConfigError(config.path, "[data]", "missing section: this site has no data to check")
+    doc = report(config.data, config.jobs)      # a DataError (file, column, row, fix) exits 1
+    print(json.dumps(doc, indent=2) if args.json else format_report(doc))
+    return EXIT_OK
+
+
 _COMMANDS = {"init": _init, "key": _key, "peer": _peer, "reload": _reload, "start": _start, "status": _status,
              "ping": _ping, "run": _run, "jobs": _jobs, "job": _job, "predict": _predict, "harness": _harness,
-             "export": _export}
+             "export": _export, "data": _data}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -243,7 +243,8 @@ class DataSection:
     label: str = ""                   # the label column ("": none; only clustering jobs run without one)
     positive: str = ""                # the positive class value, for binary jobs
     ignore: tuple[str, ...] = ()      # columns that are not features (identifiers such as "Id")
-    missing: str = "error"            # "error": a missing value stops the job; "drop": such rows are dropped
+    missing: str = "error"            # "error": a missing value stops the job; "drop": such rows are dropped;
+                                      # "impute": filled site-locally (IterativeImputer fitted on csv's rows)
     test_csv: str = ""                # optional held-out rows (same columns) a job scores its final model on
 
 
@@ -408,8 +409,8 @@ def _data(path: Path, table: object) -> DataSection:
     data = _section(path, "data", table, DataSection)
     if not data.csv:   # label may stay unset: clustering jobs need none, the others say so when proposed
         raise ConfigError(path, "data.csv", "missing (required when [data] is present)")
-    if data.missing not in ("error", "drop"):
-        raise ConfigError(path, "data.missing", "expected \"error\" or \"drop\"")
+    if data.missing not in ("error", "drop", "impute"):
+        raise ConfigError(path, "data.missing", "expected \"error\", \"drop\" or \"impute\"")
     def resolve(name: str) -> str:
         return name and str(Path(name) if Path(name).is_absolute() else path.parent / name)
     return dataclasses.replace(data, csv=resolve(data.csv), test_csv=resolve(data.test_csv))

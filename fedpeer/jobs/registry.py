@@ -41,7 +41,7 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -700,32 +700,19 @@ class JobRegistry:
     async def _check_data(self, record: JobRecord, kind: JobKind) -> tuple[bytes, tuple[str, ...]]:
         if not kind.needs_data:
             return b"", ()
-        from ..ml.data import DataSpec, load_csv
+        from ..sitedata import load_site   # the loading `fedpeer data check` does too
 
         data = self.config.data
         if data is None:
             raise JobError("this site has no [data] section in peers.toml")
-        if kind.needs_label:
-            if not data.label:
-                raise JobError(f"[data] label is not set in peers.toml; a {kind.name} job needs the label column")
-            spec = DataSpec(csv=Path(data.csv), label=data.label, positive=data.positive or None,
-                            ignore=tuple(data.ignore), missing=data.missing)
-        else:   # clustering: no label; a configured label column is not a feature either
-            label = (data.label,) if data.label and data.label not in data.ignore else ()
-            spec = DataSpec(csv=Path(data.csv), label=None, ignore=(*data.ignore, *label), missing=data.missing)
-        def load(spec: DataSpec) -> Any:
-            return load_csv(spec, binary=kind.binary_label, rows_max=self.config.jobs.data_rows_max,
-                            bytes_max=self.config.jobs.data_bytes_max)
-        dataset = await asyncio.to_thread(load, spec)
+        if kind.needs_label and not data.label:
+            raise JobError(f"[data] label is not set in peers.toml; a {kind.name} job needs the label column")
+        # Off the event loop: parsing (and missing = "impute") takes seconds on a large file.
+        dataset, test = await asyncio.to_thread(load_site, data, self.config.jobs, needs_label=kind.needs_label,
+                                                binary=kind.binary_label)
         rows_min = self.config.policy.rows_min
         if dataset.X.shape[0] < rows_min:   # without the count: a small cohort's size is what this protects
             raise JobError(f"local data has fewer rows than [policy] rows_min {rows_min}")
-        test = None
-        if data.test_csv:
-            test = await asyncio.to_thread(load, replace(spec, csv=Path(data.test_csv)))
-            if test.fingerprint != dataset.fingerprint:
-                raise DataError(f"{data.test_csv}: [data] test_csv has other columns than {data.csv}: "
-                                + _schema_difference(dataset.features, list(test.features), "test_csv", "csv"))
         record.data, record.test_data, record.rows = dataset, test, int(dataset.X.shape[0])
         return dataset.fingerprint, dataset.features
 

@@ -11,6 +11,10 @@ Rules of this module:
   column stays: the schema (and its fingerprint) must be identical at every site.
 - Missing values are empty, NA, N/A, NaN, null and ? (any case, surrounding spaces allowed);
   +/-Inf (including overflowing numbers such as 1e999) is treated like a missing value.
+- missing = "impute" fills missing feature values site-locally: scikit-learn's IterativeImputer
+  (MICE) fitted on this site's own rows only; a test file is filled by the imputer fitted on the
+  site's data file (`load_csv(..., impute_from=train)`), never fitted on test rows. A row whose
+  label is missing is still dropped (and counted): a label is never imputed.
 - Pure: no logging, no global state (the csv module's field size limit is left alone).
 """
 
@@ -27,9 +31,9 @@ import os
 import stat
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -37,6 +41,7 @@ from ..errors import DataError
 
 __all__ = ["DataSpec", "Dataset", "schema_fingerprint", "load_csv", "split_train_test"]
 
+MISSING_POLICIES = ("error", "drop", "impute")
 MISSING_TOKENS = frozenset({"", "na", "n/a", "nan", "null", "?"})
 """Cell texts (stripped, lower-cased) that mean "no value"."""
 
@@ -60,7 +65,8 @@ class DataSpec:
     positive: str | None = None    # the positive class value (as text in the CSV); required for binary jobs
     ignore: tuple[str, ...] = ()   # columns that are not features (identifiers like "Id")
     missing: str = "error"         # "error": a missing value or +/-Inf stops the job;
-                                   # "drop": rows with one are dropped (and counted)
+                                   # "drop": rows with one are dropped (and counted);
+                                   # "impute": missing feature values are filled site-locally (MICE)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "csv", Path(self.csv))
@@ -72,8 +78,8 @@ class DataSpec:
         if isinstance(self.ignore, str) or not all(isinstance(c, str) for c in self.ignore):
             raise DataError(f"{where}: ignore must be a list of column names, got {self.ignore!r}")
         object.__setattr__(self, "ignore", tuple(self.ignore))
-        if self.missing not in ("error", "drop"):
-            raise DataError(f"{where}: missing must be \"error\" or \"drop\", got {self.missing!r}")
+        if self.missing not in MISSING_POLICIES:
+            raise DataError(f"{where}: missing must be \"error\", \"drop\" or \"impute\", got {self.missing!r}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,6 +92,9 @@ class Dataset:
     labels: np.ndarray                 # the raw label values as str (rows,), surrounding spaces stripped
     rows_dropped: int                  # rows dropped for missing values while loading
     fingerprint: bytes                 # 32 bytes: schema_fingerprint(features, types)
+    cells_imputed: int = 0             # missing = "impute": feature values filled in while loading
+    missing_counts: tuple[tuple[str, int], ...] = ()   # (feature, missing or infinite values in the file)
+    imputer: Any = field(default=None, repr=False)   # the fitted IterativeImputer, if one was needed
 
     @property
     def rows(self) -> int:
@@ -289,9 +298,11 @@ class _NoLines:
 
 
 def load_csv(spec: DataSpec, *, binary: bool = True, rows_max: int = 10_000_000,
-             bytes_max: int = 2 * 1024**3) -> Dataset:
+             bytes_max: int = 2 * 1024**3, impute_from: Dataset | None = None) -> Dataset:
     """Read and check `spec.csv`. `binary`: the label must have exactly two values, one of them
     `spec.positive`. Raises DataError for every problem with the file or the spec.
+    `impute_from` (missing = "impute"): fill this file's missing values with the imputer of that
+    Dataset (the site's training data) instead of fitting one on this file's rows.
 
     pyarrow's multi-threaded reader parses the file when it can say for sure that the result is what
     the Python parser below would give (`_arrow.read_csv`); on anything it rejects or cannot vouch
@@ -307,14 +318,14 @@ def load_csv(spec: DataSpec, *, binary: bool = True, rows_max: int = 10_000_000,
         fast = None
     if fast is not None:
         try:
-            return _finish(spec, binary, *fast)
+            return _finish(spec, binary, *fast, impute_from=impute_from)
         except (DataError, _NeedLines):
             pass                      # the Python parser below gives the message, with its lines
-    return _load_csv_python(spec, binary=binary, rows_max=rows_max, bytes_max=bytes_max)
+    return _load_csv_python(spec, binary=binary, rows_max=rows_max, bytes_max=bytes_max, impute_from=impute_from)
 
 
 def _load_csv_python(spec: DataSpec, *, binary: bool = True, rows_max: int = 10_000_000,
-                     bytes_max: int = 2 * 1024**3) -> Dataset:
+                     bytes_max: int = 2 * 1024**3, impute_from: Dataset | None = None) -> Dataset:
     """Today's streaming parser: reads `spec.csv` with the csv module and places every problem."""
     path = spec.csv
     with _open(path) as f:
@@ -347,7 +358,7 @@ def _load_csv_python(spec: DataSpec, *, binary: bool = True, rows_max: int = 10_
             raise DataError(f"{path}: is not valid CSV near line {reader.line_num}: {e}") from None
         except OSError as e:
             raise DataError(f"{path}: reading failed: {e.strerror or e}") from None
-    return _finish(spec, binary, *parsed)
+    return _finish(spec, binary, *parsed, impute_from=impute_from)
 
 
 def _read(spec: DataSpec, reader, rows_max: int):
@@ -450,7 +461,7 @@ def _read(spec: DataSpec, reader, rows_max: int):
 
 
 def _finish(spec: DataSpec, binary: bool, features: tuple[str, ...], X: np.ndarray, codes: np.ndarray,
-            uniques: list[str], rows: _Rows) -> Dataset:
+            uniques: list[str], rows: _Rows, impute_from: Dataset | None = None) -> Dataset:
     path = spec.csv
     n = X.shape[0]
     # Labels: judge each distinct value once.
@@ -464,7 +475,9 @@ def _finish(spec: DataSpec, binary: bool, features: tuple[str, ...], X: np.ndarr
     label_missing = bad_label[codes]
     nan_cells = np.isnan(X)
     inf_cells = np.isinf(X)
-    bad_rows = nan_cells.any(axis=1) | inf_cells.any(axis=1) | label_missing
+    impute = spec.missing == "impute"
+    gap_counts = nan_cells.sum(axis=0) + inf_cells.sum(axis=0)
+    bad_rows = label_missing if impute else nan_cells.any(axis=1) | inf_cells.any(axis=1) | label_missing
     dropped = int(bad_rows.sum())
     if dropped and spec.missing == "error":
         problems = []
@@ -488,6 +501,9 @@ def _finish(spec: DataSpec, binary: bool, features: tuple[str, ...], X: np.ndarr
                             "after dropping them")
         keep = ~bad_rows
         X, codes = X[keep], codes[keep]
+    imputed, imputer = 0, None
+    if impute:
+        X, imputed, imputer = _impute(spec.csv, features, X, impute_from)
     present = sorted(uniques[c] for c in np.unique(codes))
     if binary:
         if len(present) != 2:
@@ -509,7 +525,45 @@ def _finish(spec: DataSpec, binary: bool, features: tuple[str, ...], X: np.ndarr
         y = (codes == uniques.index(spec.positive)).astype(np.int8)
     labels = np.array(uniques, dtype=str)[codes]
     X = np.ascontiguousarray(X, dtype=np.float64)
-    return _frozen(features, X, y, labels, dropped)
+    ds = _frozen(features, X, y, labels, dropped)
+    return Dataset(ds.features, ds.X, ds.y, ds.labels, ds.rows_dropped, ds.fingerprint, imputed,
+                   tuple(zip(features, map(int, gap_counts))), imputer)
+
+
+def _impute(path: Path, features: tuple[str, ...], X: np.ndarray,
+            impute_from: Dataset | None) -> tuple[np.ndarray, int, Any]:
+    """Fill the missing and infinite values of X with an IterativeImputer (MICE, BayesianRidge per
+    column, 10 rounds, seeded) fitted on the site's own training rows only: X itself, or the rows of
+    `impute_from` (the training Dataset) for a test file. Never fitted on a test file's rows."""
+    gaps = ~np.isfinite(X)
+    count = int(gaps.sum())
+    if impute_from is not None and impute_from.features != features:
+        raise DataError(f"{path}: its feature columns ({_quote_list(features)}) differ from those of the "
+                        f"site's data file ({_quote_list(impute_from.features)}) whose imputer fills its "
+                        "missing values; give both files the same columns")
+    if count == 0:
+        return X, 0, impute_from.imputer if impute_from is not None else None
+    X = np.where(gaps, np.nan, X)
+    imputer = impute_from.imputer if impute_from is not None else None
+    if imputer is None:
+        train = X if impute_from is None else impute_from.X
+        empty = np.isnan(train).all(axis=0)
+        if empty.any():
+            name = features[int(np.argmax(empty))]
+            raise DataError(f"{path}: column {name!r} has no value in any row: nothing to impute it from; "
+                            "fill it in or add it to ignore")
+        import warnings
+
+        from sklearn.exceptions import ConvergenceWarning
+        from sklearn.experimental import enable_iterative_imputer  # noqa: F401
+        from sklearn.impute import IterativeImputer
+
+        imputer = IterativeImputer(max_iter=10, random_state=0, keep_empty_features=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)    # 10 rounds are what MICE runs here
+            imputer.fit(train)
+    filled = imputer.transform(X)
+    return np.ascontiguousarray(filled, dtype=np.float64), count, imputer
 
 
 def _frozen(features: tuple[str, ...], X: np.ndarray, y: np.ndarray | None, labels: np.ndarray,

@@ -65,7 +65,8 @@ BAD = [
     ("Id,a,y\n1,2,0\n2,3,1\n", {"ignore": ("Id", "a")}),
     ("a,y\n1,0\n2,caf\xe9\n".encode("latin-1"), {}), (b"a,y\r\n" + b"1,0\r\n" * 5000 + b"2,\xff\r\n", {}),
     ("a,y\n1,0\n2,1\n".encode("utf-16-le"), {}), (codecs.BOM_UTF16_BE + "a,y\n1,0\n2,1\n".encode("utf-16-be"), {}),
-    (b"a,y\n1,\x000\n2,1\n", {}), (b"a,y\n1,0\n2,\"1\x00\"\n", {}), (b"a,y,id\n1,0,x\n2,1,\"\x00\"\n", {"ignore": ("id",)}),
+    (b"a,y\n1,\x000\n2,1\n", {}), (b"a,y\n1,0\n2,\"1\x00\"\n", {}),
+    (b"a,y,id\n1,0,x\n2,1,\"\x00\"\n", {"ignore": ("id",)}),
     (b"a,y\n1,0\n2,\xed\xa0\x80\n", {}),                                     # a UTF-8 encoded surrogate
     ("a,b,y\n1,NA,0\n,4,NA\n3,,1\n4,5,inf\n5,6,1\n6,7,0\n", {}),
     ("a,b,y\n1,2,0\n3,4,1\n5, NA ,1\n6,7,0\n", {}), ("a,b,y\n1,2,0\n3,4,1\n5,6,1\n7,-1e400,0\n", {}),
@@ -182,7 +183,8 @@ def test_fast_path_on_a_larger_file(tmp_path: Path) -> None:
     X[rng.random((n, d)) < 0.001] = np.nan
     labels = rng.choice(["a", " b", "c "], size=n)
     labels[n - 3] = "late"
-    body = "".join(",".join("NA" if v != v else repr(v) for v in row) + f",{lab}\n" for row, lab in zip(X.tolist(), labels))
+    body = "".join(",".join("NA" if v != v else repr(v) for v in row) + f",{lab}\n"
+                   for row, lab in zip(X.tolist(), labels))
     path = write(tmp_path, ",".join(f"v{j}" for j in range(d)) + ",y\n" + body)
     saved = _arrow._BLOCK_BYTES
     try:

@@ -1,0 +1,153 @@
+"""missing = "impute": each site fills its own gaps with an IterativeImputer fitted on its own rows
+only; a test file is filled by the imputer of the site's data file, never fitted on test rows. And
+`fedpeer data check`, run as an operator runs it, prints what a job would load."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.experimental import enable_iterative_imputer  # noqa: F401
+from sklearn.impute import IterativeImputer
+
+from fedpeer import config as cfg
+from fedpeer.errors import ConfigError, DataError
+from fedpeer.ml.data import DataSpec, load_csv
+from fedpeer.sitedata import load_site
+from fedpeer.sitefiles import init_site
+
+
+def write(tmp_path: Path, text: str, name: str = "site.csv") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def table(rows: list[list[object]], header: str = "a,b,c,y") -> str:
+    return header + "\n" + "".join(",".join(str(v) for v in row) + "\n" for row in rows)
+
+
+def correlated(n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    a = rng.normal(size=n)
+    return np.c_[a, 2 * a + rng.normal(scale=0.01, size=n), rng.normal(size=n)]
+
+
+def test_impute_fills_gaps_from_this_sites_rows(tmp_path: Path) -> None:
+    X = correlated(60, 1)
+    y = (X[:, 2] > 0).astype(int)
+    raw = X.copy()
+    raw[3, 1] = raw[10, 0] = np.nan
+    raw[20, 2] = np.inf
+    cells = [["NA" if v != v else ("inf" if v == np.inf else repr(v)) for v in row] + [lab]
+             for row, lab in zip(raw.tolist(), y.tolist())]
+    cells[30][3] = "?"                                     # a missing label: that row is dropped, not imputed
+    path = write(tmp_path, table(cells))
+    with pytest.raises(DataError, match="missing"):
+        load_csv(DataSpec(path, "y", "1"))
+    ds = load_csv(DataSpec(path, "y", "1", missing="impute"))
+    assert ds.rows == 59 and ds.rows_dropped == 1 and ds.cells_imputed == 3 and np.isfinite(ds.X).all()
+    assert dict(ds.missing_counts) == {"a": 1, "b": 1, "c": 1}
+    keep = np.arange(60) != 30
+    want = raw[keep].copy()
+    want[~np.isfinite(want)] = np.nan
+    expected = IterativeImputer(max_iter=10, random_state=0, keep_empty_features=True).fit(want).transform(want)
+    assert np.array_equal(ds.X, expected)
+    assert abs(ds.X[3, 1] - 2 * X[3, 0]) < 0.1             # MICE used the a-b relation, not the mean
+    assert ds.X[2].tolist() == X[2].tolist()              # observed values untouched
+    # The fingerprint is the one of error/drop: imputing is site-local, the schema is not changed.
+    assert ds.fingerprint == load_csv(DataSpec(path, "y", "1", missing="drop")).fingerprint
+
+
+def test_test_rows_are_filled_by_the_sites_imputer_never_fitted_on_them(tmp_path: Path) -> None:
+    X = correlated(80, 2)
+    train_cells = [[repr(v) for v in row] + [i % 2] for i, row in enumerate(X.tolist())]
+    train_cells[5][0] = "NA"
+    train = write(tmp_path, table(train_cells), "train.csv")
+    T = correlated(10, 3) * 100                         # test rows from elsewhere: a fit on them would differ
+    test_cells = [[repr(v) for v in row] + [i % 2] for i, row in enumerate(T.tolist())]
+    test_cells[4][1] = ""
+    test = write(tmp_path, table(test_cells), "test.csv")
+    spec = DataSpec(train, "y", "1", missing="impute")
+    ds = load_csv(spec)
+    filled = load_csv(DataSpec(test, "y", "1", missing="impute"), impute_from=ds)
+    raw = T.copy()
+    raw[4, 1] = np.nan
+    assert np.array_equal(filled.X, ds.imputer.transform(raw))
+    alone = load_csv(DataSpec(test, "y", "1", missing="impute"))          # what a fit on test rows would give
+    assert filled.X[4, 1] != alone.X[4, 1]
+
+    # A site whose data file has no gaps: its test gaps are filled by an imputer fitted on its rows.
+    clean = write(tmp_path, table([[repr(v) for v in row] + [i % 2] for i, row in enumerate(X.tolist())]), "clean.csv")
+    ds = load_csv(DataSpec(clean, "y", "1", missing="impute"))
+    assert ds.imputer is None and ds.cells_imputed == 0
+    filled = load_csv(DataSpec(test, "y", "1", missing="impute"), impute_from=ds)
+    fitted = IterativeImputer(max_iter=10, random_state=0, keep_empty_features=True).fit(X)
+    assert np.array_equal(filled.X, fitted.transform(raw))
+
+
+def test_load_site_imputes_test_csv_with_the_sites_imputer(tmp_path: Path) -> None:
+    X = correlated(40, 4)
+    cells = [[repr(v) for v in row] + [i % 2] for i, row in enumerate(X.tolist())]
+    cells[0][2] = "NA"
+    train = write(tmp_path, table(cells), "train.csv")
+    test = write(tmp_path, table([["NA", 1, 2, 0], [1, 2, 3, 1]]), "test.csv")
+    data = cfg.DataSection(csv=str(train), label="y", positive="1", missing="impute", test_csv=str(test))
+    ds, held = load_site(data, cfg.JobLimits(), needs_label=True, binary=True)
+    assert np.array_equal(held.X, ds.imputer.transform(np.array([[np.nan, 1, 2], [1, 2, 3]], dtype=float)))
+    other = write(tmp_path, table([["NA", 1, 0], [1, 2, 1]], "a,b,y"), "other.csv")
+    with pytest.raises(DataError, match="other.csv: its feature columns"):
+        load_site(cfg.DataSection(csv=str(train), label="y", positive="1", missing="impute", test_csv=str(other)),
+                  cfg.JobLimits(), needs_label=True, binary=True)
+
+
+def test_impute_refusals(tmp_path: Path) -> None:
+    path = write(tmp_path, table([[1, "NA", 2, 0], [2, "", 3, 1], [3, "?", 4, 1]]))
+    with pytest.raises(DataError) as err:
+        load_csv(DataSpec(path, "y", "1", missing="impute"))
+    assert str(err.value).startswith(f"{path}: column 'b' has no value in any row") and "ignore" in str(err.value)
+    with pytest.raises(DataError, match='missing must be "error", "drop" or "impute"'):
+        DataSpec(path, "y", missing="mean")
+
+
+def test_config_takes_impute(tmp_path: Path) -> None:
+    conf, _ = init_site(tmp_path / "s", "s", "127.0.0.1:17431")
+    conf.write_text(conf.read_text() + '\n[data]\ncsv = "rows.csv"\nlabel = "y"\nmissing = "impute"\n')
+    assert cfg.load(conf).data.missing == "impute"
+    conf.write_text(conf.read_text().replace('"impute"', '"mean"'))
+    with pytest.raises(ConfigError, match="impute"):
+        cfg.load(conf)
+
+
+# ---------------------------------------------------------------------------------------------
+# fedpeer data check, as a subprocess.
+
+def fedpeer(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fedpeer.cli", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_data_check_good_and_bad_files(tmp_path: Path) -> None:
+    conf, _ = init_site(tmp_path / "s", "s", "127.0.0.1:17432")
+    write(conf.parent, "Id,a,b,y\n1,1.5,NA,yes\n2,2.5,3,no\n3,3.5,4,yes\n4,,5,yes\n", "rows.csv")
+    conf.write_text(conf.read_text() + '\n[data]\ncsv = "rows.csv"\nlabel = "y"\npositive = "yes"\n'
+                                       'ignore = ["Id"]\nmissing = "drop"\n')
+    run = fedpeer("data", "check", "--config", str(conf), "--json")
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(run.stdout)
+    assert doc["rows"] == 2 and doc["features"] == ["a", "b"] and doc["label_counts"] == {"no": 1, "yes": 1}
+    assert doc["missing"] == {"a": 1, "b": 1} and doc["rows_dropped"] == 2
+    expected = load_csv(DataSpec(conf.parent / "rows.csv", "y", "yes", ignore=("Id",), missing="drop"))
+    assert doc["schema_fingerprint"] == expected.fingerprint.hex()
+    text = fedpeer("data", "check", "--config", str(conf))
+    assert text.returncode == 0 and "2 rows, 2 features" in text.stdout and expected.fingerprint.hex() in text.stdout
+    assert "label balance: 'no' 1 (50.0 %), 'yes' 1 (50.0 %)" in text.stdout
+
+    conf.write_text(conf.read_text().replace('missing = "drop"', 'missing = "error"'))
+    bad = fedpeer("data", "check", "--config", str(conf))
+    assert bad.returncode == 1 and bad.stdout == ""
+    assert f"{conf.parent / 'rows.csv'}: column 'a' has 1 missing value (first at data row 4, line 5)" in bad.stderr
+    assert 'missing = "drop"' in bad.stderr
