@@ -12,10 +12,13 @@ and epoch E):
                          candidate point -> the next candidate (linear.advance)
     lr/e<E>/eval         score histograms, correct predictions, log-loss sum of the final model
                          on the training rows -> federated AUC / log-loss / accuracy
-A member lost (a sum completes over fewer members than the job has): every survivor sees the same
-participants, starts epoch E + 1 over the survivors (fresh tags) and fits from the beginning, so
-the model is exactly the pooled-rows model of the survivors' rows; `lost` names who left. With
-fewer than two members left the job fails.
+A member lost (a sum completes over fewer members than the job has, or fails and the failure
+detector declares some member dead within epochs.DEAD_WAIT_MS; fedpeer/jobs/epochs.py): every
+survivor sees the same participants, starts epoch E + 1 over the survivors (fresh tags) and fits
+from the beginning, so the model is exactly the pooled-rows model of the survivors' rows; `lost`
+names who left. A member left out of a sum (slow, cut off) fails alone
+(`member_failure_aborts=False`) and is lost to the others. With fewer than two members left the
+job fails. (Mode `fedavg` keeps its rounds across a loss: fedpeer/jobs/fedavg.py.)
 
 Who learns what: every member learns the federation's row count, class counts, per-column mean
 and standard deviation, and at every candidate point the federation-wide loss, gradient and (for
@@ -41,10 +44,10 @@ import numpy as np
 
 from ..errors import DataError, JobError
 from ..ml import evalcounts, linear
-from ..net.channel import SubChannel
 from ..protocols.fixedpoint import FixedPoint, decode_counts, encode_counts
-from ..protocols.securesum import secure_sum
 from .base import JobContext, JobFailsEverywhere, JobKind, Param
+from .epochs import Epochs
+from .epochs import Lost as _Lost
 from .fedavg import FEDAVG_PARAMS
 
 TAG = "lr"
@@ -74,12 +77,6 @@ PARAMS = {
     "secure_sum": Param(str, "pairwise", "secure-sum mode", choices=("ring", "pairwise")),
     **FEDAVG_PARAMS,
 }
-
-
-class _Lost(Exception):
-    def __init__(self, lost: tuple[bytes, ...]) -> None:
-        super().__init__(f"{len(lost)} member(s) lost")
-        self.lost = lost
 
 
 def class_names(params: Mapping[str, Any]) -> list[str]:
@@ -135,37 +132,44 @@ class Member:
         self.names = class_names(params)
         self.groups = _groups(self.names)
         self.X = np.asarray(ctx.data.X, dtype=np.float64)
-        self.y = site_labels(ctx.data, self.names)
-        self.members: tuple[bytes, ...] = tuple(ch.members)
-        self.epoch, self.sums = 0, 0
-        self.lost: list[bytes] = []
-        self.restart_on_loss = True
+        self.epochs = Epochs(ch, TAG, params["secure_sum"], ctx.hop_timeout_ms)
         self.test: tuple[np.ndarray, np.ndarray] | None = None
-        if ctx.test_data is not None:
-            self.test = (np.asarray(ctx.test_data.X, dtype=np.float64), site_labels(ctx.test_data, self.names))
+        try:
+            self.y = site_labels(ctx.data, self.names)
+            if ctx.test_data is not None:
+                self.test = (np.asarray(ctx.test_data.X, dtype=np.float64), site_labels(ctx.test_data, self.names))
+        except DataError as exc:      # the job's classes do not fit this site's labels: not for the others to drop it
+            raise JobFailsEverywhere(f"{self.KIND_NAME}: {exc}") from None
 
-    async def sum(self, name: str, vector: np.ndarray, hop_timeout_ms: int | None = None,
-                  scope: tuple[bytes, ...] | None = None) -> np.ndarray:
-        """One secure sum over `scope` (default: every current member); _Lost (exact mode: refit
-        over the survivors) or JobError (fedavg) when some of them are not in it."""
-        scope = scope or self.members
-        if scope == (self.ch.me,):
-            return vector        # a group of one (fedavg): its sum is its own vector, nothing is sent
-        out = await secure_sum(SubChannel(self.ch, scope), f"{TAG}/e{self.epoch}/{name}", vector,
-                               mode=self.params["secure_sum"],
-                               hop_timeout_ms=hop_timeout_ms or self.ctx.hop_timeout_ms)
-        self.sums += 1
-        if out.participants != scope:
-            lost = tuple(m for m in scope if m not in out.participants)
-            if not self.restart_on_loss:
-                raise JobError(f"member(s) {[self.name(m) for m in lost]} lost in secure sum {name}; fedavg mode "
-                               "does not resume (exact mode refits over the survivors)")
-            self.members, self.epoch = tuple(out.participants), self.epoch + 1
-            self.lost.extend(lost)
-            if len(self.members) < 2:
-                raise JobError("fewer than two members left; no federated model")
-            raise _Lost(lost)
+    @property
+    def members(self) -> tuple[bytes, ...]:
+        return self.epochs.members
+
+    @property
+    def lost(self) -> list[bytes]:
+        return self.epochs.lost
+
+    @property
+    def sums(self) -> int:
+        return self.epochs.sums
+
+    async def sum(self, name: str, vector: np.ndarray, hop_timeout_ms: int | None = None) -> np.ndarray:
+        """One secure sum over every current member; _Lost when it went without some (every
+        survivor: the next epoch over the survivors; fedpeer/jobs/epochs.py)."""
+        out = await self.epochs.sum(name, vector, hop_timeout_ms=hop_timeout_ms)
+        if out.lost:
+            self.lose(out.lost)
+            raise _Lost(out.lost)
+        assert out.total is not None
         return out.total
+
+    def lose(self, lost: tuple[bytes, ...]) -> None:
+        """Every survivor, on the same `lost`: the next epoch over the others; JobError with fewer
+        than two left."""
+        self.epochs.new_epoch(lost)
+        if len(self.members) < 2:
+            raise JobError(f"fewer than two members left ({[self.name(m) for m in self.lost]} lost); "
+                           "no federated model")
 
     async def run(self) -> dict:
         while True:
@@ -295,13 +299,13 @@ class Member:
             "mean": mean.tolist(), "scale": scale.tolist(), "rows": int(fed_counts.sum()),
             "class_counts": {labels[k]: int(c) for k, c in enumerate(fed_counts)},
             "classes_absent_here": [labels[k] for k, c in enumerate(here) if c == 0],
-            "history": history, "members": [self.name(m) for m in self.members],
-            "lost": [self.name(m) for m in self.lost],
+            "history": history, "members": [], "lost": [],
             "sklearn": sklearn_export(coef, intercept, names, features),
             "federated_eval": None, "auc": None, "auc_source": None,
         }
         fed = await self.evaluate(proba, self.params["eval_bins"])
         out["secure_sums"] = self.sums
+        out["members"], out["lost"] = self.member_names()
         if fed is not None:
             out["federated_eval"] = {**fed, "on": "the sites' training rows"}
             out["auc"], out["auc_source"] = fed["auc"], "federated, on the sites' training rows"
@@ -314,6 +318,10 @@ class Member:
 
     def name(self, key: bytes) -> str:
         return self.ctx.names.get(key, key.hex()[:16])
+
+    def member_names(self) -> tuple[list[str], list[str]]:
+        """(the members at the end, the members lost), as this site names them."""
+        return [self.name(m) for m in self.members], [self.name(m) for m in self.lost]
 
 
 def eval_counts(y: np.ndarray, proba: np.ndarray, bins: int) -> tuple[np.ndarray, float]:
@@ -418,5 +426,5 @@ def _run(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> Any:
 KIND = JobKind(name="logreg", help="federated L2 logistic regression: exact Newton / L-BFGS on secure-summed "
                "gradients; the coefficients of the pooled rows",
                params=PARAMS, run=_run, needs_data=True, binary_label=False, save_model=save_model,
-               model_file="model.npz",
+               model_file="model.npz", member_failure_aborts=False,
                limited={"iterations_max": "max_iter", "rounds_max": "rounds", "local_epochs_max": "local_epochs"})

@@ -5,7 +5,8 @@ fedpeer/jobs/fedavg.py, the network fedpeer/ml/mlp.py).
 Features are standardised with the federation's mean and standard deviation first (the same two
 secure sums as `logreg`); every member starts from the same seeded weights; each round every
 site trains its own MLPClassifier (plain SGD) `local_epochs` passes from the current weights and
-the row-weighted average goes through the secure sum. The model — the weights, the mean and the
+the row-weighted average goes through the secure sum (a member lost mid-job: the rounds go on over
+the survivors, fedpeer/jobs/fedavg.py says precisely how; `lost` names it). The model — the weights, the mean and the
 scale — is stored as validated arrays (.npz, loaded without pickle); `fedpeer predict` scores with
 it and `fedpeer export` writes the weights as JSON arrays (coefs_ / intercepts_ as MLPClassifier
 holds them, for standardised inputs).
@@ -23,7 +24,7 @@ import numpy as np
 from ..errors import JobError
 from ..ml import mlp
 from .base import JobContext, JobKind, Param, site_seed
-from .fedavg import FEDAVG_PARAMS, Rounds, check_groups, group_view, parse_groups
+from .fedavg import FEDAVG_PARAMS, Rounds, check_groups, current_groups, group_view
 from .logreg import Member, _auc
 
 MODEL_VERSION = 1
@@ -45,13 +46,11 @@ class MlpMember(Member):
 
     async def fit(self) -> dict:
         p = self.params
-        self.restart_on_loss = False
         try:
             hidden = mlp.parse_hidden(p["hidden_layer_sizes"])
         except ValueError as exc:
             raise JobError(f"mlp: {exc}") from None
-        groups = parse_groups(p["groups"], self.members, self.ch.me, self.ctx.site_name, self.ctx.names)
-        view = group_view(groups, self.members)
+        view = group_view(current_groups(self), self.members)
         fed_counts, mean, scale, extra = await self.scaling(view)
         await check_groups(self, extra, view)
         Z = (self.X - mean) / scale
@@ -75,7 +74,7 @@ class MlpMember(Member):
             "classes_absent_here": [(self.names or ["negative", "positive"])[k]
                                     for k, c in enumerate(np.bincount(self.y, minlength=len(fed_counts))) if c == 0],
             "history": rounds.history, "fedavg": rounds.summary(), "secure_sums": self.sums,
-            "members": [self.name(m) for m in self.members],
+            "members": self.member_names()[0], "lost": self.member_names()[1],
             "federated_eval": {k: last[k] for k in ("auc", "logloss", "accuracy", "rows")} | {
                 "on": "the sites' training rows"},
             "auc": last["auc"], "auc_source": "federated, on the sites' training rows",
@@ -171,6 +170,6 @@ def _run(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> Any:
 
 KIND = JobKind(name="mlp", help="federated neural network (MLPClassifier weights) by FedAvg over secure sums, "
                "optionally with two-level group aggregation", params=PARAMS, run=_run, needs_data=True,
-               binary_label=False, save_model=save_model, model_file="model.npz",
+               binary_label=False, save_model=save_model, model_file="model.npz", member_failure_aborts=False,
                limited={"rounds_max": "rounds", "local_epochs_max": "local_epochs"})
 

@@ -33,7 +33,8 @@ the initiator (members + 1) hops before it re-runs the sum. Where the sum gives 
 three members, a crash reported by one member against its ring successor is a dispute no ring
 order can route around — every member waits up to DEAD_WAIT_MS for its failure detector: the
 members it declares dead are lost as above (every survivor's detector declares the crashed one),
-else the job fails with the sum's reason. Not covered: an initiator that dies while delivering a
+else the job fails with the sum's reason (this bookkeeping is fedpeer/jobs/epochs.py, shared
+with logreg and FedAvg). Not covered: an initiator that dies while delivering a
 total can leave the members that got it waiting for a takeover by one that did not (it fails).
 
 Who learns what: every member learns the federation-wide totals of each sum (label counts, the
@@ -51,7 +52,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 
@@ -63,27 +64,17 @@ from ..ml.histrun import HistSite
 from ..ml.histtree import Growth, finish_tree, grow_level, start_tree
 from ..ml.sketch import Cuts, sketch_advance, sketch_cuts, sketch_start
 from ..ml.xgbtree import _Tree
-from ..net.channel import SubChannel
-from ..protocols.securesum import secure_sum
 from .base import JobContext, JobFailsEverywhere, site_seed
+from .epochs import DEAD_WAIT_MS, POLL_MS, Epochs  # noqa: F401  (the loss logic, shared: fedpeer/jobs/epochs.py)
+from .epochs import Lost as _Lost
 from .xgbtarget import class_names, eval_metrics, eval_vector, model_score, site_labels
 
 TAG = "xgbh"
 EVAL_HOP_TIMEOUT_MS = 5_000      # the final evaluation sum is small
-DEAD_WAIT_MS = 30_000            # after a failed sum, how long to wait for the failure detector to name the dead
-POLL_MS = 200
 
 
 class ImpossibleSum(JobFailsEverywhere):
     """A secure sum's total that the core refuses: every member got it, so every member fails."""
-
-
-class _Lost(Exception):
-    """A sum completed without some current members: start a new epoch over the survivors."""
-
-    def __init__(self, lost: tuple[bytes, ...]) -> None:
-        self.lost = lost
-        super().__init__(f"{len(lost)} member(s) lost")
 
 
 def hist_params(params: Mapping[str, Any], groups: int) -> HistParams:
@@ -116,9 +107,7 @@ class HistJob:
                  groups: int, offload: Callable[..., Any] = asyncio.to_thread) -> None:
         self.ch, self.params, self.ctx, self.offload = ch, params, ctx, offload
         self.p = hist_params(params, groups)
-        self.members: tuple[bytes, ...] = tuple(ch.members)
-        self.epoch, self.sums = 0, 0
-        self.lost: list[bytes] = []
+        self.epochs = Epochs(ch, TAG, params["secure_sum"], ctx.hop_timeout_ms)
         try:
             self.site = HistSite(fit[0], fit[1], self.p, len(self.members), site_seed(params["seed"], ch.me))
         except DataError as exc:
@@ -128,41 +117,28 @@ class HistJob:
         self.cuts: Cuts | None = None
         self.trees: list[_Tree] = []
 
+    @property
+    def members(self) -> tuple[bytes, ...]:
+        return self.epochs.members
+
+    @property
+    def lost(self) -> list[bytes]:
+        return self.epochs.lost
+
+    @property
+    def sums(self) -> int:
+        return self.epochs.sums
+
     async def sum(self, name: str, vector: np.ndarray, hop_timeout_ms: int | None = None) -> tuple[str, np.ndarray]:
         """One secure sum over the current members: (its tag, its total). _Lost if some member
-        is not among its participants (every survivor sees the same participants)."""
-        tag = f"{TAG}/e{self.epoch}/{name}"
-        try:
-            out = await secure_sum(SubChannel(self.ch, self.members), tag, vector, mode=self.params["secure_sum"],
-                                   hop_timeout_ms=hop_timeout_ms or self.ctx.hop_timeout_ms)
-        except JobError:
-            dead = await self.declared_dead()
-            if not dead:
-                raise
-            self.new_epoch(dead)          # the sum gave up on a member that has since died
-        self.sums += 1
-        if out.participants != self.members:
-            self.new_epoch(tuple(m for m in self.members if m not in out.participants))
-        return tag, out.total
-
-    def new_epoch(self, lost: tuple[bytes, ...]) -> NoReturn:
-        self.members, self.epoch = tuple(m for m in self.members if m not in lost), self.epoch + 1
-        self.lost.extend(lost)
-        raise _Lost(lost)
-
-    async def declared_dead(self) -> tuple[bytes, ...]:
-        """After a failed sum: the current members the failure detector declares dead within
-        DEAD_WAIT_MS (polled). A sum gives up at once on a dispute no ring can route around (three
-        members, one reporting its successor unreachable): if that successor has crashed, every
-        survivor sees it declared dead soon after and goes on without it, as if the sum had
-        completed without it; if nobody is declared dead, the failure stands."""
-        waited = 0
-        while True:
-            dead = tuple(m for m in self.members if m != self.ch.me and not self.ch.alive(m))
-            if dead or waited >= DEAD_WAIT_MS:
-                return dead
-            await self.ch.sleep_ms(POLL_MS)
-            waited += POLL_MS
+        is not among its participants (every survivor sees the same participants), or if the sum
+        failed and the failure detector declared some dead within DEAD_WAIT_MS (fedpeer/jobs/epochs.py)."""
+        out = await self.epochs.sum(name, vector, hop_timeout_ms=hop_timeout_ms)
+        if out.lost:
+            self.epochs.new_epoch(out.lost)
+            raise _Lost(out.lost)
+        assert out.total is not None
+        return out.tag, out.total
 
     async def compute(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run a core step (off the event loop): a site's DataError (a declared bound) ends the job
