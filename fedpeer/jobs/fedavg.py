@@ -18,7 +18,12 @@ A sum that completes without some members of its scope gives every survivor in i
 `participants`; a sum that fails outright waits up to epochs.DEAD_WAIT_MS (30 s) for the failure
 detector and treats the members it declares dead as lost (none declared: the job fails at that
 member, which the others then lose in turn). A member left out of a sum fails alone
-(`member_failure_aborts=False`). Then, precisely:
+(`member_failure_aborts=False`). A site cut off from everyone is declared dead by the others'
+failure detectors within seconds ([membership] suspect_timeout_ms and probes), so it is lost as a
+crashed one; a group's sum the secure sum gives up on (a group of two whose members cannot
+reach each other but are never declared dead) fails the group's members after DEAD_WAIT_MS (the
+others then lose them).
+Then, precisely:
 * lost during the two scaling sums (moments, spread): every survivor starts over in epoch E + 1
   (new mean and scale over the survivors' rows, the same seeded initial weights and shuffling):
   the model is the one the survivors alone would have trained.
