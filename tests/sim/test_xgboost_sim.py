@@ -634,7 +634,7 @@ def run_byzantine_seeds(seed_range: range, n: int, rounds: int, faults: str) -> 
 
 @pytest.mark.parametrize("faults,n,count", [("none", 3, 350), ("leader", 5, 150)])
 def test_a_byzantine_member_never_gets_its_model_adopted(faults, n, count):
-    """issue 11 over 500 seeds (FEDPEER_SIM_SCALE=2: 1,000): one member forges terms, commits, finishes and election messages
-    and lies to the real leader; every honest survivor still ends with the same model, and no
-    honest site ever adopts a model no honest leader built."""
+    """issue 11 over 500 seeds (FEDPEER_SIM_SCALE=2: 1,000): one member forges terms, commits,
+    finishes and election messages and lies to the real leader; every honest survivor still ends
+    with the same model, and no honest site ever adopts a model no honest leader built."""
     run_byzantine_seeds(seeds(count, start=5000), n=n, rounds=2, faults=faults)
