@@ -240,6 +240,7 @@ class DataSection:
     """This site's own data for jobs. The rows never leave the site."""
 
     csv: str = ""                     # path to the CSV (header row); relative to peers.toml's directory
+    parquet: str = ""                 # or: a Parquet file or directory of part files (exactly one of csv, parquet)
     label: str = ""                   # the label column ("": none; only clustering jobs run without one)
     positive: str = ""                # the positive class value, for binary jobs
     ignore: tuple[str, ...] = ()      # columns that are not features (identifiers such as "Id")
@@ -407,13 +408,16 @@ def _node(path: Path, table: dict) -> NodeSection:
 
 def _data(path: Path, table: object) -> DataSection:
     data = _section(path, "data", table, DataSection)
-    if not data.csv:   # label may stay unset: clustering jobs need none, the others say so when proposed
-        raise ConfigError(path, "data.csv", "missing (required when [data] is present)")
+    if not data.csv and not data.parquet:   # label may stay unset: clustering jobs need none
+        raise ConfigError(path, "data.csv", "missing (required when [data] is present, or set data.parquet)")
+    if data.csv and data.parquet:
+        raise ConfigError(path, "data.parquet", "set csv or parquet, not both")
     if data.missing not in ("error", "drop", "impute"):
         raise ConfigError(path, "data.missing", "expected \"error\", \"drop\" or \"impute\"")
     def resolve(name: str) -> str:
         return name and str(Path(name) if Path(name).is_absolute() else path.parent / name)
-    return dataclasses.replace(data, csv=resolve(data.csv), test_csv=resolve(data.test_csv))
+    return dataclasses.replace(data, csv=resolve(data.csv), parquet=resolve(data.parquet),
+                               test_csv=resolve(data.test_csv))
 
 
 def _peers(path: Path, value: object) -> tuple[PeerEntry, ...]:

@@ -14,7 +14,7 @@ import numpy as np
 
 from .config import DataSection, JobLimits
 from .errors import DataError
-from .ml.data import Dataset, DataSpec, load_csv
+from .ml.data import Dataset, DataSpec, load_data
 
 __all__ = ["spec_for", "load_site", "report", "format_report"]
 
@@ -22,11 +22,12 @@ __all__ = ["spec_for", "load_site", "report", "format_report"]
 def spec_for(data: DataSection, *, needs_label: bool) -> DataSpec:
     """The DataSpec of [data] for a job that needs the label (or not: clustering; a configured label
     column is then not a feature either)."""
+    where = {"csv": Path(data.csv)} if data.csv else {"csv": None, "parquet": Path(data.parquet)}
     if needs_label:
-        return DataSpec(csv=Path(data.csv), label=data.label, positive=data.positive or None,
+        return DataSpec(**where, label=data.label, positive=data.positive or None,
                         ignore=tuple(data.ignore), missing=data.missing)
     label = (data.label,) if data.label and data.label not in data.ignore else ()
-    return DataSpec(csv=Path(data.csv), label=None, ignore=(*data.ignore, *label), missing=data.missing)
+    return DataSpec(**where, label=None, ignore=(*data.ignore, *label), missing=data.missing)
 
 
 def load_site(data: DataSection, limits: JobLimits, *, needs_label: bool,
@@ -36,7 +37,7 @@ def load_site(data: DataSection, limits: JobLimits, *, needs_label: bool,
     spec = spec_for(data, needs_label=needs_label)
 
     def load(spec: DataSpec, impute_from: Dataset | None = None) -> Dataset:
-        return load_csv(spec, binary=binary, rows_max=limits.data_rows_max, bytes_max=limits.data_bytes_max,
+        return load_data(spec, binary=binary, rows_max=limits.data_rows_max, bytes_max=limits.data_bytes_max,
                         impute_from=impute_from)
     dataset = load(spec)
     test = None
@@ -44,9 +45,9 @@ def load_site(data: DataSection, limits: JobLimits, *, needs_label: bool,
         from dataclasses import replace
 
         from .jobs.registry import _schema_difference
-        test = load(replace(spec, csv=Path(data.test_csv)), dataset)
+        test = load(replace(spec, csv=Path(data.test_csv), parquet=None), dataset)
         if test.fingerprint != dataset.fingerprint:
-            raise DataError(f"{data.test_csv}: [data] test_csv has other columns than {data.csv}: "
+            raise DataError(f"{data.test_csv}: [data] test_csv has other columns than {data.csv or data.parquet}: "
                             + _schema_difference(dataset.features, list(test.features), "test_csv", "csv"))
     return dataset, test
 
@@ -56,7 +57,7 @@ def report(data: DataSection, limits: JobLimits) -> dict[str, Any]:
     (any number of classes), or without a label when [data] has none."""
     needs_label = bool(data.label)
     dataset, test = load_site(data, limits, needs_label=needs_label, binary=False)
-    doc = _describe(dataset, data.csv, count_labels=needs_label)
+    doc = _describe(dataset, data.csv or data.parquet, count_labels=needs_label)
     doc["missing_policy"] = data.missing
     if test is not None:
         doc["test_csv"] = _describe(test, data.test_csv, count_labels=needs_label)

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import DataError
 from .data import _BOM, MISSING_TOKENS, DataSpec, _NoLines, _open
 
 _HEADER_BYTES_MAX = 4 << 20
@@ -88,6 +89,11 @@ def read_csv(spec: DataSpec, rows_max: int, bytes_max: int) -> tuple[Any, ...] |
     except ImportError:                 # pragma: no cover - a dependency; the Python parser still works
         return None
     path = spec.csv
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None                 # a pipe must be read once, by the Python parser, and no further than bytes_max
+    except OSError:
+        return None
     with _open(path) as f:              # today's messages for a missing or unreadable file
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode) or not 0 < st.st_size <= bytes_max:
@@ -136,37 +142,205 @@ def read_csv(spec: DataSpec, rows_max: int, bytes_max: int) -> tuple[Any, ...] |
                   or pc.any(pc.match_substring(column, "\x00")).as_py()):
             return None
 
-    # Labels: codes in order of first appearance of the stripped value, as the Python parser counts.
     if spec.label is not None:
-        column = table.column(header.index(spec.label))
-        distinct = pc.unique(column)
-        raw_codes = pc.index_in(column, value_set=distinct).to_numpy(zero_copy_only=False)
-        uniques: list[str] = []
-        seen: dict[str, int] = {}
-        remap = np.empty(len(distinct), dtype=np.int64)
-        for k, value in enumerate(distinct.to_pylist()):
-            value = value.strip()
-            code = seen.get(value)
-            if code is None:
-                code = seen[value] = len(uniques)
-                uniques.append(value)
-            remap[k] = code
-        codes = remap[raw_codes]
+        codes, uniques = _label_codes(table.column(header.index(spec.label)), str.strip)
     else:
         uniques, codes = [""], np.zeros(n, dtype=np.int64)
-
-    # The matrix, batch by batch, each batch let go once copied (the table never sits beside a full X).
     features = tuple(header[i] for i in feat_idx)
     names = [raw_header[i] for i in feat_idx]
     batches = table.select(names).to_batches()
     del table, column
-    X = np.empty((n, len(feat_idx)), dtype=np.float64)
+    return features, _matrix(batches, n), codes, uniques, _NoLines()
+
+
+def _label_codes(column, text) -> tuple[np.ndarray, list[str]]:
+    """(codes, distinct texts): codes in order of first appearance of text(value), as the Python
+    parser counts them."""
+    import pyarrow.compute as pc
+
+    distinct = pc.unique(column)
+    raw_codes = pc.index_in(column, value_set=distinct).to_numpy(zero_copy_only=False)
+    uniques: list[str] = []
+    seen: dict[str, int] = {}
+    remap = np.empty(len(distinct), dtype=np.int64)
+    for k, value in enumerate(distinct.to_pylist()):
+        value = text(value)
+        code = seen.get(value)
+        if code is None:
+            code = seen[value] = len(uniques)
+            uniques.append(value)
+        remap[k] = code
+    return remap[raw_codes], uniques
+
+
+def _matrix(batches: list, n: int) -> np.ndarray:
+    """The float64 (rows, columns) matrix of record batches (nulls -> NaN), each batch let go once
+    copied so that the table never sits beside a full matrix."""
+    import pyarrow as pa
+
+    X = np.empty((n, batches[0].num_columns if batches else 0), dtype=np.float64)
     start = 0
     for b in range(len(batches)):
         batch, batches[b] = batches[b], None
         stop = start + batch.num_rows
         for j in range(batch.num_columns):
-            X[start:stop, j] = batch.column(j).to_numpy(zero_copy_only=False)
+            column = batch.column(j)
+            if column.type != pa.float64():
+                column = column.cast(pa.float64(), safe=False)
+            X[start:stop, j] = column.to_numpy(zero_copy_only=False)
         start = stop
         del batch
-    return features, X, codes, uniques, _NoLines()
+    return X
+
+
+# ---------------------------------------------------------------------------------------------
+# Parquet: a file or a directory of part files, column types from the file's schema.
+
+class _ParquetRows:
+    """Rows of a Parquet source are named by their 1-based position ("row N"); there are no lines."""
+
+    def where(self, index: int) -> str:
+        return f"row {index + 1}"
+
+
+def _parquet_files(path) -> list:
+    from pathlib import Path
+
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(("_", "."))
+                       and p.suffix in (".parquet", ".parq", ".pq", ""))
+        if not files:
+            raise DataError(f"{path}: directory holds no Parquet part files (*.parquet); point parquet at "
+                            "the file or the directory of the extract")
+        return files
+    return [path]
+
+
+def _column_kind(t) -> str:
+    import pyarrow as pa
+
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+        return "number"
+    if pa.types.is_dictionary(t):
+        return "dictionary"
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return "text"
+    if pa.types.is_temporal(t):
+        return "time"
+    return "other"
+
+
+def read_parquet(spec: DataSpec, rows_max: int, bytes_max: int) -> tuple[Any, ...]:
+    """(features, X, codes, uniques, rows) of a Parquet source, as `data._read` gives them for a CSV
+    with the same columns (same names, same fingerprint). Raises DataError naming the source, the
+    column and the fix."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from .data import _near, _quote_list
+
+    path = spec.parquet
+    if not path.exists():
+        raise DataError(f"{path}: file not found; check the data path in the job or site configuration")
+    files = _parquet_files(path)
+    try:
+        size = sum(os.stat(f).st_size for f in files)
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read: {e.strerror or e}") from None
+    if size > bytes_max:
+        raise DataError(f"{path}: is {size} bytes, more than the limit of {bytes_max} bytes (bytes_max); "
+                         "use a sample of the data or raise the limit")
+    try:
+        metas = [pq.read_metadata(f) for f in files]
+    except PermissionError:
+        raise DataError(f"{path}: cannot be read (permission denied); let the fedpeer user read it") from None
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(f"{path}: is not a readable Parquet file ({e}); write it with pyarrow, pandas "
+                         "(to_parquet) or Spark, or use csv") from None
+    schema = metas[0].schema.to_arrow_schema()
+    for f, meta in zip(files[1:], metas[1:]):
+        if not meta.schema.to_arrow_schema().equals(schema):
+            raise DataError(f"{path}: part file {f.name} has other columns or types than {files[0].name}; "
+                             "every part file must have the same schema")
+    header = list(schema.names)
+    seen: dict[str, int] = {}
+    for i, name in enumerate(header):
+        if name in seen:
+            raise DataError(f"{path}: column name {name!r} appears twice (columns {seen[name] + 1} and {i + 1}); "
+                             "column names must be unique")
+        seen[name] = i
+    if spec.label is not None and spec.label not in seen:
+        raise DataError(f"{path}: label column {spec.label!r} not found{_near(spec.label, header)}; "
+                         f"the columns are {_quote_list(header)}")
+    for name in spec.ignore:
+        if name not in seen:
+            raise DataError(f"{path}: column {name!r} listed in ignore not found{_near(name, header)}; "
+                             f"the columns are {_quote_list(header)}")
+    if spec.label is not None and spec.label in spec.ignore:
+        raise DataError(f"{path}: the label column {spec.label!r} is also listed in ignore; remove it from ignore")
+    features = tuple(n for n in header if n != spec.label and n not in set(spec.ignore))
+    if not features:
+        raise DataError(f"{path}: no feature columns left (all columns are the label or ignored)")
+    for name in features:
+        t = schema.field(name).type
+        kind = _column_kind(t)
+        if kind == "number":
+            continue
+        fix = {"dictionary": "is categorical (dictionary-encoded) in the Parquet schema; encode it as numbers "
+                             "(for example one column per category) or add it to ignore",
+               "text": "is text in the Parquet schema; encode it as numbers or add it to ignore (an identifier?)",
+               "time": "is a date or time in the Parquet schema; turn it into a number (for example days since "
+                       "an event) or add it to ignore"}.get(kind, "is not a number column in the Parquet schema; "
+                                                                   "cast it to a number or add it to ignore")
+        raise DataError(f"{path}: column {name!r} ({t}) {fix}")
+    label_text = None
+    if spec.label is not None:
+        t = schema.field(spec.label).type
+        value_type = t.value_type if pa.types.is_dictionary(t) else t
+        if pa.types.is_string(value_type) or pa.types.is_large_string(value_type):
+            label_text = _label_from_text
+        elif pa.types.is_integer(value_type):
+            label_text = _label_from_int
+        elif pa.types.is_boolean(value_type):
+            label_text = _label_from_bool
+        else:
+            raise DataError(f"{path}: label column {spec.label!r} is {t} in the Parquet schema; a label must be "
+                             "text, an integer or a boolean (the class)")
+    n = sum(meta.num_rows for meta in metas)
+    if n > rows_max:
+        raise DataError(f"{path}: has more than {rows_max} data rows (rows_max); use a sample of the data or "
+                         "raise the limit")
+    if n == 0:
+        raise DataError(f"{path}: has columns but no data rows")
+    columns = list(features) + ([spec.label] if spec.label is not None else [])
+    try:
+        table = pa.concat_tables([pq.read_table(f, columns=columns, use_threads=True, memory_map=False)
+                                  for f in files]) if len(files) > 1 else \
+            pq.read_table(files[0], columns=columns, use_threads=True)
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(f"{path}: reading failed ({e}); write the file again or use csv") from None
+    if spec.label is not None:
+        column = table.column(spec.label)
+        if pa.types.is_dictionary(column.type):
+            column = column.cast(column.type.value_type)
+        codes, uniques = _label_codes(column, label_text)
+        table = table.drop_columns([spec.label])
+        del column
+    else:
+        uniques, codes = [""], np.zeros(n, dtype=np.int64)
+    batches = table.to_batches()
+    del table
+    return features, _matrix(batches, n), codes, uniques, _ParquetRows()
+
+
+def _label_from_text(value: str | None) -> str:
+    return "" if value is None else value.strip()
+
+
+def _label_from_int(value: int | None) -> str:
+    return "" if value is None else str(value)
+
+
+def _label_from_bool(value: bool | None) -> str:
+    return "" if value is None else str(value)          # "True" / "False", as pandas writes them to CSV

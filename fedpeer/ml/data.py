@@ -39,7 +39,7 @@ import numpy as np
 
 from ..errors import DataError
 
-__all__ = ["DataSpec", "Dataset", "schema_fingerprint", "load_csv", "split_train_test"]
+__all__ = ["DataSpec", "Dataset", "schema_fingerprint", "load_csv", "load_data", "split_train_test"]
 
 MISSING_POLICIES = ("error", "drop", "impute")
 MISSING_TOKENS = frozenset({"", "na", "n/a", "nan", "null", "?"})
@@ -60,17 +60,27 @@ _LIST_MAX = 12              # names/values quoted in one message before "... and
 class DataSpec:
     """Where a site's data is and how to read it (from the job's configuration)."""
 
-    csv: Path
+    csv: Path | None               # the CSV file (None when the data is a Parquet source)
     label: str | None              # None: the file has no label column (scoring new rows)
     positive: str | None = None    # the positive class value (as text in the CSV); required for binary jobs
     ignore: tuple[str, ...] = ()   # columns that are not features (identifiers like "Id")
     missing: str = "error"         # "error": a missing value or +/-Inf stops the job;
                                    # "drop": rows with one are dropped (and counted);
                                    # "impute": missing feature values are filled site-locally (MICE)
+    parquet: Path | None = None    # a Parquet file or a directory of part files, instead of csv
+
+    @property
+    def source(self) -> Path:
+        """The file (or Parquet directory) messages name."""
+        return self.csv if self.csv is not None else self.parquet   # type: ignore[return-value]
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "csv", Path(self.csv))
-        where = f"{self.csv}: data spec"
+        if (self.csv is None) == (self.parquet is None):
+            raise DataError(f"{self.csv or self.parquet}: data spec: give exactly one of csv and parquet")
+        for name in ("csv", "parquet"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, Path(getattr(self, name)))
+        where = f"{self.source}: data spec"
         if self.label is not None and (not isinstance(self.label, str) or not self.label.strip()):
             raise DataError(f"{where}: label must be the name of a column, got {self.label!r}")
         if self.positive is not None and not isinstance(self.positive, str):
@@ -297,6 +307,18 @@ class _NoLines:
         raise _NeedLines()
 
 
+def load_data(spec: DataSpec, *, binary: bool = True, rows_max: int = 10_000_000,
+              bytes_max: int = 2 * 1024**3, impute_from: Dataset | None = None) -> Dataset:
+    """`load_csv` or, for `spec.parquet`, `_arrow.read_parquet`: the same checked Dataset either way."""
+    if spec.parquet is None:
+        return load_csv(spec, binary=binary, rows_max=rows_max, bytes_max=bytes_max, impute_from=impute_from)
+    if rows_max < 1 or bytes_max < 1:
+        raise ValueError("rows_max and bytes_max must be positive")
+    from . import _arrow
+
+    return _finish(spec, binary, *_arrow.read_parquet(spec, rows_max, bytes_max), impute_from=impute_from)
+
+
 def load_csv(spec: DataSpec, *, binary: bool = True, rows_max: int = 10_000_000,
              bytes_max: int = 2 * 1024**3, impute_from: Dataset | None = None) -> Dataset:
     """Read and check `spec.csv`. `binary`: the label must have exactly two values, one of them
@@ -308,6 +330,8 @@ def load_csv(spec: DataSpec, *, binary: bool = True, rows_max: int = 10_000_000,
     the Python parser below would give (`_arrow.read_csv`); on anything it rejects or cannot vouch
     for, and on every DataError, the Python parser reads the file again and decides, so that every
     message (file, column, "data row N, line L", the fix) is the one it has always been."""
+    if spec.csv is None:
+        return load_data(spec, binary=binary, rows_max=rows_max, bytes_max=bytes_max, impute_from=impute_from)
     if rows_max < 1 or bytes_max < 1:
         raise ValueError("rows_max and bytes_max must be positive")
     from . import _arrow
@@ -462,7 +486,7 @@ def _read(spec: DataSpec, reader, rows_max: int):
 
 def _finish(spec: DataSpec, binary: bool, features: tuple[str, ...], X: np.ndarray, codes: np.ndarray,
             uniques: list[str], rows: _Rows, impute_from: Dataset | None = None) -> Dataset:
-    path = spec.csv
+    path = spec.source
     n = X.shape[0]
     # Labels: judge each distinct value once.
     for code, value in enumerate(uniques):
@@ -503,7 +527,7 @@ def _finish(spec: DataSpec, binary: bool, features: tuple[str, ...], X: np.ndarr
         X, codes = X[keep], codes[keep]
     imputed, imputer = 0, None
     if impute:
-        X, imputed, imputer = _impute(spec.csv, features, X, impute_from)
+        X, imputed, imputer = _impute(path, features, X, impute_from)
     present = sorted(uniques[c] for c in np.unique(codes))
     if binary:
         if len(present) != 2:
