@@ -65,7 +65,8 @@ def test_two_sites_by_hand_status_and_clean_shutdown(site_pair: tuple[Path, Path
         assert set(doc) >= {"node", "peers", "leader", "jobs"}
         assert set(doc["node"]) >= {"name", "public_key", "address", "uptime_s"}
         assert set(doc["peers"][0]) >= {"name", "address", "state", "last_seen_s", "rtt_ms"}
-        assert doc["leader"] is None and doc["jobs"] == []
+        # an election may already have a leader by the time the peer shows alive (a loaded machine)
+        assert doc["leader"] in (None, "a", "b") and doc["jobs"] == []
         table = fedpeer("status", "--config", str(ca)).stdout
         assert "b" in table and "alive" in table and "1 of 1 peers alive" in table
     finally:
