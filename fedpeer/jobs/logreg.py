@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -324,25 +323,8 @@ class Member:
         return [self.name(m) for m in self.members], [self.name(m) for m in self.lost]
 
 
-def eval_counts(y: np.ndarray, proba: np.ndarray, bins: int) -> tuple[np.ndarray, float]:
-    """(integer counts: score histograms ++ [correct, rows], log-loss sum) of one site's rows."""
-    hist = evalcounts.score_histograms(y, proba, bins)
-    correct, rows = evalcounts.accuracy_counts(y, proba)
-    loss, _ = evalcounts.logloss_sums(y, proba)
-    return np.concatenate([hist.ravel(), [correct, rows]]).astype(np.int64), loss
-
-
-def eval_metrics(counts: np.ndarray, loss: float, groups: int, bins: int) -> dict:
-    """Federated AUC (macro one-vs-rest for multinomial), log-loss and accuracy from summed
-    `eval_counts`."""
-    hist = counts[:-2].reshape((2, bins) if groups == 1 else (groups, 2, bins))
-    correct, rows = int(counts[-2]), int(counts[-1])
-    auc = evalcounts.auc_from_histograms(hist)
-    if groups > 1:
-        finite = auc[np.isfinite(auc)]
-        auc = float(finite.mean()) if len(finite) else math.nan
-    return {"auc": None if math.isnan(auc) else round(float(auc), 6), "logloss": round(loss / rows, 6),
-            "accuracy": round(correct / rows, 6), "rows": rows}
+eval_counts = evalcounts.site_counts       # one site's additive evaluation (fedavg.py uses it too)
+eval_metrics = evalcounts.metrics         # the federation's AUC, log-loss and accuracy from the sums
 
 
 def sklearn_export(coef: np.ndarray, intercept: np.ndarray, names: list[str], features: list[str]) -> dict:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DataError, JobError
-from ..ml import boosting
+from ..ml import boosting, evalcounts
 from ..ml.histboost import HistParams, base_score_from_stats, decode_ints, encode_ints, label_stats
 from ..protocols.fixedpoint import decode_counts, encode_counts
 
@@ -121,10 +121,8 @@ def eval_vector(y: np.ndarray, pred: np.ndarray, params: Mapping[str, Any], n_pa
         err = np.asarray(pred, dtype=np.float64) - y
         counts, sums = np.array([len(y)]), np.array([float(err @ err), float(np.abs(err).sum())])
     else:
-        hist = boosting.score_histograms(y, pred, params["eval_bins"])
-        correct, rows = boosting.accuracy_counts(y, pred)
-        loss, _ = boosting.logloss_sums(y, pred)
-        counts, sums = np.concatenate([hist.ravel(), [correct, rows]]), np.array([loss])
+        counts, loss = evalcounts.site_counts(y, pred, params["eval_bins"])
+        sums = np.array([loss])
     return np.concatenate([encode_counts(counts.astype(np.int64), n_parties, COUNT_MAX), FIXED.encode(sums, n_parties)])
 
 
@@ -138,15 +136,9 @@ def eval_metrics(total: np.ndarray, params: Mapping[str, Any]) -> dict:
         rows = int(counts[0])
         return {"rmse": round(math.sqrt(max(sums[0], 0.0) / rows), 6), "mae": round(float(sums[1]) / rows, 6),
                 "test_rows": rows}
-    groups, bins = groups_of(params), params["eval_bins"]
-    hist = counts[:-2].reshape((2, bins) if groups == 1 else (groups, 2, bins))
-    correct, rows = int(counts[-2]), int(counts[-1])
-    auc = boosting.auc_from_histograms(hist)
-    if groups > 1:
-        finite = auc[np.isfinite(auc)]
-        auc = float(finite.mean()) if len(finite) else math.nan
-    return {"auc": None if math.isnan(auc) else round(float(auc), 6), "logloss": round(float(sums[0]) / rows, 6),
-            "accuracy": round(correct / rows, 6), "test_rows": rows}
+    out = evalcounts.metrics(counts, float(sums[0]), groups_of(params), params["eval_bins"])
+    out["test_rows"] = out.pop("rows")
+    return out
 
 
 def metric_keys(params: Mapping[str, Any]) -> tuple[str, ...]:

@@ -4,7 +4,9 @@ pure functions on arrays.
 Federated evaluation (§3): `score_histograms`, `auc_from_histograms`, `logloss_sums`,
 `accuracy_counts` return non-negative integer counts (or a float sum with an integer count), so
 sites can secure-sum them: counts with `fixedpoint.encode_counts`, the log-loss sum with
-`FixedPoint.encode` (its per-row loss is at most -log(LOGLOSS_EPS) ≈ 34.5).
+`FixedPoint.encode` (its per-row loss is at most -log(LOGLOSS_EPS) ≈ 34.5). `site_counts` packs
+them for one secure sum and `metrics` reads the federation's figures from the summed packs (the
+xgboost, logreg and mlp jobs all evaluate this way).
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LOGLOSS_EPS", "accuracy_counts", "auc_from_histograms", "logloss_sums", "score_histograms"]
+__all__ = ["LOGLOSS_EPS", "accuracy_counts", "auc_from_histograms", "logloss_sums", "metrics", "score_histograms",
+           "site_counts"]
 
 LOGLOSS_EPS = 1e-15           # probabilities are clipped to [eps, 1 - eps] before the log
 
@@ -108,3 +111,27 @@ def accuracy_counts(y: Any, proba: Any) -> tuple[int, int]:
     labels, p, groups = _proba(y, proba)
     predicted = (p > 0.5).astype(np.int64) if groups == 1 else np.argmax(p, axis=1)
     return int((predicted == labels).sum()), len(labels)
+
+
+def site_counts(y: Any, proba: Any, bins: int) -> tuple[np.ndarray, float]:
+    """One site's additive evaluation of a classifier: (int64 counts = the score histograms
+    raveled ++ [correct, rows], the log-loss sum)."""
+    hist = score_histograms(y, proba, bins)
+    correct, rows = accuracy_counts(y, proba)
+    loss, _ = logloss_sums(y, proba)
+    return np.concatenate([hist.ravel(), [correct, rows]]).astype(np.int64), loss
+
+
+def metrics(counts: Any, loss: float, groups: int, bins: int) -> dict:
+    """The federation's AUC (exact up to ties inside a bin; macro one-vs-rest over the classes
+    with both labels present for multi-class), log-loss and accuracy from summed `site_counts`
+    (`counts`) and log-loss sums (`loss`): {"auc", "logloss", "accuracy", "rows"}."""
+    counts = np.asarray(counts)
+    hist = counts[:-2].reshape((2, bins) if groups == 1 else (groups, 2, bins))
+    correct, rows = int(counts[-2]), int(counts[-1])
+    auc = auc_from_histograms(hist)
+    if groups > 1:
+        finite = auc[np.isfinite(auc)]
+        auc = float(finite.mean()) if len(finite) else math.nan
+    return {"auc": None if math.isnan(auc) else round(float(auc), 6), "logloss": round(loss / rows, 6),
+            "accuracy": round(correct / rows, 6), "rows": rows}
