@@ -5,7 +5,6 @@ KMeans started from the same centres on non-IID make_blobs (each site holds most
 
 from __future__ import annotations
 
-import hashlib
 
 import numpy as np
 import pytest
@@ -17,7 +16,7 @@ from fedpeer.jobs.base import JobContext
 from fedpeer.ml import cluster as cl
 from fedpeer.ml import mixture as mx
 from fedpeer.ml.data import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint
-from fedpeer.net.channel import MemoryNetwork
+from tests.sim.members import member_keys, run_members
 
 RTOL = 1e-9
 
@@ -40,25 +39,10 @@ def non_iid_blobs(n: int = 1500, d: int = 2, seed: int = 0) -> tuple[np.ndarray,
 
 
 def run(kind, parts: list[np.ndarray], params: dict) -> list:
-    import looptime
-
-    keys = sorted(hashlib.sha256(f"cluster-{i}".encode()).digest() for i in range(len(parts)))
-    names = {k: f"site-{i + 1}" for i, k in enumerate(keys)}
+    keys, names = member_keys("cluster", len(parts))
     checked = kind.KIND.check_params(params)
-
-    async def go() -> list:
-        import asyncio
-        net = MemoryNetwork(keys, seed=0)
-        jobs = [kind.run_job(net.channel(k), checked, JobContext(names[k], names, 2_000, data=dataset(p)),
-                             kj._inline) for k, p in zip(keys, parts)]
-        return await asyncio.gather(*jobs, return_exceptions=True)
-
-    loop = looptime.new_event_loop(start=0, noop_cycles=1)
-    try:
-        results = loop.run_until_complete(go())
-    finally:
-        loop.close()
-    return results
+    return run_members(keys, lambda net, i, k: kind.run_job(
+        net.channel(k), checked, JobContext(names[k], names, 2_000, data=dataset(parts[i])), kj._inline))
 
 
 def same_everywhere(results: list) -> dict:
@@ -236,36 +220,14 @@ def test_dbscan_refuses_more_local_clusters_than_allowed_naming_the_parameter() 
 
 
 def test_a_member_lost_between_rounds_fails_the_job_rather_than_mixing_populations() -> None:
-    import asyncio
-
-    import looptime
-
     _, parts = non_iid_blobs(n=600)
     parts = [parts[0][::2], parts[0][1::2], parts[1], parts[2]]     # 4 members: 3 survivors still make a ring
-    keys = sorted(hashlib.sha256(f"cluster-{i}".encode()).digest() for i in range(4))
-    names = {k: f"site-{i + 1}" for i, k in enumerate(keys)}
+    keys, names = member_keys("cluster", 4)
     params = kj.KIND.check_params({"k": 3, "n_init": 1, "tol": 0.0, "max_iter": 50})
-
-    async def go() -> list:
-        net = MemoryNetwork(keys, seed=0, detect_ms=200.0, unreachable_ms=100.0)
-        jobs = [kj.run_job(net.channel(k), params, JobContext(names[k], names, 500, data=dataset(p)), kj._inline)
-                for k, p in zip(keys, parts)]
-
-        async def crash() -> None:
-            while not any(phase == "lloyd round 3" for _, phase, _, _ in net.progress_log):
-                await asyncio.sleep(0.001)
-            net.crash(keys[3])
-
-        watcher = asyncio.ensure_future(crash())
-        try:
-            return (await asyncio.gather(*jobs, return_exceptions=True))[:3]
-        finally:
-            watcher.cancel()
-
-    loop = looptime.new_event_loop(start=0, noop_cycles=1)
-    try:
-        survivors = loop.run_until_complete(go())
-    finally:
-        loop.close()
+    survivors = run_members(
+        keys, lambda net, i, k: kj.run_job(net.channel(k), params, JobContext(names[k], names, 500,
+                                                                             data=dataset(parts[i])), kj._inline),
+        crash=lambda net: any(phase == "lloyd round 3" for _, phase, _, _ in net.progress_log), victim=3,
+        detect_ms=200.0, unreachable_ms=100.0)[:3]
     assert all(isinstance(r, JobError) for r in survivors), survivors
     assert any("dropped out between two secure sums" in str(r) for r in survivors), survivors

@@ -7,8 +7,6 @@ with the pooled model of their own rows."""
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import warnings
 from typing import Any
 
@@ -21,6 +19,7 @@ from fedpeer.jobs.base import JobContext
 from fedpeer.ml import linear
 from fedpeer.ml.data import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint
 from fedpeer.net.channel import MemoryNetwork
+from tests.sim.members import after_step, member_keys, run_members
 
 
 def dataset(X: np.ndarray, labels: np.ndarray, positive: str | None = "1") -> Dataset:
@@ -44,36 +43,16 @@ async def _inline(fn: Any, *args: Any) -> Any:
 def run(sites: list[Dataset], params: dict, crash_at_step: int | None = None, victim: int = 1,
         tests: list[Dataset] | None = None, module: Any = logreg) -> tuple[list, list[bytes]]:
     """Every member's result (or exception) of a job of `module`'s kind (logreg, mlp)."""
-    import looptime
-
-    keys = sorted(hashlib.sha256(f"lr-{i}".encode()).digest() for i in range(len(sites)))
-    names = {k: f"site-{i + 1}" for i, k in enumerate(keys)}
+    keys, names = member_keys("lr", len(sites))
     checked = module.KIND.check_params(params)
 
-    async def go() -> list:
-        net = MemoryNetwork(keys, seed=0)
-        jobs = [module.run_job(net.channel(k), checked,
-                               JobContext(names[k], names, 2_000, data=d, test_data=tests[i] if tests else None),
-                               offload=_inline)
-                for i, (k, d) in enumerate(zip(keys, sites))]
+    def member(net: MemoryNetwork, i: int, k: bytes):
+        return module.run_job(net.channel(k), checked, JobContext(names[k], names, 2_000, data=sites[i],
+                                                                  test_data=tests[i] if tests else None),
+                              offload=_inline)
 
-        async def crash() -> None:
-            while not any(step >= crash_at_step for _, _, step, _ in net.progress_log):
-                await asyncio.sleep(0.001)
-            net.crash(keys[victim])
-
-        watcher = asyncio.ensure_future(crash()) if crash_at_step is not None else None
-        try:
-            return await asyncio.gather(*jobs, return_exceptions=True)
-        finally:
-            if watcher is not None:
-                watcher.cancel()
-
-    loop = looptime.new_event_loop(start=0, noop_cycles=1)
-    try:
-        return loop.run_until_complete(go()), keys
-    finally:
-        loop.close()
+    crash = after_step(crash_at_step) if crash_at_step is not None else None
+    return run_members(keys, member, crash, victim), keys
 
 
 def fixed_point_sum(vectors: list[np.ndarray], fixed: Any = logreg.TERMS) -> np.ndarray:

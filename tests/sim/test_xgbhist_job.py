@@ -6,7 +6,6 @@ model, grown on from the last finished tree."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import sys
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from fedpeer.jobs import xgboost as xj  # noqa: E402
 from fedpeer.jobs.base import JobContext  # noqa: E402
 from fedpeer.ml import boosting, histrun  # noqa: E402
 from fedpeer.net.channel import MemoryNetwork  # noqa: E402
+from tests.sim.members import after_step, member_keys, run_members  # noqa: E402
 
 PARAMS = {"mode": "histogram", "rounds": 4, "max_depth": 3, "eta": 0.3, "secure_sum": "ring", "test_fraction": 0.0,
           "max_bin": 32, "nthread": 1}
@@ -40,35 +40,15 @@ def breast_cancer_sites(n: int) -> tuple[list, np.ndarray, np.ndarray]:
 def run(sites: list, params: dict, crash_after_trees: int | None = None, victim: int = 1) -> tuple[list, list[bytes]]:
     """Every member's result (or exception); with crash_after_trees, member `victim` (in key order)
     crashes once some member has finished that many trees."""
-    import looptime
-
-    keys = sorted(hashlib.sha256(f"xgbh-{i}".encode()).digest() for i in range(len(sites)))
-    names = {k: f"site-{i + 1}" for i, k in enumerate(keys)}
+    keys, names = member_keys("xgbh", len(sites))
     checked = xj.KIND.check_params(params)
+    tools = xj.Tools(offload=exp._inline)
 
-    async def go() -> list:
-        net = MemoryNetwork(keys, seed=0)
-        tools = xj.Tools(offload=exp._inline)
-        jobs = [xj.run_job(net.channel(k), checked, JobContext(names[k], names, 2_000, data=d), tools)
-                for k, d in zip(keys, sites)]
+    def member(net: MemoryNetwork, i: int, k: bytes):
+        return xj.run_job(net.channel(k), checked, JobContext(names[k], names, 2_000, data=sites[i]), tools)
 
-        async def crash() -> None:
-            while not any(step >= crash_after_trees for _, _, step, _ in net.progress_log):
-                await asyncio.sleep(0.001)
-            net.crash(keys[victim])
-
-        watcher = asyncio.ensure_future(crash()) if crash_after_trees is not None else None
-        try:
-            return await asyncio.gather(*jobs, return_exceptions=True)
-        finally:
-            if watcher is not None:
-                watcher.cancel()
-
-    loop = looptime.new_event_loop(start=0, noop_cycles=1)
-    try:
-        return loop.run_until_complete(go()), keys
-    finally:
-        loop.close()
+    crash = after_step(crash_after_trees) if crash_after_trees is not None else None
+    return run_members(keys, member, crash, victim), keys
 
 
 def test_federated_model_is_byte_identical_to_the_pooled_reference() -> None:
