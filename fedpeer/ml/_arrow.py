@@ -40,6 +40,7 @@ from .data import _BOM, MISSING_TOKENS, DataSpec, _NoLines, _open
 _HEADER_BYTES_MAX = 4 << 20
 _FIELD_CHARS_MAX = 131_072 - 1       # csv.field_size_limit()'s default; a longer text field -> Python
 _BLOCK_BYTES = 4 << 20               # pyarrow's parse block (one chunk of every column per block)
+_FILL_ROWS = 1024                    # rows of X filled column by column at a time
 
 
 def _case_forms(token: str) -> list[str]:
@@ -80,6 +81,18 @@ def _header(f) -> list[str] | None:
     return record
 
 
+def _has_quote(f) -> bool:
+    """Whether the file holds a double quote anywhere: without one no value can span lines, and
+    pyarrow may split the file into blocks at any line end (newlines_in_values=False, ~25 % faster)."""
+    import mmap
+
+    try:
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            return m.find(b'"') >= 0
+    except (OSError, ValueError):
+        return True
+
+
 def read_csv(spec: DataSpec, rows_max: int, bytes_max: int) -> tuple[Any, ...] | None:
     """(features, X, codes, uniques, rows) as `data._read` gives them, or None (see the module)."""
     try:
@@ -99,6 +112,7 @@ def read_csv(spec: DataSpec, rows_max: int, bytes_max: int) -> tuple[Any, ...] |
         if not stat.S_ISREG(st.st_mode) or not 0 < st.st_size <= bytes_max:
             return None
         raw_header = _header(f)
+        quoted = _has_quote(f)
     if raw_header is None:
         return None
     header = [name.strip() for name in raw_header]
@@ -120,7 +134,7 @@ def read_csv(spec: DataSpec, rows_max: int, bytes_max: int) -> tuple[Any, ...] |
             str(path),
             read_options=pacsv.ReadOptions(use_threads=True, block_size=_BLOCK_BYTES),
             parse_options=pacsv.ParseOptions(delimiter=",", quote_char='"', double_quote=True,
-                                             escape_char=False, newlines_in_values=True,
+                                             escape_char=False, newlines_in_values=quoted,
                                              ignore_empty_lines=True),
             convert_options=pacsv.ConvertOptions(check_utf8=True, column_types=types, null_values=NULL_VALUES,
                                                  strings_can_be_null=False, quoted_strings_can_be_null=True,
@@ -182,14 +196,18 @@ def _matrix(batches: list, n: int) -> np.ndarray:
     start = 0
     for b in range(len(batches)):
         batch, batches[b] = batches[b], None
-        stop = start + batch.num_rows
+        columns = []
         for j in range(batch.num_columns):
             column = batch.column(j)
             if column.type != pa.float64():
                 column = column.cast(pa.float64(), safe=False)
-            X[start:stop, j] = column.to_numpy(zero_copy_only=False)
-        start = stop
-        del batch
+            columns.append(column.to_numpy(zero_copy_only=False))
+        for r in range(0, batch.num_rows, _FILL_ROWS):      # a block of X that stays in the cache
+            block = X[start + r:start + min(r + _FILL_ROWS, batch.num_rows)]
+            for j, values in enumerate(columns):
+                block[:, j] = values[r:r + _FILL_ROWS]
+        start += batch.num_rows
+        del batch, columns
     return X
 
 

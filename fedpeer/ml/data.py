@@ -497,11 +497,17 @@ def _finish(spec: DataSpec, binary: bool, features: tuple[str, ...], X: np.ndarr
                             "really the class column?")
     bad_label = np.array([spec.label is not None and _is_missing_label(v) for v in uniques], dtype=bool)
     label_missing = bad_label[codes]
-    nan_cells = np.isnan(X)
-    inf_cells = np.isinf(X)
+    if np.isfinite(X).all():               # the common case: one pass over X, no masks
+        nan_cells = inf_cells = np.broadcast_to(np.False_, X.shape)
+        gap_counts = np.zeros(X.shape[1], dtype=np.int64)
+        feature_bad = np.zeros(n, dtype=bool)
+    else:
+        nan_cells = np.isnan(X)
+        inf_cells = np.isinf(X)
+        gap_counts = nan_cells.sum(axis=0) + inf_cells.sum(axis=0)
+        feature_bad = nan_cells.any(axis=1) | inf_cells.any(axis=1)
     impute = spec.missing == "impute"
-    gap_counts = nan_cells.sum(axis=0) + inf_cells.sum(axis=0)
-    bad_rows = label_missing if impute else nan_cells.any(axis=1) | inf_cells.any(axis=1) | label_missing
+    bad_rows = label_missing if impute else feature_bad | label_missing
     dropped = int(bad_rows.sum())
     if dropped and spec.missing == "error":
         problems = []
