@@ -44,7 +44,12 @@ def _count(low: int):
     return parse
 
 
-def _parser() -> argparse.ArgumentParser:
+# Commands whose parsers need every job kind's parameters (importing the job modules and numpy,
+# ~0.4 s): built only when the command line asks for one of them, or for the top-level help.
+_KIND_COMMANDS = ("run", "harness")
+
+
+def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedpeer", description="Peer-to-peer federated learning daemon.")
     p.add_argument("--version", action="version", version=f"fedpeer {_version()}",
                    help="print the installed fedpeer version and exit")
@@ -95,7 +100,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--size", type=_count(0), default=64, help="payload bytes per message (default: 64)")
     s.add_argument("--json", action="store_true", help="print the delivery times as JSON")
 
-    _add_job_commands(sub)
+    first = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
+    kinds_needed = first is None or first in _KIND_COMMANDS
+    _add_job_commands(sub, kinds_needed)
 
     s = sub.add_parser("predict", help="score new rows with a job's stored model (no daemon needed)")
     s.add_argument("--config", required=True, type=Path, help=CONFIG_HELP + " (its state_dir holds the model)")
@@ -117,17 +124,21 @@ def _parser() -> argparse.ArgumentParser:
     k.add_argument("--json", action="store_true", help="print rows, features, schema_fingerprint (hex), "
                    "label_counts and missing as JSON")
 
-    from .harness import add_arguments as add_harness_arguments
-    add_harness_arguments(sub.add_parser("harness", help="run a local federation of real daemons"))
+    harness = sub.add_parser("harness", help="run a local federation of real daemons")
+    if kinds_needed:
+        from .harness import add_arguments as add_harness_arguments
+        add_harness_arguments(harness)
     return p
 
 
-def _add_job_commands(sub: argparse._SubParsersAction) -> None:
+def _add_job_commands(sub: argparse._SubParsersAction, with_kinds: bool) -> None:
+    """run (with every kind's parameters only when `with_kinds`: else it is listed, never parsed),
+    jobs, job."""
     from .jobs.kinds import job_kinds
 
     s = sub.add_parser("run", help="propose a federated job from this site")
     kinds = s.add_subparsers(dest="kind", required=True, metavar="KIND")
-    for kind in job_kinds().values():
+    for kind in job_kinds().values() if with_kinds else ():
         k = kinds.add_parser(kind.name, help=kind.help)
         k.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
         k.add_argument("--members", help="comma-separated member names (default: this site and every alive peer)")
@@ -158,7 +169,7 @@ def _add_job_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parser(argv).parse_args(argv)
     try:
         code = _COMMANDS[args.command](args)
         sys.stdout.flush()   # a reader that went away (`| head`) surfaces here, not at exit
