@@ -115,7 +115,7 @@ def test_parquet_refusals(tmp_path: Path) -> None:
     assert "is not a readable Parquet file" in message(parquet=tmp_path / "bad.parquet")
     (tmp_path / "empty").mkdir()
     assert "holds no Parquet part files" in message(parquet=tmp_path / "empty")
-    with pytest.raises(DataError, match="exactly one of csv and parquet"):
+    with pytest.raises(DataError, match="exactly one of csv"):
         DataSpec(tmp_path / "a.csv", "y", parquet=path)
 
 
