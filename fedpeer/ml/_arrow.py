@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+from concurrent.futures import ThreadPoolExecutor
 import io
 import os
 import stat
@@ -343,10 +344,13 @@ def read_parquet(spec: DataSpec, rows_max: int, bytes_max: int) -> tuple[Any, ..
     label_chunks: list = []
     start = 0
     try:
-        for f in files:
-            part = pq.ParquetFile(f)
-            for group in range(part.num_row_groups):
-                table = part.read_row_group(group, columns=columns, use_threads=True)
+        groups = [(part, g) for part in map(pq.ParquetFile, files) for g in range(part.num_row_groups)]
+        with ThreadPoolExecutor(1, thread_name_prefix="parquet-read") as ahead:   # the next group reads
+            pending = ahead.submit(_read_group, *groups[0], columns) if groups else None   # while this fills
+            for k in range(len(groups)):
+                table = pending.result()
+                if k + 1 < len(groups):
+                    pending = ahead.submit(_read_group, *groups[k + 1], columns)
                 if spec.label is not None:
                     for chunk in table.column(spec.label).chunks:
                         label_chunks.append(chunk.cast(chunk.type.value_type)
@@ -366,6 +370,10 @@ def read_parquet(spec: DataSpec, rows_max: int, bytes_max: int) -> tuple[Any, ..
     else:
         uniques, codes = [""], np.zeros(n, dtype=np.int64)
     return features, X, codes, uniques, _ParquetRows()
+
+
+def _read_group(part, group: int, columns: list[str]):
+    return part.read_row_group(group, columns=columns, use_threads=True)
 
 
 def _label_from_text(value: str | None) -> str:
