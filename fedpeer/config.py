@@ -247,6 +247,9 @@ class DataSection:
     missing: str = "error"            # "error": a missing value stops the job; "drop": such rows are dropped;
                                       # "impute": filled site-locally (IterativeImputer fitted on csv's rows)
     test_csv: str = ""                # optional held-out rows (same columns) a job scores its final model on
+    sql: str = ""                     # or: a PostgreSQL query whose result columns are the data
+    dsn_file: str = ""                # sql: a file (mode 0600) holding the connection string, never peers.toml
+    sql_timeout_ms: int = 60_000      # sql: the server cancels a statement running longer
 
 
 @dataclass(frozen=True)
@@ -408,16 +411,25 @@ def _node(path: Path, table: dict) -> NodeSection:
 
 def _data(path: Path, table: object) -> DataSection:
     data = _section(path, "data", table, DataSection)
-    if not data.csv and not data.parquet:   # label may stay unset: clustering jobs need none
-        raise ConfigError(path, "data.csv", "missing (required when [data] is present, or set data.parquet)")
+    if not data.csv and not data.parquet and not data.sql:   # label may stay unset: clustering jobs need none
+        raise ConfigError(path, "data.csv", "missing (required when [data] is present, or set data.parquet "
+                          "or data.sql)")
     if data.csv and data.parquet:
         raise ConfigError(path, "data.parquet", "set csv or parquet, not both")
+    if data.sql and (data.csv or data.parquet):
+        raise ConfigError(path, "data.sql", "set one of csv, parquet and sql")
+    if bool(data.sql) != bool(data.dsn_file):
+        raise ConfigError(path, "data.dsn_file" if data.sql else "data.sql",
+                          "sql and dsn_file go together: dsn_file names the file (mode 0600) holding the "
+                          "PostgreSQL connection string, so that no password sits in peers.toml")
+    if data.sql and data.sql_timeout_ms < 1:
+        raise ConfigError(path, "data.sql_timeout_ms", "expected a positive number of milliseconds")
     if data.missing not in ("error", "drop", "impute"):
         raise ConfigError(path, "data.missing", "expected \"error\", \"drop\" or \"impute\"")
     def resolve(name: str) -> str:
         return name and str(Path(name) if Path(name).is_absolute() else path.parent / name)
     return dataclasses.replace(data, csv=resolve(data.csv), parquet=resolve(data.parquet),
-                               test_csv=resolve(data.test_csv))
+                               test_csv=resolve(data.test_csv), dsn_file=resolve(data.dsn_file))
 
 
 def _peers(path: Path, value: object) -> tuple[PeerEntry, ...]:

@@ -22,7 +22,9 @@ __all__ = ["spec_for", "load_site", "report", "format_report"]
 def spec_for(data: DataSection, *, needs_label: bool) -> DataSpec:
     """The DataSpec of [data] for a job that needs the label (or not: clustering; a configured label
     column is then not a feature either)."""
-    where = {"csv": Path(data.csv)} if data.csv else {"csv": None, "parquet": Path(data.parquet)}
+    where = {"csv": Path(data.csv)} if data.csv else {"csv": None, "parquet": Path(data.parquet)} \
+        if data.parquet else {"csv": None, "sql": data.sql, "dsn_file": Path(data.dsn_file),
+                              "sql_timeout_ms": data.sql_timeout_ms}
     if needs_label:
         return DataSpec(**where, label=data.label, positive=data.positive or None,
                         ignore=tuple(data.ignore), missing=data.missing)
@@ -45,9 +47,10 @@ def load_site(data: DataSection, limits: JobLimits, *, needs_label: bool,
         from dataclasses import replace
 
         from .jobs.registry import _schema_difference
-        test = load(replace(spec, csv=Path(data.test_csv), parquet=None), dataset)
+        test = load(replace(spec, csv=Path(data.test_csv), parquet=None, sql=None), dataset)
         if test.fingerprint != dataset.fingerprint:
-            raise DataError(f"{data.test_csv}: [data] test_csv has other columns than {data.csv or data.parquet}: "
+            raise DataError(f"{data.test_csv}: [data] test_csv has other columns than "
+                            f"{data.csv or data.parquet or '[data] sql'}: "
                             + _schema_difference(dataset.features, list(test.features), "test_csv", "csv"))
     return dataset, test
 
@@ -57,7 +60,7 @@ def report(data: DataSection, limits: JobLimits) -> dict[str, Any]:
     (any number of classes), or without a label when [data] has none."""
     needs_label = bool(data.label)
     dataset, test = load_site(data, limits, needs_label=needs_label, binary=False)
-    doc = _describe(dataset, data.csv or data.parquet, count_labels=needs_label)
+    doc = _describe(dataset, data.csv or data.parquet or "[data] sql", count_labels=needs_label)
     doc["missing_policy"] = data.missing
     if test is not None:
         doc["test_csv"] = _describe(test, data.test_csv, count_labels=needs_label)

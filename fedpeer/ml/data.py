@@ -68,15 +68,21 @@ class DataSpec:
                                    # "drop": rows with one are dropped (and counted);
                                    # "impute": missing feature values are filled site-locally (MICE)
     parquet: Path | None = None    # a Parquet file or a directory of part files, instead of csv
+    sql: str | None = None         # or: a PostgreSQL query whose result columns are the data (ml/sqlsource.py)
+    dsn_file: Path | None = None   # sql: the 0600 file holding the connection string
+    sql_timeout_ms: int = 60_000   # sql: the server cancels a statement running longer
 
     @property
     def source(self) -> Path:
         """The file (or Parquet directory) messages name."""
+        if self.sql is not None:
+            return "[data] sql"     # type: ignore[return-value]
         return self.csv if self.csv is not None else self.parquet   # type: ignore[return-value]
 
     def __post_init__(self) -> None:
-        if (self.csv is None) == (self.parquet is None):
-            raise DataError(f"{self.csv or self.parquet}: data spec: give exactly one of csv and parquet")
+        if [self.csv, self.parquet, self.sql].count(None) != 2:
+            raise DataError(f"{self.csv or self.parquet or '[data] sql'}: data spec: give exactly one of csv, "
+                            "parquet and sql")
         for name in ("csv", "parquet"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, Path(getattr(self, name)))
@@ -310,6 +316,10 @@ class _NoLines:
 def load_data(spec: DataSpec, *, binary: bool = True, rows_max: int = 10_000_000,
               bytes_max: int = 2 * 1024**3, impute_from: Dataset | None = None) -> Dataset:
     """`load_csv` or, for `spec.parquet`, `_arrow.read_parquet`: the same checked Dataset either way."""
+    if spec.sql is not None:
+        from . import sqlsource
+
+        return _finish(spec, binary, *sqlsource.read_sql(spec, rows_max, bytes_max), impute_from=impute_from)
     if spec.parquet is None:
         return load_csv(spec, binary=binary, rows_max=rows_max, bytes_max=bytes_max, impute_from=impute_from)
     if rows_max < 1 or bytes_max < 1:
