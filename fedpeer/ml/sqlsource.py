@@ -192,7 +192,9 @@ def _run(psycopg: Any, params: dict[str, Any], query: str, spec: Any, timeout_ms
         raise
     finally:
         conn.close()
-    return _parse(data, features, spec.label, label_kind, rows_max)
+    box = [data]            # _parse lets the CSV text go once parsed, before the matrix is filled
+    del data
+    return _parse(box, features, spec.label, label_kind, rows_max)
 
 
 def _server_message(e: Exception) -> str:
@@ -269,26 +271,26 @@ def _plan(conn: Any, q: Any, query: str, spec: Any, header: list[str], oids: lis
     return q.SQL("COPY ({}) TO STDOUT (FORMAT csv)").format(select), features, label_kind
 
 
-def _copy(cur: Any, statement: Any, bytes_max: int) -> bytes:
-    parts: list[bytes] = []
-    size = 0
+def _copy(cur: Any, statement: Any, bytes_max: int) -> bytearray:
+    """The COPY's CSV text (libpq hands it over a row at a time), refused past bytes_max."""
+    data = bytearray()
     with cur.copy(statement) as copy:
         for chunk in copy:
-            size += len(chunk)
-            if size > bytes_max:
+            data += chunk
+            if len(data) > bytes_max:
                 raise DataError(f"{SOURCE}: the query's result is more than the limit of {bytes_max} bytes "
                                 "(bytes_max, counted as CSV text); select fewer rows or raise the limit")
-            parts.append(bytes(chunk))
-    return b"".join(parts)
+    return data
 
 
-def _parse(data: bytes, features: tuple[str, ...], label: str | None, label_kind: str | None,
+def _parse(box: list[bytearray], features: tuple[str, ...], label: str | None, label_kind: str | None,
            rows_max: int) -> tuple[Any, ...]:
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
     from ._arrow import _label_codes, _matrix
 
+    data = box.pop()
     if not data:
         raise DataError(f"{SOURCE}: the query returned no rows")
     names = [f"c{i}" for i in range(len(features) + (label is not None))]

@@ -112,6 +112,10 @@ def test_label_types_and_missing_values_follow_the_csv_rules(postgres_server: Pg
     text = _error(_spec(dsn, gaps))
     assert "column 'mean_radius' has 2 missing values (first at row 5 of the query result)" in text
     assert 'missing = "drop"' in text
+    odd = ("SELECT CASE id WHEN 3 THEN 'Infinity'::float8 WHEN 6 THEN 'NaN' ELSE mean_radius END AS mean_radius, "
+           "diagnosis FROM cancer ORDER BY id")
+    text = _error(_spec(dsn, odd))
+    assert "'mean_radius' has 1 missing value (first at row 7" in text and "1 infinite value (first at row 4" in text
     dropped = load_data(_spec(dsn, gaps, missing="drop"))
     assert dropped.rows == 567 and dropped.rows_dropped == 2
     assert "returned no rows" in _error(_spec(dsn, "SELECT mean_radius, diagnosis FROM cancer WHERE false"))
