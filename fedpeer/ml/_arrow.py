@@ -163,9 +163,13 @@ def read_csv(spec: DataSpec, rows_max: int, bytes_max: int) -> tuple[Any, ...] |
         uniques, codes = [""], np.zeros(n, dtype=np.int64)
     features = tuple(header[i] for i in feat_idx)
     names = [raw_header[i] for i in feat_idx]
+    nulls = np.array([table.column(i).null_count for i in feat_idx])
     batches = table.select(names).to_batches()
     del table, column
-    return features, _matrix(batches, n), codes, uniques, _NoLines()
+    X = _matrix(batches, n)
+    if not np.isfinite(X).all() and not np.array_equal(np.isnan(X).sum(axis=0), nulls):
+        return None      # a NaN pyarrow read from text ("nan(1)", "-nan"): the Python parser judges it
+    return features, X, codes, uniques, _NoLines()
 
 
 def _label_codes(column, text) -> tuple[np.ndarray, list[str]]:

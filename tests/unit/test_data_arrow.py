@@ -75,7 +75,8 @@ BAD = [
     ("a,y\n1,0\n2,1\n\"" + "x" * 200_000 + "\",0\n", {}),
     ("a,y,id\n1,0,x\n2,1,\"" + "x" * 200_000 + "\"\n", {"ignore": ("id",)}),   # the csv module's field limit
     ("a,y\n1,0\n2,1\n3,0\n", {"rows_max": 2}), ("a,y\n1,0\n2,1\n", {"bytes_max": 10}),
-    ("a,y\n1,0\n  \n2,1\n", {}), ("a,b,y\n1,2,0\n3,\"4\"5x,1\n", {}),
+    ("a,y\n1,0\n  \n2,1\n", {}), ("a,b,y\n1,2,0\n3,nan(1),1\n4,5,0\n", {"missing": "drop"}),
+    ("a,b,y\n1,2,0\n3,nan(),1\n4,5,0\n", {"missing": "impute"}), ("a,b,y\n1,2,0\n3,\"4\"5x,1\n", {}),
 ]
 
 
@@ -134,7 +135,7 @@ number = st.one_of(
 )
 cell = st.one_of(number, number.map(lambda t: f'"{t}"'), number.map(lambda t: f" {t}"), number.map(lambda t: f"{t}\t"),
                  st.sampled_from(["", "NA", "na", "N/A", "nan", "NaN", "NULL", "?", '""', '"NA"', "inf", "-Infinity",
-                                  "1e999", " NA ", "-nan", "1_0", "x"]))
+                                  "1e999", " NA ", "-nan", "nan(1)", "1_0", "x"]))
 label = st.sampled_from(["yes", "no", " yes", "no ", '"yes"', '"no, really"', '"y""es"', "NA", "", "inf", '"a\nb"'])
 ident = st.sampled_from(["id1", '"a,b"', '"two\nlines"', "é", '""', "x\"y"])
 
