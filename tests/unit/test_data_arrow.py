@@ -198,3 +198,16 @@ def test_fast_path_on_a_larger_file(tmp_path: Path) -> None:
     same_dataset(fast, data._load_csv_python(spec, binary=False))
     spec = DataSpec(path, None, ignore=("y",), missing="drop")
     same_dataset(fast_only(spec, binary=False), data._load_csv_python(spec, binary=False))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.text(alphabet=list("0123456789.eE+-naifNIty()_x \t"), min_size=1, max_size=9))
+def test_any_number_like_token_reads_as_the_python_parser_reads_it(tmp_path: Path, token: str) -> None:
+    path = write(tmp_path, f"a,b,y\n1,{token},0\n2,3,1\n4,5,0\n")
+    for missing in ("error", "drop"):
+        spec = DataSpec(path, "y", None, missing=missing)
+        slow = outcome(data._load_csv_python, spec, binary=False)
+        fast = fast_only(spec, binary=False)
+        if fast is not None:
+            assert not isinstance(slow, str), (token, slow)
+            same_dataset(fast, slow)
