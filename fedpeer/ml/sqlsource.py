@@ -16,7 +16,8 @@ the same Dataset.
   and booleans are features (cast to float8 by the server, booleans as 1/0); text, dates and other
   types are refused naming the column and the fix. The label may be text, an integer or a boolean.
 - The rows travel as `COPY (...) TO STDOUT (FORMAT csv)` — only the feature and label columns, at
-  most rows_max + 1 rows, at most bytes_max bytes — and are parsed by pyarrow's CSV reader.
+  most rows_max + 1 rows, at most bytes_max bytes — and are parsed by pyarrow's CSV reader, piece
+  by piece in a helper thread while the next rows arrive.
 - Blocking (network, parsing): jobs call it through `sitedata.load_site` in a worker thread.
 """
 
@@ -175,7 +176,7 @@ def _run(psycopg: Any, params: dict[str, Any], query: str, spec: Any, timeout_ms
                 names = [d.name for d in cur.description or ()]
                 oids = [d.type_code for d in cur.description or ()]
                 copy_sql, features, label_kind = _plan(conn, q, query, spec, names, oids, rows_max)
-                data = _copy(cur, copy_sql, bytes_max)
+                tables = _copy(cur, copy_sql, bytes_max, features, label_kind)
                 cur.execute("COMMIT")
             except psycopg.errors.QueryCanceled:
                 raise DataError(f"{SOURCE}: the query ran past the statement timeout of {timeout_ms} ms "
@@ -192,9 +193,7 @@ def _run(psycopg: Any, params: dict[str, Any], query: str, spec: Any, timeout_ms
         raise
     finally:
         conn.close()
-    box = [data]            # _parse lets the CSV text go once parsed, before the matrix is filled
-    del data
-    return _parse(box, features, spec.label, label_kind, rows_max)
+    return _parse(tables, features, spec.label, rows_max)
 
 
 def _server_message(e: Exception) -> str:
@@ -271,36 +270,56 @@ def _plan(conn: Any, q: Any, query: str, spec: Any, header: list[str], oids: lis
     return q.SQL("COPY ({}) TO STDOUT (FORMAT csv)").format(select), features, label_kind
 
 
-def _copy(cur: Any, statement: Any, bytes_max: int) -> bytearray:
-    """The COPY's CSV text (libpq hands it over a row at a time), refused past bytes_max."""
-    data = bytearray()
-    with cur.copy(statement) as copy:
-        for chunk in copy:
-            data += chunk
-            if len(data) > bytes_max:
-                raise DataError(f"{SOURCE}: the query's result is more than the limit of {bytes_max} bytes "
-                                "(bytes_max, counted as CSV text); select fewer rows or raise the limit")
-    return data
+def _copy(cur: Any, statement: Any, bytes_max: int, features: tuple[str, ...], label_kind: str | None) -> list:
+    """The COPY's rows as pyarrow tables, refused past bytes_max of CSV text. libpq hands the text over a
+    row at a time; every PIECE_BYTES of whole rows are parsed in a helper thread while the next arrive,
+    so parsing overlaps the transfer and at most two pieces of text are held at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    tables: list = []
+    size = 0
+    piece = bytearray()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedpeer-sql-parse") as pool:
+        pending = None
+        try:
+            with cur.copy(statement) as copy:
+                for chunk in copy:
+                    size += len(chunk)
+                    if size > bytes_max:      # raised inside: psycopg cancels the COPY (not read to its end)
+                        raise DataError(f"{SOURCE}: the query's result is more than the limit of {bytes_max} "
+                                        "bytes (bytes_max, counted as CSV text); select fewer rows or raise the limit")
+                    piece += chunk
+                    if len(piece) >= PIECE_BYTES:
+                        if pending is not None:
+                            tables.append(pending.result())
+                        pending, piece = pool.submit(_parse_piece, bytes(piece), features, label_kind), bytearray()
+            if pending is not None:
+                tables.append(pending.result())
+                pending = None
+            if piece:
+                tables.append(_parse_piece(bytes(piece), features, label_kind))
+        finally:
+            if pending is not None:
+                pending.cancel()
+    return tables
 
 
-def _parse(box: list[bytearray], features: tuple[str, ...], label: str | None, label_kind: str | None,
-           rows_max: int) -> tuple[Any, ...]:
+PIECE_BYTES = 16 << 20
+"""CSV text parsed at a time, in a helper thread, while the next rows arrive."""
+
+
+def _parse_piece(data: bytes, features: tuple[str, ...], label_kind: str | None):
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    from ._arrow import _label_codes, _matrix
-
-    data = box.pop()
-    if not data:
-        raise DataError(f"{SOURCE}: the query returned no rows")
-    names = [f"c{i}" for i in range(len(features) + (label is not None))]
+    names = [f"c{i}" for i in range(len(features) + (label_kind is not None))]
     types = {name: pa.float64() for name in names[:len(features)]}
-    if label is not None:
+    if label_kind is not None:
         types[names[-1]] = pa.string()
     try:
-        table = pacsv.read_csv(
+        return pacsv.read_csv(
             pa.BufferReader(data),
-            read_options=pacsv.ReadOptions(use_threads=True, column_names=names, block_size=4 << 20),
+            read_options=pacsv.ReadOptions(use_threads=True, column_names=names, block_size=1 << 20),
             parse_options=pacsv.ParseOptions(delimiter=",", quote_char='"', double_quote=True, escape_char=False,
                                              newlines_in_values=label_kind == "text", ignore_empty_lines=False),
             convert_options=pacsv.ConvertOptions(column_types=types, null_values=[""], strings_can_be_null=True,
@@ -308,19 +327,28 @@ def _parse(box: list[bytearray], features: tuple[str, ...], label: str | None, l
                                                  false_values=[], auto_dict_encode=False))
     except (pa.ArrowException, ValueError) as e:     # the server's CSV is well-formed: a bug if this happens
         raise DataError(f"{SOURCE}: reading the query's result failed ({e})") from None
-    del data
-    n = table.num_rows
+
+
+def _parse(tables: list, features: tuple[str, ...], label: str | None, rows_max: int) -> tuple[Any, ...]:
+    import pyarrow as pa
+
+    from ._arrow import _label_codes, _matrix
+
+    n = sum(t.num_rows for t in tables)
     if n == 0:
         raise DataError(f"{SOURCE}: the query returned no rows")
     if n > rows_max:
         raise DataError(f"{SOURCE}: the query returns more than {rows_max} rows (rows_max); select a sample "
                         "or raise the limit")
+    nf = len(features)
     if label is not None:
-        codes, uniques = _label_codes(table.column(names[-1]), _label_text)
+        column = pa.chunked_array([c for t in tables for c in t.column(nf).chunks], type=pa.string())
+        codes, uniques = _label_codes(column, _label_text)
+        del column
     else:
         uniques, codes = [""], np.zeros(n, dtype=np.int64)
-    batches = table.select(names[:len(features)]).to_batches()
-    del table
+    batches = [b for t in tables for b in t.select(list(range(nf))).to_batches()]
+    tables.clear()
     return features, _matrix(batches, n), codes, uniques, _ResultRows()
 
 
