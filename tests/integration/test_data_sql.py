@@ -280,3 +280,19 @@ async def test_jobs_on_sql_sites_equal_the_jobs_on_csv_sites(make_federation, po
     for site in h.sites:
         assert "s3cret" not in site.log_path.read_text()
     _no_session_left(postgres_server)
+
+
+def test_data_check_reports_the_sql_source(postgres_server: PgServer, tmp_path: Path) -> None:
+    """`fedpeer data check` loads [data] sql exactly as a job does (sitedata.report)."""
+    from fedpeer.sitedata import format_report, report
+
+    _dsn_file(tmp_path / "pg.dsn", postgres_server.dsn())
+    path = tmp_path / "peers.toml"
+    path.write_text(f'[node]\nname = "a"\nlisten = "127.0.0.1:1"\n\n[data]\nsql = "{_select(2)}"\n'
+                    'dsn_file = "pg.dsn"\nlabel = "diagnosis"\npositive = "malignant"\n')
+    conf = cfg.load(path)
+    doc = report(conf.data, conf.jobs)
+    want = load_csv(DataSpec(csv=_rows_csv(tmp_path / "2.csv", 2), label="diagnosis", positive="malignant"))
+    assert doc["source"] == "[data] sql" and doc["rows"] == want.rows
+    assert doc["schema_fingerprint"] == want.fingerprint.hex()
+    assert format_report(doc).startswith(f"[data] sql: {want.rows} rows, 30 features")
