@@ -266,7 +266,7 @@ def read_parquet(spec: DataSpec, rows_max: int, bytes_max: int) -> tuple[Any, ..
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from .data import _near, _quote_list
+    from .data import check_columns
 
     path = spec.parquet
     if not path.exists():
@@ -292,19 +292,7 @@ def read_parquet(spec: DataSpec, rows_max: int, bytes_max: int) -> tuple[Any, ..
             raise DataError(f"{path}: part file {f.name} has other columns or types than {files[0].name}; "
                              "every part file must have the same schema")
     header = list(schema.names)
-    seen: dict[str, int] = {}
-    for i, name in enumerate(header):
-        if name in seen:
-            raise DataError(f"{path}: column name {name!r} appears twice (columns {seen[name] + 1} and {i + 1}); "
-                             "column names must be unique")
-        seen[name] = i
-    if spec.label is not None and spec.label not in seen:
-        raise DataError(f"{path}: label column {spec.label!r} not found{_near(spec.label, header)}; "
-                         f"the columns are {_quote_list(header)}")
-    for name in spec.ignore:
-        if name not in seen:
-            raise DataError(f"{path}: column {name!r} listed in ignore not found{_near(name, header)}; "
-                             f"the columns are {_quote_list(header)}")
+    check_columns(path, header, spec)
     if spec.label is not None and spec.label in spec.ignore:
         raise DataError(f"{path}: the label column {spec.label!r} is also listed in ignore; remove it from ignore")
     features = tuple(n for n in header if n != spec.label and n not in set(spec.ignore))

@@ -395,6 +395,27 @@ def _load_csv_python(spec: DataSpec, *, binary: bool = True, rows_max: int = 10_
     return _finish(spec, binary, *parsed, impute_from=impute_from)
 
 
+def check_columns(where: object, header: Sequence[str], spec: DataSpec,
+                  unique_fix: str = "column names must be unique") -> dict[str, int]:
+    """Every source's column checks (CSV, Parquet, sql): unique names, the label and every ignored
+    column present (with "did you mean"); returns name -> position. The label also listed in
+    ignore is each caller's own message."""
+    seen: dict[str, int] = {}
+    for i, name in enumerate(header):
+        if name in seen:
+            raise DataError(f"{where}: column name {name!r} appears twice (columns {seen[name] + 1} and "
+                            f"{i + 1}); {unique_fix}")
+        seen[name] = i
+    if spec.label is not None and spec.label not in seen:
+        raise DataError(f"{where}: label column {spec.label!r} not found{_near(spec.label, header)}; "
+                        f"the columns are {_quote_list(header)}")
+    for name in spec.ignore:
+        if name not in seen:
+            raise DataError(f"{where}: column {name!r} listed in ignore not found{_near(name, header)}; "
+                            f"the columns are {_quote_list(header)}")
+    return seen
+
+
 def _read(spec: DataSpec, reader, rows_max: int):
     path = spec.csv
     header = None
@@ -409,19 +430,7 @@ def _read(spec: DataSpec, reader, rows_max: int):
         if not name:
             raise DataError(f"{path}: column {i + 1} of the header has no name (R's write.csv writes one "
                             "for row names: use row.names = FALSE); give every column a name")
-    seen: dict[str, int] = {}
-    for i, name in enumerate(header):
-        if name in seen:
-            raise DataError(f"{path}: column name {name!r} appears twice (columns {seen[name] + 1} and "
-                            f"{i + 1}); column names must be unique")
-        seen[name] = i
-    if spec.label is not None and spec.label not in seen:
-        raise DataError(f"{path}: label column {spec.label!r} not found{_near(spec.label, header)}; "
-                        f"the columns are {_quote_list(header)}")
-    for name in spec.ignore:
-        if name not in seen:
-            raise DataError(f"{path}: column {name!r} listed in ignore not found{_near(name, header)}; "
-                            f"the columns are {_quote_list(header)}")
+    seen = check_columns(path, header, spec)
     if spec.label is not None and spec.label in spec.ignore:
         raise DataError(f"{path}: the label column {spec.label!r} is also listed in ignore; "
                         "remove it from ignore")

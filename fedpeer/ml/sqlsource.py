@@ -207,23 +207,11 @@ def _server_message(e: Exception) -> str:
 
 def _plan(conn: Any, q: Any, query: str, spec: Any, header: list[str], oids: list[int], rows_max: int):
     """The COPY statement of the feature and label columns, the features, the label's kind."""
-    from .data import _near, _quote_list
+    from .data import check_columns
 
     if not header:
         raise DataError(f"{SOURCE}: the query returns no columns")
-    seen: dict[str, int] = {}
-    for i, name in enumerate(header):
-        if name in seen:
-            raise DataError(f"{SOURCE}: column name {name!r} appears twice in the query result (columns "
-                            f"{seen[name] + 1} and {i + 1}); name them apart with AS")
-        seen[name] = i
-    if spec.label is not None and spec.label not in seen:
-        raise DataError(f"{SOURCE}: label column {spec.label!r} not found{_near(spec.label, header)}; "
-                        f"the columns are {_quote_list(header)}")
-    for name in spec.ignore:
-        if name not in seen:
-            raise DataError(f"{SOURCE}: column {name!r} listed in ignore not found{_near(name, header)}; "
-                            f"the columns are {_quote_list(header)}")
+    seen = check_columns(SOURCE, header, spec, "name them apart with AS in the query")
     if spec.label is not None and spec.label in spec.ignore:
         raise DataError(f"{SOURCE}: the label column {spec.label!r} is also listed in ignore; remove it from ignore")
     ignored = set(spec.ignore)
