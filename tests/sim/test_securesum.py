@@ -8,6 +8,7 @@ per example (`run_virtual`), the others are marked `looptime`.
 from __future__ import annotations
 
 import asyncio
+import os
 import hashlib
 import random
 from collections.abc import Callable, Sequence
@@ -753,13 +754,14 @@ def check_no_honest_member_blamed(seed: int, members: Sequence[bytes], liar: byt
 
 @pytest.mark.looptime
 async def test_a_byzantine_member_never_gets_an_honest_one_excluded() -> None:
-    """1,000 seeds: 3-6 members, one of them (not the initiator) lies in every way the ring lets
+    """400 seeds (FEDPEER_SIM_SCALE=2.5: the 1,000 of issue 11; kept short for the suite's 10-minute
+    budget): 3-6 members, one of them (not the initiator) lies in every way the ring lets
     it (malformed and short chunks, false unreachable claims, false reports about any member,
     refusing good chunks at its gate). No honest member is ever dropped from an attempt; every
     honest member ends with the same exact total over participants that include all honest
     members, or with an error naming the liar."""
     tally: dict[str, int] = {}
-    for seed in range(1000):
+    for seed in range(int(400 * float(os.environ.get("FEDPEER_SIM_SCALE", "1")))):
         members, liar, net, how = byzantine_setup(seed)
         rng = random.Random(seed + 1)
         wrap = {liar: lambda ch: ByzantineChannel(ch, rng, how["attacks"], how["rate"])}
