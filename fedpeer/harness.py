@@ -228,6 +228,21 @@ class Harness:
         except FedpeerError:
             return None    # not (yet) known at that site
 
+    async def wait_step(self, i: int, job_id: str, step: int, timeout_s: float) -> None:
+        """Poll site i's record of the job until it runs with progress step >= `step` (to kill a
+        member mid-job); HarnessError if the job ends first or the time runs out."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            record = await self.job(i, job_id)
+            if record is not None and record["state"] == "running" and record["progress"]["step"] >= step:
+                return
+            if record is not None and record["state"] in TERMINAL:
+                raise HarnessError(f"job {job_id} ended ({record['state']}) before step {step}: {record.get('error')}")
+            if time.monotonic() > deadline:
+                raise HarnessError(f"job {job_id} did not reach step {step} at {self.sites[i].name} "
+                                   f"in {timeout_s:.0f} s")
+            await asyncio.sleep(POLL_MS / 1000)
+
     async def wait_job(self, job_id: str, timeout_s: float, among: list[int] | None = None) -> dict[int, dict | None]:
         """Poll every site's record of the job until each is terminal (or its daemon is gone)."""
         among = list(range(self.n_sites)) if among is None else among

@@ -6,7 +6,6 @@ scikit-learn LogisticRegression predicts the same with."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -98,12 +97,7 @@ async def test_an_mlp_member_killed_mid_job_leaves_the_survivors_done_with_one_m
     job_id = await h.propose(proposer, "mlp", {"rounds": 150, "hidden_layer_sizes": "4", "learning_rate": 0.01,
                                                "groups": f"{names[0]},{names[1]};{names[2]}", "global_every": 5,
                                                "secure_sum": "ring"})
-    for _ in range(3000):
-        record = await h.job(proposer, job_id)
-        if record is not None and record["state"] == "running" and record["progress"]["step"] >= 3:
-            break
-        assert record is None or record["state"] in ("proposed", "running"), record
-        await asyncio.sleep(0.01)
+    await h.wait_step(proposer, job_id, 3, timeout_s=30)
     h.kill9(victim)
     survivors = [i for i in range(3) if i != victim]
     records = await h.wait_job(job_id, timeout_s=60, among=survivors)

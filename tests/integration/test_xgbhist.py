@@ -5,7 +5,6 @@ done with one model."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -84,12 +83,7 @@ async def test_a_member_killed_mid_job_leaves_the_survivors_done_with_one_model(
     victim = ring[victim_in_ring]
     proposer = ring[0] if victim_in_ring else ring[1]
     job_id = await h.propose(proposer, "xgboost", {**PARAMS, "rounds": 30})
-    for _ in range(2000):
-        record = await h.job(proposer, job_id)
-        if record is not None and record["state"] == "running" and record["progress"]["step"] >= 3:
-            break
-        assert record is None or record["state"] in ("proposed", "running"), record
-        await asyncio.sleep(0.01)
+    await h.wait_step(proposer, job_id, 3, timeout_s=20)
     h.kill9(victim)
     survivors = [i for i in range(3) if i != victim]
     records = await h.wait_job(job_id, timeout_s=60, among=survivors)
