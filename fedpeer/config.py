@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import os
+import re
 import stat
 import tomllib
 import typing
@@ -250,6 +251,13 @@ class DataSection:
     sql: str = ""                     # or: a PostgreSQL query whose result columns are the data
     dsn_file: str = ""                # sql: a file (mode 0600) holding the connection string, never peers.toml
     sql_timeout_ms: int = 60_000      # sql: the server cancels a statement running longer
+    engine: str = "memory"            # "memory": the rows are loaded into the daemon; "dask": they stay
+                                      # partitioned on the site's Dask cluster (fedpeer/ml/dasksite.py)
+    scheduler: str = ""               # dask: "tcp://host:port" of the cluster's scheduler, or "local" (a
+                                      # LocalCluster of worker processes on this machine)
+    dask_workers: int = 2             # dask, scheduler = "local": worker processes started
+    dask_connect_timeout_ms: int = 10_000   # dask: the scheduler must answer within this
+    dask_step_timeout_ms: int = 600_000     # dask: one step of a job on the cluster (a level's histograms)
 
 
 @dataclass(frozen=True)
@@ -426,10 +434,37 @@ def _data(path: Path, table: object) -> DataSection:
         raise ConfigError(path, "data.sql_timeout_ms", "expected a positive number of milliseconds")
     if data.missing not in ("error", "drop", "impute"):
         raise ConfigError(path, "data.missing", "expected \"error\", \"drop\" or \"impute\"")
+    _check_engine(path, data)
     def resolve(name: str) -> str:
         return name and str(Path(name) if Path(name).is_absolute() else path.parent / name)
     return dataclasses.replace(data, csv=resolve(data.csv), parquet=resolve(data.parquet),
                                test_csv=resolve(data.test_csv), dsn_file=resolve(data.dsn_file))
+
+
+def _check_engine(path: Path, data: DataSection) -> None:
+    """[data] engine and its scheduler: the Dask engine reads Parquet directories and CSV globs."""
+    if data.engine not in ("memory", "dask"):
+        raise ConfigError(path, "data.engine", f"expected \"memory\" or \"dask\", got {data.engine!r}")
+    if data.engine == "memory":
+        if data.scheduler:
+            raise ConfigError(path, "data.scheduler", "only with engine = \"dask\" (the memory engine loads the "
+                              "rows into the daemon)")
+        return
+    if not data.scheduler:
+        raise ConfigError(path, "data.scheduler", "missing: engine = \"dask\" needs the cluster's scheduler, "
+                          "\"tcp://host:8786\", or \"local\" to start worker processes on this machine")
+    if data.scheduler != "local" and not re.fullmatch(r"(tcp|tls)://[^\s/]+:\d{1,5}", data.scheduler):
+        raise ConfigError(path, "data.scheduler", f"expected \"tcp://host:port\" or \"local\", got "
+                          f"{data.scheduler!r}")
+    if data.sql:
+        raise ConfigError(path, "data.sql", "engine = \"dask\" reads parquet (a directory of part files) or csv "
+                          "(a file or a glob such as \"parts/*.csv\"), not sql")
+    if data.missing == "impute":
+        raise ConfigError(path, "data.missing", "engine = \"dask\" supports \"error\" and \"drop\": the "
+                          "imputer is fitted on all of a site's rows at once, which the Dask engine never holds")
+    for key in ("dask_workers", "dask_connect_timeout_ms", "dask_step_timeout_ms"):
+        if getattr(data, key) < 1:
+            raise ConfigError(path, f"data.{key}", "expected a positive number")
 
 
 def _peers(path: Path, value: object) -> tuple[PeerEntry, ...]:

@@ -33,14 +33,25 @@ def spec_for(data: DataSection, *, needs_label: bool) -> DataSpec:
 
 
 def load_site(data: DataSection, limits: JobLimits, *, needs_label: bool,
-              binary: bool) -> tuple[Dataset, Dataset | None]:
+              binary: bool) -> tuple[Any, Dataset | None]:
     """(rows of csv, rows of test_csv or None). Blocking. With missing = "impute", test_csv's gaps are
-    filled by the imputer fitted on csv's rows (never on test rows)."""
-    spec = spec_for(data, needs_label=needs_label)
+    filled by the imputer fitted on csv's rows (never on test rows). With engine = "dask" the first is
+    a DaskSite (fedpeer/ml/dasksite.py: the rows stay on the site's cluster; the caller closes it);
+    test_csv, a held-out file, is loaded in memory either way."""
+    spec = spec_for(data, needs_label=needs_label) if data.engine != "dask" else None
 
     def load(spec: DataSpec, impute_from: Dataset | None = None) -> Dataset:
         return load_data(spec, binary=binary, rows_max=limits.data_rows_max, bytes_max=limits.data_bytes_max,
                         impute_from=impute_from)
+    if spec is None:
+        from .ml.dasksite import open_site
+
+        dataset = open_site(data, limits, needs_label=needs_label, binary=binary)
+        try:
+            return dataset, _dask_test(data, limits, dataset, needs_label=needs_label, binary=binary)
+        except BaseException:
+            dataset.close()
+            raise
     dataset = load(spec)
     test = None
     if data.test_csv:
@@ -55,20 +66,45 @@ def load_site(data: DataSection, limits: JobLimits, *, needs_label: bool,
     return dataset, test
 
 
+def _dask_test(data: DataSection, limits: JobLimits, site: Any, *, needs_label: bool,
+               binary: bool) -> Dataset | None:
+    if not data.test_csv:
+        return None
+    from dataclasses import replace
+
+    from .jobs.registry import _schema_difference
+    spec = spec_for(replace(data, csv=data.test_csv, parquet=""), needs_label=needs_label)
+    test = load_data(spec, binary=binary, rows_max=limits.data_rows_max, bytes_max=limits.data_bytes_max)
+    if test.fingerprint != site.fingerprint:
+        raise DataError(f"{data.test_csv}: [data] test_csv has other columns than {data.csv or data.parquet}: "
+                        + _schema_difference(site.features, list(test.features), "test_csv", "csv"))
+    return test
+
+
 def report(data: DataSection, limits: JobLimits) -> dict[str, Any]:
     """What `fedpeer data check` prints: the site's rows as a job that uses the label would load them
     (any number of classes), or without a label when [data] has none."""
     needs_label = bool(data.label)
     dataset, test = load_site(data, limits, needs_label=needs_label, binary=False)
-    doc = _describe(dataset, data.csv or data.parquet or "[data] sql", count_labels=needs_label)
+    try:
+        doc = _describe(dataset, data.csv or data.parquet or "[data] sql", count_labels=needs_label)
+    finally:
+        if getattr(dataset, "engine", "memory") == "dask":
+            dataset.close()
+    if data.engine == "dask":
+        doc["engine"], doc["scheduler"], doc["partitions"] = "dask", data.scheduler, len(dataset.part_rows)
     doc["missing_policy"] = data.missing
     if test is not None:
         doc["test_csv"] = _describe(test, data.test_csv, count_labels=needs_label)
     return doc
 
 
-def _describe(ds: Dataset, source: str, *, count_labels: bool) -> dict[str, Any]:
-    values, counts = np.unique(ds.labels, return_counts=True)
+def _describe(ds: Any, source: str, *, count_labels: bool) -> dict[str, Any]:
+    if getattr(ds, "engine", "memory") == "dask":     # counted on the cluster, per partition
+        values = sorted(ds.label_counts)
+        counts = [ds.label_counts[v] for v in values]
+    else:
+        values, counts = np.unique(ds.labels, return_counts=True)
     return {
         "source": source,
         "rows": ds.rows,
@@ -90,6 +126,8 @@ def _missing(ds: Dataset) -> dict[str, int]:
 def format_report(doc: dict[str, Any]) -> str:
     lines = [f"{doc['source']}: {doc['rows']} rows, {len(doc['features'])} features "
              f"(missing = \"{doc['missing_policy']}\")"]
+    if doc.get("engine") == "dask":
+        lines.append(f"engine dask: {doc['partitions']} partitions on {doc['scheduler']}")
     lines += _body(doc)
     if "test_csv" in doc:
         test = doc["test_csv"]

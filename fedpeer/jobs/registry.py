@@ -707,13 +707,25 @@ class JobRegistry:
             raise JobError("this site has no [data] section in peers.toml")
         if kind.needs_label and not data.label:
             raise JobError(f"[data] label is not set in peers.toml; a {kind.name} job needs the label column")
+        if data.engine == "dask":
+            from ..ml.dasksite import dask_refusal
+
+            refusal = dask_refusal(kind.name, record.params)
+            if refusal is not None:      # before any cluster is asked: nothing loaded, nothing to release
+                raise JobError(refusal)
         # Off the event loop: parsing (and missing = "impute") takes seconds on a large file.
-        dataset, test = await asyncio.to_thread(load_site, data, self.config.jobs, needs_label=kind.needs_label,
-                                                binary=kind.binary_label)
+        load = asyncio.ensure_future(asyncio.to_thread(load_site, data, self.config.jobs,
+                                                       needs_label=kind.needs_label, binary=kind.binary_label))
+        try:
+            dataset, test = await asyncio.shield(load)
+        except asyncio.CancelledError:   # the thread still ends: a Dask site it opens is released then
+            load.add_done_callback(lambda f: f.cancelled() or f.exception() or _release_data(f.result()[0]))
+            raise
         rows_min = self.config.policy.rows_min
-        if dataset.X.shape[0] < rows_min:   # without the count: a small cohort's size is what this protects
+        if dataset.rows < rows_min:   # without the count: a small cohort's size is what this protects
+            _release_data(dataset)
             raise JobError(f"local data has fewer rows than [policy] rows_min {rows_min}")
-        record.data, record.test_data, record.rows = dataset, test, int(dataset.X.shape[0])
+        record.data, record.test_data, record.rows = dataset, test, int(dataset.rows)
         return dataset.fingerprint, dataset.features
 
     async def _execute(self, record: JobRecord, kind: JobKind) -> None:
@@ -744,6 +756,7 @@ class JobRegistry:
             raise _SiteFailure(exc.peer, DEAD_DETAIL) from None
         except (JobError, DataError, RecvTimeout) as exc:
             raise _SiteFailure(self.transport.me, str(exc), everywhere=isinstance(exc, JobFailsEverywhere)) from None
+        _release_data(record.data)
         record.data = record.test_data = None
         model = result.pop("_model", None)
         if model is not None and kind.save_model is not None:   # stored before the record says done
@@ -819,6 +832,7 @@ class JobRegistry:
         record.state, record.error, record.result = state, error, result
         record.phase = state
         record.finished_ms = self.transport.now_ms()
+        _release_data(record.data)
         record.data = record.test_data = None
         self._save(record)
         if not record.stored:    # a peer's proposal that never ran: memory only, oldest out
@@ -900,6 +914,13 @@ class _SiteFailure(Exception):
     def __init__(self, site: bytes, reason: str, everywhere: bool = False) -> None:
         super().__init__(reason)
         self.site, self.reason, self.everywhere = site, reason, everywhere
+
+
+def _release_data(data: Any) -> None:
+    """A job's site data is done with: a Dask site's partitions and client are released (in a
+    background thread, fedpeer/ml/dasksite.py); a Dataset is left to the garbage collector."""
+    if getattr(data, "engine", "memory") == "dask":
+        data.close()
 
 
 def _schema_difference(mine: tuple[str, ...], theirs: list[str], their_name: str, my_name: str) -> str:

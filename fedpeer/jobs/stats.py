@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import JobError
+from ..ml.siterows import rows_of
 from ..protocols.fixedpoint import FixedPoint, decode_counts, encode_counts
 from ..protocols.securesum import secure_sum
 from .base import JobContext, JobKind, Param
@@ -80,14 +81,19 @@ def check_totals(n: int, n_pos: int, centred: np.ndarray, counts: np.ndarray) ->
                        + "): a member sent a wrong contribution; no statistics are reported")
 
 
+def local_spread(X: np.ndarray, y: Any, mean: np.ndarray, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(Σ (x - mean)² per column, local_histograms): the second sum's site-local part."""
+    return ((X - mean) ** 2).sum(axis=0), local_histograms(X, edges)
+
+
 async def run(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
     data = ctx.data
-    X, y, d = data.X, data.y, len(data.features)
+    rows, d = rows_of(data), len(data.features)
     parties = len(ch.members)
     mode, hop = params["secure_sum"], ctx.hop_timeout_ms
 
     ch.progress("moments (secure sum 1 of 2)", 1, 2)
-    first = await secure_sum(ch, "stats/moments", FIXED.encode(local_moments(X, y), parties),
+    first = await secure_sum(ch, "stats/moments", FIXED.encode(await rows.additive(local_moments), parties),
                              mode=mode, hop_timeout_ms=hop)
     totals = FIXED.decode(first.total)
     n, n_pos = round(totals[0]), round(totals[1])
@@ -98,8 +104,7 @@ async def run(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
     edges = bin_edges(mean, np.sqrt(rough_var), params["bins"])
 
     ch.progress("spread and histograms (secure sum 2 of 2)", 2, 2)
-    centred = ((X - mean) ** 2).sum(axis=0)
-    hist = local_histograms(X, edges)
+    centred, hist = await rows.additive(local_spread, mean, edges)
     vector = np.concatenate([FIXED.encode(centred, parties), encode_counts(hist.ravel(), parties, count_max=2**40)])
     second = await secure_sum(ch, "stats/spread", vector, mode=mode, hop_timeout_ms=hop)
     if second.participants != first.participants:

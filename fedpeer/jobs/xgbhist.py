@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -67,7 +68,17 @@ from ..ml.xgbtree import _Tree
 from .base import JobContext, JobFailsEverywhere, site_seed
 from .epochs import DEAD_WAIT_MS, POLL_MS, Epochs  # noqa: F401  (the loss logic, shared: fedpeer/jobs/epochs.py)
 from .epochs import Lost as _Lost
-from .xgbtarget import class_names, eval_metrics, eval_vector, model_score, site_labels
+from .xgbtarget import (
+    class_names,
+    encode_eval,
+    eval_metrics,
+    eval_sums,
+    eval_vector,
+    groups_of,
+    is_regression,
+    model_score,
+    site_labels,
+)
 
 TAG = "xgbh"
 EVAL_HOP_TIMEOUT_MS = 5_000      # the final evaluation sum is small
@@ -104,15 +115,17 @@ class HistJob:
     """One member's run of histogram mode (module docstring)."""
 
     def __init__(self, ch: Any, params: Mapping[str, Any], ctx: JobContext, fit: tuple[np.ndarray, np.ndarray],
-                 groups: int, offload: Callable[..., Any] = asyncio.to_thread) -> None:
+                 groups: int, offload: Callable[..., Any] = asyncio.to_thread, site: Any = None) -> None:
+        """`site`: this member's rows and state, built already (the Dask engine's DaskHistSite);
+        else a HistSite over the rows `fit`."""
         self.ch, self.params, self.ctx, self.offload = ch, params, ctx, offload
         self.p = hist_params(params, groups)
         self.epochs = Epochs(ch, TAG, params["secure_sum"], ctx.hop_timeout_ms)
         try:
-            self.site = HistSite(fit[0], fit[1], self.p, len(self.members), site_seed(params["seed"], ch.me))
+            self.site = site or HistSite(fit[0], fit[1], self.p, len(self.members), site_seed(params["seed"], ch.me))
         except DataError as exc:
             raise JobError(f"histogram mode: {exc}") from None
-        self.n_features = self.site.X.shape[1]
+        self.n_features = self.site.n_features
         self.base: tuple[float, ...] | None = None
         self.cuts: Cuts | None = None
         self.trees: list[_Tree] = []
@@ -193,7 +206,7 @@ class HistJob:
             for k in range(first_k if r == first_round else 0, self.p.groups):
                 await self.compute(self.site.start_tree, k, len(self.trees))
                 tree = await self.grow(r, k)
-                self.site.add_tree(tree, k)
+                await self.compute(self.site.add_tree, tree, k)
                 self.trees.append(tree)
                 self.ch.progress(f"histogram mode: round {r + 1} of {self.p.num_round}", len(self.trees),
                                  self.total_trees)
@@ -219,10 +232,14 @@ class HistJob:
         self.site.after_level(grown)
         return grown
 
-    async def evaluate(self, model: bytes, test: tuple[np.ndarray, np.ndarray]) -> dict | None:
-        """The final model on the sites' test parts: one secure sum; None if it fails."""
-        pred = await self.offload(boosting.predict_proba, model, test[0], self.params["nthread"] or None)
-        vector = eval_vector(test[1], pred, self.params, len(self.members))
+    async def evaluate(self, model: bytes, test: tuple[np.ndarray, np.ndarray] | Callable[..., Any]) -> dict | None:
+        """The final model on the sites' test parts: one secure sum; None if it fails. `test`: the
+        rows, or (Dask engine) a function of (model, parties) giving this site's vector."""
+        if callable(test):
+            vector = await self.offload(test, model, len(self.members))
+        else:
+            pred = await self.offload(boosting.predict_proba, model, test[0], self.params["nthread"] or None)
+            vector = eval_vector(test[1], pred, self.params, len(self.members))
         try:
             _, total = await self.sum("eval", vector, min(self.ctx.hop_timeout_ms, EVAL_HOP_TIMEOUT_MS))
         except (JobError, _Lost):
@@ -246,8 +263,13 @@ async def run_hist(ch: Any, params: Mapping[str, Any], ctx: JobContext,
     from .xgboost import Site, Tools, prepare, score_result
 
     site = Site(ch=ch, params=params, ctx=ctx, tools=Tools())
-    prepare(site)              # the same seeded train/test split as bagging mode
-    job = HistJob(ch, params, ctx, site.fit, site.groups, offload or asyncio.to_thread)
+    if getattr(ctx.data, "engine", "memory") == "dask":
+        job, rows, test = await _dask_job(ch, params, ctx, site, offload or asyncio.to_thread)
+    else:
+        prepare(site)              # the same seeded train/test split as bagging mode
+        job = HistJob(ch, params, ctx, site.fit, site.groups, offload or asyncio.to_thread)
+        rows = {"train": int(len(site.fit[1])), "test": int(len(site.test[1])) if params["test_fraction"] else 0}
+        test = site.test
     model = await job.run()
     info = boosting.model_info(model)          # canonical and well-formed, as any stored model
     p, names = params, ctx.names
@@ -256,14 +278,40 @@ async def run_hist(ch: Any, params: Mapping[str, Any], ctx: JobContext,
         "model_sha256": boosting.model_sha256(model), "history": [],
         "base_score": job.base[0] if site.groups == 1 else list(job.base or ()),
         "features": list(ctx.data.features), "objective": p["objective"], "classes": class_names(p),
-        "rows": {"train": int(len(site.fit[1])), "test": int(len(site.test[1])) if p["test_fraction"] else 0},
+        "rows": rows,
         "members": [names.get(m, m.hex()[:16]) for m in job.members],
         "lost": [names.get(m, m.hex()[:16]) for m in job.lost], "secure_sums": job.sums,
     }
-    fed = await job.evaluate(model, site.test) if p["test_fraction"] > 0 else None
+    fed = await job.evaluate(model, test) if p["test_fraction"] > 0 else None
     score_result(out, p, fed, "the sites' test parts")
     if ctx.test_data is not None:
         X, y = ctx.test_data.X, site_labels(ctx.test_data, p)
         score_result(out, p, None, "", await job.offload(model_score, model, X, y, p, p["nthread"] or None))
     out["_model"] = model
     return out
+
+
+async def _dask_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, site: Any,
+                    offload: Callable[..., Any]) -> tuple[HistJob, dict, Callable[..., Any]]:
+    """HistJob over the site's rows on its Dask cluster ([data] engine = "dask"): the same
+    seeded split and row draws as `prepare` and HistSite, made where the rows are."""
+    site.groups = groups_of(params)
+    p, seed = hist_params(params, site.groups), site_seed(params["seed"], ch.me)
+    split = (params["test_fraction"], seed, not is_regression(params)) if params["test_fraction"] > 0 else None
+    try:
+        member = await asyncio.to_thread(ctx.data.hist_site, p, len(ch.members), seed,
+                                         partial(site_labels, params=dict(params)), split)
+    except DataError as exc:
+        raise JobError(f"histogram mode: {exc}") from None
+    job = HistJob(ch, params, ctx, None, site.groups, offload, site=member)
+
+    def test_vector(model: bytes, parties: int) -> np.ndarray:
+        total = member.test_total(_eval_rows, model, dict(params))
+        assert total is not None, "split_mask keeps at least one test row"
+        return encode_eval(*total, parties)
+    return job, {"train": member.rows, "test": member.test_rows if split else 0}, test_vector
+
+
+def _eval_rows(X: np.ndarray, y: np.ndarray, model: bytes, params: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """A test partition's additive evaluation (on its worker): the memory engine's eval_vector before encoding."""
+    return eval_sums(y, boosting.predict_proba(model, X, params["nthread"] or None), params)

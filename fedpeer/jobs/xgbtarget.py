@@ -115,14 +115,22 @@ def _n_counts(params: Mapping[str, Any]) -> int:
 def eval_vector(y: np.ndarray, pred: np.ndarray, params: Mapping[str, Any], n_parties: int) -> np.ndarray:
     """A site's evaluation of a model on its rows (pred: probabilities, or values for regression),
     encoded for one secure sum."""
-    from .stats import FIXED
+    return encode_eval(*eval_sums(y, pred, params), n_parties)
 
+
+def eval_sums(y: np.ndarray, pred: np.ndarray, params: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """(int64 counts, float64 sums) of `eval_vector` before encoding: additive over rows (the Dask
+    engine sums them over its partitions)."""
     if is_regression(params):
         err = np.asarray(pred, dtype=np.float64) - y
-        counts, sums = np.array([len(y)]), np.array([float(err @ err), float(np.abs(err).sum())])
-    else:
-        counts, loss = evalcounts.site_counts(y, pred, params["eval_bins"])
-        sums = np.array([loss])
+        return np.array([len(y)], dtype=np.int64), np.array([float(err @ err), float(np.abs(err).sum())])
+    counts, loss = evalcounts.site_counts(y, pred, params["eval_bins"])
+    return counts.astype(np.int64), np.array([loss])
+
+
+def encode_eval(counts: np.ndarray, sums: np.ndarray, n_parties: int) -> np.ndarray:
+    from .stats import FIXED
+
     return np.concatenate([encode_counts(counts.astype(np.int64), n_parties, COUNT_MAX), FIXED.encode(sums, n_parties)])
 
 

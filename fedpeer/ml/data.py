@@ -636,15 +636,25 @@ def split_train_test(ds: Dataset, test_fraction: float, seed: int,
     `stratify` and a y, each class gets its share of the test rows to within one row (largest
     remainder). Both parts keep the features, fingerprint and rows_dropped of `ds`.
     """
+    in_test = split_mask(ds.X.shape[0], ds.y if stratify else None, test_fraction, seed)
+
+    def part(mask: np.ndarray) -> Dataset:
+        return _frozen(ds.features, ds.X[mask], None if ds.y is None else ds.y[mask], ds.labels[mask],
+                       ds.rows_dropped, ds.fingerprint)
+    return part(~in_test), part(in_test)
+
+
+def split_mask(n: int, y: np.ndarray | None, test_fraction: float, seed: int) -> np.ndarray:
+    """bool (n,): the test rows of `split_train_test` (stratified by y when it is given); the Dask
+    engine (fedpeer/ml/dasksite.py) draws its split with it, so both engines split alike."""
     if not (isinstance(test_fraction, (int, float)) and 0.0 < test_fraction < 1.0):
         raise ValueError(f"test_fraction must be between 0 and 1 (exclusive), got {test_fraction!r}")
-    n = ds.X.shape[0]
     if n < 2:
         raise DataError(f"cannot split {n} data row{'s' * (n != 1)} into a train and a test set")
     n_test = min(max(math.floor(n * test_fraction + 0.5), 1), n - 1)
     rng = np.random.default_rng(seed)
-    if stratify and ds.y is not None:
-        classes, inverse = np.unique(ds.y, return_inverse=True)
+    if y is not None:
+        classes, inverse = np.unique(y, return_inverse=True)
         counts = np.bincount(inverse, minlength=len(classes))
         ideal = counts * (n_test / n)
         share = np.floor(ideal).astype(np.int64)
@@ -656,8 +666,4 @@ def split_train_test(ds: Dataset, test_fraction: float, seed: int,
         test = rng.permutation(n)[:n_test]
     in_test = np.zeros(n, dtype=bool)
     in_test[test] = True
-
-    def part(mask: np.ndarray) -> Dataset:
-        return _frozen(ds.features, ds.X[mask], None if ds.y is None else ds.y[mask], ds.labels[mask],
-                       ds.rows_dropped, ds.fingerprint)
-    return part(~in_test), part(in_test)
+    return in_test

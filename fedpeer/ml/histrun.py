@@ -57,7 +57,7 @@ from .sketch import (
 )
 from .xgbtree import _Tree
 
-__all__ = ["HistResult", "HistSite", "train_in_process", "train_reference"]
+__all__ = ["HistResult", "HistSite", "train_in_process", "train_members", "train_reference"]
 
 
 class HistSite:
@@ -83,6 +83,10 @@ class HistSite:
     @property
     def rows(self) -> int:
         return self.X.shape[0]
+
+    @property
+    def n_features(self) -> int:
+        return self.X.shape[1]
 
     def label_vector(self) -> np.ndarray:
         return encode_ints(label_stats(self.y, self.p), self.n_parties)
@@ -186,8 +190,14 @@ def train_in_process(sites: Sequence[tuple[Any, Any]], params: Mapping[str, Any]
         raise ValueError("no sites")
     seeds = list(row_seeds) if row_seeds is not None else [0] * len(sites)
     members = [HistSite(X, y, p, len(sites), seed) for (X, y), seed in zip(sites, seeds, strict=True)]
-    n_features = members[0].X.shape[1]
-    if any(m.X.shape[1] != n_features for m in members):
+    return train_members(members, p, start_trees)
+
+
+def train_members(members: Sequence[Any], p: HistParams, start_trees: Sequence[_Tree] = ()) -> HistResult:
+    """`train_in_process`'s sequence over members already built: HistSite, or anything with its
+    methods (the Dask engine's DaskHistSite); `margins` as the members hold them (None if not)."""
+    n_features = members[0].n_features
+    if any(m.n_features != n_features for m in members):
         raise DataError("members differ in their number of features")
     base = base_score_from_stats(decode_ints(_plain_sum([m.label_vector() for m in members])), p)
     for m in members:
@@ -211,8 +221,8 @@ def train_in_process(sites: Sequence[tuple[Any, Any]], params: Mapping[str, Any]
             for m in members:
                 m.add_tree(tree, k)
             trees.append(tree)
-    return HistResult(model=model_bytes(trees, base, n_features, p), margins=tuple(m.margins for m in members),
-                      cuts=cuts, base=base)
+    return HistResult(model=model_bytes(trees, base, n_features, p),
+                      margins=tuple(getattr(m, "margins", None) for m in members), cuts=cuts, base=base)
 
 
 def train_reference(sites_X: Sequence[Any], sites_y: Sequence[Any], params: Mapping[str, Any] | HistParams) -> bytes:

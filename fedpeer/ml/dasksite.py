@@ -1,0 +1,313 @@
+"""A site's rows on its own Dask cluster: `[data] engine = "dask"` (issue 15 part 4).
+
+A site bigger than one machine keeps its rows partitioned on its Dask cluster; the daemon holds
+futures and small totals only. Rules of this module:
+
+- Partitions are the part files of a Parquet directory (or one Parquet file) or the files a CSV
+  glob matches, in sorted order — the order the memory engine reads a Parquet directory in. Each
+  is read ON A WORKER by fedpeer's own checked reader (`ml.data.load_data`, binary=False), so a
+  partition's matrix, labels, missing-value policy and messages are exactly the memory engine's
+  (a message names the part file and its row). The checks that need every row (two classes, the
+  positive class present, rows_max) run on the daemon over the parts' small summaries.
+- Work whose results are additive runs as one task per partition; the results are summed on the
+  workers (a tree of `_add` tasks) and only the total is gathered: `additive(fn, ...)` for stats,
+  the label statistics, sketch counts and level histograms of histogram XGBoost.
+- State per row that histogram XGBoost keeps between steps (bins, margins, g and h, each row's
+  node) stays on the workers: every partition holds a `HistSite` over its rows, and a step
+  replaces it by a new one (`_step`: a shallow copy updated by the same method the memory engine
+  calls), so a retried or moved task never sees half-updated state. The daemon holds one future
+  per partition.
+- Every call to the cluster blocks: the daemon makes them in worker threads (asyncio.to_thread),
+  never on its event loop. Every wait has a named limit ([data] dask_connect_timeout_ms,
+  dask_step_timeout_ms). A failure of the cluster (scheduler unreachable, a worker lost, a step
+  past its limit) is a JobError naming the scheduler; a DataError raised in a task (the site's
+  data) keeps its own message.
+
+Sums of integers (counts, quantised gradients) are the same on any partition of the rows, so
+histogram XGBoost gives the memory engine's model byte for byte; float sums (stats' Σx, Σx²)
+may differ in their last bits (summation order).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import DataError, JobError
+from .data import FEATURE_TYPE_FLOAT, DataSpec, _quote_list, load_data, schema_fingerprint
+
+__all__ = ["DASK_KINDS", "DaskSite", "dask_refusal", "open_site", "part_files"]
+
+DASK_KINDS = "stats and xgboost with mode = \"histogram\""
+SUM_FAN_IN = 8                 # partial results added per task of the summing tree
+CLOSE_TIMEOUT_S = 10           # closing the client (and a LocalCluster) in its background thread
+
+
+def dask_refusal(kind: str, params: Mapping[str, Any]) -> str | None:
+    """Why a job of this kind cannot run on the Dask engine (None: it can)."""
+    if kind == "stats" or (kind == "xgboost" and params.get("mode", "histogram") == "histogram"):
+        return None
+    what = f"xgboost with mode = {params.get('mode')!r}" if kind == "xgboost" else kind
+    return (f"[data] engine = \"dask\" supports {DASK_KINDS} jobs, not {what}: the rows stay on the "
+            "site's Dask cluster; run this job at a site with engine = \"memory\"")
+
+
+def part_files(data: Any) -> tuple[str, list[Path]]:
+    """("csv" or "parquet", the partitions' files, sorted). DataError if none."""
+    if data.parquet:
+        from ._arrow import _parquet_files
+
+        path = Path(data.parquet)
+        if not path.exists():
+            raise DataError(f"{path}: file not found; check the data path in the job or site configuration")
+        return "parquet", [Path(p) for p in _parquet_files(path)]
+    files = sorted(Path(p) for p in glob.glob(data.csv) if Path(p).is_file())
+    if not files:
+        raise DataError(f"{data.csv}: no file matches; point csv at a file or a glob such as \"parts/*.csv\"")
+    return "csv", files
+
+
+@dataclass(frozen=True, eq=False)
+class _Part:
+    """One partition's checked rows, on a worker, and the reader's facts about them."""
+
+    X: np.ndarray
+    y: np.ndarray | None               # int8 0/1 when [data] positive is set
+    labels: np.ndarray                 # str (rows,)
+    features: tuple[str, ...]
+    rows_dropped: int
+    missing: tuple[tuple[str, int], ...]
+
+
+def _load_part(kind: str, file: str, label: str | None, positive: str | None, ignore: tuple[str, ...],
+               missing: str, rows_max: int, bytes_max: int) -> _Part:
+    spec = DataSpec(csv=Path(file) if kind == "csv" else None, parquet=Path(file) if kind == "parquet" else None,
+                    label=label, positive=None, ignore=ignore, missing=missing)
+    ds = load_data(spec, binary=False, rows_max=rows_max, bytes_max=bytes_max)
+    y = None if positive is None else (ds.labels == positive).astype(np.int8)
+    return _Part(X=ds.X, y=y, labels=ds.labels, features=ds.features, rows_dropped=ds.rows_dropped,
+                 missing=ds.missing_counts)
+
+
+def _facts(part: _Part) -> dict:
+    values, counts = np.unique(part.labels, return_counts=True)
+    return {"rows": int(part.X.shape[0]), "labels": {str(v): int(c) for v, c in zip(values, counts)},
+            "features": part.features, "rows_dropped": part.rows_dropped, "missing": part.missing}
+
+
+def _add(*parts: Any) -> Any:
+    """The sum of partial results: arrays, or tuples of arrays added entry by entry."""
+    if isinstance(parts[0], tuple):
+        return tuple(_add(*column) for column in zip(*parts))
+    total = np.array(parts[0], copy=True)
+    for p in parts[1:]:
+        total += p
+    return total
+
+
+def _apply(part: _Part, fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(part.X, part.y, *args)
+
+
+class DaskSite:
+    """A site's rows on its Dask cluster, as a job sees them (module docstring). Quacks like
+    `ml.data.Dataset` for what the registry and `fedpeer data check` read (features,
+    fingerprint, rows, rows_dropped), holds futures instead of X."""
+
+    engine = "dask"
+
+    def __init__(self, client: Any, cluster: Any, scheduler: str, parts: list[Any], summary: dict,
+                 step_timeout_ms: int) -> None:
+        self.client, self.cluster, self.scheduler = client, cluster, scheduler
+        self.parts = parts
+        self.features: tuple[str, ...] = tuple(summary["features"])
+        self.fingerprint = schema_fingerprint(self.features, [FEATURE_TYPE_FLOAT] * len(self.features))
+        self.rows: int = summary["rows"]
+        self.part_rows: list[int] = summary["part_rows"]
+        self.rows_dropped: int = summary["rows_dropped"]
+        self.label_counts: dict[str, int] = summary["labels"]
+        self.missing_counts = tuple(summary["missing"].items())
+        self.cells_imputed = 0
+        self.step_timeout_ms = step_timeout_ms
+        self._closed = False
+
+    # -- talking to the cluster (blocking: call in a worker thread) ----------------------------
+
+    def wait(self, futures: Any) -> Any:
+        """Gather futures within the step limit; a cluster failure as a JobError naming the scheduler."""
+        return _guarded(self.scheduler, self.step_timeout_ms, lambda: self.client.gather(
+            _waited(self.client, futures, self.step_timeout_ms)))
+
+    def settle(self, futures: Sequence[Any]) -> None:
+        """Wait until the futures are computed where they run, within the step limit; raise the
+        first failure (a task's own error) without gathering any result."""
+        def check() -> None:
+            _waited(self.client, futures, self.step_timeout_ms)
+            for f in futures:
+                if f.status != "finished":
+                    f.result()           # raises the task's exception (or CancelledError)
+                    raise JobError(f"Dask cluster {self.scheduler}: a task ended {f.status!r}")
+        _guarded(self.scheduler, self.step_timeout_ms, check)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return _guarded(self.scheduler, self.step_timeout_ms, lambda: self.client.submit(fn, *args, pure=False))
+
+    def total(self, futures: Sequence[Any]) -> Any:
+        """The sum of one partial result per partition, added on the workers; only it is gathered."""
+        level = list(futures)
+        while len(level) > 1:
+            level = [self.submit(_add, *level[i:i + SUM_FAN_IN]) for i in range(0, len(level), SUM_FAN_IN)]
+        return self.wait(level[0])
+
+    def map_total(self, fn: Callable[..., Any], states: Sequence[Any], *args: Any) -> Any:
+        return self.total([self.submit(fn, s, *args) for s in states])
+
+    def sum_parts(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Σ over partitions of fn(X, y, *args) (blocking)."""
+        return self.map_total(_apply, self.parts, fn, *args)
+
+    async def additive(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Σ over partitions of fn(X, y, *args): the memory engine's fn(X, y, *args) on all rows,
+        computed where the rows are (off the event loop)."""
+        return await asyncio.to_thread(self.sum_parts, fn, *args)
+
+    def close(self) -> None:
+        """Release the partitions and the client (a LocalCluster too) in a background thread:
+        callable from the event loop, never blocks it."""
+        if self._closed:
+            return
+        self._closed = True
+        client, cluster, self.parts = self.client, self.cluster, []
+
+        def shut() -> None:
+            try:
+                client.close(timeout=CLOSE_TIMEOUT_S)
+                if cluster is not None:
+                    cluster.close(timeout=CLOSE_TIMEOUT_S)
+            except Exception:   # noqa: BLE001  (best effort: the job has ended either way)
+                pass
+        threading.Thread(target=shut, name="dask-close", daemon=True).start()
+
+    # -- histogram XGBoost -----------------------------------------------------------------------
+
+    def hist_site(self, params: Any, n_parties: int, row_seed: int, labeller: Callable[..., np.ndarray],
+                  split: tuple[float, int, bool] | None) -> Any:
+        from .dask_hist import DaskHistSite
+
+        return DaskHistSite(self, params, n_parties, row_seed, labeller, split)
+
+
+def _waited(client: Any, futures: Any, timeout_ms: int) -> Any:
+    from distributed import wait
+
+    with client.as_current():          # the daemon's clients are never the process's default
+        wait(futures, timeout=timeout_ms / 1000)
+    return futures
+
+
+def _guarded(scheduler: str, timeout_ms: int, call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except (DataError, JobError):
+        raise
+    except TimeoutError:
+        raise JobError(f"Dask cluster {scheduler}: a step did not finish within [data] dask_step_timeout_ms "
+                       f"{timeout_ms} ms") from None
+    except Exception as exc:   # noqa: BLE001  (a worker lost, the scheduler gone: this job fails, not the daemon)
+        raise JobError(f"Dask cluster {scheduler}: {type(exc).__name__}: {exc}") from None
+
+
+def connect(data: Any) -> tuple[Any, Any]:
+    """(client, cluster or None) of [data] scheduler: a LocalCluster of worker processes for "local"."""
+    import logging
+
+    from distributed import Client, LocalCluster
+
+    timeout_s = data.dask_connect_timeout_ms / 1000
+    cluster = None
+    try:
+        if data.scheduler == "local":
+            cluster = LocalCluster(n_workers=data.dask_workers, threads_per_worker=1, processes=True,
+                                   dashboard_address=None, host="127.0.0.1", silence_logs=logging.WARNING)
+            return Client(cluster, timeout=timeout_s), cluster
+        return Client(data.scheduler, timeout=timeout_s, set_as_default=False), None
+    except Exception as exc:   # noqa: BLE001
+        if cluster is not None:
+            cluster.close()
+        raise JobError(f"[data] scheduler {data.scheduler}: cannot reach the Dask scheduler within "
+                       f"dask_connect_timeout_ms {data.dask_connect_timeout_ms} ms ({type(exc).__name__}: "
+                       f"{exc}); start the cluster or fix the address") from None
+
+
+def open_site(data: Any, limits: Any, *, needs_label: bool, binary: bool) -> DaskSite:
+    """Read the site's partitions on its cluster and check them as the memory engine would.
+    Blocking (the daemon calls it in a worker thread)."""
+    kind, files = part_files(data)
+    label = data.label if needs_label else None
+    ignore = tuple(data.ignore) if needs_label else (*data.ignore, *((data.label,) if data.label and
+                                                                     data.label not in data.ignore else ()))
+    client, cluster = connect(data)
+    site = DaskSite(client, cluster, data.scheduler, [], _EMPTY, data.dask_step_timeout_ms)
+    try:
+        args = (label, data.positive or None if needs_label else None, ignore, data.missing,
+                limits.data_rows_max, limits.data_bytes_max)
+        site.parts = [site.submit(_load_part, kind, str(f), *args) for f in files]
+        facts = site.wait([site.submit(_facts, p) for p in site.parts])
+        _check_parts(site, data, files, facts, needs_label=needs_label, binary=binary,
+                     rows_max=limits.data_rows_max)
+        return site
+    except BaseException:
+        site.close()
+        raise
+
+
+_EMPTY = {"features": (), "rows": 0, "part_rows": [], "rows_dropped": 0, "labels": {}, "missing": {}}
+
+
+def _check_parts(site: DaskSite, data: Any, files: list[Path], facts: list[dict], *, needs_label: bool,
+                 binary: bool, rows_max: int) -> None:
+    """The checks that need every row, on the parts' facts; fills in the site's summary."""
+    where = data.parquet or data.csv
+    first = facts[0]["features"]
+    for f, fact in zip(files, facts):
+        if fact["features"] != first:
+            raise DataError(f"{where}: part file {f.name} has other feature columns than {files[0].name} "
+                            f"({_quote_list(list(fact['features']))} against {_quote_list(list(first))}); every "
+                            "part must have the same columns")
+    rows = sum(fact["rows"] for fact in facts)
+    if rows > rows_max:
+        raise DataError(f"{where}: has more than {rows_max} data rows (rows_max) in its {len(files)} parts; use a "
+                        "sample of the data or raise the limit")
+    labels: dict[str, int] = {}
+    missing: dict[str, int] = dict.fromkeys(first, 0)
+    for fact in facts:
+        for k, v in fact["labels"].items():
+            labels[k] = labels.get(k, 0) + v
+        for k, v in fact["missing"]:
+            missing[k] += v
+    present = sorted(labels)
+    if needs_label and binary:
+        if len(present) != 2:
+            why = (f"has only one value, {present[0]!r} (in all {rows} rows): no model can be learned from one "
+                   "class; this site needs rows of both classes") if len(present) == 1 else \
+                  f"has {len(present)} distinct values ({_quote_list(present)}), a binary job needs exactly two"
+            raise DataError(f"{where}: label column {data.label!r} {why}")
+        if not data.positive:
+            raise DataError(f"{where}: a binary job needs the positive class: set positive to one of "
+                            f"{_quote_list(present)} (values of column {data.label!r})")
+    if needs_label and data.positive and data.positive not in present:
+        raise DataError(f"{where}: positive class {data.positive!r} is not a value of label column "
+                        f"{data.label!r}; the values are {_quote_list(present)}")
+    site.features = tuple(first)
+    site.fingerprint = schema_fingerprint(site.features, [FEATURE_TYPE_FLOAT] * len(site.features))
+    site.rows, site.part_rows = rows, [fact["rows"] for fact in facts]
+    site.rows_dropped = sum(fact["rows_dropped"] for fact in facts)
+    site.label_counts = labels if needs_label else {}
+    site.missing_counts = tuple(missing.items())
