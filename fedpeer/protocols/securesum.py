@@ -24,6 +24,20 @@ Rules of this module
   dropped from the mailbox with `ch.discard`.
 * Vectors travel in chunks of at most `chunk_entries`; the initiator keeps at most
   CHUNKS_IN_FLIGHT_MAX chunks on the ring, so every member buffers a bounded number of them.
+* Pipelined: a member passes chunk k on as soon as it has added its contribution, without
+  waiting for its successor to acknowledge chunk k-1 (at most SENDS_IN_FLIGHT_MAX sends to one
+  peer unacknowledged); the initiator likewise, and it sends the total to every member the same
+  way, SENDS_IN_FLIGHT_MAX chunks at a time to each. Mask work on chunks of OFF_LOOP_BYTES_MIN
+  or more runs in a worker thread (the event loop serves membership meanwhile).
+* Delivery of the total: once every chunk is back (and, in pairwise mode, the self masks are
+  removed), the initiator sends the total to every participant directly. Not as soon as each
+  chunk is complete: a failure later in the lap would leave members holding part of a total
+  over participants that a re-run changes (see "Dropouts" below: today only the initiator holds
+  that). Not around the ring either (each member keeping a copy and passing it on): on one
+  machine the bytes are the same (2n-1 chunk hops per chunk either way) and the chain measured
+  no faster (bare relays, 8 MiB: 126 vs 128 MiB/s at 3 sites, 25 vs 47 at 9), while it would let
+  any member alter or withhold the total of everyone after it. Members accept the total only
+  from the initiator.
 
 Timeouts and failures (hop = hop_timeout_ms, n = participants in the attempt)
 * Every send must be acknowledged within one hop, or the peer counts as unreachable.
@@ -102,7 +116,8 @@ initiator a masked running sum). So:
   neighbours), the initiator gives up and every member's error names both: one of them is
   faulty, and which one cannot be known.
 * A stall nobody reported (a member swallowed a chunk, or stopped): the initiator asks where
-  the chunk is and walks the ring from itself. A member that does not answer, that denies a
+  the chunk is and walks the ring from itself (a member whose send of that chunk is still in
+  flight answers once it is acknowledged or failed: within a hop). A member that does not answer, that denies a
   chunk the initiator itself handed it, that says it got the chunk but neither passed it on nor
   reported why, or (the last one) that says it passed it to the initiator, which never got
   it, is dropped on that evidence; "I passed it on" against "I never got it" is a dispute.
@@ -121,7 +136,8 @@ message is encrypted to its recipient (DESIGN §5). Integrity is not protected: 
 can shift the total by adding something other than its vector.
 
 ring mode (DESIGN §6)
-* The initiator adds a uniform mask (fresh for every entry, chunk and attempt) to its vector
+* The initiator adds a uniform mask (fresh for every entry, chunk and attempt: the AES-256-CTR
+  keystream of a seed drawn from `ch.random_bytes` per attempt, securesum_masks.py) to its vector
   and sends it on; each site adds its vector and forwards the result; back at the initiator the
   mask is subtracted.
 * What a site receives is its predecessors' running sum plus the mask: uniformly distributed,
@@ -165,36 +181,38 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from .. import wire
 from ..errors import JobError, LocalProtocolError
 from ..net.channel import Channel, MalformedFrom, NodeId, PeerDead, PeerRefused, PeerUnreachable, RecvTimeout
 from ..wire import NODE_ID, v_array, v_bool, v_bytes, v_int, v_list, v_str
+from . import securesum_masks as sm
+from .securesum_masks import PAIR_DOMAIN as _PAIR_DOMAIN  # noqa: F401  (tests reconstruct masks)
+from .securesum_masks import SEED_BYTES
+from .securesum_masks import SELF_DOMAIN as _SELF_DOMAIN  # noqa: F401
+from .securesum_masks import expand_mask, pairwise_label
+
+__all__ = ["MODES", "SumOutcome", "expand_mask", "pairwise_label", "secure_sum"]
 
 MODES = ("ring", "pairwise")
 DEFAULT_CHUNK_ENTRIES = 65_536      # 512 KiB of uint64 per message
 CHUNK_ENTRIES_MAX = 1 << 20         # 8 MiB per message; receivers refuse larger chunks
 VECTOR_ENTRIES_MAX = 1 << 27        # entries per secure sum: 1 GiB of uint64
 CHUNKS_IN_FLIGHT_MAX = 8            # chunks on the ring at once; bounds each member's buffer
+SENDS_IN_FLIGHT_MAX = 8             # unacknowledged sends of one member to one peer (ring or result)
+OFF_LOOP_BYTES_MIN = 2 << 20        # chunks of this many bytes or more are masked in a worker thread
 ATTEMPTS_MAX = 16                   # largest attempts_max accepted (and attempt number on the wire)
 PARTICIPANTS_MAX = 128              # as many as a job may have members
 HOP_TIMEOUT_MS_MAX = 3_600_000
 TAG_BYTES_MAX = 128                 # the caller's tag; our suffix adds at most ~40 bytes
 WIRE_TAG_BYTES_MAX = 256
 REASON_BYTES_MAX = 2048
-SEED_BYTES = 32
 PHASE = "secure sum"
-
-_PAIR_DOMAIN = b"fedpeer/securesum/pair-mask/v2\x00"    # v2: AES-256-CTR (v1: SHAKE-256)
-_SELF_DOMAIN = b"fedpeer/securesum/self-mask/v2\x00"
-_LABEL_DOMAIN = b"fedpeer/securesum/pairwise-seed/v1"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -435,52 +453,18 @@ def _plan(ch: Channel, tag: str, vector: np.ndarray, mode: str, hop_timeout_ms: 
 # Masks
 # ---------------------------------------------------------------------------------------------
 
-def expand_mask(domain: bytes, seed: bytes, chunk: int, entries: int) -> np.ndarray:
-    """`entries` uniform uint64 (read-only): the AES-256-CTR keystream under the key
-    BLAKE2b-256(domain ‖ seed), initial counter block = chunk index (8 bytes) ‖ 0 (8 bytes), so
-    every seed and chunk has its own stream (2^64 blocks each) and no mask is reused across
-    chunks. About 10x faster than SHAKE-256 where the CPU has AES instructions (issue 13: 8 MiB
-    in ~2 ms vs ~24 ms), which matters since pairwise mode expands one mask per other member
-    and chunk on the event loop."""
-    key = hashlib.blake2b(domain + seed, digest_size=32).digest()
-    stream = Cipher(algorithms.AES(key), modes.CTR(chunk.to_bytes(8, "big") + bytes(8))).encryptor()
-    return np.frombuffer(stream.update(bytes(8 * entries)), dtype="<u8")
+def _Masks(ch: Channel, plan: _Plan, att: _Attempt) -> sm.Masks:
+    """One member's masks for one attempt (fedpeer/protocols/securesum_masks.py)."""
+    return sm.Masks(ch, plan, ch.me, att.initiator, att.participants, att.number)
 
 
-def pairwise_label(plan: _Plan, attempt: int) -> bytes:
-    """Label for ch.pairwise_seed: unique per (job, tag, mode, attempt), length-prefixed parts so
-    no two different tuples give the same bytes."""
-    parts = [plan.job_id.encode(), plan.tag.encode(), plan.mode.encode(), str(attempt).encode()]
-    if plan.initiator is not None:     # a takeover's attempts: masks no earlier initiator's attempt used
-        parts.append(plan.initiator)
-    return _LABEL_DOMAIN + b"".join(len(p).to_bytes(2, "big") + p for p in parts)
-
-
-def _uniform(ch: Channel, entries: int) -> np.ndarray:
-    return np.frombuffer(ch.random_bytes(8 * entries), dtype="<u8").astype(np.uint64)
-
-
-class _Masks:
-    """One member's masks for one attempt (pairwise and self masks only in pairwise mode)."""
-
-    def __init__(self, ch: Channel, plan: _Plan, att: _Attempt) -> None:
-        self._me, self._plan = ch.me, plan
-        pairwise = plan.mode == "pairwise"
-        label = pairwise_label(plan, att.number)
-        self.pair_seeds = {p: ch.pairwise_seed(p, label) for p in att.participants
-                           if pairwise and p != ch.me}
-        self.self_seed = ch.random_bytes(SEED_BYTES) if pairwise and ch.me != att.initiator else None
-
-    def contribution(self, k: int) -> np.ndarray:
-        """My vector's chunk k plus my masks for chunk k (mod 2^64)."""
-        part = self._plan.vector[self._plan.span(k)].astype(np.uint64)    # a copy
-        n = len(part)
-        for peer, seed in self.pair_seeds.items():
-            mask = expand_mask(_PAIR_DOMAIN, seed, k, n)
-            part = part + mask if self._me < peer else part - mask
-        if self.self_seed is not None:
-            part = part + expand_mask(_SELF_DOMAIN, self.self_seed, k, n)
-        return part
+async def _compute(plan: _Plan, fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(*args): mask work on one chunk, in a worker thread when chunks are large (an 8 MiB
+    chunk with 8 pairwise masks is ~25 ms of AES and adds: too long for the event loop); on the
+    loop below OFF_LOOP_BYTES_MIN, where a thread hand-off costs more than it saves."""
+    if 8 * plan.chunk_entries >= OFF_LOOP_BYTES_MIN:
+        return await asyncio.to_thread(fn, *args)
+    return fn(*args)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -637,30 +621,32 @@ async def _lead_attempt(ch: Channel, plan: _Plan, att: _Attempt) -> np.ndarray:
     masks = _Masks(ch, plan, att)
     pred, succ = att.neighbours(ch.me)
     total = np.empty(len(plan.vector), dtype=np.uint64)
-    ring_masks: dict[int, np.ndarray] = {}
     window = asyncio.Semaphore(CHUNKS_IN_FLIGHT_MAX)
 
-    async def send_chunks() -> None:
-        for k in range(plan.chunks):
+    async def send_chunk(k: int) -> None:
+        data = await _compute(plan, masks.contribution, k)     # my vector, my masks, the ring mask
+        try:
+            await _send(ch, plan, succ, SumChunk(plan.chunk_tag(att.number, k), data))
+        except PeerUnreachable as exc:   # refused or unreachable: my own evidence either way
+            raise _RingFault(f"successor {succ.hex()[:16]} "
+                             f"{'refused' if isinstance(exc, PeerRefused) else 'did not take'} "
+                             f"our chunk: {exc}", frozenset({succ})) from None
+
+    async def send_chunks(group: asyncio.TaskGroup) -> None:
+        for k in range(plan.chunks):     # several sends at once: a hop's latency is not paid per chunk
             await window.acquire()
-            ring_masks[k] = mask = _uniform(ch, plan.chunk_len(k))
-            try:
-                await _send(ch, plan, succ, SumChunk(plan.chunk_tag(att.number, k), masks.contribution(k) + mask))
-            except PeerUnreachable as exc:   # refused or unreachable: my own evidence either way
-                raise _RingFault(f"successor {succ.hex()[:16]} "
-                                 f"{'refused' if isinstance(exc, PeerRefused) else 'did not take'} "
-                                 f"our chunk: {exc}", frozenset({succ})) from None
+            group.create_task(send_chunk(k))
 
     async def receive_chunks() -> None:
         for k in range(plan.chunks):
             data = await _await_return(ch, plan, att, k, pred)
-            total[plan.span(k)] = data - ring_masks.pop(k)
+            await _compute(plan, sm.unmask_ring, data, masks, k, total[plan.span(k)])
             window.release()
             ch.progress(PHASE, k + 1, plan.chunks)
 
     try:
         async with asyncio.TaskGroup() as group:   # pipelined: sending does not wait for returns
-            group.create_task(send_chunks())
+            group.create_task(send_chunks(group))
             group.create_task(receive_chunks())
     except BaseExceptionGroup as eg:
         if not all(isinstance(e, (_RingFault, JobError)) for e in eg.exceptions):
@@ -775,11 +761,9 @@ async def _unmask_self(ch: Channel, plan: _Plan, att: _Attempt, total: np.ndarra
     if missing:
         names = ", ".join(m.hex()[:16] for m in sorted(missing))
         raise _RingFault(f"no self-mask seed from {names}", missing, frozenset(seeds))
-    for k in range(plan.chunks):
-        span = plan.span(k)
-        for seed in seeds.values():
-            total[span] -= expand_mask(_SELF_DOMAIN, seed, k, plan.chunk_len(k))
-        await ch.sleep_ms(0)       # a chunk at a time: 64 MiB of masks in one go held the loop ~150 ms
+    for k in range(plan.chunks):     # a chunk at a time: 64 MiB of masks in one go held the loop ~150 ms
+        await _compute(plan, sm.unmask_self, total[plan.span(k)], list(seeds.values()), k)
+        await ch.sleep_ms(0)
 
 
 def _culprits(disputes: set[Dispute], members: Sequence[bytes]) -> set[bytes]:
@@ -870,16 +854,40 @@ async def _give_up(ch: Channel, plan: _Plan, targets: Sequence[NodeId], number: 
 
 
 async def _deliver(ch: Channel, plan: _Plan, att: _Attempt, total: np.ndarray) -> None:
-    """Send the total to every member, chunk by chunk. A member that died after the ring came
-    back is not waited for: its vector is in the sum, the others get the same outcome."""
+    """Send the total to every member, chunk by chunk, up to SENDS_IN_FLIGHT_MAX chunks at once
+    to each. A member that died after the ring came back is not waited for: its vector is in
+    the sum, the others get the same outcome."""
     async def to(member: NodeId) -> None:
         try:
-            for k in range(plan.chunks):
-                await _send(ch, plan, member, SumResult(plan.result_tag(att.number, k), total[plan.span(k)]))
+            await _send_all(ch, plan, member, (SumResult(plan.result_tag(att.number, k), total[plan.span(k)])
+                                               for k in range(plan.chunks)))
         except PeerUnreachable:
             pass
 
     await asyncio.gather(*(to(m) for m in att.participants[1:]))
+
+
+async def _send_all(ch: Channel, plan: _Plan, dst: NodeId, messages: Any) -> None:
+    """Send every message of the iterable to `dst`, SENDS_IN_FLIGHT_MAX at a time; the first
+    failure (PeerUnreachable) stops the rest and is raised."""
+    window = asyncio.Semaphore(SENDS_IN_FLIGHT_MAX)
+
+    async def one(msg: object) -> None:
+        try:
+            await _send(ch, plan, dst, msg)
+        finally:
+            window.release()
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            for msg in messages:
+                await window.acquire()
+                group.create_task(one(msg))
+    except BaseExceptionGroup as eg:
+        unreachable = [e for e in eg.exceptions if isinstance(e, PeerUnreachable)]
+        if len(unreachable) < len(eg.exceptions):
+            raise                      # a bug or a cancellation: not ours to interpret
+        raise unreachable[0] from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -941,6 +949,14 @@ async def _follow_attempt(ch: Channel, plan: _Plan, att: _Attempt) -> SumOutcome
     """One attempt as a member: forward the chunks, reveal the seed if asked, take the result.
     Returns the next attempt when the initiator announces one."""
     masks, trace = _Masks(ch, plan, att), _Trace()
+    try:
+        return await _follow_ring(ch, plan, att, masks, trace)
+    finally:
+        trace.stop()
+
+
+async def _follow_ring(ch: Channel, plan: _Plan, att: _Attempt, masks: sm.Masks,
+                       trace: _Trace) -> SumOutcome | _Attempt:
     forwarded = await _forward_chunks(ch, plan, att, masks, trace)
     if isinstance(forwarded, _Attempt):
         return forwarded
@@ -962,17 +978,52 @@ async def _follow_attempt(ch: Channel, plan: _Plan, att: _Attempt) -> SumOutcome
 
 @dataclass
 class _Trace:
-    """Which chunks this member got and passed on in this attempt: its answer to SumWhere."""
+    """Which chunks this member got and passed on in this attempt: its answer to SumWhere.
+    `sending`: the sends of chunks still unacknowledged (SumWhere waits for them: at most a hop)."""
     got: set[int] = dataclasses.field(default_factory=set)
     passed: set[int] = dataclasses.field(default_factory=set)
+    sending: dict[int, asyncio.Task] = dataclasses.field(default_factory=dict)
+    broken: list[PeerUnreachable] = dataclasses.field(default_factory=list)   # the edge to my successor failed
+
+    def stop(self) -> None:
+        """Cancel the sends still in flight (the attempt is over for this member)."""
+        for task in self.sending.values():
+            if not task.done():
+                task.cancel()
+            elif not task.cancelled():
+                task.exception()      # retrieved: a crashed member's send ends this way
 
 
-async def _forward_chunks(ch: Channel, plan: _Plan, att: _Attempt, masks: _Masks,
+async def _forward_chunks(ch: Channel, plan: _Plan, att: _Attempt, masks: sm.Masks,
                           trace: _Trace) -> _Attempt | bool:
-    """Add my contribution to each chunk and pass it on. False if a ring edge next to me failed
-    (reported to the initiator), the next attempt if one is announced meanwhile."""
+    """Add my contribution to each chunk and pass it on, up to SENDS_IN_FLIGHT_MAX chunks at
+    once (a hop's acknowledgement is not waited for before the next chunk is taken). False if a
+    ring edge next to me failed (reported to the initiator), the next attempt if one is
+    announced meanwhile."""
     pred, succ = att.neighbours(ch.me)
+    window = asyncio.Semaphore(SENDS_IN_FLIGHT_MAX)
+
+    async def forward(k: int, msg: SumChunk) -> None:
+        try:
+            await _send(ch, plan, succ, msg)
+            trace.passed.add(k)
+            ch.progress(PHASE, len(trace.passed), plan.chunks)
+        except PeerUnreachable as exc:   # PeerRefused included, reported as what it is
+            if not trace.broken:
+                trace.broken.append(exc)
+                if succ != att.initiator:     # else there is nobody to tell: the initiator sees it
+                    fault = "refused" if isinstance(exc, PeerRefused) else "unreachable"
+                    try:
+                        await _send(ch, plan, att.initiator, RingBroken(_broken_tag(plan, att), succ, fault))
+                    except PeerUnreachable:
+                        pass          # the initiator is gone: our next wait finds out
+        finally:
+            window.release()
+
     for k in range(plan.chunks):
+        await window.acquire()
+        if trace.broken:
+            break
         tag = plan.chunk_tag(att.number, k)
         try:
             got = await _await_initiator(ch, plan, att, [(SumChunk, tag, pred)], trace)
@@ -985,14 +1036,15 @@ async def _forward_chunks(ch: Channel, plan: _Plan, att: _Attempt, masks: _Masks
                 raise    # the initiator sent it: there is nobody to tell, this member fails
             report = RingBroken(_broken_tag(plan, att), pred, "malformed")
             return await _report_broken(ch, plan, att, report, exc, trace) or False
-        try:
-            await _send(ch, plan, succ, SumChunk(tag, data + masks.contribution(k)))
-        except PeerUnreachable as exc:   # PeerRefused included, reported as what it is
-            fault = "refused" if isinstance(exc, PeerRefused) else "unreachable"
-            report = RingBroken(_broken_tag(plan, att), succ, fault)
-            return await _report_broken(ch, plan, att, report, exc, trace) or False
-        trace.passed.add(k)
-        ch.progress(PHASE, k + 1, plan.chunks)
+        if trace.broken:
+            break
+        data = await _compute(plan, masks.added, data, k)
+        trace.sending[k] = asyncio.create_task(forward(k, SumChunk(tag, data)))
+    if trace.broken:
+        exc = trace.broken[0]
+        if succ == att.initiator and isinstance(exc, PeerRefused):
+            return await _initiator_fate(ch, plan, att, trace, exc)
+        return False
     return True
 
 
@@ -1045,6 +1097,9 @@ async def _await_initiator(ch: Channel, plan: _Plan, att: _Attempt, wants: list[
                 f"{att.initiator.hex()[:16]} within {att.patience_ms(plan)} ms in attempt "
                 f"{att.number}; the initiator is presumably down") from None
         for q in (m for _, m in got if isinstance(m, SumWhere)):
+            pending = trace.sending.get(q.chunk)
+            if pending is not None and not pending.done():   # its outcome within a hop: the truth
+                await asyncio.wait({pending})
             here = SumHere(q.tag, q.chunk, q.chunk in trace.got, q.chunk in trace.passed)
             try:
                 await _send(ch, plan, att.initiator, here)

@@ -216,6 +216,7 @@ def test_pairwise_masks_cancel_and_are_fresh_per_attempt_and_chunk() -> None:
         for m in members:
             masks = ss._Masks(net.channel(m), plan, att)
             masks.self_seed = None      # self masks are removed separately, via the revealed seeds
+            masks.ring_seed = None      # and the initiator's ring mask when the chunk comes back
             out.append(masks.contribution(k))
         return out
 
@@ -676,6 +677,7 @@ class ByzantineChannel:
     def __init__(self, inner: Any, rng: random.Random, attacks: Sequence[str], rate: float) -> None:
         self.inner, self.rng, self.attacks, self.rate = inner, rng, attacks, rate
         self.pred: bytes | None = None
+        self.quit = False       # after "quit" it does nothing more (its code hangs), whatever task sends
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -687,6 +689,8 @@ class ByzantineChannel:
         return got
 
     async def send(self, dst: bytes, msg: object) -> None:
+        if self.quit:
+            raise asyncio.CancelledError()
         attacks = [a for a in self.attacks if a != "refuse"]
         if not isinstance(msg, SumChunk) or not attacks or self.rng.random() >= self.rate:
             return await self.inner.send(dst, msg)
@@ -698,6 +702,7 @@ class ByzantineChannel:
         if attack == "silent":          # swallows the chunk, says it passed it on
             return None
         if attack == "quit":            # stops answering altogether (its code is still "alive")
+            self.quit = True
             raise asyncio.CancelledError()
         me, initiator = self.inner.me, self.inner.members[0]
         if attack == "claim_unreachable" and dst == initiator:

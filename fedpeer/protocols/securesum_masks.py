@@ -1,0 +1,101 @@
+"""The secure sum's masks (fedpeer/protocols/securesum.py, "ring mode" and "pairwise mode").
+
+Every mask is an AES-256-CTR keystream (`expand_mask`) read as uint64: under a key derived from a
+domain and a 32-byte seed, with the chunk index as the initial counter block, so no two chunks,
+seeds or domains share a stream. Three kinds, all fresh per attempt:
+* ring mask (the initiator only): seed drawn from `ch.random_bytes` per attempt; added to the
+  initiator's chunk on the way out and subtracted when the chunk comes back.
+* pairwise masks (pairwise mode): one per other participant, seed `ch.pairwise_seed(peer, label)`
+  (an X25519 agreement in the daemon) with a label naming the job, tag, mode, attempt and era;
+  +mask by the member with the smaller key, -mask by the other, so they cancel in the total.
+* self mask (pairwise mode, every member but the initiator): seed drawn from `ch.random_bytes`,
+  revealed to the initiator only once every chunk has come back.
+
+Cost: one AES pass over the chunk per mask (~0.25 ms/MiB with AES instructions) and one in-place
+add; `Masks.contribution` allocates one array per chunk. Chunks of OFF_LOOP_BYTES_MIN or more are
+masked in a worker thread by the caller (`securesum._compute`), so the event loop never holds
+more than a few ms of mask work at a time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+SEED_BYTES = 32
+
+PAIR_DOMAIN = b"fedpeer/securesum/pair-mask/v2\x00"    # v2: AES-256-CTR (v1: SHAKE-256)
+SELF_DOMAIN = b"fedpeer/securesum/self-mask/v2\x00"
+RING_DOMAIN = b"fedpeer/securesum/ring-mask/v1\x00"    # was os.urandom per entry: ~6x slower
+LABEL_DOMAIN = b"fedpeer/securesum/pairwise-seed/v1"
+
+
+def expand_mask(domain: bytes, seed: bytes, chunk: int, entries: int) -> np.ndarray:
+    """`entries` uniform uint64 (read-only): the AES-256-CTR keystream under the key
+    BLAKE2b-256(domain ‖ seed), initial counter block = chunk index (8 bytes) ‖ 0 (8 bytes), so
+    every seed and chunk has its own stream (2^64 blocks each) and no mask is reused across
+    chunks. About 10x faster than SHAKE-256 where the CPU has AES instructions (issue 13: 8 MiB
+    in ~2 ms vs ~24 ms)."""
+    key = hashlib.blake2b(domain + seed, digest_size=32).digest()
+    stream = Cipher(algorithms.AES(key), modes.CTR(chunk.to_bytes(8, "big") + bytes(8))).encryptor()
+    return np.frombuffer(stream.update(bytes(8 * entries)), dtype="<u8")
+
+
+def pairwise_label(plan: Any, attempt: int) -> bytes:
+    """Label for ch.pairwise_seed: unique per (job, tag, mode, attempt[, era]), length-prefixed
+    parts so no two different tuples give the same bytes. `plan`: job_id, tag, mode, initiator."""
+    parts = [plan.job_id.encode(), plan.tag.encode(), plan.mode.encode(), str(attempt).encode()]
+    if plan.initiator is not None:     # a takeover's attempts: masks no earlier initiator's attempt used
+        parts.append(plan.initiator)
+    return LABEL_DOMAIN + b"".join(len(p).to_bytes(2, "big") + p for p in parts)
+
+
+class Masks:
+    """One member's masks for one attempt. `ring_seed` only at the initiator; pairwise and self
+    masks only in pairwise mode. `vector` and `span(k)` come from the sum's plan."""
+
+    def __init__(self, ch: Any, plan: Any, me: bytes, initiator: bytes, participants: tuple[bytes, ...],
+                 attempt: int) -> None:
+        self._me, self._plan = me, plan
+        pairwise = plan.mode == "pairwise"
+        label = pairwise_label(plan, attempt)
+        self.pair_seeds = {p: ch.pairwise_seed(p, label) for p in participants if pairwise and p != me}
+        self.self_seed = ch.random_bytes(SEED_BYTES) if pairwise and me != initiator else None
+        self.ring_seed = ch.random_bytes(SEED_BYTES) if me == initiator else None
+
+    def contribution(self, k: int) -> np.ndarray:
+        """My vector's chunk k plus my masks for chunk k (mod 2^64), in a fresh array; at the
+        initiator, the ring mask too."""
+        part = self._plan.vector[self._plan.span(k)].astype(np.uint64)    # a copy
+        n = len(part)
+        for peer, seed in self.pair_seeds.items():
+            mask = expand_mask(PAIR_DOMAIN, seed, k, n)
+            (np.add if self._me < peer else np.subtract)(part, mask, out=part)
+        if self.self_seed is not None:
+            np.add(part, expand_mask(SELF_DOMAIN, self.self_seed, k, n), out=part)
+        if self.ring_seed is not None:
+            np.add(part, self.ring_mask(k, n), out=part)
+        return part
+
+    def added(self, data: np.ndarray, k: int) -> np.ndarray:
+        """data + my contribution to chunk k (mod 2^64), in one fresh array."""
+        part = self.contribution(k)
+        return np.add(data, part, out=part)
+
+    def ring_mask(self, k: int, entries: int) -> np.ndarray:
+        assert self.ring_seed is not None, "only the initiator draws a ring mask"
+        return expand_mask(RING_DOMAIN, self.ring_seed, k, entries)
+
+
+def unmask_ring(data: np.ndarray, masks: Masks, k: int, out: np.ndarray) -> None:
+    """The chunk k that came back, less the ring mask, into `out` (a slice of the total)."""
+    np.subtract(data, masks.ring_mask(k, len(data)), out=out)
+
+
+def unmask_self(total: np.ndarray, seeds: list[bytes], k: int) -> None:
+    """Remove the revealed self masks of chunk k from `total` (that chunk's slice), in place."""
+    for seed in seeds:
+        np.subtract(total, expand_mask(SELF_DOMAIN, seed, k, len(total)), out=total)
