@@ -32,6 +32,7 @@ import logging
 import os
 import re
 import struct
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -163,6 +164,7 @@ class StateHealth:
     def __init__(self, root: Path, now_ms: Callable[[], int] = _monotonic_ms) -> None:
         self.root = root
         self._now_ms = now_ms
+        self._lock = threading.Lock()      # writes report from a worker thread and the loop
         self.error: str | None = None      # set while degraded
         self.errno: int | None = None      # of the last failure while degraded
         self.since_ms: int | None = None
@@ -172,6 +174,10 @@ class StateHealth:
 
     def failed(self, exc: OSError, path: Path) -> StateWriteError:
         """Record a failed write of `path`; returns the error for the caller to raise."""
+        with self._lock:
+            return self._failed(exc, path)
+
+    def _failed(self, exc: OSError, path: Path) -> StateWriteError:
         code = exc.errno or 0
         strerror = exc.strerror or str(exc)
         error = (f"disk full at {self.root}" if code in _DISK_FULL
@@ -200,6 +206,12 @@ class StateHealth:
         """A whole file was written: the directory takes writes again."""
         if self.error is None:
             return
+        with self._lock:
+            self._succeeded()
+
+    def _succeeded(self) -> None:
+        if self.error is None:
+            return
         log.info("state_dir_writable_again", extra=fields(
             state_dir=str(self.root), was=self.error,
             degraded_s=round((self._now_ms() - (self.since_ms or 0)) / 1000, 1), failed_writes=self.failed_writes))
@@ -207,7 +219,8 @@ class StateHealth:
         self._unlogged = 0
 
     def snapshot(self) -> dict[str, Any]:
-        return {"writable": self.error is None, "error": self.error, "since_ms": self.since_ms,
+        with self._lock:
+            return {"writable": self.error is None, "error": self.error, "since_ms": self.since_ms,
                 "failed_writes": self.failed_writes}
 
 
@@ -314,7 +327,13 @@ class Counter:
 # ---------------------------------------------------------------------------------------------
 
 class StateDir:
-    """The node's state directory: node facts, election hard state, replay marks, job records."""
+    """The node's state directory: node facts, election hard state, replay marks, job records.
+
+    Every whole-file write fsyncs (the file, then its directory: ~12 ms here), so callers on the
+    event loop hand job records to a worker thread (`fsyncs`: jobs/registry.py). The health
+    bookkeeping is locked: writes may come from that thread and the loop at once."""
+
+    fsyncs = True        # writes block for the disk: keep them off the event loop
 
     def __init__(self, root: Path, now_ms: Callable[[], int] = _monotonic_ms) -> None:
         self.root = root

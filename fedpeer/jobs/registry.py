@@ -38,6 +38,7 @@ import hashlib
 import logging
 import os
 import secrets
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -203,6 +204,12 @@ class JobRegistry:
         self.dead: set[bytes] = set()                                  # peers membership declared dead
         self._deaths: dict[bytes, set[asyncio.Future]] = {}            # peer -> sends to it in flight
         self._served: dict[tuple[str, bytes], int] = {}                # (job, member) -> last served_ms
+        # record writes off the loop (_save): only where they fsync (fedpeer.store.StateDir)
+        self._writes_off_loop = bool(getattr(state, "fsyncs", False))
+        self._queued: dict[str, tuple[JobRecord, dict, asyncio.Future]] = {}   # job -> latest doc to write
+        self._inflight: tuple[str, JobRecord, dict, asyncio.Future] | None = None
+        self._writer: asyncio.Task | None = None
+        self._disk_lock = threading.Lock()      # one record file write at a time, thread or loop
         self._load_records()
 
     # -- membership ----------------------------------------------------------------------------
@@ -274,9 +281,19 @@ class JobRegistry:
 
     def _save(self, record: JobRecord) -> bool:
         """Write the record; never raises. A failed write keeps the record in memory (it is the
-        truth) and is retried at the next state change of any record. Returns whether it is on
-        disk (or is not meant to be)."""
+        truth) and is retried at the next state change of any record.
+
+        On a state dir that fsyncs (the daemon's), the write is queued for a worker thread (two
+        fsyncs, ~12 ms each, stalled the event loop several times per job): returns True at
+        once, and `_on_disk` awaits it wherever a message depends on the record being on disk
+        (the job starting, the proposal, an abort or cancel). Writes of one record land in the
+        order of their `_save`s, the latest state last. Otherwise (tests' fakes, no event loop,
+        the daemon stopping) it writes now and returns whether the record is on disk."""
         if not record.stored:
+            return True
+        if self._queue_write(record):
+            for other in [r for r in self._unsaved.values() if r is not record]:
+                self._queue_write(other)
             return True
         if not self._write(record):
             return False
@@ -285,24 +302,108 @@ class JobRegistry:
                 break
         return True
 
-    def _write(self, record: JobRecord) -> bool:
+    async def _on_disk(self, record: JobRecord) -> bool:
+        """Wait for the record's queued writes; whether its latest state is on disk."""
+        if not record.stored:
+            return True
+        while True:
+            queued = self._queued.get(record.id)
+            done = queued[2] if queued is not None else (
+                self._inflight[3] if self._inflight is not None and self._inflight[0] == record.id else None)
+            if done is None:
+                return not record.dirty
+            await asyncio.shield(done)
+
+    def _queue_write(self, record: JobRecord) -> bool:
+        """Queue the record's current state for the writer task; False if it must be written now."""
+        if not self._writes_off_loop:
+            return False
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        try:
+            doc = self._doc(record)      # the state as of now, whatever changes before the write
+        except Exception:   # noqa: BLE001  (a bug: the synchronous path records and logs it)
+            return False
+        if self._writer is None:
+            try:
+                self._writer = self._spawn(self._write_queued())
+            except Exception:   # noqa: BLE001  (the daemon is stopping: no new task; write now)
+                self._writer = None
+                return False
+            self._writer.add_done_callback(self._writer_ended)
+        queued = self._queued.pop(record.id, None)
+        self._queued[record.id] = (record, doc, queued[2] if queued is not None else loop.create_future())
+        return True
+
+    async def _write_queued(self) -> None:
+        """The writer task: queued records, oldest first, one at a time, in a worker thread."""
+        while self._queued:
+            job_id = next(iter(self._queued))
+            record, doc, done = self._queued.pop(job_id)
+            self._inflight = (job_id, record, doc, done)
+            error = await asyncio.to_thread(self._write_doc, record, doc)
+            self._inflight = None
+            self._written(record, error)
+            if not done.done():
+                done.set_result(None)
+
+    def _writer_ended(self, task: asyncio.Task) -> None:
+        """The writer finished, or was cancelled (the daemon stops): whatever is still queued,
+        the write that was in flight first, is written here and now (the disk lock waits for a
+        worker thread still writing)."""
+        self._writer = None
+        pending = list(self._queued.values())
+        self._queued.clear()
+        if self._inflight is not None:
+            job_id, record, doc, done = self._inflight
+            self._inflight = None
+            if not any(r is record for r, _, _ in pending):
+                pending.insert(0, (record, doc, done))
+            elif not done.done():
+                done.set_result(None)
+        for record, doc, done in pending:
+            self._written(record, self._write_doc(record, doc))
+            if not done.done():
+                done.set_result(None)
+
+    def _doc(self, record: JobRecord) -> dict:
+        doc = record.to_json(self.names, self.transport.now_ms())
+        doc.pop("waiting_for", None)      # a moment's view, stale once written
+        doc["_members"] = [k.hex() for k in record.members]
+        doc["_proposer"] = record.proposer.hex()
+        return doc
+
+    def _write_doc(self, record: JobRecord, doc: dict) -> Exception | None:
+        """Atomically write `doc` as the record's file (any thread); the error, or None."""
         path = self._root / record.id / "job.json"
         try:
-            doc = record.to_json(self.names, self.transport.now_ms())
-            doc.pop("waiting_for", None)      # a moment's view, stale once written
-            doc["_members"] = [k.hex() for k in record.members]
-            doc["_proposer"] = record.proposer.hex()
-            if self.state is not None:
-                self.state.write_record(path, doc)
-            else:
-                write_json(path, doc)
+            with self._disk_lock:
+                if self.state is not None:
+                    self.state.write_record(path, doc)
+                else:
+                    write_json(path, doc)
         except Exception as exc:   # ENOSPC, EIO, EMFILE, or a bug: this record waits, the node goes on
+            return exc
+        return None
+
+    def _write(self, record: JobRecord) -> bool:
+        try:
+            doc = self._doc(record)
+        except Exception as exc:   # noqa: BLE001  (a bug: recorded like a failed write)
+            return self._written(record, exc)
+        return self._written(record, self._write_doc(record, doc))
+
+    def _written(self, record: JobRecord, error: Exception | None) -> bool:
+        """Bookkeeping after a write (on the loop): dirty and retried later if it failed."""
+        if error is not None:
             first = not record.dirty
             record.dirty = True
             self._unsaved[record.id] = record
             if first:   # the state dir's health logs the episode; here once per record
                 log.warning("job_record_not_saved", extra=fields(job=record.id, state=record.state,
-                                                                  error=f"{type(exc).__name__}: {exc}"))
+                                                                  error=f"{type(error).__name__}: {error}"))
             return False
         record.dirty = False
         self._unsaved.pop(record.id, None)
@@ -310,8 +411,11 @@ class JobRegistry:
 
     def retry_unsaved(self) -> int:
         """Write again the records whose last write failed (the disk has room again); returns how
-        many are still unsaved. Cheap when there are none: the node may call it from its tick."""
+        many are still unsaved (queued ones included). Cheap when there are none: the node may
+        call it from its tick."""
         for record in list(self._unsaved.values()):
+            if self._queue_write(record):
+                continue
             if not self._write(record):
                 break
         return len(self._unsaved)
@@ -421,6 +525,7 @@ class JobRegistry:
         return tuple(sorted(chosen))
 
     async def _run_proposer(self, record: JobRecord, kind: JobKind) -> None:
+        await self._on_disk(record)     # our record of the job before any member hears of it
         try:
             mine = await self._check_data(record, kind)
         except (JobError, DataError) as exc:
@@ -734,7 +839,8 @@ class JobRegistry:
             raise _SiteFailure(self.transport.me, f"{self.running()} jobs already running ([jobs] jobs_concurrent_max)")
         record.state, record.phase, record.started_ms = "running", "starting", self.transport.now_ms()
         record.stored = True          # a job that runs is worth a record on disk
-        if not self._save(record):    # the disk filled since the proposal: do not start what we cannot record
+        self._save(record)
+        if not await self._on_disk(record):   # the disk filled since the proposal: do not start what we cannot record
             raise _SiteFailure(self.transport.me, f"{self._write_problem()}: this site cannot record the job; "
                                                   "free space in its state dir")
         log.info("job_started", extra=fields(job=record.id, kind=record.kind, members=len(record.members)))
@@ -843,6 +949,7 @@ class JobRegistry:
         log.info("job_" + state, extra=fields(job=record.id, kind=record.kind, error=error or "-"))
 
     async def _broadcast_abort(self, record: JobRecord, site: bytes, reason: str) -> None:
+        await self._on_disk(record)     # how it ended, on disk before the others hear it
         abort = m.JobAbort(job_id=record.id, site=site, reason=reason)
         others = [k for k in record.members if k != self.transport.me]
         await asyncio.gather(*(self._send_quietly(p, abort, record.id) for p in others))
@@ -895,6 +1002,7 @@ class JobRegistry:
         return record.to_json(self.names, self.transport.now_ms())
 
     async def _broadcast_cancel(self, record: JobRecord, reason: str) -> None:
+        await self._on_disk(record)     # how it ended, on disk before the others hear it
         cancel = m.JobCancel(job_id=record.id, reason=reason)
         others = [k for k in record.members if k != self.transport.me]
         await asyncio.gather(*(self._send_quietly(p, cancel, record.id) for p in others))
