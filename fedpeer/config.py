@@ -90,9 +90,6 @@ class Limits:
     body_timeout_ms: int = 10_000                 # a frame body, plus its size at body_bytes_per_s_min
     body_bytes_per_s_min: int = 16_384
     outbound_inflight_max: int = 64               # best-effort sends in flight (gossip); more are dropped
-    clock_skew_ms_max: int = 30_000               # |sender ts - our clock| accepted
-    replay_window_ms: int = 10_000                # out-of-order seqs accepted this far below the high-water mark
-    replay_recent_max: int = 4096                 # seqs remembered per sender inside that window
     http_connect_timeout_ms: int = 2_000
     http_timeout_ms: int = 30_000                 # one request, body included
     send_retries_max: int = 3                     # reliable sends: tries after the first
@@ -306,11 +303,15 @@ class Config:
     data: DataSection | None = None
     jobs: JobLimits = field(default_factory=JobLimits)
     election: ElectionConfig = field(default_factory=lambda: SITE_ELECTION)   # [election]
+    ignored: tuple[str, ...] = ()     # obsolete keys present in the file (accepted, no effect; logged at start)
 
     def peer_by_key(self, key: bytes) -> PeerEntry | None:
         return next((p for p in self.peers if p.public_key == key), None)
 
 
+# [limits] keys of earlier versions that no longer mean anything: accepted (files written by
+# `fedpeer init` hold one) and reported, never an error. Replay protection is per session now.
+OBSOLETE_LIMITS = ("clock_skew_ms_max", "replay_window_ms", "replay_recent_max")
 _TOP_KEYS = {"node", "peer", "policy", "limits", "membership", "data", "jobs", "election"}
 _NODE_KEYS = {"name", "listen", "advertise", "key_file", "state_dir", "admin", "metrics"}
 _PEER_KEYS = {"name", "address", "public_key"}
@@ -332,16 +333,19 @@ def load(path: str | os.PathLike[str]) -> Config:
         raise ConfigError(path, "[node]", "missing section")
     node = _node(path, _table(path, "node", raw["node"]))
     peers = _peers(path, raw.get("peer", []))
+    limits = dict(_table(path, "limits", raw.get("limits", {})))
+    ignored = tuple(f"limits.{key}" for key in OBSOLETE_LIMITS if limits.pop(key, None) is not None)
     config = Config(
         path=path,
         node=node,
         peers=peers,
         policy=_policy(path, raw.get("policy", {}), peers),
-        limits=_section(path, "limits", raw.get("limits", {}), Limits),
+        limits=_section(path, "limits", limits, Limits),
         membership=_section(path, "membership", raw.get("membership", {}), MembershipTiming),
         data=_data(path, raw["data"]) if "data" in raw else None,
         jobs=_section(path, "jobs", raw.get("jobs", {}), JobLimits),
         election=_section(path, "election", raw.get("election", {}), ElectionConfig, SITE_ELECTION),
+        ignored=ignored,
     )
     _check_peer_uniqueness(config)
     return config

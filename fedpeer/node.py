@@ -39,25 +39,22 @@ from .logs import fields
 from .metrics import PATH as METRICS_PATH, MetricsListener, NodeMetrics
 from .net.admin import AdminServer
 from .net.admin_routes import AdminRoutes
+from .net.links import OFF_LOOP_BYTES_MIN, Links
 from .net.looplag import LoopLag
 from .net.transport import PeerClient, PeerServer, SendError, SendRefused, raise_open_files_limit
+from .session import Sessions
 from .store import StateDir
 
 log = logging.getLogger("fedpeer.node")
-REPLAY_SYNC_MS = 1_000            # fsync of replay marks (kill -9 is covered without it)
+SESSION_PRUNE_MS = 1_000          # forget expired sessions this often
 REJECT_LOG_INTERVAL_MS = 5_000    # per reason: log the first rejection, then at most this often
 LOOP_ERROR_LOG_INTERVAL_MS = 5_000   # a failing loop step logs once per interval (with a count)
 STATUS_JOBS_MAX = 20               # most recent jobs listed in `status`
-OFF_LOOP_BYTES_MIN = 256 * 1024   # frames larger than this are sealed/opened in a worker thread
 DUPLICATE_RECENT_MS = 60_000      # a second process with a peer's key, heard this recently, is shown as a hint
 
 
 def _monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
-
-
-def _wall_us() -> int:
-    return time.time_ns() // 1_000
 
 
 class Node:
@@ -72,21 +69,16 @@ class Node:
         self.received_bytes: Counter[tuple[bytes, str]] = Counter()  # (sender, message kind) -> bytes
         self._reject_logged_ms: dict[str, int] = {}
         self._started_ms = _monotonic_ms()
-        replay = wire.ReplayGuard(
-            window_us=config.limits.replay_window_ms * 1000,
-            recent_max=config.limits.replay_recent_max,
-            counter_for=lambda key: self.state.counter("replay", key.hex()[:32] + ".seq"))
-        self._replay = replay
         self._keys = wire.PairKeys(identity)
         # read per frame, so a reload that removes a peer refuses its next frame
-        self._gate = wire.Gate(identity, lambda key: key in self._allowed, replay,
-                               message_bytes_max=config.limits.message_bytes_max,
-                               clock_skew_ms_max=config.limits.clock_skew_ms_max, keys=self._keys)
-        self._sealer = wire.Sealer(identity, self._keys)
+        self._gate = wire.Gate(identity, lambda key: key in self._allowed, Sessions(),
+                               message_bytes_max=config.limits.message_bytes_max, keys=self._keys)
         self._rng = random.Random(os.urandom(16))
         self._client = PeerClient(config.limits, self._rng)
-        self._server = PeerServer(config.node.listen, config.limits, self._gate.open_header, self._on_frame,
-                                  self._on_reject, self._gate.refusal_tag)
+        self._links = Links(identity, self._client, self._gate, _monotonic_ms)
+        self._server = PeerServer(config.node.listen, config.limits,
+                                  lambda head: self._gate.open_header(head, _monotonic_ms()), self._on_frame,
+                                  self._on_reject, self._gate.refusal_tag, self._on_hello)
         self._loop_errors: Counter[str] = Counter()
         self._loop_error_logged_ms: dict[str, int] = {}
         self.metrics = NodeMetrics(self)   # read at scrape time: status() and jobs.list()
@@ -135,6 +127,10 @@ class Node:
         log.info("started", extra=fields(name=self.config.node.name, fingerprint=self.identity.fingerprint,
                                          listen=str(self.config.node.listen), peers=len(self.config.peers),
                                          incarnation=self.membership.incarnation))
+        if self.config.ignored:
+            log.warning("config_keys_ignored", extra=fields(
+                keys=",".join(self.config.ignored), path=str(self.config.path),
+                why="replay protection is per session now (no timestamps, no replay marks): delete these lines"))
         _sd_notify(b"READY=1")
         try:
             async with asyncio.TaskGroup() as tg:
@@ -177,7 +173,6 @@ class Node:
         await self._admin.stop()
         await self._server.stop()
         await self._client.stop()
-        self._replay.close()
 
     # -- membership ----------------------------------------------------------------------------
 
@@ -193,12 +188,10 @@ class Node:
                 self._apply(self.membership.tick(now))
             with self._step("election_tick"):
                 self._apply_election(self.election.tick(now))
-            if now - self._synced_ms >= REPLAY_SYNC_MS:   # fsync: off the loop
+            if now - self._synced_ms >= SESSION_PRUNE_MS:
                 self._synced_ms = now
-                try:
-                    await asyncio.to_thread(self._replay.sync)
-                except Exception as exc:
-                    self._log_loop_error("replay_sync", exc)
+                with self._step("session_prune"):
+                    self._gate.sessions.prune(now)
             await asyncio.sleep(tick_s)
 
     @contextlib.contextmanager
@@ -234,9 +227,9 @@ class Node:
         for send in ready.sends:
             address = self._address(send.dst)
             if address is not None:
-                frame = self._sealer.seal(send.dst, send.msg, _wall_us(), term=self.election.term)
-                self._tg.create_task(self._client.send_best_effort(
-                    address, frame, timeout_ms, send.dst, functools.partial(self._note_refusal, send.dst)))
+                self._tg.create_task(self._links.send_best_effort(
+                    send.dst, address, send.msg, timeout_ms, term=self.election.term,
+                    on_refused=functools.partial(self._note_refusal, send.dst)))
 
     def _address(self, peer: bytes) -> str | None:
         try:
@@ -257,9 +250,9 @@ class Node:
         if self._tg is not None:
             timeout_ms = 2 * self.config.membership.probe_interval_ms
             for send in sends:
-                frame = self._sealer.seal(send.dst, send.msg, _wall_us())
-                self._tg.create_task(self._client.send_best_effort(
-                    send.address, frame, timeout_ms, send.dst, functools.partial(self._note_refusal, send.dst)))
+                self._tg.create_task(self._links.send_best_effort(
+                    send.dst, send.address, send.msg, timeout_ms,
+                    on_refused=functools.partial(self._note_refusal, send.dst)))
         if self.membership.incarnation != self._saved_incarnation:
             self.state.save_incarnation(self.membership.incarnation)
             self._saved_incarnation = self.membership.incarnation
@@ -285,9 +278,9 @@ class Node:
     async def _on_frame(self, frame: bytes | bytearray, header: wire.FrameHeader, peer_ip: str) -> None:
         """A whole frame whose header verified. Raises RemoteProtocolError to refuse it; a refused
         frame that belongs to a job is also reported to that job (its member sent bad data)."""
-        now_ms = time.time_ns() // 1_000_000
+        now_ms = _monotonic_ms()
         try:
-            if len(frame) > OFF_LOOP_BYTES_MIN:   # hashing and decrypting MiBs would stall the loop
+            if len(frame) > OFF_LOOP_BYTES_MIN:   # decrypting and decoding MiBs would stall the loop
                 envelope = await asyncio.to_thread(self._gate.open, frame, now_ms)
             else:
                 envelope = self._gate.open(frame, now_ms)
@@ -302,6 +295,10 @@ class Node:
         except Exception as exc:   # a local failure (a bug, a full disk): refuse this frame, keep serving
             self._log_loop_error("frame_handler", exc)
             raise wire.refused_from(header.sender, RemoteProtocolError("internal_error", type(exc).__name__)) from None
+
+    def _on_hello(self, hello: bytes, peer_ip: str) -> bytes:
+        """A peer opens a session to send to us: its welcome (or RemoteProtocolError)."""
+        return self._gate.hello(hello, _monotonic_ms())
 
     def _dispatch(self, envelope: wire.Envelope) -> str:
         """Hand the message to its owner; returns its kind for the per-peer counts."""
@@ -364,6 +361,8 @@ class Node:
         for key in [k for k in self._peer_states if k not in self._allowed]:
             self._peer_states.pop(key, None)
             self._refusals.pop(key, None)
+            self._gate.sessions.drop_peer(key)   # its sessions end: a frame still in flight is refused
+            self._links.forget(key)
         summary = changes.summary()
         self._config_loaded_ms = self.now_ms()
         self._last_reload = {"at_ms": self._config_loaded_ms, "changes": summary}
@@ -524,17 +523,9 @@ class Node:
 
     async def send_reliable(self, dst: bytes, address: str, msg: object, *, job: str = "", term: int = 0,
                             large: bool = False) -> None:
-        """Seal and deliver with retries; raises SendError. `large` messages (over
-        OFF_LOOP_BYTES_MIN) are sealed in a worker thread so the loop keeps serving."""
-        if large:
-            frame = await asyncio.to_thread(self._sealer.seal, dst, msg, _wall_us(), job=job, term=term)
-        else:
-            frame = self._sealer.seal(dst, msg, _wall_us(), job=job, term=term)
-        try:
-            await self._client.send(address, frame, dst)
-        except SendRefused as exc:
-            exc.frame = frame     # the caller checks the refusal's proof against what was sent
-            raise
+        """Seal and deliver with retries under the session to `dst`; raises SendError. `large`
+        messages (over OFF_LOOP_BYTES_MIN) are sealed in a worker thread so the loop keeps serving."""
+        await self._links.send_reliable(dst, address, msg, job=job, term=term, large=large)
 
 def _preload_ml() -> None:
     """Import the training libraries in a worker thread once the daemon serves: a job's first

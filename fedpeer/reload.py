@@ -21,9 +21,8 @@ from .config import Config, Limits
 SECTIONS = ("policy", "data", "limits", "jobs", "membership", "election")
 # [limits] fields read once at start (semaphores, budgets, the replay guard): changing them
 # needs a restart; every other limit is read where it is used and applies at once.
-LIMITS_AT_START = ("message_bytes_max", "clock_skew_ms_max", "inbound_concurrent_max", "inbound_per_peer_max",
-                   "inbound_bytes_max", "outbound_inflight_max", "replay_window_ms", "replay_recent_max",
-                   "http_connect_timeout_ms", "http_timeout_ms")
+LIMITS_AT_START = ("message_bytes_max", "inbound_concurrent_max", "inbound_per_peer_max",
+                   "inbound_bytes_max", "outbound_inflight_max", "http_connect_timeout_ms", "http_timeout_ms")
 
 
 @dataclass(frozen=True)

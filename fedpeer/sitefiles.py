@@ -45,7 +45,6 @@ members_max = 100                               # largest federation this site j
 
 [limits]
 message_bytes_max = 67108864    # one frame (64 MiB): large enough for a forest
-clock_skew_ms_max = 30000       # messages whose timestamp is further off are refused (replay bound)
 
 [membership]
 probe_interval_ms = 500         # SWIM protocol period

@@ -1,49 +1,94 @@
-"""Forging frames the way a malicious but allow-listed peer could: correct header tag, signature
-and seal around arbitrary plaintext. Used by unit and integration tests of the gate."""
+"""Forging frames the way a malicious but allow-listed peer could: it opens a real session with
+the target (the handshake of fedpeer/session.py, against a live daemon over HTTP or against a
+`wire.Gate` in process), then seals arbitrary plaintext under it. Used by unit and integration
+tests of the gate."""
 
 from __future__ import annotations
 
-import itertools
+import os
 import time
 
+import aiohttp
 import msgpack
 
 from fedpeer import wire
 from fedpeer.identity import Identity
-
-_fresh = itertools.count()
-
-
-def _seq_of(plaintext: bytes) -> int:
-    """The envelope's seq when the plaintext is an envelope (the header must carry the same),
-    else a fresh one (microseconds, like wire.SeqClock)."""
-    try:   # (bounded like the gate: junk may be an amplification bomb)
-        doc = msgpack.unpackb(plaintext, max_array_len=64, max_map_len=64)
-        if isinstance(doc, dict) and isinstance(doc.get("seq"), int) and doc["seq"] > 0:
-            return doc["seq"]
-    except Exception:   # junk plaintext is the point of some tests
-        pass
-    return time.time_ns() // 1000 + next(_fresh)
+from fedpeer.net.transport import HELLO_PATH
+from fedpeer.session import SUITE_AES_GCM, SUITES, Handshakes, OutSession
 
 
-def seal_raw(sender: Identity, recipient: bytes, plaintext: bytes, seq: int | None = None) -> bytes:
-    nonce, ciphertext = sender.seal(recipient, plaintext)
-    signature = sender.sign(wire._signed_bytes(sender.public_key, nonce, ciphertext))
-    seq = _seq_of(plaintext) if seq is None else seq
-    length = wire.HEADER_BYTES + len(signature) + len(nonce) + len(ciphertext)
-    tag = wire.PairKeys(sender).header_tag(recipient, sender.public_key, recipient, seq, length)
-    return b"".join((wire.MAGIC, sender.public_key, seq.to_bytes(8, "little"), length.to_bytes(4, "little"),
-                     tag, signature, nonce, ciphertext))
+def now_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
 
 
-def envelope(sender: Identity, dst: bytes, ts_ms: int, seq: int, body: object, kind: str = "ping") -> bytes:
-    return msgpack.packb({"v": 1, "kind": kind, "src": sender.public_key, "dst": dst, "job": "",
-                          "term": 0, "seq": seq, "ts_ms": ts_ms, "body": body})
+class Forger:
+    """A site's sending side in the test process: sessions to peers, and frames of any content."""
+
+    def __init__(self, identity: Identity) -> None:
+        self.identity = identity
+        self.keys = wire.PairKeys(identity)
+        self.handshakes = Handshakes(identity, self.keys.key, SUITE_AES_GCM)
+        self.sessions: dict[bytes, OutSession] = {}
+        self._sealer = wire.Sealer(identity)
+
+    @property
+    def public_key(self) -> bytes:
+        return self.identity.public_key
+
+    async def connect(self, peer: bytes, port: int, host: str = "127.0.0.1") -> OutSession:
+        """Open a session with the live daemon holding `peer` at host:port (raises on refusal)."""
+        pending = self.handshakes.hello(peer)
+        async with aiohttp.ClientSession() as http, http.post(f"http://{host}:{port}{HELLO_PATH}",
+                                                              data=pending.hello) as resp:
+            body = await resp.read()
+            if resp.status != 200:
+                raise HelloRefused(resp.status, body.decode(errors="replace"))
+        session = self.sessions[peer] = self.handshakes.finish(pending, body, now_ms())
+        return session
+
+    def pair(self, gate: wire.Gate, peer: bytes, at_ms: int | None = None) -> OutSession:
+        """Open a session with `gate` (the peer's, in process) directly."""
+        pending = self.handshakes.hello(peer)
+        at_ms = now_ms() if at_ms is None else at_ms
+        welcome = gate.hello(pending.hello, at_ms)
+        session = self.sessions[peer] = self.handshakes.finish(pending, welcome, at_ms)
+        return session
+
+    def fake_session(self, peer: bytes) -> OutSession:
+        """A session the peer never agreed to (random keys): what a stranger or a stale sender holds."""
+        session = OutSession(sid=os.urandom(8), peer=peer, aead=SUITES[SUITE_AES_GCM](os.urandom(32)),
+                             header_key=os.urandom(32), suite=SUITE_AES_GCM, opened_ms=now_ms())
+        self.sessions[peer] = session
+        return session
+
+    def seal(self, dst: bytes, msg: object, *, job: str = "", term: int = 0) -> bytes:
+        return bytes(self._sealer.seal(self.sessions[dst], msg, job=job, term=term))
+
+    def seal_raw(self, dst: bytes, plaintext: bytes) -> bytes:
+        return bytes(wire.seal_plaintext(self.identity.public_key, self.sessions[dst], plaintext))
 
 
-def reheader(sender: Identity, recipient: bytes, frame: bytes) -> bytes:
-    """`frame` with a header tag valid for `recipient` (whatever its body was sealed to)."""
-    header = wire.parse_header(frame)
-    assert header is not None
-    tag = wire.PairKeys(sender).header_tag(recipient, sender.public_key, recipient, header.seq, header.length)
-    return frame[:wire.HEADER_BYTES - wire.HEADER_TAG_BYTES] + tag + frame[wire.HEADER_BYTES:]
+class HelloRefused(Exception):
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"HTTP {status} {reason}")
+        self.status, self.reason = status, reason
+
+
+def envelope(body: object, kind: str = "ping", job: str = "", term: int = 0) -> bytes:
+    return msgpack.packb({"v": wire.PROTOCOL_VERSION, "kind": kind, "job": job, "term": term, "body": body})
+
+
+def flip(frame: bytes, index: int) -> bytes:
+    b = bytearray(frame)
+    b[index] ^= 0x01
+    return bytes(b)
+
+
+async def connected(identity: Identity, h: object, sites: list[int]) -> Forger:
+    """A Forger with sessions open to the harness `h`'s sites at these indices."""
+    from fedpeer.identity import load_key_file
+    forger = Forger(identity)
+    for i in sites:
+        site = h.sites[i]   # type: ignore[attr-defined]
+        await forger.connect(load_key_file(site.config.node.key_file).public_key, site.port)
+    return forger

@@ -1,5 +1,5 @@
-"""The peer port: one POST per frame, nothing else — a small HTTP/1.1 server of our own, and an
-aiohttp client.
+"""The peer port: one POST per frame (and one per session handshake), nothing else — a small
+HTTP/1.1 server of our own, and an aiohttp client.
 
 The server is written for strangers as much as for peers (DESIGN §5): it reads the request's head
 and the frame's 64-byte header (`wire.HEADER_BYTES`) under a deadline, has the header
@@ -31,9 +31,11 @@ import aiohttp
 from ..config import Address, Limits
 from ..errors import RemoteProtocolError
 from ..logs import fields
+from ..session import HELLO_BYTES, WELCOME_BYTES
 from ..wire import HEADER_BYTES, FrameHeader
 
 PATH = "/fedpeer/v1/frame"
+HELLO_PATH = "/fedpeer/v1/hello"      # a session's handshake: a hello in, a welcome out (fedpeer/session.py)
 REFUSAL_HEADER = "X-Fedpeer-Refusal"
 HTTP_HEAD_BYTES_MAX = 8 * 1024          # request line + headers; our client sends ~200 bytes
 LARGE_FRAME_BYTES_MIN = 1024 * 1024    # frames this large also take bytes from the inbound byte budget
@@ -76,7 +78,7 @@ class _Reply(Exception):
         self.status, self.reason, self.keep, self.tag = status, reason, keep, tag
 
 
-_STATUS_TEXT = {204: "No Content", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout",
+_STATUS_TEXT = {200: "OK", 204: "No Content", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout",
                 405: "Method Not Allowed", 411: "Length Required", 413: "Payload Too Large",
                 431: "Request Header Fields Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
 
@@ -150,17 +152,20 @@ class PeerServer:
                  admit: Callable[[bytes], FrameHeader],
                  on_frame: Callable[[bytes, FrameHeader, str], Awaitable[None]],
                  on_reject: Callable[[RemoteProtocolError, str], None],
-                 refusal_tag: Callable[[bytes, int, str], str]) -> None:
-        """admit(first 64 bytes) authenticates a frame header or raises RemoteProtocolError;
+                 refusal_tag: Callable[[FrameHeader, str], str],
+                 on_hello: Callable[[bytes, str], bytes]) -> None:
+        """admit(first HEADER_BYTES) authenticates a frame header or raises RemoteProtocolError;
         on_frame(frame, header, peer_ip) raises RemoteProtocolError to refuse a whole frame;
-        on_reject(error, peer_ip) counts and logs every refusal; refusal_tag(sender, seq, reason)
-        proves a refusal to an authenticated sender."""
+        on_reject(error, peer_ip) counts and logs every refusal; refusal_tag(header, reason)
+        proves a refusal to an authenticated sender; on_hello(hello, peer_ip) answers a session
+        handshake with its welcome or raises RemoteProtocolError."""
         self._listen = listen
         self._limits = limits
         self._admit = admit
         self._on_frame = on_frame
         self._on_reject = on_reject
         self._refusal_tag = refusal_tag
+        self._on_hello = on_hello
         self._reading = asyncio.Semaphore(limits.inbound_concurrent_max)
         self._per_peer: dict[bytes, asyncio.Semaphore] = {}
         self._bytes = ByteBudget(max(limits.inbound_bytes_max, limits.message_bytes_max))
@@ -260,7 +265,12 @@ class PeerServer:
         limits = self._limits
         try:
             async with asyncio.timeout(limits.header_timeout_ms / 1000):
-                length, keep = _parse_head(first + await reader.readuntil(b"\r\n\r\n"), limits.message_bytes_max)
+                target, length, keep = _parse_head(first + await reader.readuntil(b"\r\n\r\n"),
+                                                   limits.message_bytes_max)
+                if target == HELLO_PATH:
+                    if length != HELLO_BYTES:
+                        raise _Reply(400, "frame")
+                    return await self._hello(conn, await reader.readexactly(HELLO_BYTES), keep)
                 head = await reader.readexactly(min(length, HEADER_BYTES))
         except asyncio.LimitOverrunError:
             raise _Reply(431, "head_too_large") from None
@@ -281,10 +291,22 @@ class PeerServer:
             await self._read_body(conn, reader, header, head)
         except RemoteProtocolError as exc:
             self._on_reject(exc, conn.ip)
-            tag = self._refusal_tag(header.sender, header.seq, exc.reason)
+            tag = self._refusal_tag(header, exc.reason)
             await self._respond(conn, 400, exc.reason, keep, tag)
             return keep
         await self._respond(conn, 204, "", keep, "")
+        return keep
+
+    async def _hello(self, conn: _Conn, hello: bytes, keep: bool) -> bool:
+        """Answer a session handshake (small and fixed-size: read within the header deadline)."""
+        try:
+            welcome = self._on_hello(hello, conn.ip)
+        except RemoteProtocolError as exc:
+            self._on_reject(exc, conn.ip)
+            await self._respond(conn, 400, exc.reason, False, "")
+            return False
+        self._books.verify(conn, hello[4:4 + 32])
+        await self._respond(conn, 200, "", keep, "", welcome)
         return keep
 
     async def _read_body(self, conn: _Conn, reader: asyncio.StreamReader, header: FrameHeader, head: bytes) -> None:
@@ -317,11 +339,12 @@ class PeerServer:
         except TimeoutError:
             raise _Reply(408, "body_timeout") from None
 
-    async def _respond(self, conn: _Conn, status: int, reason: str, keep: bool, tag: str) -> None:
-        body = reason.encode() if status != 204 else b""
+    async def _respond(self, conn: _Conn, status: int, reason: str, keep: bool, tag: str, body: bytes = b"") -> None:
+        body = body or (reason.encode() if status != 204 else b"")
         lines = [f"HTTP/1.1 {status} {_STATUS_TEXT.get(status, 'Error')}"]
         if status != 204:
-            lines += ["Content-Type: text/plain", f"Content-Length: {len(body)}"]
+            kind = "application/octet-stream" if status == 200 else "text/plain"
+            lines += [f"Content-Type: {kind}", f"Content-Length: {len(body)}"]
         if tag:
             lines.append(f"{REFUSAL_HEADER}: {tag}")
         if not keep:
@@ -331,15 +354,15 @@ class PeerServer:
             await conn.writer.drain()
 
 
-def _parse_head(head: bytes, bytes_max: int) -> tuple[int, bool]:
-    """(content length, keep-alive) of a request for our one path; raises _Reply otherwise."""
+def _parse_head(head: bytes, bytes_max: int) -> tuple[str, int, bool]:
+    """(path, content length, keep-alive) of a request for one of our paths; raises _Reply otherwise."""
     try:
         text = head.decode("latin-1")
         request_line, *header_lines = text[:-4].split("\r\n")
         method, target, version = request_line.split(" ")
     except ValueError:
         raise _Reply(400, "bad_request") from None
-    if target != PATH:
+    if target not in (PATH, HELLO_PATH):
         raise _Reply(404, "not_found")
     if method != "POST":
         raise _Reply(405, "method_not_allowed")
@@ -362,7 +385,7 @@ def _parse_head(head: bytes, bytes_max: int) -> tuple[int, bool]:
         raise _Reply(413, "oversize")
     connection = headers.get("connection", "").lower()
     keep = connection != "close" if version == "HTTP/1.1" else connection == "keep-alive"
-    return length, keep
+    return target, length, keep
 
 
 class PeerClient:
@@ -374,6 +397,10 @@ class PeerClient:
         self.dropped_best_effort = 0
         self.sent_bytes = {"reliable": 0, "best_effort": 0}   # frames accepted by peers (for status)
         self.sent_bytes_by_peer: Counter[tuple[bytes, str]] = Counter()   # (peer key, class) -> bytes
+
+    @property
+    def retries(self) -> int:
+        return self._limits.send_retries_max
 
     def use_limits(self, limits: Limits) -> None:
         """A reloaded [limits]: retries and backoff apply to the next send; what sized the
@@ -391,37 +418,67 @@ class PeerClient:
             await self._session.close()
             self._session = None
 
-    async def _post(self, address: str, frame: bytes, timeout_ms: int | None) -> None:
+    async def _post(self, address: str, frame: bytes, timeout_ms: int | None, path: str = PATH) -> bytes:
+        """POST one frame (or hello); the answer's body for a hello (its welcome), else b""."""
         assert self._session is not None, "PeerClient.start() not called"
         timeout = aiohttp.ClientTimeout(total=timeout_ms / 1000) if timeout_ms else None
-        async with self._session.post(f"http://{address}{PATH}", data=frame,
+        want = 200 if path == HELLO_PATH else 204
+        async with self._session.post(f"http://{address}{path}", data=frame,
                                       timeout=timeout or aiohttp.helpers.sentinel) as resp:
-            if resp.status != 204:
+            if resp.status != want:
                 reason = (await resp.text(errors="replace"))[:100]
                 if resp.status == 400:
                     raise SendRefused(address, reason, resp.headers.get(REFUSAL_HEADER, "")[:64])
                 raise SendError(f"{address} refused the frame: HTTP {resp.status} {reason}")
+            if want == 204:
+                return b""
+            welcome = await resp.content.read(WELCOME_BYTES + 1)
+            if len(welcome) != WELCOME_BYTES:
+                raise SendError(f"{address} answered the hello with {len(welcome)} bytes, not a welcome")
+            return welcome
+
+    async def hello(self, address: str, hello: bytes, timeout_ms: int | None, retries: int) -> bytes:
+        """A session handshake: the peer's welcome. Retries connection failures like `send`."""
+        return await self._with_retries(address, retries, lambda: self._post(address, hello, timeout_ms, HELLO_PATH))
+
+    async def _with_retries(self, address: str, retries: int, attempt_fn: Callable[[], Awaitable[bytes]]) -> bytes:
+        limits = self._limits
+        for attempt in range(retries + 1):
+            try:
+                return await attempt_fn()
+            except SendError:
+                raise
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                if attempt == retries:
+                    raise SendError(f"{address}: {type(exc).__name__}: {exc}") from None
+            cap = min(limits.send_backoff_ms_max, limits.send_backoff_ms * 2 ** attempt)
+            await asyncio.sleep(self._rng.uniform(0, cap) / 1000)   # "full jitter"
+        raise AssertionError("unreachable")
 
     async def send(self, address: str, frame: bytes, peer: bytes = b"") -> None:
         """Reliable send: retries connection failures with backoff and jitter; raises SendError.
 
         A 400 (the peer rejected the frame) is not retried: the same bytes would be rejected again.
+        A retry refused as a replay was delivered by an earlier try whose answer was lost (the
+        peer records a frame's counter only once the whole frame was accepted).
         """
-        limits = self._limits
-        for attempt in range(limits.send_retries_max + 1):
+        tries = 0
+
+        async def attempt() -> bytes:
+            nonlocal tries
+            tries += 1
             try:
-                await self._post(address, frame, None)
-                self.sent_bytes["reliable"] += len(frame)
-                self.sent_bytes_by_peer[peer, "reliable"] += len(frame)
-                return
-            except SendError:
+                return await self._post(address, frame, None)
+            except SendRefused as exc:
+                if tries > 1 and exc.reason == "replay":
+                    return b""
+                if exc.reason == "stale":   # held back so long that the peer's window moved on: not delivered
+                    raise SendError(f"{address}: too late for the peer's replay window (stale)") from None
                 raise
-            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-                if attempt == limits.send_retries_max:
-                    raise SendError(f"{address}: {type(exc).__name__}: {exc}") from None
-            cap = min(limits.send_backoff_ms_max, limits.send_backoff_ms * 2 ** attempt)
-            await asyncio.sleep(self._rng.uniform(0, cap) / 1000)   # "full jitter"
-        raise AssertionError("unreachable")
+
+        await self._with_retries(address, self._limits.send_retries_max, attempt)
+        self.sent_bytes["reliable"] += len(frame)
+        self.sent_bytes_by_peer[peer, "reliable"] += len(frame)
 
     async def send_best_effort(self, address: str, frame: bytes, timeout_ms: int, peer: bytes = b"",
                                on_refused: Callable[[str | None], None] | None = None) -> bool:

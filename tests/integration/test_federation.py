@@ -9,6 +9,7 @@ import time
 import pytest
 
 from fedpeer.harness import Harness
+from tests import frames
 
 pytestmark = pytest.mark.integration
 
@@ -98,7 +99,6 @@ async def test_a_members_heartbeat_claiming_the_next_term_is_not_followed(make_f
     its xgboost directives); now every status keeps the real leader and term."""
     import aiohttp
 
-    from fedpeer import wire
     from fedpeer.core import election as el
     from fedpeer.identity import load_key_file
     from fedpeer.net.transport import PATH
@@ -119,12 +119,15 @@ async def test_a_members_heartbeat_claiming_the_next_term_is_not_followed(make_f
     claim = term + 1
     certificates = [(), tuple(el.VoteSig(k, bytes(64)) for k in others),
                     tuple(el.VoteSig(k, me.sign(el.vote_statement(claim, me.public_key))) for k in others)]
-    sealer = wire.Sealer(me)
+    sealer = frames.Forger(me)
+    for i, k in enumerate(keys):
+        if i != forger:
+            await sealer.connect(k.public_key, h.sites[i].port)
     async with aiohttp.ClientSession() as session:
         for _ in range(6):   # a "leader" repeats itself: six rounds over ~3 s
             for i, dst in ((i, k.public_key) for i, k in enumerate(keys) if i != forger):
                 for cert in certificates:
-                    frame = sealer.seal(dst, el.Heartbeat(claim, 0, 0, cert), time.time_ns() // 1000, term=claim)
+                    frame = sealer.seal(dst, el.Heartbeat(claim, 0, 0, cert), term=claim)
                     async with session.post(f"http://127.0.0.1:{h.sites[i].port}{PATH}", data=frame) as resp:
                         assert resp.status == 204, (resp.status, await resp.text())   # delivered to the core
             await asyncio.sleep(0.5)

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import pytest
 
+from fedpeer import wire
 from fedpeer.harness import Harness
 from fedpeer.net.transport import PATH
 from tests.integration.conftest import rss_kib
@@ -175,7 +176,7 @@ async def test_more_idle_connections_than_the_open_files_limit(make_federation) 
 async def _idle_connections(port: int) -> None:
     """Keep 1,100 half-sent requests open; replace those the daemon closes."""
     resource.setrlimit(resource.RLIMIT_NOFILE, (4096, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-    head = f"POST {PATH} HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\nFPW2".encode()
+    head = f"POST {PATH} HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n".encode() + wire.MAGIC
     held: dict[socket.socket, bool] = {}     # socket -> its half request was sent
     while True:
         for s in [s for s in held if not _open(s)]:

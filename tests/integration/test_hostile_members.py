@@ -1,6 +1,7 @@
 """A member's key against real daemons (issue 11): one site's frames cannot crash, flood or stall
 another's job registry. The attacker is site-3's allow-listed key, held by the test (site-3's
-daemon is never started), and frames are sealed with `wire.Sealer` as any member's are."""
+daemon is never started), and frames are sealed under sessions it opens as any member's daemon
+does (tests/frames.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import aiohttp
 import pytest
 import tomlkit
 
+from tests import frames
 from fedpeer import config as cfg
-from fedpeer import wire
 from fedpeer.harness import Harness, split_csv
 from fedpeer.identity import Identity, fingerprint, load_key_file, parse_public_key
 from fedpeer.jobs import messages as m
@@ -68,12 +69,12 @@ async def _attacker_federation(make_federation) -> tuple[Harness, Identity]:
 async def test_proposal_naming_an_unknown_member_does_not_kill_the_daemon(make_federation) -> None:
     h, mallory = await _attacker_federation(make_federation)
     target, stranger = _key(h, 0), Identity.generate().public_key
-    sealer = wire.Sealer(mallory)
+    sealer = await frames.connected(mallory, h, [0])
     async with aiohttp.ClientSession() as s:
         for n in range(3):                 # at will, repeatedly: it used to be exit 1 within 1.6 s
             job_id = f"evil-unknown-{n}"
             msg = _propose(job_id, [target, mallory.public_key, stranger])
-            status, text = await _post(s, h.sites[0].port, sealer.seal(target, msg, time.time_ns() // 1000, job=job_id))
+            status, text = await _post(s, h.sites[0].port, sealer.seal(target, msg, job=job_id))
             assert status == 204, text
     await asyncio.sleep(2.5)
     _assert_running(h, [0, 1])
@@ -131,7 +132,7 @@ async def test_onboarding_a_fourth_site_known_only_to_one(make_federation, tmp_p
 async def test_three_thousand_proposals_from_one_member(make_federation) -> None:
     h, mallory = await _attacker_federation(make_federation)
     target, pid = _key(h, 0), h.sites[0].process.pid
-    sealer = wire.Sealer(mallory)
+    sealer = await frames.connected(mallory, h, [0])
     ml_loaded(h.sites[0])
     rss_before = rss_kib(pid)
     answers: dict[str, int] = {}
@@ -143,8 +144,7 @@ async def test_three_thousand_proposals_from_one_member(make_federation) -> None
         for n in range(worker, FLOOD_PROPOSALS, FLOOD_CONCURRENCY):
             await asyncio.sleep(max(0.0, started + n * FLOOD_SECONDS / FLOOD_PROPOSALS - time.monotonic()))
             job_id = f"flood-{n}"
-            frame = sealer.seal(target, _propose(job_id, [target, mallory.public_key]), time.time_ns() // 1000,
-                                job=job_id)
+            frame = sealer.seal(target, _propose(job_id, [target, mallory.public_key]), job=job_id)
             status, text = await _post(session, h.sites[0].port, frame)
             answers[text or str(status)] = answers.get(text or str(status), 0) + 1
             sent += 1

@@ -14,11 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fedpeer import wire
 from fedpeer.core import election as el
 from fedpeer.core import membership as mb
 from fedpeer.harness import Harness
-from fedpeer.identity import load_key_file
+from fedpeer.identity import Identity, load_key_file
 from fedpeer.jobs import messages as m
 from fedpeer.net.transport import PATH
 from tests import frames
@@ -32,7 +31,7 @@ async def _post(s: aiohttp.ClientSession, port: int, body: bytes) -> tuple[int, 
         return resp.status, await resp.text()
 
 
-async def _federation_with_mallory(make_federation) -> tuple[Harness, wire.Sealer, bytes]:
+async def _federation_with_mallory(make_federation) -> tuple[Harness, Identity, bytes]:
     """site-1 and site-2 run; site-3's key (allow-listed everywhere) is the attacker's."""
     h: Harness = make_federation(3, start=False)
     h.start(0)
@@ -50,8 +49,8 @@ async def test_amplification_frames_are_refused_without_building_millions_of_obj
     target = h.sites[0]
     inner = b"\xdd" + (1 << 20).to_bytes(4, "big") + b"\x90" * (1 << 20)
     plaintext = b"\xdc" + (24).to_bytes(2, "big") + inner * 24
-    now_us = time.time_ns() // 1000
-    bombs = [frames.seal_raw(mallory, bob, plaintext, seq=now_us + i) for i in range(8)]
+    forger = await frames.connected(mallory, h, [0])
+    bombs = [forger.seal_raw(bob, plaintext) for _ in range(8)]
     ml_loaded(target)
     rss_before = rss_kib(target.process.pid)
     started = time.monotonic()
@@ -119,7 +118,7 @@ def test_random_member_messages_never_take_a_site_down(make_federation, tmp_path
     keys = {"site-1": load_key_file(h.sites[0].config.node.key_file).public_key,
             "site-2": load_key_file(h.sites[1].config.node.key_file).public_key,
             "mallory": mallory.public_key, "stranger": os.urandom(32)}
-    sealer = wire.Sealer(mallory)
+    sealer = asyncio.run(frames.connected(mallory, h, [0]))
     jobs: list[str] = []
 
     async def honest_job() -> str:
@@ -149,7 +148,7 @@ def test_random_member_messages_never_take_a_site_down(make_federation, tmp_path
             batch = data.draw(st.lists(_strategies(keys, jobs[-3:]), min_size=1, max_size=25))
             async with aiohttp.ClientSession() as s:
                 for msg, job, term in batch:
-                    frame = sealer.seal(keys["site-1"], msg, time.time_ns() // 1000, job=job, term=min(term, 2**63 - 1))
+                    frame = sealer.seal(keys["site-1"], msg, job=job, term=min(term, 2**63 - 1))
                     status, _ = await _post(s, h.sites[0].port, frame)
                     assert status in (204, 400), status
             await check_job(job_id)
@@ -175,7 +174,7 @@ async def test_a_members_gossip_cannot_evict_a_site(make_federation) -> None:
         h.start(i)
     await h.wait_all_alive(timeout_s=15, among=[0, 1, 2])
     keys = [load_key_file(s.config.node.key_file).public_key for s in h.sites]
-    sealer = wire.Sealer(load_key_file(h.sites[3].config.node.key_file))   # site-4: the liar
+    sealer = await frames.connected(load_key_file(h.sites[3].config.node.key_file), h, [0, 1, 2])   # site-4: the liar
     victim = h.sites[1]
     seen: set[tuple[str, str]] = set()
     started, probe_id = time.monotonic(), 0
@@ -187,7 +186,7 @@ async def test_a_members_gossip_cannot_evict_a_site(make_federation) -> None:
             for i in (0, 2, 1):
                 probe_id += 1
                 ping = mb.Ping(probe_id=probe_id, incarnation=1, address=h.sites[3].address, updates=lies)
-                assert (await _post(s, h.sites[i].port, sealer.seal(keys[i], ping, time.time_ns() // 1000)))[0] == 204
+                assert (await _post(s, h.sites[i].port, sealer.seal(keys[i], ping)))[0] == 204
             for i in (0, 2):
                 view = next(p for p in (await h.status(i))["peers"] if p["name"] == victim.name)
                 seen.add((view["state"], view["address"]))

@@ -3,12 +3,12 @@ must not get the honest successor that refused it dropped from the sum.
 
 Four daemons run a `sumcheck` job. The test holds the key of the second site in ring order (the
 "liar", allow-listed like a compromised site) and, while the job starts, sends the liar's ring
-successor a secure-sum chunk of float64 for that job, sealed with wire.Sealer as the liar's daemon
-would. The successor's gate refuses it, its job's receives from the liar fail (MalformedFrom), and
-it reports the liar's chunk as malformed. Before the fix it reported nothing useful, or the
-refusal was taken for a dead peer, and the honest site was dropped; now the two are a dispute:
-the next attempt runs over all four in an order that keeps them apart. (The liar's daemon itself
-runs honestly, so it stays in too.)
+successor a secure-sum chunk of float64 for that job, sealed under a session the test opens with
+the liar's key, as the liar's daemon would. The successor's gate refuses it, its job's receives
+from the liar fail (MalformedFrom), and it reports the liar's chunk as malformed. Before the fix
+it reported nothing useful, or the refusal was taken for a dead peer, and the honest site was
+dropped; now the two are a dispute: the next attempt runs over all four in an order that keeps
+them apart. (The liar's daemon itself runs honestly, so it stays in too.)
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from fedpeer import wire
+from tests import frames
 from fedpeer.harness import Harness
 from fedpeer.identity import load_key_file
 from fedpeer.net.transport import PATH
@@ -32,7 +32,7 @@ CHUNK_ENTRIES = 65_536
 INJECT_FOR_S = 20.0                 # how long to keep trying before the successor knows the job
 
 
-async def inject_until_refused(port: int, liar_sealer: wire.Sealer, dst: bytes, job_id: str) -> str:
+async def inject_until_refused(port: int, liar_sealer: frames.Forger, dst: bytes, job_id: str) -> str:
     """Post the malformed chunk until the successor's gate refuses it for its schema (it answers
     unknown_job until the proposal has reached it). Returns the last answer."""
     chunk = SumChunk("sumcheck/ss-pairwise/a1/c0", np.zeros(4, dtype=np.float64))
@@ -40,7 +40,7 @@ async def inject_until_refused(port: int, liar_sealer: wire.Sealer, dst: bytes, 
     text = ""
     async with aiohttp.ClientSession() as session:
         while time.monotonic() < deadline:
-            frame = liar_sealer.seal(dst, chunk, time.time_ns() // 1000, job=job_id)
+            frame = liar_sealer.seal(dst, chunk, job=job_id)
             async with session.post(f"http://127.0.0.1:{port}{PATH}", data=frame) as resp:
                 text = await resp.text()
                 if resp.status == 400 and text == "schema":
@@ -65,7 +65,7 @@ async def test_a_malformed_chunk_does_not_get_the_honest_successor_dropped(make_
     while await h.job(successor, job_id) is None:
         assert time.monotonic() < deadline, "the proposal never reached the successor"
         await asyncio.sleep(0.01)
-    answer = await inject_until_refused(h.sites[successor].port, wire.Sealer(idents[liar]),
+    answer = await inject_until_refused(h.sites[successor].port, await frames.connected(idents[liar], h, [successor]),
                                         idents[successor].public_key, job_id)
     assert answer == "schema", f"the successor's gate never refused the chunk for its schema: {answer!r}"
 

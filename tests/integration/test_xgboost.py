@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests import frames
 from fedpeer.harness import kill_leader_at_round, split_csv
 from fedpeer.ml import boosting
 from tests.integration.conftest import predict_scores
@@ -113,7 +114,6 @@ async def test_a_members_forged_commit_with_a_high_term_is_refused(make_federati
 
     import aiohttp
 
-    from fedpeer import wire
     from fedpeer.identity import load_key_file
     from fedpeer.jobs import xgboost as xj
     from fedpeer.net.transport import PATH
@@ -131,7 +131,7 @@ async def test_a_members_forged_commit_with_a_high_term_is_refused(make_federati
     leader = (await h.status(0))["leader"]
     forger = next(i for i in (2, 1, 0) if h.sites[i].name != leader)     # a member's key, not the leader's
     targets = [i for i in range(3) if i != forger]
-    mallory = wire.Sealer(load_key_file(h.sites[forger].config.node.key_file))
+    mallory = await frames.connected(load_key_file(h.sites[forger].config.node.key_file), h, targets)
     started = time.monotonic()
     async with aiohttp.ClientSession() as session:
         for i in targets:
@@ -140,7 +140,7 @@ async def test_a_members_forged_commit_with_a_high_term_is_refused(make_federati
             for term in (2**62, status["term"]):
                 for msg in (xj._directive(term, "commit", rounds, sha=sha, model=forged, commit_term=term),
                             xj._directive(term, "finish", rounds, sha=sha)):
-                    frame = mallory.seal(dst, msg, time.time_ns() // 1000, job=job_id, term=term)
+                    frame = mallory.seal(dst, msg, job=job_id, term=term)
                     async with session.post(f"http://127.0.0.1:{h.sites[i].port}{PATH}", data=frame) as resp:
                         assert resp.status == 204, (resp.status, await resp.text())   # delivered to the job
 

@@ -12,7 +12,6 @@ import os
 import hashlib
 import random
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -25,15 +24,16 @@ from hypothesis.extra.numpy import arrays
 from scipy import stats
 
 from fedpeer import wire
+from tests import frames
 from fedpeer.errors import JobError, LocalProtocolError, RemoteProtocolError
 from fedpeer.identity import Identity
 from fedpeer.net.channel import MemoryChannel, MemoryNetwork, PeerUnreachable, RecvTimeout
 from fedpeer.protocols import securesum as ss
+from fedpeer.session import Sessions
 from fedpeer.protocols.securesum import (
     RingBroken, SeedReveal, SeedRequest, SumChunk, SumHere, SumOutcome, SumRestart, SumResult, SumWhere,
     secure_sum,
 )
-from fedpeer.store import Counter
 
 TAG = "t"
 HOP_MS = 1_000                 # short hops: virtual time, but keeps the bounds readable
@@ -164,13 +164,17 @@ def check_consistent(results: dict[bytes, Any], vectors: dict[bytes, np.ndarray]
 
 # -- wire --------------------------------------------------------------------------------------
 
-def test_messages_round_trip_through_the_gate(tmp_path: Path) -> None:
+def _alice_to_bob() -> tuple[Identity, wire.Gate, frames.Forger]:
     alice, bob = Identity.generate(), Identity.generate()
-    replay = wire.ReplayGuard(window_us=10_000_000, recent_max=64,
-                              counter_for=lambda k: Counter(tmp_path / k.hex()))
-    gate = wire.Gate(bob, {alice.public_key}.__contains__, replay,
-                     message_bytes_max=1 << 24, clock_skew_ms_max=30_000)
-    sealer, now_ms = wire.Sealer(alice), 1_700_000_000_000
+    gate = wire.Gate(bob, {alice.public_key}.__contains__, Sessions(), message_bytes_max=1 << 24)
+    forger = frames.Forger(alice)
+    forger.pair(gate, bob.public_key, 0)
+    return bob, gate, forger
+
+
+def test_messages_round_trip_through_the_gate() -> None:
+    bob, gate, sealer = _alice_to_bob()
+    alice = sealer.identity
     data = np.array([0, 1, 2**64 - 1, 12345678901234567890], dtype=np.uint64)
     messages = [SumChunk("t/ss-ring/a1/c0", data), SumResult("t/ss-ring/a1/r0", data),
                 SumChunk("t/ss-ring/a1/c1", np.full(ss.CHUNK_ENTRIES_MAX, 7, dtype=np.uint64)),
@@ -179,7 +183,7 @@ def test_messages_round_trip_through_the_gate(tmp_path: Path) -> None:
                 SeedRequest("t/ss-pairwise/a1/seed"), SeedReveal("t/ss-pairwise/a1/seed", bytes(range(32))),
                 SumWhere("t/ss-ring/a1/where", 3), SumHere("t/ss-ring/a1/where", 3, True, False)]
     for msg in messages:
-        env = gate.open(sealer.seal(bob.public_key, msg, now_ms * 1000), now_ms)
+        env = gate.open(sealer.seal(bob.public_key, msg), 0)
         got = env.msg
         assert type(got) is type(msg) and env.kind == wire.kind_of(msg)
         if isinstance(msg, (SumChunk, SumResult)):
@@ -190,15 +194,11 @@ def test_messages_round_trip_through_the_gate(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("data", [np.zeros(3, dtype=np.float64), np.zeros((2, 2), dtype=np.uint64),
                                   np.zeros(ss.CHUNK_ENTRIES_MAX + 1, dtype=np.uint64)])
-def test_gate_rejects_bad_chunks(tmp_path: Path, data: np.ndarray) -> None:
-    alice, bob = Identity.generate(), Identity.generate()
-    replay = wire.ReplayGuard(window_us=10_000_000, recent_max=64,
-                              counter_for=lambda k: Counter(tmp_path / k.hex()))
-    gate = wire.Gate(bob, {alice.public_key}.__contains__, replay,
-                     message_bytes_max=1 << 24, clock_skew_ms_max=30_000)
-    frame = wire.Sealer(alice).seal(bob.public_key, SumChunk("t", data), 1_700_000_000_000_000)
+def test_gate_rejects_bad_chunks(data: np.ndarray) -> None:
+    bob, gate, sealer = _alice_to_bob()
+    frame = sealer.seal(bob.public_key, SumChunk("t", data))
     with pytest.raises(RemoteProtocolError) as err:
-        gate.open(frame, 1_700_000_000_000)
+        gate.open(frame, 0)
     assert err.value.reason == "schema"
 
 

@@ -680,20 +680,22 @@ def test_real_keys_through_the_wire_gate(tmp_path):
     from fedpeer import wire
     from fedpeer.errors import RemoteProtocolError
     from fedpeer.identity import Identity, verify
-    from fedpeer.store import Counter
+    from fedpeer.session import Sessions
+    from tests.frames import Forger
 
     who = {i.public_key: i for i in (Identity.generate() for _ in range(3))}
     keys = sorted(who)
     nodes = {k: Election(k, keys, CFG, random.Random(j), HardState(), 0, sign=who[k].sign, verify=verify)
              for j, k in enumerate(keys)}
-    gates = {k: wire.Gate(who[k], who.__contains__, wire.ReplayGuard(
-        window_us=10**7, recent_max=64, counter_for=lambda p, k=k: Counter(tmp_path / (k + p).hex())),
-        message_bytes_max=1 << 20, clock_skew_ms_max=30_000) for k in keys}
-    sealers = {k: wire.Sealer(who[k]) for k in keys}
-    wall_ms = 1_700_000_000_000
+    gates = {k: wire.Gate(who[k], who.__contains__, Sessions(), message_bytes_max=1 << 20) for k in keys}
+    sealers = {k: Forger(who[k]) for k in keys}
+    for src in keys:
+        for dst in keys:
+            if src != dst:
+                sealers[src].pair(gates[dst], dst, 0)
 
     def deliver(src: bytes, dst: bytes, msg, t: int) -> Ready:
-        env = gates[dst].open(sealers[src].seal(dst, msg, (wall_ms + t) * 1000), wall_ms + t)
+        env = gates[dst].open(sealers[src].seal(dst, msg), 0)
         assert env.msg == msg  # the codec round-trips signatures and certificates
         return nodes[dst].receive(src, env.msg, t)
 

@@ -14,40 +14,39 @@ from fedpeer import wire
 from fedpeer.core import membership as mb
 from fedpeer.errors import RemoteProtocolError
 from fedpeer.identity import Identity
-from fedpeer.store import Counter
+from fedpeer.session import (
+    INBOUND_SESSIONS_PER_PEER_MAX, REPLAY_WINDOW_FRAMES, SESSION_REJECT_AFTER_MS, SESSION_REKEY_AFTER_BYTES,
+    SESSION_REKEY_AFTER_MS, SUITE_CHACHA, Handshakes, ReplayWindow, Sessions,
+)
 from tests import frames
 
-NOW_MS = 1_700_000_000_000
-NOW_US = NOW_MS * 1000
+NOW_MS = 1_700_000_000     # monotonic milliseconds (sessions never read the wall clock)
 
 
 class Peers:
-    """Alice sends to Bob; Bob's gate knows Alice; Mallory is not in Bob's allowlist."""
+    """Alice sends to Bob under a session; Bob's gate knows Alice; Mallory is not in Bob's allowlist."""
 
-    def __init__(self, state: Path) -> None:
+    def __init__(self, state: Path | None = None) -> None:
         self.alice, self.bob, self.mallory = Identity.generate(), Identity.generate(), Identity.generate()
-        self.state = state
-        self.alice_sealer = wire.Sealer(self.alice)
         self.gate = self.new_gate()
+        self.forger = frames.Forger(self.alice)
+        self.forger.pair(self.gate, self.bob.public_key, NOW_MS)
 
     def new_gate(self, bytes_max: int = 1 << 20) -> wire.Gate:
-        """Bob's gate, reading the replay marks persisted under `state` (as after a restart)."""
-        replay = wire.ReplayGuard(window_us=10_000_000, recent_max=64,
-                                  counter_for=lambda k: Counter(self.state / k.hex()))
-        return wire.Gate(self.bob, {self.alice.public_key}.__contains__, replay,
-                         message_bytes_max=bytes_max, clock_skew_ms_max=30_000)
+        """Bob's gate with no sessions (as after a restart)."""
+        return wire.Gate(self.bob, {self.alice.public_key}.__contains__, Sessions(), message_bytes_max=bytes_max)
 
     def ping(self, probe_id: int = 7) -> mb.Ping:
         upd = mb.Update(node=self.bob.public_key, state=mb.MemberState.SUSPECT, incarnation=3, address="127.0.0.1:9")
         return mb.Ping(probe_id=probe_id, incarnation=2, address="127.0.0.1:8", updates=(upd,))
 
-    def frame(self, now_us: int = NOW_US, msg: object = None) -> bytes:
-        return self.alice_sealer.seal(self.bob.public_key, msg or self.ping(), now_us)
+    def frame(self, msg: object = None, **kw: object) -> bytes:
+        return self.forger.seal(self.bob.public_key, msg or self.ping(), **kw)
 
 
 @pytest.fixture
-def peers(tmp_path: Path) -> Peers:
-    return Peers(tmp_path)
+def peers() -> Peers:
+    return Peers()
 
 
 def reason(gate: wire.Gate, frame: bytes, now_ms: int = NOW_MS) -> str:
@@ -59,66 +58,138 @@ def reason(gate: wire.Gate, frame: bytes, now_ms: int = NOW_MS) -> str:
 def test_round_trip(peers: Peers) -> None:
     env = peers.gate.open(peers.frame(), NOW_MS)
     assert env.msg == peers.ping()
-    assert (env.kind, env.src, env.dst) == ("ping", peers.alice.public_key, peers.bob.public_key)
+    assert (env.kind, env.src, env.dst, env.seq) == ("ping", peers.alice.public_key, peers.bob.public_key, 0)
 
 
 def test_unknown_sender_rejected_before_decoding(peers: Peers) -> None:
-    frame = wire.Sealer(peers.mallory).seal(peers.bob.public_key, peers.ping(), NOW_US)
-    assert reason(peers.gate, frame) == "unknown_sender"
+    mallory = frames.Forger(peers.mallory)
+    mallory.fake_session(peers.bob.public_key)
+    assert reason(peers.gate, mallory.seal(peers.bob.public_key, peers.ping())) == "unknown_sender"
+    with pytest.raises(RemoteProtocolError, match="unknown_sender"):
+        mallory.pair(peers.gate, peers.bob.public_key, NOW_MS)   # nor can it open a session
 
 
 def test_every_single_bit_flip_is_rejected(peers: Peers) -> None:
     frame = peers.frame()
-    for i in range(0, len(frame) * 8, 7):    # every 7th bit: header, signature, nonce, body
+    for i in range(0, len(frame) * 8, 3):    # every 3rd bit: header, ciphertext, AEAD tag
         flipped = bytearray(frame)
         flipped[i // 8] ^= 1 << (i % 8)
-        assert reason(peers.gate, bytes(flipped)) in {"frame", "unknown_sender", "header", "oversize", "signature"}
+        assert reason(peers.gate, bytes(flipped)) in {
+            "frame", "unknown_sender", "unknown_session", "header", "oversize", "decrypt"}
+    peers.gate.open(frame, NOW_MS)   # the original still opens: no flip moved the window
 
 
-def test_replay_rejected_also_after_restart(peers: Peers) -> None:
+def test_replay_rejected_and_old_sessions_refused_after_restart(peers: Peers) -> None:
     frame = peers.frame()
     peers.gate.open(frame, NOW_MS)
     assert reason(peers.gate, frame) == "replay"
-    assert reason(peers.new_gate(), frame) == "replay"   # fresh gate = restarted receiver
+    restarted = peers.new_gate()   # a restarted receiver holds no session: nothing of the old ones opens
+    assert reason(restarted, frame) == "unknown_session"
+    assert reason(restarted, peers.frame()) == "unknown_session"
+    peers.forger.pair(restarted, peers.bob.public_key, NOW_MS)   # the sender just opens a new one
+    assert restarted.open(peers.frame(), NOW_MS).seq == 0
 
 
 def test_out_of_order_inside_window_accepted_once(peers: Peers) -> None:
-    early, late = peers.frame(NOW_US), peers.frame(NOW_US + 5)
+    early, late = peers.frame(), peers.frame()
     peers.gate.open(late, NOW_MS)
     peers.gate.open(early, NOW_MS)           # concurrent requests may arrive out of order
     assert reason(peers.gate, early) == "replay"
 
 
+def test_replay_window_is_constant_work_and_refuses_what_fell_behind() -> None:
+    window = ReplayWindow()
+    for counter in range(0, 100_000, 3):
+        window.record(counter)
+    assert window.high == 99_999 and window._seen.bit_length() <= REPLAY_WINDOW_FRAMES
+    with pytest.raises(RemoteProtocolError, match="replay"):
+        window.check(99_996)
+    with pytest.raises(RemoteProtocolError) as err:
+        window.check(99_999 - REPLAY_WINDOW_FRAMES)
+    assert err.value.reason == "stale"
+    window.record(99_998)    # inside the window, never seen: out of order, accepted once
+    with pytest.raises(RemoteProtocolError, match="replay"):
+        window.check(99_998)
+    window.record(99_999 + 10 * REPLAY_WINDOW_FRAMES)   # a jump past the whole window forgets it all
+    with pytest.raises(RemoteProtocolError) as err:
+        window.check(99_998)
+    assert err.value.reason == "stale"
+
+
 def test_addressed_to_another_node(peers: Peers) -> None:
     carol = Identity.generate()
-    frame = peers.alice_sealer.seal(carol.public_key, peers.ping(), NOW_US)
-    assert reason(peers.gate, frame) == "header"   # sealed to carol: the header tag is not for bob
+    carol_gate = wire.Gate(carol, {peers.alice.public_key}.__contains__, Sessions(), message_bytes_max=1 << 20)
+    peers.forger.pair(carol_gate, carol.public_key, NOW_MS)
+    frame = peers.forger.seal(carol.public_key, peers.ping())
+    assert reason(peers.gate, frame) == "unknown_session"   # Bob never agreed to Alice's session with Carol
 
 
-def test_wrong_dst_inside_a_frame_bob_can_open(peers: Peers) -> None:
-    # Alice seals to Bob, but the envelope names someone else: only a buggy or malicious sender does this.
-    envelope = {"v": 1, "kind": "ping", "src": peers.alice.public_key, "dst": b"\x01" * 32, "job": "",
-                "term": 0, "seq": 1, "ts_ms": NOW_MS, "body": {}}
-    assert reason(peers.gate, seal_raw(peers, msgpack.packb(envelope))) == "wrong_dst"
+def test_a_frame_from_an_expired_session_is_refused(peers: Peers) -> None:
+    frame = peers.frame()
+    assert reason(peers.gate, frame, NOW_MS + SESSION_REJECT_AFTER_MS) == "unknown_session"
+
+
+def test_handshake_replay_and_forgery(peers: Peers) -> None:
+    pending = peers.forger.handshakes.hello(peers.bob.public_key)
+    welcome = peers.gate.hello(pending.hello, NOW_MS)
+    with pytest.raises(RemoteProtocolError) as err:   # the same hello again: that session is open
+        peers.gate.hello(pending.hello, NOW_MS)
+    assert err.value.reason == "replay"
+    # a hello replayed once its session expired gets a welcome, but keys only the original
+    # initiator could derive, from an ephemeral key it has dropped: the recorder can open nothing
+    later = NOW_MS + SESSION_REJECT_AFTER_MS
+    replayed = peers.gate.hello(pending.hello, later)
+    assert replayed[:12] == welcome[:12] and replayed[12:44] != welcome[12:44]   # same sid, fresh e_R
+    for i in (5, 80, 100, 130, 188):   # sender, ephemeral key, tag, signature: every part is bound
+        with pytest.raises(RemoteProtocolError) as err:
+            peers.gate.hello(frames.flip(peers.forger.handshakes.hello(peers.bob.public_key).hello, i), NOW_MS)
+        assert err.value.reason in ("unknown_sender", "header", "signature")
+    carol = Identity.generate()   # a hello for someone else
+    with pytest.raises(RemoteProtocolError, match="wrong_dst"):
+        peers.gate.hello(peers.forger.handshakes.hello(carol.public_key).hello, NOW_MS)
+    # a welcome that is not from Bob (or not for this hello) is refused by the initiator
+    pending = peers.forger.handshakes.hello(peers.bob.public_key)
+    good = peers.gate.hello(pending.hello, NOW_MS)
+    for bad in (frames.flip(good, 20), frames.flip(good, 100), good[:4] + b"\0" * 8 + good[12:]):
+        with pytest.raises(RemoteProtocolError):
+            peers.forger.handshakes.finish(pending, bad, NOW_MS)
+
+
+def test_half_open_sessions_are_bounded_per_peer(peers: Peers) -> None:
+    peers.gate.open(peers.frame(), NOW_MS)   # the session in use is confirmed
+    for _ in range(3 * INBOUND_SESSIONS_PER_PEER_MAX):   # replayed or abandoned hellos
+        peers.gate.hello(peers.forger.handshakes.hello(peers.bob.public_key).hello, NOW_MS)
+    assert peers.gate.sessions.counts()["inbound"] == INBOUND_SESSIONS_PER_PEER_MAX
+    assert peers.gate.open(peers.frame(), NOW_MS).msg == peers.ping()   # the one in use survived (confirmed)
+
+
+def test_sessions_rekey_by_time_and_volume(peers: Peers) -> None:
+    session = peers.forger.sessions[peers.bob.public_key]
+    assert not session.worn(NOW_MS + SESSION_REKEY_AFTER_MS - 1)
+    assert session.worn(NOW_MS + SESSION_REKEY_AFTER_MS)
+    session.bytes_sent = SESSION_REKEY_AFTER_BYTES
+    assert session.worn(NOW_MS)
+
+
+def test_forward_secrecy_keys_differ_per_session(peers: Peers) -> None:
+    a = peers.forger.pair(peers.gate, peers.bob.public_key, NOW_MS)
+    b = peers.forger.pair(peers.gate, peers.bob.public_key, NOW_MS)
+    assert a.header_key != b.header_key and a.sid != b.sid
 
 
 def seal_raw(peers: Peers, plaintext: bytes) -> bytes:
-    """A correctly signed and sealed frame around arbitrary plaintext (a compromised peer)."""
-    return frames.seal_raw(peers.alice, peers.bob.public_key, plaintext)
+    """A correctly sealed frame around arbitrary plaintext (a compromised peer)."""
+    return peers.forger.seal_raw(peers.bob.public_key, plaintext)
 
 
-def test_skewed_timestamp(peers: Peers) -> None:
-    assert reason(peers.gate, peers.frame(NOW_US - 31_000_000)) == "skew"
-
-
-@pytest.mark.parametrize("frame", [b"", b"FPW1", b"FPW1" + b"\0" * 100, b"GET / HTTP/1.1\r\n\r\n" * 20,
+@pytest.mark.parametrize("frame", [b"", b"FPW3", b"FPW3" + b"\0" * 100, b"GET / HTTP/1.1\r\n\r\n" * 20,
                                    (2**32).to_bytes(8, "big") + b"x" * 200])
 def test_truncated_and_foreign_frames(peers: Peers, frame: bytes) -> None:
     assert reason(peers.gate, frame) == "frame"
 
 
 def test_oversize(peers: Peers) -> None:
-    gate = peers.new_gate(bytes_max=200)
+    gate = peers.new_gate(bytes_max=100)
     assert reason(gate, peers.frame()) == "oversize"
 
 
@@ -128,9 +199,7 @@ def test_deep_nesting_from_an_authenticated_peer(peers: Peers) -> None:
     nested = [[]]
     for _ in range(100):
         nested = [nested]
-    envelope = {"v": 1, "kind": "ping", "src": peers.alice.public_key, "dst": peers.bob.public_key,
-                "job": "", "term": 0, "seq": 1, "ts_ms": NOW_MS, "body": {"x": nested}}
-    assert reason(peers.gate, seal_raw(peers, msgpack.packb(envelope))) == "decode"
+    assert reason(peers.gate, seal_raw(peers, frames.envelope({"x": nested}))) == "decode"
 
 
 @pytest.mark.parametrize("mutate,why", [
@@ -143,17 +212,15 @@ def test_deep_nesting_from_an_authenticated_peer(peers: Peers) -> None:
 ])
 def test_typed_validation(peers: Peers, mutate, why: str) -> None:
     body = {"probe_id": 1, "incarnation": 1, "address": "h:1", "updates": []}
-    envelope = {"v": 1, "kind": "ping", "src": peers.alice.public_key, "dst": peers.bob.public_key,
-                "job": "", "term": 0, "seq": 1, "ts_ms": NOW_MS, "body": mutate(body)}
-    assert reason(peers.gate, seal_raw(peers, msgpack.packb(envelope))) == why
+    assert reason(peers.gate, seal_raw(peers, frames.envelope(mutate(body)))) == why
 
 
-def test_unknown_kind_and_ext_types(peers: Peers) -> None:
-    envelope = {"v": 1, "kind": "exec", "src": peers.alice.public_key, "dst": peers.bob.public_key,
-                "job": "", "term": 0, "seq": 1, "ts_ms": NOW_MS, "body": {}}
-    assert reason(peers.gate, seal_raw(peers, msgpack.packb(envelope))) == "unknown_kind"
-    envelope["kind"], envelope["body"] = "ping", msgpack.ExtType(1, b"boom")
-    assert reason(peers.gate, seal_raw(peers, msgpack.packb(envelope))) == "decode"
+def test_unknown_kind_ext_types_and_old_envelopes(peers: Peers) -> None:
+    assert reason(peers.gate, seal_raw(peers, frames.envelope({}, kind="exec"))) == "unknown_kind"
+    assert reason(peers.gate, seal_raw(peers, frames.envelope(msgpack.ExtType(1, b"boom")))) == "decode"
+    old = {"v": 1, "kind": "ping", "src": peers.alice.public_key, "dst": peers.bob.public_key, "job": "",
+           "term": 0, "seq": 1, "ts_ms": 0, "body": {}}   # protocol 1's envelope
+    assert reason(peers.gate, seal_raw(peers, msgpack.packb(old))) == "schema"
 
 
 @settings(max_examples=300, deadline=None)
@@ -164,6 +231,10 @@ def test_random_bytes_never_crash_the_gate(data: bytes) -> None:
         gate.open(data, NOW_MS)
     with pytest.raises(RemoteProtocolError):
         gate.open(wire.MAGIC + _FUZZ.alice.public_key + data, NOW_MS)
+    with pytest.raises(RemoteProtocolError):   # a known session id, then anything
+        gate.open(wire.MAGIC + _FUZZ.alice.public_key + _FUZZ.forger.sessions[_FUZZ.bob.public_key].sid + data, NOW_MS)
+    with pytest.raises(RemoteProtocolError):
+        gate.hello(data, NOW_MS)
 
 
 _msgpack_values = st.recursive(
@@ -178,10 +249,8 @@ _msgpack_values = st.recursive(
 def test_authenticated_garbage_bodies_are_rejected_or_typed(body, kind: str) -> None:
     """Whatever an allow-listed (but malicious) peer encodes, the gate returns a typed message or
     raises RemoteProtocolError — never another exception."""
-    envelope = {"v": 1, "kind": kind, "src": _FUZZ.alice.public_key, "dst": _FUZZ.bob.public_key,
-                "job": "", "term": 0, "seq": _FUZZ.next_seq(), "ts_ms": NOW_MS, "body": body}
     try:
-        env = _FUZZ.gate.open(seal_raw(_FUZZ, msgpack.packb(envelope)), NOW_MS)
+        env = _FUZZ.gate.open(seal_raw(_FUZZ, frames.envelope(body, kind)), NOW_MS)
     except RemoteProtocolError:
         return
     assert isinstance(env.msg, (mb.Ping, mb.Ack, mb.PingReq, mb.IndirectAck))
@@ -194,18 +263,7 @@ def test_garbage_plaintext_from_an_authenticated_peer(plaintext: bytes) -> None:
         _FUZZ.gate.open(seal_raw(_FUZZ, plaintext), NOW_MS)
 
 
-class _Fuzz(Peers):
-    def __init__(self) -> None:
-        import tempfile
-        super().__init__(Path(tempfile.mkdtemp(prefix="fedpeer-fuzz-")))
-        self._seq = 0
-
-    def next_seq(self) -> int:
-        self._seq += 1
-        return self._seq
-
-
-_FUZZ = _Fuzz()
+_FUZZ = Peers()
 
 
 def test_array_codec_checks_length_and_dtype() -> None:
@@ -223,22 +281,26 @@ def test_array_codec_checks_length_and_dtype() -> None:
         check(wire.encode_array(np.array([np.nan])), "x")
 
 
-# -- the frame header: the sender is known from the first 64 bytes ----------------------------
+# -- the frame header: the sender is known from the first 72 bytes ----------------------------
 
 def test_header_authenticates_the_sender_before_the_body(peers: Peers) -> None:
     frame = peers.frame()
-    header = peers.gate.open_header(frame[:wire.HEADER_BYTES])
+    header = peers.gate.open_header(frame[:wire.HEADER_BYTES], NOW_MS)
     assert (header.sender, header.length) == (peers.alice.public_key, len(frame))
-    stranger = wire.Sealer(peers.mallory).seal(peers.bob.public_key, peers.ping(), NOW_US)
+    mallory = frames.Forger(peers.mallory)
+    mallory.fake_session(peers.bob.public_key)
+    stranger = mallory.seal(peers.bob.public_key, peers.ping())
     with pytest.raises(RemoteProtocolError, match="unknown_sender"):
-        peers.gate.open_header(stranger[:wire.HEADER_BYTES])
-    # a stranger claiming Alice's key cannot make the tag; nor can anyone lengthen a real header
-    forged = frame[:4] + peers.alice.public_key + frame[36:wire.HEADER_BYTES]
+        peers.gate.open_header(stranger[:wire.HEADER_BYTES], NOW_MS)
+    # a stranger claiming Alice's key and session cannot make the tag; nor can anyone lengthen a real header
+    forged = bytearray(stranger[:wire.HEADER_BYTES])
+    forged[4:36] = peers.alice.public_key
+    forged[36:44] = frame[36:44]
     longer = bytearray(frame[:wire.HEADER_BYTES])
-    longer[44:48] = (len(frame) + 1000).to_bytes(4, "little")
-    for bad in (forged[:-1] + bytes([forged[-1] ^ 1]), bytes(longer)):
+    longer[52:56] = (len(frame) + 1000).to_bytes(4, "little")
+    for bad in (bytes(forged), bytes(longer)):
         with pytest.raises(RemoteProtocolError) as err:
-            peers.gate.open_header(bad)
+            peers.gate.open_header(bad, NOW_MS)
         assert err.value.reason == "header"
         assert getattr(err.value, "sender", None) is None      # not verified: nobody to blame
 
@@ -247,7 +309,7 @@ def test_a_replayed_header_is_refused_before_its_body(peers: Peers) -> None:
     frame = peers.frame()
     peers.gate.open(frame, NOW_MS)
     with pytest.raises(RemoteProtocolError) as err:
-        peers.gate.open_header(frame[:wire.HEADER_BYTES])
+        peers.gate.open_header(frame[:wire.HEADER_BYTES], NOW_MS)
     assert err.value.reason == "replay" and err.value.sender == peers.alice.public_key
 
 
@@ -255,25 +317,24 @@ def test_header_declaring_more_than_the_cap_is_oversize(peers: Peers) -> None:
     gate = peers.new_gate(bytes_max=1024)
     big = peers.frame(msg=wire.DiagProbe(b"x" * 2000))
     with pytest.raises(RemoteProtocolError, match="oversize"):
-        gate.open_header(big[:wire.HEADER_BYTES])
+        gate.open_header(big[:wire.HEADER_BYTES], NOW_MS)
 
 
 def test_errors_after_the_header_name_the_verified_sender_and_job(peers: Peers) -> None:
-    env = msgpack.packb({"v": 1, "kind": "ping", "src": peers.alice.public_key, "dst": peers.bob.public_key,
-                         "job": "stats-1", "term": 0, "seq": NOW_US + 5, "ts_ms": NOW_MS, "body": {"x": 1}})
     with pytest.raises(RemoteProtocolError) as err:
-        peers.gate.open(frames.seal_raw(peers.alice, peers.bob.public_key, env), NOW_MS)
+        peers.gate.open(seal_raw(peers, frames.envelope({"x": 1}, job="stats-1")), NOW_MS)
     assert (err.value.reason, err.value.sender, err.value.job) == ("schema", peers.alice.public_key, "stats-1")
 
 
 def test_refusals_are_authenticated(peers: Peers) -> None:
     frame = peers.frame()
-    tag = peers.gate.refusal_tag(peers.alice.public_key, wire.parse_header(frame).seq, "schema")
-    keys = peers.alice_sealer.keys
+    tag = peers.gate.refusal_tag(wire.parse_header(frame), "schema")
+    keys = peers.forger.keys
     assert wire.refusal_verified(keys, peers.bob.public_key, frame, "schema", tag)
     assert not wire.refusal_verified(keys, peers.bob.public_key, frame, "replay", tag)   # other reason
     assert not wire.refusal_verified(keys, peers.mallory.public_key, frame, "schema", tag)
     assert not wire.refusal_verified(keys, peers.bob.public_key, frame, "schema", "zz")
+    assert not wire.refusal_verified(keys, peers.bob.public_key, peers.frame(), "schema", tag)   # another frame
 
 
 def test_decoded_item_budget_stops_amplification_early(peers: Peers) -> None:
@@ -284,7 +345,8 @@ def test_decoded_item_budget_stops_amplification_early(peers: Peers) -> None:
     inner = b"\xdd" + (1 << 20).to_bytes(4, "big") + b"\x90" * (1 << 20)
     plaintext = b"\xdc" + (24).to_bytes(2, "big") + inner * 24
     gate = peers.new_gate(bytes_max=64 << 20)
-    frame = frames.seal_raw(peers.alice, peers.bob.public_key, plaintext, seq=NOW_US)
+    peers.forger.pair(gate, peers.bob.public_key, NOW_MS)
+    frame = seal_raw(peers, plaintext)
     started = time.perf_counter()
     with pytest.raises(RemoteProtocolError) as err:
         gate.open(frame, NOW_MS)
@@ -297,15 +359,10 @@ def test_legit_large_lists_fit_the_budget(peers: Peers) -> None:
     assert len(wire._decode(msgpack.packb({"features": features}), 1 << 30)["features"]) == 100_000
 
 
-def test_replay_marks_stay_bounded_and_cheap_for_long_streams(tmp_path: Path) -> None:
-    """Each accepted seq is pruned once it falls out of the window (a heap, not a rescan of every
-    remembered seq per message), and every seq still inside the window is refused again."""
-    guard = wire.ReplayGuard(window_us=1_000, recent_max=4096, counter_for=lambda k: Counter(tmp_path / "c"))
-    sender = b"s" * 32
-    for seq in range(1, 100_001, 3):
-        guard.check_and_record(sender, seq)
-    assert len(guard._recent[sender]) <= 1_000 // 3 + 1 and len(guard._oldest[sender]) == len(guard._recent[sender])
-    for seq in (99_997, 99_001):
-        with pytest.raises(RemoteProtocolError, match="replay"):
-            guard.check_and_record(sender, seq)
-    guard.check_and_record(sender, 99_999)   # inside the window, never seen: out of order, accepted
+def test_chacha_suite_round_trips() -> None:
+    alice, bob = Identity.generate(), Identity.generate()
+    gate = wire.Gate(bob, {alice.public_key}.__contains__, Sessions(), message_bytes_max=1 << 20)
+    forger = frames.Forger(alice)
+    forger.handshakes = Handshakes(alice, forger.keys.key, SUITE_CHACHA)
+    forger.pair(gate, bob.public_key, NOW_MS)
+    assert gate.open(forger.seal(bob.public_key, wire.DiagProbe(b"x" * 100)), NOW_MS).msg == wire.DiagProbe(b"x" * 100)

@@ -1,0 +1,104 @@
+"""Sending to peers under sessions: open (and reopen) a session per peer, seal, deliver.
+
+The node hands a typed message and its recipient to `Links`; `Links` finds the session to that
+peer (or runs the handshake of fedpeer/session.py, one at a time per peer, shared by every send
+waiting for it), seals the frame (in a worker thread when it is large) and gives it to the
+transport's client. When the peer answers that it does not know the session — it restarted, or
+forgot a session that went quiet — the session is dropped and a reliable send opens a new one and
+tries once more. Time comes from the `now_ms` the node passes in (monotonic milliseconds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from .. import wire
+from ..identity import Identity
+from ..session import OutSession, Sessions
+from .transport import PeerClient, SendError, SendRefused
+
+OFF_LOOP_BYTES_MIN = 4 * 1024 * 1024    # messages larger than this are sealed in a worker thread
+
+
+class Links:
+    def __init__(self, identity: Identity, client: PeerClient, gate: wire.Gate, now_ms: Callable[[], int]) -> None:
+        self._identity = identity
+        self._client = client
+        self._gate = gate
+        self._sessions: Sessions = gate.sessions
+        self._sealer = wire.Sealer(identity)
+        self._now_ms = now_ms
+        self._opening: dict[bytes, asyncio.Lock] = {}
+        self.handshakes = 0          # sessions this node opened (for status)
+
+    async def session(self, peer: bytes, address: str, timeout_ms: int | None = None,
+                      retries: int | None = None) -> OutSession:
+        """The session to send to `peer` under; opens one if there is none (or it is worn out).
+        Raises SendError (peer unreachable) or SendRefused (its refusal: unknown_sender, header, ...)."""
+        session = self._sessions.outbound(peer, self._now_ms())
+        if session is not None:
+            return session
+        lock = self._opening.setdefault(peer, asyncio.Lock())
+        async with lock:   # concurrent sends share one handshake
+            session = self._sessions.outbound(peer, self._now_ms())
+            if session is not None:
+                return session
+            pending = self._gate.handshakes.hello(peer)
+            welcome = await self._client.hello(address, pending.hello, timeout_ms,
+                                               self._client.retries if retries is None else retries)
+            try:
+                session = self._gate.handshakes.finish(pending, welcome, self._now_ms())
+            except wire.RemoteProtocolError as exc:
+                raise SendError(f"{address}: bad welcome ({exc.reason}: {exc.detail})") from None
+            self._sessions.set_outbound(session)
+            self.handshakes += 1
+            return session
+
+    def forget(self, peer: bytes) -> None:
+        self._opening.pop(peer, None)
+
+    async def _seal(self, session: OutSession, msg: object, job: str, term: int, large: bool) -> bytes:
+        if large:
+            return await asyncio.to_thread(self._sealer.seal, session, msg, job=job, term=term)
+        return self._sealer.seal(session, msg, job=job, term=term)
+
+    async def send_reliable(self, dst: bytes, address: str, msg: object, *, job: str = "", term: int = 0,
+                            large: bool = False) -> None:
+        """Seal and deliver with retries; raises SendError, or SendRefused with `.frame` set."""
+        for attempt in range(2):
+            session = await self.session(dst, address)
+            frame = await self._seal(session, msg, job, term, large)
+            try:
+                await self._client.send(address, frame, dst)
+                return
+            except SendRefused as exc:
+                if exc.reason == "unknown_session":   # the peer restarted: a new session, once
+                    self._sessions.forget_outbound(dst, session.sid)
+                    if attempt == 0:
+                        continue
+                exc.frame = bytes(frame)     # the caller checks the refusal's proof against what was sent
+                raise
+        raise AssertionError("unreachable")
+
+    async def send_best_effort(self, dst: bytes, address: str, msg: object, timeout_ms: int, *, term: int = 0,
+                               on_refused: Callable[[str | None], None] | None = None) -> bool:
+        """One try within `timeout_ms` (a handshake first, if needed); never raises."""
+        try:
+            async with asyncio.timeout(timeout_ms / 1000):
+                session = await self.session(dst, address, timeout_ms, retries=0)
+        except SendRefused as exc:
+            if on_refused is not None:
+                on_refused(exc.reason)
+            return False
+        except (TimeoutError, SendError, OSError):
+            return False
+        frame = self._sealer.seal(session, msg, term=term)
+
+        def refused(reason: str | None) -> None:
+            if reason == "unknown_session":
+                self._sessions.forget_outbound(dst, session.sid)
+            elif on_refused is not None:
+                on_refused(reason)
+
+        return await self._client.send_best_effort(address, frame, timeout_ms, dst, refused)
