@@ -4,13 +4,11 @@ Rules:
 - Whole files are replaced atomically (write temp -> fsync -> rename -> fsync directory), so a crash
   leaves either the old or the new content, never a torn one; a failed write leaves no temp file
   and no open descriptor behind. Temps a kill left between write and rename (`.NAME.PID.tmp`) are
-  removed when `StateDir` opens. Nothing here is pickled: JSON for documents, raw little-endian
-  integers for counters.
+  removed when `StateDir` opens. Nothing here is pickled: JSON for documents.
 - State files fail closed. Every file `StateDir` reads is validated by type and range; a file that
-  lies raises `StateError` (one line: the file, what is wrong, the fix), never a traceback. A
-  replay counter that exists but does not hold a valid 8-byte value reads as *now* (wall clock,
-  microseconds: sequence numbers are microseconds of the sender's clock), so every frame captured
-  before the restart is refused; only a missing counter means first contact (0).
+  lies raises `StateError` (one line: the file, what is wrong, the fix), never a traceback.
+  (Replay protection needs nothing on disk: it is per session, in memory, see fedpeer/session.py;
+  a `replay/` directory left by an earlier version is not read.)
 - A failing disk (ENOSPC, EDQUOT, EIO, EROFS, EMFILE...) must not take the daemon down. Every write
   through `StateDir` turns an OSError into `StateWriteError` (one line naming the state_dir and
   the fix), marks the directory degraded (`health()`, for `fedpeer status`), and logs at most once
@@ -31,7 +29,6 @@ import json
 import logging
 import os
 import re
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -48,7 +45,6 @@ STATE_PROBE_INTERVAL_MS = 1_000        # while degraded, at most one probe write
 STATE_PROBE_BYTES = 64 * 1024          # a probe proves room for a job record, not for one byte
 STATE_FILE_BYTES_MAX = 64 * 1024       # node.json / election.json are a few dozen bytes
 STATE_INT_MAX = 2**62                  # incarnations and terms stay below this (exclusive)
-COUNTER_BYTES = 8
 VOTE_KEY_BYTES = 32                    # voted_for is a member's Ed25519 public key
 _TEMP_RE = re.compile(r"^\..+\.\d+\.tmp$")   # what atomic_write names its temps
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -71,10 +67,6 @@ _ELECTION_FIX = ("set term above every term `fedpeer status` shows at any site a
 
 def _monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
-
-
-def _wall_us() -> int:
-    return time.time_ns() // 1_000
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,98 +228,11 @@ def _fix(code: int) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Replay counters.
-# ---------------------------------------------------------------------------------------------
-
-class Counter:
-    """One unsigned 64-bit counter in its own 8-byte file, updated in place with pwrite.
-
-    An 8-byte aligned pwrite inside one page is not torn by a process crash, and costs one syscall,
-    so a receiver can record every accepted sequence number (replay protection survives kill -9).
-    `sync()` fsyncs for power loss; call it periodically, not per message.
-
-    Fail closed: only a missing file reads as 0 (first contact). A file that exists but is not
-    exactly 8 bytes (truncated, empty, grown) reads as `now_us()` (and is rewritten so), which
-    refuses every sequence number issued before this start. A write or fsync that fails
-    keeps the value in memory (this process stays protected), is reported to `health`, and empties
-    the file, so the next start reads "now" rather than a mark older than what we accepted.
-    """
-
-    def __init__(self, path: Path, *, health: StateHealth | None = None,
-                 now_us: Callable[[], int] = _wall_us) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        self._health = health if health is not None else StateHealth(path.parent)
-        self._dirty = False
-        try:
-            self._fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-        except FileNotFoundError:   # first contact; if killed before the first set, it is empty: "now"
-            self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            self.value: int = 0
-            return
-        try:
-            size = os.fstat(self._fd).st_size
-            raw = os.pread(self._fd, COUNTER_BYTES, 0) if size == COUNTER_BYTES else b""
-        except OSError as exc:
-            size, raw = -1, b""
-            self._health.failed(exc, path)
-        if len(raw) == COUNTER_BYTES:
-            self.value = struct.unpack("<Q", raw)[0]
-            return
-        self.value = now_us()
-        log.warning("replay_counter_unreadable", extra=fields(
-            file=str(path), size_bytes=size, value=self.value,
-            action="refusing every sequence number up to now: frames sent before this start are rejected"))
-        if self._store(self.value):
-            try:
-                os.ftruncate(self._fd, COUNTER_BYTES)   # a grown file: cut the tail so it reads valid
-            except OSError as exc:
-                self._poison(exc)
-
-    def set(self, value: int) -> None:
-        self.value = value
-        self._store(value)
-
-    def _store(self, value: int) -> bool:
-        try:
-            if os.pwrite(self._fd, struct.pack("<Q", value), 0) != COUNTER_BYTES:
-                raise OSError(errno.EIO, "short write of a replay counter")
-        except OSError as exc:
-            self._poison(exc)
-            return False
-        self._dirty = True
-        return True
-
-    def sync(self) -> None:
-        if self._dirty and self._fd >= 0:
-            self._dirty = False
-            try:
-                os.fsync(self._fd)
-            except OSError as exc:   # after a failed fsync the page cache may lie: do not trust the file
-                self._poison(exc)
-
-    def _poison(self, exc: OSError) -> None:
-        try:
-            os.ftruncate(self._fd, 0)   # the next start then reads "now", never a stale mark
-        except OSError:
-            pass
-        self._health.failed(exc, self.path)
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            try:
-                self.sync()
-            finally:
-                os.close(self._fd)
-                self._fd = -1
-
-
-# ---------------------------------------------------------------------------------------------
 # The state directory.
 # ---------------------------------------------------------------------------------------------
 
 class StateDir:
-    """The node's state directory: node facts, election hard state, replay marks, job records.
+    """The node's state directory: node facts, election hard state, job records.
 
     Every whole-file write fsyncs (the file, then its directory: ~12 ms here), so callers on the
     event loop hand job records to a worker thread (`fsyncs`: jobs/registry.py). The health
@@ -419,17 +324,6 @@ class StateDir:
     def write_bytes(self, path: Path | str, data: bytes) -> None:
         """Like write_record, for raw bytes (models)."""
         self._write(self._inside(path), data)
-
-    def counter(self, *parts: str) -> Counter:
-        """The replay counter at state_dir/parts. Raises StateWriteError if it cannot be opened
-        (e.g. EMFILE): the caller refuses the frame rather than accept it unguarded."""
-        path = self.root.joinpath(*parts)
-        try:
-            return Counter(path, health=self._health)
-        except OSError as exc:
-            raise self._health.failed(exc, path) from None
-
-    # -- health ------------------------------------------------------------------------------
 
     def health(self) -> dict[str, Any]:
         """{"writable", "error", "since_ms", "failed_writes"} for `fedpeer status`; no I/O."""

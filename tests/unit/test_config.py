@@ -51,6 +51,17 @@ def test_unknown_key_is_an_error_naming_the_key(two_sites: tuple[Path, Path]) ->
     assert str(a) in str(err.value)
 
 
+
+def test_obsolete_replay_limits_of_earlier_versions_still_load(two_sites: tuple[Path, Path]) -> None:
+    """Files written before sessions hold `clock_skew_ms_max` (and may hold the replay window
+    keys): they load, the keys have no effect, and `config.ignored` names them (logged at start)."""
+    a, _ = two_sites
+    _edit(a, "[limits]", "[limits]\nclock_skew_ms_max = 30000\nreplay_window_ms = 10000")
+    config = cfg.load(a)
+    assert config.ignored == ("limits.clock_skew_ms_max", "limits.replay_window_ms")
+    assert not hasattr(config.limits, "clock_skew_ms_max")
+
+
 @pytest.mark.parametrize("old,new,key,problem", [
     ('listen = "127.0.0.1:17401"', 'listen = "127.0.0.1"', "node.listen", "host:port"),
     ('listen = "127.0.0.1:17401"', 'listen = "127.0.0.1:99999"', "node.listen", "out of range"),

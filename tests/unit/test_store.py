@@ -5,14 +5,12 @@ import json
 import logging
 import os
 import stat
-import struct
-import time
 from pathlib import Path
 
 import pytest
 
 from fedpeer.errors import ConfigError, StateError, StateWriteError
-from fedpeer.store import (STATE_ERROR_LOG_INTERVAL_MS, STATE_PROBE_INTERVAL_MS, Counter, StateDir,
+from fedpeer.store import (STATE_ERROR_LOG_INTERVAL_MS, STATE_PROBE_INTERVAL_MS, StateDir,
                            atomic_write, read_json, write_json)
 
 
@@ -98,101 +96,6 @@ def test_partial_writes_are_completed(tmp_path: Path, monkeypatch) -> None:
     atomic_write(tmp_path / "f", b"0123456789")
     monkeypatch.undo()
     assert (tmp_path / "f").read_bytes() == b"0123456789"
-
-
-# -- replay counters -------------------------------------------------------------------------
-
-def test_counter_survives_reopen(tmp_path: Path) -> None:
-    c = Counter(tmp_path / "c")
-    assert c.value == 0
-    c.set(2**63 + 5)
-    c2 = Counter(tmp_path / "c")   # without close/sync: what a kill -9 leaves behind
-    assert c2.value == 2**63 + 5
-
-
-def test_missing_counter_is_first_contact(tmp_path: Path) -> None:
-    state = StateDir(tmp_path / "state")
-    assert state.counter("replay", "abc.seq").value == 0
-    assert (tmp_path / "state" / "replay" / "abc.seq").exists()
-
-
-@pytest.mark.parametrize("size", [0, 3, 7, 9])
-def test_counter_that_is_not_8_bytes_reads_as_now_and_says_so(tmp_path: Path, caplog, size: int) -> None:
-    path = tmp_path / "state" / "replay" / "abc.seq"
-    path.parent.mkdir(parents=True)
-    path.write_bytes(struct.pack("<Q", 12345)[:size] if size <= 8 else b"\x01" * size)
-    before = time.time_ns() // 1000
-    with caplog.at_level(logging.WARNING, logger="fedpeer.store"):
-        counter = StateDir(tmp_path / "state").counter("replay", "abc.seq")
-    after = time.time_ns() // 1000
-    assert before <= counter.value <= after
-    assert [r.getMessage() for r in caplog.records] == ["replay_counter_unreadable"]
-    # rewritten valid: the next start keeps the mark instead of warning again
-    assert path.stat().st_size == 8 and struct.unpack("<Q", path.read_bytes())[0] == counter.value
-
-
-@pytest.mark.parametrize("size", [0, 3, 7])
-def test_frames_captured_before_a_restart_stay_refused_when_the_counter_file_is_truncated(tmp_path: Path,
-                                                                                          size: int) -> None:
-    from fedpeer import wire
-    from fedpeer.errors import RemoteProtocolError
-
-    def guard(state: StateDir) -> wire.ReplayGuard:   # as node.py builds it
-        return wire.ReplayGuard(window_us=10_000_000, recent_max=4096,
-                                counter_for=lambda key: state.counter("replay", key.hex()[:32] + ".seq"))
-    sender = bytes(range(32))
-    captured = [time.time_ns() // 1000 - 2_000_000 + i for i in range(12)]   # 2 s old when replayed
-    before = guard(StateDir(tmp_path / "state"))
-    for seq in captured:
-        before.check_and_record(sender, seq)
-    before.close()
-    path = tmp_path / "state" / "replay" / (sender.hex()[:32] + ".seq")
-    path.write_bytes(path.read_bytes()[:size])   # what a crash, a bad disk or an intruder leaves
-    after = guard(StateDir(tmp_path / "state"))
-    accepted = 0
-    for seq in captured:
-        try:
-            after.check_and_record(sender, seq)
-            accepted += 1
-        except RemoteProtocolError as exc:
-            assert exc.reason == "replay"
-    assert accepted == 0
-    after.check_and_record(sender, time.time_ns() // 1000 + 1_000)   # the peer's next real frame passes
-
-
-def test_counter_write_failure_keeps_the_mark_and_fails_closed_at_the_next_start(tmp_path: Path,
-                                                                                 monkeypatch) -> None:
-    state = StateDir(tmp_path / "state")
-    counter = state.counter("replay", "abc.seq")
-    counter.set(1_000)
-    monkeypatch.setattr(os, "pwrite", failing(errno.ENOSPC))
-    counter.set(2_000)                      # must not raise: the frame was valid, the disk is not
-    monkeypatch.undo()
-    assert counter.value == 2_000
-    assert state.health()["writable"] is False and state.health()["failed_writes"] == 1
-    again = Counter(tmp_path / "state" / "replay" / "abc.seq", now_us=lambda: 5_000_000)
-    assert again.value == 5_000_000         # not the stale 1,000: everything older is refused
-
-
-def test_counter_fsync_failure_fails_closed(tmp_path: Path, monkeypatch) -> None:
-    state = StateDir(tmp_path / "state")
-    counter = state.counter("replay", "abc.seq")
-    counter.set(1_000)
-    monkeypatch.setattr(os, "fsync", failing(errno.EIO))
-    counter.sync()
-    monkeypatch.undo()
-    assert state.health()["error"] == f"cannot write {tmp_path / 'state'}: Input/output error"
-    assert Counter(tmp_path / "state" / "replay" / "abc.seq", now_us=lambda: 7).value == 7
-
-
-def test_counter_that_cannot_be_opened_raises_a_state_write_error(tmp_path: Path, monkeypatch) -> None:
-    state = StateDir(tmp_path / "state")
-    before = open_fds()
-    monkeypatch.setattr(os, "open", failing(errno.EMFILE))
-    with pytest.raises(StateWriteError, match="LimitNOFILE"):
-        state.counter("replay", "abc.seq")
-    monkeypatch.undo()
-    assert open_fds() == before and state.health()["writable"] is False
 
 
 # -- node.json and election.json -------------------------------------------------------------
