@@ -142,8 +142,22 @@ class DaskSite:
 
     def wait(self, futures: Any) -> Any:
         """Gather futures within the step limit; a cluster failure as a JobError naming the scheduler."""
-        return _guarded(self.scheduler, self.step_timeout_ms, lambda: self.client.gather(
-            _waited(self.client, futures, self.step_timeout_ms)))
+        return self._guarded(lambda: self.client.gather(_waited(self.client, futures, self.step_timeout_ms)))
+
+    def _guarded(self, call: Callable[[], Any]) -> Any:
+        """call(); a failure of the cluster as a JobError naming the scheduler (a task's DataError,
+        the site's data, passes as it is)."""
+        try:
+            return call()
+        except (DataError, JobError):
+            raise
+        except TimeoutError:
+            lost = self.client.status != "running"
+            raise JobError(f"Dask cluster {self.scheduler}: " + (
+                "the connection to the scheduler was lost" if lost else "a step did not finish") +
+                f" within [data] dask_step_timeout_ms {self.step_timeout_ms} ms") from None
+        except Exception as exc:   # noqa: BLE001  (a worker lost, the scheduler gone: this job fails, not the daemon)
+            raise JobError(f"Dask cluster {self.scheduler}: {type(exc).__name__}: {exc}") from None
 
     def settle(self, futures: Sequence[Any]) -> None:
         """Wait until the futures are computed where they run, within the step limit; raise the
@@ -154,10 +168,10 @@ class DaskSite:
                 if f.status != "finished":
                     f.result()           # raises the task's exception (or CancelledError)
                     raise JobError(f"Dask cluster {self.scheduler}: a task ended {f.status!r}")
-        _guarded(self.scheduler, self.step_timeout_ms, check)
+        self._guarded(check)
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return _guarded(self.scheduler, self.step_timeout_ms, lambda: self.client.submit(fn, *args, pure=False))
+        return self._guarded(lambda: self.client.submit(fn, *args, pure=False))
 
     def total(self, futures: Sequence[Any]) -> Any:
         """The sum of one partial result per partition, added on the workers; only it is gathered."""
@@ -212,18 +226,6 @@ def _waited(client: Any, futures: Any, timeout_ms: int) -> Any:
     return futures
 
 
-def _guarded(scheduler: str, timeout_ms: int, call: Callable[[], Any]) -> Any:
-    try:
-        return call()
-    except (DataError, JobError):
-        raise
-    except TimeoutError:
-        raise JobError(f"Dask cluster {scheduler}: a step did not finish within [data] dask_step_timeout_ms "
-                       f"{timeout_ms} ms") from None
-    except Exception as exc:   # noqa: BLE001  (a worker lost, the scheduler gone: this job fails, not the daemon)
-        raise JobError(f"Dask cluster {scheduler}: {type(exc).__name__}: {exc}") from None
-
-
 def connect(data: Any) -> tuple[Any, Any]:
     """(client, cluster or None) of [data] scheduler: a LocalCluster of worker processes for "local"."""
     import logging
@@ -259,6 +261,7 @@ def open_site(data: Any, limits: Any, *, needs_label: bool, binary: bool) -> Das
         args = (label, data.positive or None if needs_label else None, ignore, data.missing,
                 limits.data_rows_max, limits.data_bytes_max)
         site.parts = [site.submit(_load_part, kind, str(f), *args) for f in files]
+        site.settle(site.parts)              # a bad part: the first in file order is the one named
         facts = site.wait([site.submit(_facts, p) for p in site.parts])
         _check_parts(site, data, files, facts, needs_label=needs_label, binary=binary,
                      rows_max=limits.data_rows_max)
