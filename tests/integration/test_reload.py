@@ -14,15 +14,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import aiohttp
 import pytest
 import tomlkit
 
 from fedpeer import config as cfg
+from fedpeer import wire
 from fedpeer.errors import FedpeerError
 from fedpeer.harness import Harness, split_csv
-from fedpeer.identity import Identity, encode_public_key
+from fedpeer.identity import Identity, encode_public_key, load_key_file
 from fedpeer.net.admin import request
+from fedpeer.net.transport import PATH
 from fedpeer.sitefiles import remove_peer
+from tests import frames
 from tests.integration.test_jobs import _attach_data, _fedpeer, breast_cancer_csv
 
 pytestmark = pytest.mark.integration
@@ -69,6 +73,10 @@ async def test_a_removed_peer_is_refused_at_once_and_its_job_ends(make_federatio
     await h.wait_all_alive(timeout_s=15)
     before = (await h.status(0))["rejected"].get("unknown_sender", 0)
     h.pause(2)   # site-3 cannot answer: the job waits for it
+    # a session opened with site-3's key before the removal (the daemon's own, or a copy's)
+    site3 = await frames.connected(load_key_file(h.sites[2].config.node.key_file), h, [0])
+    site1 = load_key_file(h.sites[0].config.node.key_file).public_key
+    probe = wire.DiagProbe(b"still here?")
     job_id = (await request(h.sites[0].config, "POST", "/v1/jobs",
                             {"kind": "sumcheck", "params": {}, "members": ["site-1", "site-2", "site-3"]}))["id"]
     await asyncio.sleep(0.5)
@@ -80,6 +88,11 @@ async def test_a_removed_peer_is_refused_at_once_and_its_job_ends(make_federatio
     assert _peer(status, "site-3") is None
     record = await h.job(0, job_id)
     assert record["state"] == "failed" and record["error"] == "site-3: removed from site-1's peers.toml", record
+    async with aiohttp.ClientSession() as http:   # its open session ends with the removal, and no new one opens
+        async with http.post(f"http://127.0.0.1:{h.sites[0].port}{PATH}", data=site3.seal(site1, probe)) as resp:
+            assert (resp.status, await resp.text()) == (400, "unknown_sender")
+    with pytest.raises(frames.HelloRefused, match="unknown_sender"):
+        await site3.connect(site1, h.sites[0].port)
     h.resume(2)
 
     async def refused() -> bool:
