@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -121,14 +122,15 @@ class FrameHeader:
     session: InSession | None = None   # set once `Gate.open_header` found it
 
 
+_HEADER = struct.Struct(f"<4s{PUBLIC_KEY_BYTES}s{SID_BYTES}sQI")   # the header before its tag
+
+
 def parse_header(frame: bytes | bytearray | memoryview) -> FrameHeader | None:
     """The header's fields, unverified (None if it is not a fedpeer header)."""
-    if len(frame) < HEADER_BYTES or bytes(frame[:4]) != MAGIC:
+    if len(frame) < HEADER_BYTES:
         return None
-    at = len(MAGIC) + PUBLIC_KEY_BYTES
-    return FrameHeader(sender=bytes(frame[len(MAGIC):at]), sid=bytes(frame[at:at + SID_BYTES]),
-                       seq=int.from_bytes(frame[at + SID_BYTES:at + SID_BYTES + 8], "little"),
-                       length=int.from_bytes(frame[at + SID_BYTES + 8:at + SID_BYTES + 12], "little"))
+    magic, sender, sid, seq, length = _HEADER.unpack_from(frame)
+    return FrameHeader(sender, sid, seq, length) if magic == MAGIC else None
 
 
 def _header_tag(session: InSession | OutSession, head: bytes | bytearray | memoryview, recipient: bytes) -> bytes:
@@ -147,8 +149,7 @@ def seal_plaintext(sender: bytes, session: OutSession, plaintext: bytes) -> byte
         raise LocalProtocolError("oversize", f"a {length}-byte frame exceeds the wire's {FRAME_BYTES_CAP}")
     counter = session.take_counter(length)
     frame = bytearray(length)
-    frame[:HEADER_BYTES - HEADER_TAG_BYTES] = b"".join((MAGIC, sender, session.sid, counter.to_bytes(8, "little"),
-                                                         length.to_bytes(4, "little")))
+    _HEADER.pack_into(frame, 0, MAGIC, sender, session.sid, counter, length)
     frame[HEADER_BYTES - HEADER_TAG_BYTES:HEADER_BYTES] = _header_tag(session, frame, session.peer)
     head = bytes(frame[:HEADER_BYTES])
     session.aead.encrypt_into(_nonce(counter), plaintext, head, memoryview(frame)[HEADER_BYTES:])
@@ -183,18 +184,22 @@ class _Overbudget(Exception):
     pass
 
 
-def _decode(plaintext: bytes, message_bytes_max: int) -> Any:
+def _decode(plaintext: bytes | bytearray, message_bytes_max: int) -> Any:
+    """Strict msgpack decode within the limits above; nesting deeper than NESTING_DEPTH_MAX is
+    refused too (checked only when the message holds that many containers: not for a ping)."""
     budget = DECODED_ITEMS_MAX
+    containers = 0
 
     def count(items: Any) -> Any:   # called by msgpack as each list or map is completed
-        nonlocal budget
+        nonlocal budget, containers
         budget -= len(items) + 1
+        containers += 1
         if budget < 0:
             raise _Overbudget
         return items
 
     try:
-        return msgpack.unpackb(
+        value = msgpack.unpackb(
             plaintext, raw=False, strict_map_key=True, use_list=True, max_ext_len=0,
             max_str_len=STR_BYTES_MAX, max_bin_len=message_bytes_max,
             max_array_len=ARRAY_LEN_MAX, max_map_len=MAP_LEN_MAX, list_hook=count, object_hook=count)
@@ -202,6 +207,9 @@ def _decode(plaintext: bytes, message_bytes_max: int) -> Any:
         raise RemoteProtocolError("decode", f"more than {DECODED_ITEMS_MAX} decoded items") from None
     except (ValueError, TypeError) as exc:   # every msgpack failure, incl. StackError, ExtraData
         raise RemoteProtocolError("decode", type(exc).__name__) from None
+    if containers > NESTING_DEPTH_MAX and not _depth_ok(value, 0):
+        raise RemoteProtocolError("decode", f"nesting deeper than {NESTING_DEPTH_MAX}")
+    return value
 
 
 def _depth_ok(value: Any, depth: int) -> bool:
@@ -309,8 +317,6 @@ class Gate:
         return envelope
 
     def _envelope(self, sender: bytes, seq: int, raw: Any) -> Envelope:
-        if not _depth_ok(raw, 0):
-            raise RemoteProtocolError("decode", f"nesting deeper than {NESTING_DEPTH_MAX}")
         env = _ENVELOPE(raw, "envelope")
         spec = _BY_KIND.get(env["kind"])
         if spec is None:
