@@ -78,6 +78,8 @@ class Limits:
     """Hard bounds on everything a peer can make us hold or wait for."""
 
     message_bytes_max: int = 64 * 1024 * 1024     # one frame on the wire, header included
+    payload_bytes_max: int = 1024 * 1024 * 1024   # one message sent as a stream of frames (a model); also the
+                                                  # bytes of all streams being received at once
     inbound_concurrent_max: int = 16              # frames being read/decoded at once (authenticated senders only)
     inbound_per_peer_max: int = 8                 # of those, from one peer
     inbound_bytes_max: int = 128 * 1024 * 1024    # bytes of large frames (> 1 MiB) read/decoded at once; half per peer

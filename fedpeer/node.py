@@ -41,6 +41,7 @@ from .net.admin import AdminServer
 from .net.admin_routes import AdminRoutes
 from .net.links import OFF_LOOP_BYTES_MIN, Links
 from .net.looplag import LoopLag
+from .net.streams import InboundStreams, StreamChunk, StreamOpen
 from .net.transport import PeerClient, PeerServer, SendError, SendRefused, raise_open_files_limit
 from .session import Sessions
 from .store import StateDir
@@ -76,6 +77,7 @@ class Node:
         self._rng = random.Random(os.urandom(16))
         self._client = PeerClient(config.limits, self._rng)
         self._links = Links(identity, self._client, self._gate, _monotonic_ms)
+        self._streams = InboundStreams(config.limits.payload_bytes_max)
         self._server = PeerServer(config.node.listen, config.limits,
                                   lambda head: self._gate.open_header(head, _monotonic_ms()), self._on_frame,
                                   self._on_reject, self._gate.refusal_tag, self._on_hello)
@@ -192,6 +194,7 @@ class Node:
                 self._synced_ms = now
                 with self._step("session_prune"):
                     self._gate.sessions.prune(now)
+                    self._streams.prune(now)
             await asyncio.sleep(tick_s)
 
     @contextlib.contextmanager
@@ -284,6 +287,11 @@ class Node:
                 envelope = await asyncio.to_thread(self._gate.open, frame, now_ms)
             else:
                 envelope = self._gate.open(frame, now_ms)
+            if isinstance(envelope.msg, (StreamOpen, StreamChunk)):
+                envelope = await self._stream_frame(envelope)
+                if envelope is None:
+                    self.received_bytes[header.sender, "stream"] += len(frame)
+                    return
             kind = self._dispatch(envelope)
             self.accepted[envelope.src, kind] += 1
             self.received_bytes[envelope.src, kind] += len(frame)
@@ -295,6 +303,21 @@ class Node:
         except Exception as exc:   # a local failure (a bug, a full disk): refuse this frame, keep serving
             self._log_loop_error("frame_handler", exc)
             raise wire.refused_from(header.sender, RemoteProtocolError("internal_error", type(exc).__name__)) from None
+
+    async def _stream_frame(self, envelope: wire.Envelope) -> wire.Envelope | None:
+        """A frame of a stream (fedpeer/net/streams.py): the whole message once its last chunk is in."""
+        src, msg = envelope.src, envelope.msg
+        try:
+            if isinstance(msg, StreamOpen):
+                self._streams.payload_bytes_max = self.config.limits.payload_bytes_max   # a reload applies
+                self._streams.open(src, msg, _monotonic_ms())
+                return None
+            whole = await asyncio.to_thread(self._streams.chunk, src, msg, _monotonic_ms())
+        except RemoteProtocolError as exc:
+            raise wire.refused_from(src, exc, envelope.job) from None
+        if whole is None:
+            return None
+        return await asyncio.to_thread(self._gate.open_plaintext, src, whole, envelope.seq, len(whole))
 
     def _on_hello(self, hello: bytes, peer_ip: str) -> bytes:
         """A peer opens a session to send to us: its welcome (or RemoteProtocolError)."""
@@ -362,6 +385,7 @@ class Node:
             self._peer_states.pop(key, None)
             self._refusals.pop(key, None)
             self._gate.sessions.drop_peer(key)   # its sessions end: a frame still in flight is refused
+            self._streams.drop_peer(key)
             self._links.forget(key)
         summary = changes.summary()
         self._config_loaded_ms = self.now_ms()

@@ -142,7 +142,7 @@ def _nonce(counter: int) -> bytes:
     return counter.to_bytes(12, "little")
 
 
-def seal_plaintext(sender: bytes, session: OutSession, plaintext: bytes) -> bytes:
+def seal_plaintext(sender: bytes, session: OutSession, plaintext: bytes | memoryview) -> bytes:
     """A frame from `sender` carrying `plaintext` under `session` (the next counter)."""
     length = HEADER_BYTES + len(plaintext) + AEAD_TAG_BYTES
     if length > FRAME_BYTES_CAP:
@@ -163,11 +163,19 @@ class Sealer:
         self._identity = identity
 
     def seal(self, session: OutSession, msg: object, *, job: str = "", term: int = 0) -> bytes:
-        spec = _BY_CLASS.get(type(msg))
-        if spec is None:
-            raise LocalProtocolError("unregistered", f"no wire kind for {type(msg).__name__}")
-        envelope = {"v": PROTOCOL_VERSION, "kind": spec.kind, "job": job, "term": term, "body": spec.to_body(msg)}
-        return seal_plaintext(self._identity.public_key, session, msgpack.packb(envelope, use_bin_type=True))
+        return self.seal_packed(session, pack(msg, job=job, term=term))
+
+    def seal_packed(self, session: OutSession, plaintext: bytes | memoryview) -> bytes:
+        return seal_plaintext(self._identity.public_key, session, plaintext)
+
+
+def pack(msg: object, *, job: str = "", term: int = 0) -> bytes:
+    """The plaintext envelope of a typed message (what a frame, or a stream of frames, carries)."""
+    spec = _BY_CLASS.get(type(msg))
+    if spec is None:
+        raise LocalProtocolError("unregistered", f"no wire kind for {type(msg).__name__}")
+    envelope = {"v": PROTOCOL_VERSION, "kind": spec.kind, "job": job, "term": term, "body": spec.to_body(msg)}
+    return msgpack.packb(envelope, use_bin_type=True)
 
 
 def refusal_verified(keys: PairKeys, dst: bytes, frame: bytes, reason: str, tag_hex: str) -> bool:
@@ -301,20 +309,25 @@ class Gate:
                 session.aead.decrypt_into(_nonce(header.seq), view[HEADER_BYTES:], head, plaintext)
         except InvalidTag:
             raise refused_from(sender, RemoteProtocolError("decrypt", "AEAD tag does not verify")) from None
-        try:
-            raw = _decode(plaintext, self._bytes_max)
-        except RemoteProtocolError as exc:
-            raise refused_from(sender, exc) from None
-        job = raw.get("job", "") if isinstance(raw, dict) and isinstance(raw.get("job"), str) else ""
-        try:
-            envelope = self._envelope(sender, header.seq, raw)
-        except RemoteProtocolError as exc:
-            raise refused_from(sender, exc, job[:JOB_ID_BYTES_MAX]) from None
+        envelope = self.open_plaintext(sender, plaintext, header.seq, self._bytes_max)
         try:
             self.sessions.record(session, header.seq)   # last: only valid messages move the window
         except RemoteProtocolError as exc:            # (the same frame, opened twice at once)
             raise refused_from(sender, exc) from None
         return envelope
+
+    def open_plaintext(self, sender: bytes, plaintext: bytes | bytearray, seq: int, bytes_max: int) -> Envelope:
+        """Decode and check an authenticated plaintext envelope from `sender` (a frame's, or a
+        whole stream's: fedpeer/net/streams.py). Raises RemoteProtocolError naming the sender."""
+        try:
+            raw = _decode(plaintext, bytes_max)
+        except RemoteProtocolError as exc:
+            raise refused_from(sender, exc) from None
+        job = raw.get("job", "") if isinstance(raw, dict) and isinstance(raw.get("job"), str) else ""
+        try:
+            return self._envelope(sender, seq, raw)
+        except RemoteProtocolError as exc:
+            raise refused_from(sender, exc, job[:JOB_ID_BYTES_MAX]) from None
 
     def _envelope(self, sender: bytes, seq: int, raw: Any) -> Envelope:
         env = _ENVELOPE(raw, "envelope")

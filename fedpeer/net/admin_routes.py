@@ -12,6 +12,7 @@ from .transport import SendError
 
 PING_COUNT_MAX = 10_000              # probes one `fedpeer ping` may send
 PING_BYTES_MAX = 256 * 1024 * 1024   # and count x payload_bytes at most (a diagnostic, not a flood)
+PING_ENVELOPE_BYTES = 1024            # a probe's envelope around its payload (larger probes go as streams)
 
 
 class AdminRoutes:
@@ -67,8 +68,8 @@ class AdminRoutes:
         try:
             doc = await request.json()
             peer, count, size = str(doc["peer"]), int(doc.get("count", 10)), int(doc.get("payload_bytes", 64))
-            if not (1 <= count <= PING_COUNT_MAX and 0 <= size <= self._node.config.limits.message_bytes_max // 2
-                    and count * size <= PING_BYTES_MAX):
+            size_max = self._node.config.limits.payload_bytes_max - PING_ENVELOPE_BYTES
+            if not (1 <= count <= PING_COUNT_MAX and 0 <= size <= size_max and count * size <= PING_BYTES_MAX):
                 raise ValueError(f"count or payload_bytes out of range (count <= {PING_COUNT_MAX}, "
                                  f"count x payload_bytes <= {PING_BYTES_MAX})")
             return web.json_response({"peer": peer, "payload_bytes": size,

@@ -11,14 +11,18 @@ tries once more. Time comes from the `now_ms` the node passes in (monotonic mill
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 
 from .. import wire
 from ..identity import Identity
 from ..session import OutSession, Sessions
+from . import streams
+from .streams import StreamChunk, StreamOpen
 from .transport import PeerClient, SendError, SendRefused
 
 OFF_LOOP_BYTES_MIN = 4 * 1024 * 1024    # messages larger than this are sealed in a worker thread
+STREAM_BUSY_WAIT_MS = 200               # a peer whose stream budget is full is asked again after this
 
 
 class Links:
@@ -58,17 +62,24 @@ class Links:
     def forget(self, peer: bytes) -> None:
         self._opening.pop(peer, None)
 
-    async def _seal(self, session: OutSession, msg: object, job: str, term: int, large: bool) -> bytes:
-        if large:
-            return await asyncio.to_thread(self._sealer.seal, session, msg, job=job, term=term)
-        return self._sealer.seal(session, msg, job=job, term=term)
-
     async def send_reliable(self, dst: bytes, address: str, msg: object, *, job: str = "", term: int = 0,
                             large: bool = False) -> None:
-        """Seal and deliver with retries; raises SendError, or SendRefused with `.frame` set."""
+        """Seal and deliver with retries; raises SendError, or SendRefused with `.frame` set. A
+        message whose envelope exceeds STREAM_ABOVE_BYTES goes as a stream (fedpeer/net/streams.py)."""
+        plaintext = await asyncio.to_thread(wire.pack, msg, job=job, term=term) if large else wire.pack(
+            msg, job=job, term=term)
+        if len(plaintext) > streams.STREAM_ABOVE_BYTES:
+            await self._stream(dst, address, plaintext, job, term)
+        else:
+            await self._send_plaintext(dst, address, plaintext, len(plaintext) > OFF_LOOP_BYTES_MIN)
+
+    async def _send_plaintext(self, dst: bytes, address: str, plaintext: bytes | memoryview, large: bool) -> None:
         for attempt in range(2):
             session = await self.session(dst, address)
-            frame = await self._seal(session, msg, job, term, large)
+            if large:
+                frame = await asyncio.to_thread(self._sealer.seal_packed, session, plaintext)
+            else:
+                frame = self._sealer.seal_packed(session, plaintext)
             try:
                 await self._client.send(address, frame, dst)
                 return
@@ -80,6 +91,39 @@ class Links:
                 exc.frame = bytes(frame)     # the caller checks the refusal's proof against what was sent
                 raise
         raise AssertionError("unreachable")
+
+    async def _stream(self, dst: bytes, address: str, plaintext: bytes, job: str, term: int) -> None:
+        """Send `plaintext` as StreamOpen + StreamChunks, STREAM_WINDOW_CHUNKS in flight."""
+        stream_id = os.urandom(streams.STREAM_ID_BYTES)
+        opening = wire.pack(StreamOpen(stream_id, len(plaintext), await asyncio.to_thread(streams.digest, plaintext)),
+                            job=job, term=term)
+        while True:
+            try:
+                await self._send_plaintext(dst, address, opening, False)
+                break
+            except SendRefused as exc:
+                if exc.reason != "stream_busy":
+                    raise
+            await asyncio.sleep(STREAM_BUSY_WAIT_MS / 1000)   # the caller's timeout bounds the wait
+        window = asyncio.Semaphore(streams.STREAM_WINDOW_CHUNKS)
+        view = memoryview(plaintext)
+
+        async def one(at: int, n: int) -> None:
+            try:
+                chunk = await asyncio.to_thread(wire.pack, StreamChunk(stream_id, at, bytes(view[at:at + n])),
+                                                job=job, term=term)
+                await self._send_plaintext(dst, address, chunk, True)
+            finally:
+                window.release()
+
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for at, n in streams.chunks(len(plaintext)):
+                    await window.acquire()
+                    tg.create_task(one(at, n))
+        except BaseExceptionGroup as group:   # the first chunk that failed says why (SendError, SendRefused)
+            raise _first(group) from None
+
 
     async def send_best_effort(self, dst: bytes, address: str, msg: object, timeout_ms: int, *, term: int = 0,
                                on_refused: Callable[[str | None], None] | None = None) -> bool:
@@ -102,3 +146,8 @@ class Links:
                 on_refused(reason)
 
         return await self._client.send_best_effort(address, frame, timeout_ms, dst, refused)
+
+
+def _first(group: BaseExceptionGroup) -> BaseException:
+    leaf = group.exceptions[0]
+    return _first(leaf) if isinstance(leaf, BaseExceptionGroup) else leaf
