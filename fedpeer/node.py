@@ -284,9 +284,9 @@ class Node:
         now_ms = _monotonic_ms()
         try:
             if len(frame) > OFF_LOOP_BYTES_MIN:   # decrypting and decoding MiBs would stall the loop
-                envelope = await asyncio.to_thread(self._gate.open, frame, now_ms)
+                envelope = await asyncio.to_thread(self._gate.open, frame, now_ms, header)
             else:
-                envelope = self._gate.open(frame, now_ms)
+                envelope = self._gate.open(frame, now_ms, header)
             if isinstance(envelope.msg, (StreamOpen, StreamChunk)):
                 envelope = await self._stream_frame(envelope)
                 if envelope is None:

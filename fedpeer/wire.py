@@ -291,13 +291,15 @@ class Gate:
         me = self._identity.public_key
         return self.keys.refusal_tag(header.sender, me, header.sid, header.seq, reason).hex()
 
-    def open(self, frame: bytes | bytearray, now_ms: int) -> Envelope:
+    def open(self, frame: bytes | bytearray, now_ms: int, verified: FrameHeader | None = None) -> Envelope:
+        """Open a whole frame. `verified`: what `open_header` returned for this very frame's first
+        HEADER_BYTES (the transport checked them before reading the body); not checked again."""
         if len(frame) > self._bytes_max:
             raise RemoteProtocolError("oversize", f"{len(frame)} bytes > {self._bytes_max}")
         if len(frame) < FRAME_BYTES_MIN:
             raise RemoteProtocolError("frame", "truncated or not a fedpeer frame")
         head = bytes(frame[:HEADER_BYTES])
-        header = self.open_header(head, now_ms)
+        header = verified if verified is not None and verified.session is not None else self.open_header(head, now_ms)
         sender, session = header.sender, header.session
         assert session is not None
         if header.length != len(frame):

@@ -322,10 +322,12 @@ class PeerServer:
             header.sender, ByteBudget(max(self._bytes.total // 2, limits.message_bytes_max)))
         try:
             async with asyncio.timeout(deadline_s), per_peer, self._reading:
+                if not large:   # one read, no byte budget: the common small frame
+                    await self._on_frame(head + await reader.readexactly(rest), header, conn.ip)
+                    return
                 async with contextlib.AsyncExitStack() as stack:
-                    if large:
-                        await stack.enter_async_context(peer_bytes.hold(header.length))
-                        await stack.enter_async_context(self._bytes.hold(header.length))
+                    await stack.enter_async_context(peer_bytes.hold(header.length))
+                    await stack.enter_async_context(self._bytes.hold(header.length))
                     frame = bytearray(header.length)
                     frame[:HEADER_BYTES] = head
                     at = HEADER_BYTES
