@@ -38,6 +38,7 @@ PATH = "/fedpeer/v1/frame"
 HELLO_PATH = "/fedpeer/v1/hello"      # a session's handshake: a hello in, a welcome out (fedpeer/session.py)
 REFUSAL_HEADER = "X-Fedpeer-Refusal"
 HTTP_HEAD_BYTES_MAX = 8 * 1024          # request line + headers; our client sends ~200 bytes
+BODY_BUFFER_BYTES = 1024 * 1024         # read-ahead buffer for an authenticated frame body
 LARGE_FRAME_BYTES_MIN = 1024 * 1024    # frames this large also take bytes from the inbound byte budget
 FDS_RESERVED = 320                      # descriptors kept for outbound connections, state files, admin
 OUTBOUND_CONNECTIONS_MAX = 256          # the client's pool (counted in FDS_RESERVED)
@@ -320,6 +321,10 @@ class PeerServer:
         large = header.length >= LARGE_FRAME_BYTES_MIN
         peer_bytes = self._peer_bytes.setdefault(
             header.sender, ByteBudget(max(self._bytes.total // 2, limits.message_bytes_max)))
+        # An authenticated body may fill the reader's buffer beyond the head's 8 KiB: with that
+        # limit asyncio pauses the socket every 16 KiB (`StreamReader._limit`, CPython's private
+        # but long-stable attribute; restored for the next request's head).
+        reader._limit = BODY_BUFFER_BYTES   # type: ignore[attr-defined]
         try:
             async with asyncio.timeout(deadline_s), per_peer, self._reading:
                 if not large:   # one read, no byte budget: the common small frame
@@ -340,6 +345,8 @@ class PeerServer:
                     await self._on_frame(frame, header, conn.ip)
         except TimeoutError:
             raise _Reply(408, "body_timeout") from None
+        finally:
+            reader._limit = HTTP_HEAD_BYTES_MAX   # type: ignore[attr-defined]
 
     async def _respond(self, conn: _Conn, status: int, reason: str, keep: bool, tag: str, body: bytes = b"") -> None:
         body = body or (reason.encode() if status != 204 else b"")
