@@ -32,8 +32,9 @@ Rules of this module
   CHUNKS_IN_FLIGHT_MAX chunks on the ring, so every member buffers a bounded number of them.
 * Pipelined: a member passes chunk k on as soon as it has added its contribution, without
   waiting for its successor to acknowledge chunk k-1 (at most SENDS_IN_FLIGHT_MAX sends to one
-  peer unacknowledged); the initiator likewise, and it sends the total to every member the same
-  way, SENDS_IN_FLIGHT_MAX chunks at a time to each. Mask work on chunks of OFF_LOOP_BYTES_MIN
+  peer unacknowledged, and SEND_BYTES_IN_FLIGHT_MAX bytes to all); the initiator likewise, and
+  it sends the total to every member the same way, up to SENDS_IN_FLIGHT_MAX chunks at a time
+  to each. Mask work on chunks of OFF_LOOP_BYTES_MIN
   or more runs in a worker thread (the event loop serves membership meanwhile).
 * Delivery of the total: once every chunk is back (and, in pairwise mode, the self masks are
   removed), the initiator sends the total to every participant directly. Not as soon as each
@@ -191,7 +192,7 @@ from ..errors import JobError
 from ..net.channel import Channel
 from .securesum_core import (  # noqa: F401  (the protocol's limits, for callers and tests)
     CHUNKS_IN_FLIGHT_MAX, DEFAULT_CHUNK_ENTRIES, HOP_TIMEOUT_MS_MAX, MODES, OFF_LOOP_BYTES_MIN, PHASE,
-    SENDS_IN_FLIGHT_MAX, TAG_BYTES_MAX, SumOutcome, _Attempt, _Masks, _Plan, _plan,
+    SEND_BYTES_IN_FLIGHT_MAX, SENDS_IN_FLIGHT_MAX, TAG_BYTES_MAX, SumOutcome, _Attempt, _Masks, _Plan, _plan,
 )
 from .securesum_follow import _follow
 from .securesum_lead import _lead

@@ -20,6 +20,7 @@ MODES = ("ring", "pairwise")
 DEFAULT_CHUNK_ENTRIES = 65_536      # 512 KiB of uint64 per message
 CHUNKS_IN_FLIGHT_MAX = 8            # chunks on the ring at once; bounds each member's buffer
 SENDS_IN_FLIGHT_MAX = 8             # unacknowledged sends of one member to one peer (ring or result)
+SEND_BYTES_IN_FLIGHT_MAX = 32 << 20 # ... and at most this many bytes of them to all peers at once
 OFF_LOOP_BYTES_MIN = 2 << 20        # chunks of this many bytes or more are masked in a worker thread
 HOP_TIMEOUT_MS_MAX = 3_600_000
 TAG_BYTES_MAX = 128                 # the caller's tag; our suffix adds at most ~40 bytes
@@ -90,6 +91,11 @@ class _Plan:
 
     def send_bound_ms(self) -> int:
         return self.hop_timeout_ms
+
+    def send_window(self, peers: int = 1) -> int:
+        """Chunks in flight to each of `peers` peers at once: SENDS_IN_FLIGHT_MAX, fewer for large
+        chunks, so that one member never holds more than SEND_BYTES_IN_FLIGHT_MAX unacknowledged."""
+        return max(1, min(SENDS_IN_FLIGHT_MAX, SEND_BYTES_IN_FLIGHT_MAX // (8 * self.chunk_entries * peers)))
 
 
 @dataclass(frozen=True)

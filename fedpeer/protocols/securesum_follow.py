@@ -15,7 +15,7 @@ from ..errors import JobError
 from ..net.channel import Channel, MalformedFrom, PeerDead, PeerRefused, PeerUnreachable, RecvTimeout
 from . import securesum_masks as sm
 from .securesum_core import (
-    PHASE, SENDS_IN_FLIGHT_MAX, SumOutcome, Want, _Attempt, _broken_tag, _check_chunk, _compute,
+    PHASE, SumOutcome, Want, _Attempt, _broken_tag, _check_chunk, _compute,
     _InitiatorGone, _Masks, _Plan, _recv_first, _send, _WrongLength,
 )
 from .securesum_lead import _lead, _next_attempt, _RingFault
@@ -128,7 +128,7 @@ async def _forward_chunks(ch: Channel, plan: _Plan, att: _Attempt, masks: sm.Mas
     ring edge next to me failed (reported to the initiator), the next attempt if one is
     announced meanwhile."""
     pred, succ = att.neighbours(ch.me)
-    window = asyncio.Semaphore(SENDS_IN_FLIGHT_MAX)
+    window = asyncio.Semaphore(plan.send_window())
 
     async def forward(k: int, msg: SumChunk) -> None:
         try:

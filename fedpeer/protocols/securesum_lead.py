@@ -14,7 +14,7 @@ from ..errors import JobError
 from ..net.channel import Channel, MalformedFrom, NodeId, PeerDead, PeerRefused, PeerUnreachable, RecvTimeout
 from . import securesum_masks as sm
 from .securesum_core import (
-    CHUNKS_IN_FLIGHT_MAX, PHASE, SENDS_IN_FLIGHT_MAX, SumOutcome, _Attempt, _broadcast, _broken_tag,
+    CHUNKS_IN_FLIGHT_MAX, PHASE, SumOutcome, _Attempt, _broadcast, _broken_tag,
     _check_chunk, _compute, _Masks, _Plan, _recv_first, _send, _WrongLength,
 )
 from .securesum_wire import RingBroken, SeedReveal, SeedRequest, SumChunk, SumHere, SumRestart, SumResult, SumWhere
@@ -300,22 +300,24 @@ async def _give_up(ch: Channel, plan: _Plan, targets: Sequence[NodeId], number: 
 
 async def _deliver(ch: Channel, plan: _Plan, att: _Attempt, total: np.ndarray) -> None:
     """Send the total to every member, chunk by chunk, up to SENDS_IN_FLIGHT_MAX chunks at once
-    to each. A member that died after the ring came back is not waited for: its vector is in
-    the sum, the others get the same outcome."""
+    to each (fewer for large chunks: `send_window`). A member that died after the ring came back
+    is not waited for: its vector is in the sum, the others get the same outcome."""
+    members = att.participants[1:]
+
     async def to(member: NodeId) -> None:
         try:
             await _send_all(ch, plan, member, (SumResult(plan.result_tag(att.number, k), total[plan.span(k)])
-                                               for k in range(plan.chunks)))
+                                               for k in range(plan.chunks)), plan.send_window(len(members)))
         except PeerUnreachable:
             pass
 
-    await asyncio.gather(*(to(m) for m in att.participants[1:]))
+    await asyncio.gather(*(to(m) for m in members))
 
 
-async def _send_all(ch: Channel, plan: _Plan, dst: NodeId, messages: Any) -> None:
-    """Send every message of the iterable to `dst`, SENDS_IN_FLIGHT_MAX at a time; the first
-    failure (PeerUnreachable) stops the rest and is raised."""
-    window = asyncio.Semaphore(SENDS_IN_FLIGHT_MAX)
+async def _send_all(ch: Channel, plan: _Plan, dst: NodeId, messages: Any, window_size: int) -> None:
+    """Send every message of the iterable to `dst`, `window_size` at a time; the first failure
+    (PeerUnreachable) stops the rest and is raised."""
+    window = asyncio.Semaphore(window_size)
 
     async def one(msg: object) -> None:
         try:

@@ -27,6 +27,7 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 SEED_BYTES = 32
+KEYSTREAM_CACHE_BYTES_MAX = 1 << 20     # masks up to this size are written into a per-thread buffer
 
 PAIR_DOMAIN = b"fedpeer/securesum/pair-mask/v2\x00"    # v2: AES-256-CTR (v1: SHAKE-256)
 SELF_DOMAIN = b"fedpeer/securesum/self-mask/v2\x00"
@@ -47,17 +48,22 @@ def expand_mask(domain: bytes, seed: bytes, chunk: int, entries: int) -> np.ndar
 
 class _Keystream:
     """Masks of `entries` uint64, written in place (`update_into`: ~4x faster than `update`, which
-    allocates its output: 0.09 vs 0.32 ms per 512 KiB here) into this thread's scratch buffer,
-    reused for every mask of the chunk size (fresh buffers cost page faults: ~0.4 ms per 512 KiB
-    on this VM). A mask from `fill` is valid until this thread's next `fill` of that size."""
+    allocates its output: 0.09 vs 0.32 ms per 512 KiB here). Up to KEYSTREAM_CACHE_BYTES_MAX, into
+    this thread's scratch buffer, reused for every mask of the chunk size (fresh buffers cost page
+    faults: ~0.4 ms per 512 KiB on this VM); larger chunks (masked in worker threads) get a fresh
+    buffer per chunk, so no thread keeps megabytes. A mask from `fill` is valid until the next
+    `fill` of this object, and in this thread of that size."""
 
     _local = threading.local()
 
     def __init__(self, entries: int) -> None:
-        cached = getattr(self._local, "buffers", None)
-        if cached is None or cached[0] != entries:      # one size at a time: a sum's chunk size
-            cached = self._local.buffers = (entries, bytes(8 * entries), bytearray(8 * entries + 15))
-        _, self._zeros, self._buf = cached             # update_into wants a block's slack
+        if 8 * entries > KEYSTREAM_CACHE_BYTES_MAX:
+            self._zeros, self._buf = bytes(8 * entries), bytearray(8 * entries + 15)
+        else:
+            cached = getattr(self._local, "buffers", None)
+            if cached is None or cached[0] != entries:      # one size at a time: a sum's chunk size
+                cached = self._local.buffers = (entries, bytes(8 * entries), bytearray(8 * entries + 15))
+            _, self._zeros, self._buf = cached             # update_into wants a block's slack
         self.entries = entries
 
     def fill(self, domain: bytes, seed: bytes, chunk: int) -> np.ndarray:
