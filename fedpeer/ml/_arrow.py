@@ -41,7 +41,7 @@ from .data import _BOM, MISSING_TOKENS, DataSpec, _NoLines, _open
 _HEADER_BYTES_MAX = 4 << 20
 _FIELD_CHARS_MAX = 131_072 - 1       # csv.field_size_limit()'s default; a longer text field -> Python
 _BLOCK_BYTES = 1 << 20               # pyarrow's parse block: 4 MiB is no faster and holds more in flight
-_FILL_ROWS = 1024                    # rows of X filled column by column at a time
+_FILL_BYTES = 1 << 20                # a piece of X filled at a time (stays in the cache)
 
 
 def _case_forms(token: str) -> list[str]:
@@ -166,8 +166,8 @@ def read_csv(spec: DataSpec, rows_max: int, bytes_max: int) -> tuple[Any, ...] |
     nulls = np.array([table.column(i).null_count for i in feat_idx])
     batches = table.select(names).to_batches()
     del table, column
-    X = _matrix(batches, n)
-    if not np.isfinite(X).all() and not np.array_equal(np.isnan(X).sum(axis=0), nulls):
+    X, finite = _matrix_finite(batches, n)
+    if not finite and not np.array_equal(np.isnan(X).sum(axis=0), nulls):
         return None      # a NaN pyarrow read from text ("nan(1)", "-nan"): the Python parser judges it
     return features, X, codes, uniques, _NoLines()
 
@@ -195,30 +195,37 @@ def _label_codes(column, text) -> tuple[np.ndarray, list[str]]:
 def _matrix(batches: list, n: int) -> np.ndarray:
     """The float64 (rows, columns) matrix of record batches (nulls -> NaN), each batch let go once
     copied so that the table never sits beside a full matrix."""
+    return _matrix_finite(batches, n)[0]
+
+
+def _matrix_finite(batches: list, n: int) -> tuple[np.ndarray, bool]:
+    """`_matrix`, and whether every value in it is finite."""
     X = np.empty((n, batches[0].num_columns if batches else 0), dtype=np.float64)
-    _fill(X, 0, batches)
-    return X
+    return X, _fill(X, 0, batches)[1]
 
 
-def _fill(X: np.ndarray, start: int, batches: list) -> int:
-    """Copy the batches into X from row `start` on (letting each go once copied); the next row."""
+def _fill(X: np.ndarray, start: int, batches: list) -> tuple[int, bool]:
+    """Copy the batches into X from row `start` on (letting each go once copied); the next row, and
+    whether every value copied is finite (judged on each piece while it is in the cache)."""
     import pyarrow as pa
 
+    finite = True
     for b in range(len(batches)):
         batch, batches[b] = batches[b], None
-        columns = []
-        for j in range(batch.num_columns):
-            column = batch.column(j)
-            if column.type != pa.float64():
-                column = column.cast(pa.float64(), safe=False)
-            columns.append(column.to_numpy(zero_copy_only=False))
-        for r in range(0, batch.num_rows, _FILL_ROWS):      # a block of X that stays in the cache
-            block = X[start + r:start + min(r + _FILL_ROWS, batch.num_rows)]
-            for j, values in enumerate(columns):
-                block[:, j] = values[r:r + _FILL_ROWS]
+        if any(t != pa.float64() for t in batch.schema.types):
+            batch = pa.RecordBatch.from_arrays([c if c.type == pa.float64() else c.cast(pa.float64(), safe=False)
+                                                for c in batch.columns], names=batch.schema.names)
+        step = max(1, _FILL_BYTES // (8 * max(1, batch.num_columns)))
+        for r in range(0, batch.num_rows, step):
+            # Arrow's own row-major copy of a piece of the batch (nulls -> NaN), then one memcpy into X:
+            # 2x faster than numpy writing 50 strided columns.
+            piece = np.asarray(batch.slice(r, step).to_tensor(null_to_nan=True, row_major=True))
+            X[start + r:start + r + piece.shape[0]] = piece
+            if finite:
+                finite = bool(np.isfinite(piece).all())
         start += batch.num_rows
-        del batch, columns
-    return start
+        del batch
+    return start, finite
 
 
 # ---------------------------------------------------------------------------------------------
@@ -350,7 +357,7 @@ def read_parquet(spec: DataSpec, rows_max: int, bytes_max: int) -> tuple[Any, ..
                     table = table.drop_columns([spec.label])
                 if start + table.num_rows > n:
                     raise DataError(f"{path}: holds more rows than its metadata says; write it again")
-                start = _fill(X, start, table.to_batches())
+                start = _fill(X, start, table.to_batches())[0]
                 del table
     except (pa.ArrowException, OSError) as e:
         raise DataError(f"{path}: reading failed ({e}); write the file again or use csv") from None
