@@ -154,13 +154,21 @@ PARAMS = {
     "test_fraction": Param(float, 0.2, "share of each site's rows kept out of training for the per-round "
                            "evaluation (0: train on every row; the rounds are then evaluated on the training rows)",
                            low=0.0, high=0.9),
-    "eval_bins": Param(int, 1000, "score histogram bins for the federated AUC (exact up to ties inside a bin); an "
-                       "evaluation secure-sums 2 x eval_bins x classes + 5 numbers per site: ~16 KB at the default "
-                       "(binary), sent once per site and by the sum's initiator once more to every member",
+    "eval_bins": Param(int, 1000, "score histogram bins of the final model's federated AUC (exact up to ties "
+                       "inside a bin); an evaluation secure-sums 2 x bins x classes + 5 numbers per site, ~16 KB at "
+                       "1,000 bins (binary), sent once per site and by the sum's initiator once more to every member",
                        low=10, high=100_000),
+    "eval_round_bins": Param(int, 100, "bagging mode: score histogram bins of the rounds before the last (at most "
+                             "eval_bins). What the default costs (binary): 205 numbers (~1.6 KB) per site and "
+                             "round; measured on 5 daemons (breast cancer, 30 rounds) ~19 KB per evaluated round "
+                             "over the whole federation against ~148 KB at 1,000 bins: a job's bytes 1.2 MB "
+                             "instead of 5.0 MB (evaluation is then about half of them, not 86 in 100). AUC of 100"
+                             " bins against the exact AUC, measured: median error <= 0.005, worst 0.056 (the first"
+                             " rounds of a set with 3 in 100 rows positive, scores bunched in few bins); the last "
+                             "round always uses eval_bins",
+                             low=10, high=100_000),
     "eval_every": Param(int, 1, "bagging mode: evaluate the model every this many rounds (the last round always; "
-                        "0: the last round only) — with 30 rounds most of a job's bytes can be evaluation",
-                        low=0, high=10_000),
+                        "0: the last round only)", low=0, high=10_000),
     "member_timeout_ms": Param(int, 600_000, "the leader waits this long for a site's trees", low=1_000,
                                high=86_400_000),
     "seed": Param(int, 0, "seed of the splits and of xgboost's sampling", low=0, high=2**31 - 1),
@@ -647,6 +655,10 @@ class Site:
             return       # not an evaluation round (eval_every)
         if self.me not in participants or len(participants) < 2:
             return
+        # The rounds' curve with few bins, the final model's AUC with eval_bins (the same bins at
+        # every participant: they follow from the round and the job's parameters)
+        p = {**p, "eval_bins": p["eval_bins"] if rnd == p["rounds"] else min(p["eval_round_bins"], p["eval_bins"])}
+        entry["eval_bins"] = p["eval_bins"]
         proba = await self.tools.offload(self.tools.predict, self.model, self.test[0], p["nthread"] or None)
         vector = eval_vector(self.test[1], proba, p, len(participants))
         ring = tuple(sorted(participants))
