@@ -232,6 +232,25 @@ def _check_chunk(plan: _Plan, data: np.ndarray, k: int, src: NodeId) -> np.ndarr
 
 
 
+def _new_total(plan: _Plan) -> asyncio.Future:
+    """A future of the array the total is assembled in. The first write to fresh memory
+    page-faults (~1-3 ms/MiB on this VM: 15 % of a member's event loop in a 64 MiB sum, spent
+    copying result chunks in), so for vectors of OFF_LOOP_BYTES_MIN or more the array is
+    allocated and touched in a worker thread, started early: ready when the first chunk is."""
+    entries = len(plan.vector)
+    if 8 * entries < OFF_LOOP_BYTES_MIN:
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(np.empty(entries, dtype=np.uint64))
+        return done
+    return asyncio.ensure_future(asyncio.to_thread(_touched, entries))
+
+
+def _touched(entries: int) -> np.ndarray:
+    total = np.empty(entries, dtype=np.uint64)
+    total.fill(0)
+    return total
+
+
 def _broken_tag(plan: _Plan, att: _Attempt) -> str:
     return plan.prefix(att.number) + "broken"
 

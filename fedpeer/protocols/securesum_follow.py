@@ -16,7 +16,7 @@ from ..net.channel import Channel, MalformedFrom, PeerDead, PeerRefused, PeerUnr
 from . import securesum_masks as sm
 from .securesum_core import (
     PHASE, SumOutcome, Want, _Attempt, _broken_tag, _check_chunk, _compute,
-    _InitiatorGone, _Masks, _Plan, _recv_first, _send, _WrongLength,
+    _InitiatorGone, _Masks, _new_total, _Plan, _recv_first, _send, _WrongLength,
 )
 from .securesum_lead import _lead, _next_attempt, _RingFault
 from .securesum_wire import RingBroken, SeedReveal, SeedRequest, SumChunk, SumHere, SumRestart, SumResult, SumWhere
@@ -76,14 +76,17 @@ async def _follow_attempt(ch: Channel, plan: _Plan, att: _Attempt) -> SumOutcome
     """One attempt as a member: forward the chunks, reveal the seed if asked, take the result.
     Returns the next attempt when the initiator announces one."""
     masks, trace = _Masks(ch, plan, att), _Trace()
+    total = _new_total(plan)          # allocated while the chunks go round
     try:
-        return await _follow_ring(ch, plan, att, masks, trace)
+        return await _follow_ring(ch, plan, att, masks, trace, total)
     finally:
         trace.stop()
+        if not total.done():
+            total.cancel()
 
 
-async def _follow_ring(ch: Channel, plan: _Plan, att: _Attempt, masks: sm.Masks,
-                       trace: _Trace) -> SumOutcome | _Attempt:
+async def _follow_ring(ch: Channel, plan: _Plan, att: _Attempt, masks: sm.Masks, trace: _Trace,
+                       total: asyncio.Future) -> SumOutcome | _Attempt:
     forwarded = await _forward_chunks(ch, plan, att, masks, trace)
     if isinstance(forwarded, _Attempt):
         return forwarded
@@ -100,7 +103,7 @@ async def _follow_ring(ch: Channel, plan: _Plan, att: _Attempt, masks: sm.Masks,
         got = await _await_initiator(ch, plan, att, [first_result], trace)
     if isinstance(got, _Attempt):
         return got
-    return await _collect_result(ch, plan, att, got)
+    return await _collect_result(ch, plan, att, got, await total)
 
 
 @dataclass
@@ -250,8 +253,8 @@ def _accept_restart(ch: Channel, plan: _Plan, msg: SumRestart) -> _Attempt:
     return _Attempt(msg.attempt, msg.participants)
 
 
-async def _collect_result(ch: Channel, plan: _Plan, att: _Attempt, first: SumResult) -> SumOutcome:
-    total = np.empty(len(plan.vector), dtype=np.uint64)
+async def _collect_result(ch: Channel, plan: _Plan, att: _Attempt, first: SumResult,
+                          total: np.ndarray) -> SumOutcome:
     total[plan.span(0)] = _check_chunk(plan, first.data, 0, att.initiator)
     for k in range(1, plan.chunks):
         try:

@@ -15,7 +15,7 @@ from ..net.channel import Channel, MalformedFrom, NodeId, PeerDead, PeerRefused,
 from . import securesum_masks as sm
 from .securesum_core import (
     CHUNKS_IN_FLIGHT_MAX, PHASE, SumOutcome, _Attempt, _broadcast, _broken_tag,
-    _check_chunk, _compute, _Masks, _Plan, _recv_first, _send, _WrongLength,
+    _check_chunk, _compute, _Masks, _new_total, _Plan, _recv_first, _send, _WrongLength,
 )
 from .securesum_wire import RingBroken, SeedReveal, SeedRequest, SumChunk, SumHere, SumRestart, SumResult, SumWhere
 
@@ -65,7 +65,7 @@ async def _lead_attempt(ch: Channel, plan: _Plan, att: _Attempt) -> np.ndarray:
     """One ring run (and, in pairwise mode, the seed round). Raises _RingFault on failure."""
     masks = _Masks(ch, plan, att)
     pred, succ = att.neighbours(ch.me)
-    total = np.empty(len(plan.vector), dtype=np.uint64)
+    total_ready = _new_total(plan)       # allocated while the first chunks go round
     window = asyncio.Semaphore(CHUNKS_IN_FLIGHT_MAX)
 
     async def send_chunk(k: int) -> None:
@@ -83,12 +83,15 @@ async def _lead_attempt(ch: Channel, plan: _Plan, att: _Attempt) -> np.ndarray:
             group.create_task(send_chunk(k))
 
     async def receive_chunks() -> None:
+        nonlocal total
+        total = await total_ready
         for k in range(plan.chunks):
             data = await _await_return(ch, plan, att, k, pred)
             await _compute(plan, sm.unmask_ring, data, masks, k, total[plan.span(k)])
             window.release()
             ch.progress(PHASE, k + 1, plan.chunks)
 
+    total = np.empty(0, dtype=np.uint64)
     try:
         async with asyncio.TaskGroup() as group:   # pipelined: sending does not wait for returns
             group.create_task(send_chunks(group))
