@@ -904,6 +904,9 @@ class JobRegistry:
         finally:
             for key in [k for k in self._replies if k[0] == record.id]:
                 self._replies.pop(key, None)
+            if record.state in TERMINAL:   # a Dask site loaded for a record already ended elsewhere
+                _release_data(record.data)
+                record.data = record.test_data = None
 
     async def _fail(self, record: JobRecord, exc: Exception) -> None:
         if isinstance(exc, _Refused):      # declined after looking at our data: tell the proposer only

@@ -115,7 +115,7 @@ class DaskHistSite:
             masks = site.submit(_masks, *split, *ys)
             train = site.wait(site.submit(_train_rows, masks))
         else:
-            site.wait(ys)                            # a labelling error surfaces here, with its message
+            site.settle(ys)                          # a labelling error surfaces here, with its message
             train = list(site.part_rows)
         offsets = np.concatenate(([0], np.cumsum(train)))
         self.rows, self.test_rows = int(offsets[-1]), site.rows - int(offsets[-1])

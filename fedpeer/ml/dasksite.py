@@ -23,6 +23,11 @@ futures and small totals only. Rules of this module:
   past its limit) is a JobError naming the scheduler; a DataError raised in a task (the site's
   data) keeps its own message.
 
+A worker lost mid-job: Dask computes what it held again from the steps that led to it (the
+scheduler keeps each state's lineage while a later state depends on it — it grows by one task per
+partition and step, small descriptions, not rows), so the job goes on; what cannot be recomputed
+(the scheduler gone) fails the job as above.
+
 Sums of integers (counts, quantised gradients) are the same on any partition of the rows, so
 histogram XGBoost gives the memory engine's model byte for byte; float sums (stats' Σx, Σx²)
 may differ in their last bits (summation order).

@@ -103,7 +103,7 @@ async def test_jobs_on_a_dask_site_equal_the_jobs_in_memory(make_federation, clu
         assert np.allclose(list(a["mean"].values()), list(b["mean"].values()), rtol=1e-12, atol=0)
         assert np.allclose(list(a["std"].values()), list(b["std"].values()), rtol=1e-12, atol=0)
 
-    xgb = {"mode": "histogram", "rounds": 2, "max_depth": 3, "max_bin": 16, "test_fraction": 0.2, "nthread": 1,
+    xgb = {"mode": "histogram", "rounds": 1, "max_depth": 2, "max_bin": 16, "test_fraction": 0.2, "nthread": 1,
            "secure_sum": "ring"}
     got = await _run(h, 0, "xgboost", xgb)
     assert {r["state"] for r in got.values()} == {"done"}, [r["error"] for r in got.values()]

@@ -23,7 +23,7 @@ from fedpeer.jobs import xgboost as xj
 from fedpeer.jobs.base import JobContext
 from fedpeer.ml.dasksite import dask_refusal, open_site
 from fedpeer.net.channel import MemoryNetwork
-from fedpeer.sitedata import load_site, report
+from fedpeer.sitedata import format_report, load_site, report
 from tests.sim.members import member_keys
 
 LIMITS = JobLimits()
@@ -94,6 +94,9 @@ def test_rows_read_on_the_cluster_are_the_memory_engines(cluster, site_files) ->
             site.close()
     doc = report(section(cluster, parquet=str(site_files["parts"])), LIMITS)
     assert doc["rows"] == 190 and doc["partitions"] == 3 and doc["schema_fingerprint"] == memory.fingerprint.hex()
+    in_memory = report(section(None, parquet=str(site_files["whole_parquet"])), LIMITS)
+    assert doc["label_counts"] == in_memory["label_counts"] and doc["missing"] == in_memory["missing"]
+    assert f"engine dask: 3 partitions on {cluster.scheduler_address}" in format_report(doc)
 
 
 def test_missing_values_dropped_per_part_as_in_memory(cluster, tmp_path, cancer) -> None:
@@ -192,7 +195,7 @@ def test_stats_on_a_dask_site_equal_the_memory_engines(cluster, site_files, canc
 
 
 def test_histogram_xgboost_on_a_dask_site_gives_the_memory_engines_model(cluster, site_files, cancer) -> None:
-    params = {"mode": "histogram", "rounds": 2, "max_depth": 3, "max_bin": 16, "test_fraction": 0.2,
+    params = {"mode": "histogram", "rounds": 2, "max_depth": 2, "max_bin": 16, "test_fraction": 0.2,
               "subsample": 0.8, "nthread": 1, "secure_sum": "ring"}
     want = _run(xj.KIND, _sites(cluster, site_files, cancer, dask=False), params)
     got = _run(xj.KIND, _sites(cluster, site_files, cancer, dask=True), params)
