@@ -109,10 +109,12 @@ async def _follow_ring(ch: Channel, plan: _Plan, att: _Attempt, masks: sm.Masks,
 @dataclass
 class _Trace:
     """Which chunks this member got and passed on in this attempt: its answer to SumWhere.
-    `sending`: the sends of chunks still unacknowledged (SumWhere waits for them: at most a hop)."""
+    `sending`: the tasks forwarding chunks; `settled[k]` is done once chunk k's send was
+    acknowledged or failed (SumWhere waits for it: at most a hop, not the report after it)."""
     got: set[int] = dataclasses.field(default_factory=set)
     passed: set[int] = dataclasses.field(default_factory=set)
     sending: dict[int, asyncio.Task] = dataclasses.field(default_factory=dict)
+    settled: dict[int, asyncio.Future] = dataclasses.field(default_factory=dict)
     broken: list[PeerUnreachable] = dataclasses.field(default_factory=list)   # the edge to my successor failed
 
     def stop(self) -> None:
@@ -133,12 +135,18 @@ async def _forward_chunks(ch: Channel, plan: _Plan, att: _Attempt, masks: sm.Mas
     pred, succ = att.neighbours(ch.me)
     window = asyncio.Semaphore(plan.send_window())
 
+    def settle(k: int) -> None:
+        if not trace.settled[k].done():
+            trace.settled[k].set_result(None)
+
     async def forward(k: int, msg: SumChunk) -> None:
         try:
             await _send(ch, plan, succ, msg)
             trace.passed.add(k)
+            settle(k)
             ch.progress(PHASE, len(trace.passed), plan.chunks)
         except PeerUnreachable as exc:   # PeerRefused included, reported as what it is
+            settle(k)
             if not trace.broken:
                 trace.broken.append(exc)
                 if succ != att.initiator:     # else there is nobody to tell: the initiator sees it
@@ -148,6 +156,7 @@ async def _forward_chunks(ch: Channel, plan: _Plan, att: _Attempt, masks: sm.Mas
                     except PeerUnreachable:
                         pass          # the initiator is gone: our next wait finds out
         finally:
+            settle(k)
             window.release()
 
     for k in range(plan.chunks):
@@ -169,6 +178,7 @@ async def _forward_chunks(ch: Channel, plan: _Plan, att: _Attempt, masks: sm.Mas
         if trace.broken:
             break
         data = await _compute(plan, masks.added, data, k)
+        trace.settled[k] = asyncio.get_running_loop().create_future()
         trace.sending[k] = asyncio.create_task(forward(k, SumChunk(tag, data)))
     if trace.broken:
         exc = trace.broken[0]
@@ -223,9 +233,9 @@ async def _await_initiator(ch: Channel, plan: _Plan, att: _Attempt, wants: list[
                 f"{att.initiator.hex()[:16]} within {att.patience_ms(plan)} ms in attempt "
                 f"{att.number}; the initiator is presumably down") from None
         for q in (m for _, m in got if isinstance(m, SumWhere)):
-            pending = trace.sending.get(q.chunk)
-            if pending is not None and not pending.done():   # its outcome within a hop: the truth
-                await asyncio.wait({pending})
+            settled = trace.settled.get(q.chunk)
+            if settled is not None and not settled.done():   # its outcome within a hop: the truth
+                await asyncio.wait({settled})
             here = SumHere(q.tag, q.chunk, q.chunk in trace.got, q.chunk in trace.passed)
             try:
                 await _send(ch, plan, att.initiator, here)
