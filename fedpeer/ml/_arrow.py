@@ -169,7 +169,7 @@ def read_csv(spec: DataSpec, rows_max: int, bytes_max: int) -> tuple[Any, ...] |
     X, finite = _matrix_finite(batches, n)
     if not finite and not np.array_equal(np.isnan(X).sum(axis=0), nulls):
         return None      # a NaN pyarrow read from text ("nan(1)", "-nan"): the Python parser judges it
-    return features, X, codes, uniques, _NoLines()
+    return features, X, codes, uniques, _NoLines(all_finite=finite)
 
 
 def _label_codes(column, text) -> tuple[np.ndarray, list[str]]:
@@ -232,7 +232,11 @@ def _fill(X: np.ndarray, start: int, batches: list) -> tuple[int, bool]:
 # Parquet: a file or a directory of part files, column types from the file's schema.
 
 class _ParquetRows:
-    """Rows of a Parquet source are named by their 1-based position ("row N"); there are no lines."""
+    """Rows of a Parquet source are named by their 1-based position ("row N"); there are no lines.
+    all_finite: every value of X was found finite while filling it."""
+
+    def __init__(self, all_finite: bool = False) -> None:
+        self.all_finite = all_finite
 
     def where(self, index: int) -> str:
         return f"row {index + 1}"
@@ -341,7 +345,7 @@ def read_parquet(spec: DataSpec, rows_max: int, bytes_max: int) -> tuple[Any, ..
     # is the matrix plus one row group, not a whole table beside the matrix.
     X = np.empty((n, len(features)), dtype=np.float64)
     label_chunks: list = []
-    start = 0
+    start, finite = 0, True
     try:
         groups = [(part, g) for part in map(pq.ParquetFile, files) for g in range(part.num_row_groups)]
         with ThreadPoolExecutor(1, thread_name_prefix="parquet-read") as ahead:   # the next group reads
@@ -357,7 +361,8 @@ def read_parquet(spec: DataSpec, rows_max: int, bytes_max: int) -> tuple[Any, ..
                     table = table.drop_columns([spec.label])
                 if start + table.num_rows > n:
                     raise DataError(f"{path}: holds more rows than its metadata says; write it again")
-                start = _fill(X, start, table.to_batches())[0]
+                start, finite_group = _fill(X, start, table.to_batches())
+                finite = finite and finite_group
                 del table
     except (pa.ArrowException, OSError) as e:
         raise DataError(f"{path}: reading failed ({e}); write the file again or use csv") from None
@@ -368,7 +373,7 @@ def read_parquet(spec: DataSpec, rows_max: int, bytes_max: int) -> tuple[Any, ..
         codes, uniques = _label_codes(column, label_text)
     else:
         uniques, codes = [""], np.zeros(n, dtype=np.int64)
-    return features, X, codes, uniques, _ParquetRows()
+    return features, X, codes, uniques, _ParquetRows(all_finite=finite)
 
 
 def _read_group(part, group: int, columns: list[str]):

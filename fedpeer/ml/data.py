@@ -307,7 +307,11 @@ class _NeedLines(Exception):
 
 
 class _NoLines:
-    """`_Rows` of the pyarrow path: it has no lines; asking for one sends the file to the Python parser."""
+    """`_Rows` of the pyarrow path: it has no lines; asking for one sends the file to the Python parser.
+    all_finite: the reader found every value of X finite while filling it (saves `_finish` a pass)."""
+
+    def __init__(self, all_finite: bool = False) -> None:
+        self.all_finite = all_finite
 
     def where(self, index: int) -> str:
         raise _NeedLines()
@@ -516,7 +520,7 @@ def _finish(spec: DataSpec, binary: bool, features: tuple[str, ...], X: np.ndarr
                             "really the class column?")
     bad_label = np.array([spec.label is not None and _is_missing_label(v) for v in uniques], dtype=bool)
     label_missing = bad_label[codes]
-    if np.isfinite(X).all():               # the common case: one pass over X, no masks
+    if getattr(rows, "all_finite", False) or np.isfinite(X).all():   # the common case: no masks
         nan_cells = inf_cells = np.broadcast_to(np.False_, X.shape)
         gap_counts = np.zeros(X.shape[1], dtype=np.int64)
         feature_bad = np.zeros(n, dtype=bool)
@@ -553,7 +557,7 @@ def _finish(spec: DataSpec, binary: bool, features: tuple[str, ...], X: np.ndarr
     imputed, imputer = 0, None
     if impute:
         X, imputed, imputer = _impute(path, features, X, impute_from)
-    present = sorted(uniques[c] for c in np.unique(codes))
+    present = sorted(uniques[c] for c in np.flatnonzero(np.bincount(codes, minlength=len(uniques))))   # no sort
     if binary:
         if len(present) != 2:
             if len(present) == 1:
