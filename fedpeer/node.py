@@ -474,6 +474,8 @@ class Node:
                      for j in self.jobs.list()[:STATUS_JOBS_MAX]],
             "rejected": dict(sorted(self.rejected.items())),
             "dropped_sends": self._client.dropped_best_effort,
+            "sessions": {**self._gate.sessions.counts(), "opened": self._links.handshakes},   # fedpeer/session.py
+            "streams": {"receiving_bytes": self._streams.held_bytes(), "received": self._streams.completed},
             "connections": {**self._server.connections(), "shed": dict(self._server.shed),
                             "open_files_limit": self._open_files},
             "loop_errors": dict(self._loop_errors),
