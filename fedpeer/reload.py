@@ -7,7 +7,7 @@ another name is a rename, another address for a key is a move.
 
 [node] (name, listen, advertise, key file, state dir, admin, metrics) is bound to open sockets
 and files: a change there is reported as needing a restart and is not applied. Limits that size
-budgets at start (connection counts, inbound budgets, replay memory) likewise apply at the next
+budgets at start (connection counts, inbound budgets) likewise apply at the next
 start; the rest of [limits] is read at use and applies at once.
 """
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from .config import Config, Limits
 
 SECTIONS = ("policy", "data", "limits", "jobs", "membership", "election")
-# [limits] fields read once at start (semaphores, budgets, the replay guard): changing them
+# [limits] fields read once at start (semaphores, budgets): changing them
 # needs a restart; every other limit is read where it is used and applies at once.
 LIMITS_AT_START = ("message_bytes_max", "inbound_concurrent_max", "inbound_per_peer_max",
                    "inbound_bytes_max", "outbound_inflight_max", "http_connect_timeout_ms", "http_timeout_ms")

@@ -27,7 +27,7 @@ name = "{name}"                 # this site's name, shown in logs and status (lo
 listen = "{listen}"             # where peers reach this daemon (host:port)
 {advertise_line}
 key_file = "identity.key"       # Ed25519 identity; mode 0600; back it up, never share it
-state_dir = "state"             # job records, replay marks, incarnation (needs write access)
+state_dir = "state"             # job records, models, incarnation, election vote (needs write access)
 admin = "unix:state/admin.sock" # local admin API for `fedpeer status`: unix:PATH (mode 0600), or
                                 # 127.0.0.1:PORT, which needs the token the daemon writes to
                                 # state_dir/admin.token (0600) at each start; the CLI reads it
