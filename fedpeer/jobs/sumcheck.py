@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import JobError
 from ..protocols.securesum import CHUNK_ENTRIES_MAX, secure_sum
-from ..protocols.securesum_masks import apply_mask
+from ..protocols.securesum_masks import MASK_BLOCK_ENTRIES, apply_mask
 from .base import JobContext, JobKind, Param
 
 PARAMS = {
@@ -62,12 +62,18 @@ def contribution(member: bytes, entries: int) -> np.ndarray:
 
 def _correct(total: np.ndarray, members: tuple[bytes, ...], entries: int) -> bool:
     """Whether `total` is the sum of the members' test vectors: |members|·B + (Σ w)·C, two
-    keystreams however many members (built and compared in one go, off the loop)."""
+    keystreams however many members, built and compared a block at a time (no array of the
+    vector's size: fresh memory page-faults), off the loop."""
     weights = np.uint64(sum(int(weight(m)) for m in members) % 2**64)
-    expected = np.zeros(entries, dtype=np.uint64)
-    apply_mask(_plus_times(weights), expected, _STEP, b"", 0)
-    apply_mask(_plus_times(np.uint64(len(members))), expected, _BASE, b"", 0)
-    return bool(np.array_equal(expected, total))
+    count = np.uint64(len(members))
+    for start in range(0, entries, MASK_BLOCK_ENTRIES):
+        part = total[start:start + MASK_BLOCK_ENTRIES]
+        expected = np.zeros(len(part), dtype=np.uint64)
+        apply_mask(_plus_times(weights), expected, _STEP, b"", 0, offset=start)
+        apply_mask(_plus_times(count), expected, _BASE, b"", 0, offset=start)
+        if not np.array_equal(expected, part):
+            return False
+    return True
 
 
 async def _compute(entries: int, fn: Any, *args: Any) -> Any:

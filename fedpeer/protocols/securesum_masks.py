@@ -47,14 +47,17 @@ def expand_mask(domain: bytes, seed: bytes, chunk: int, entries: int) -> np.ndar
     return mask
 
 
-def apply_mask(op: Any, target: np.ndarray, domain: bytes, seed: bytes, chunk: int) -> None:
+def apply_mask(op: Any, target: np.ndarray, domain: bytes, seed: bytes, chunk: int, offset: int = 0) -> None:
     """target = op(target, mask) in place (np.add or np.subtract, mod 2^64), for the mask
-    `expand_mask(domain, seed, chunk, len(target))`, made and applied MASK_BLOCK_ENTRIES at a time
+    `expand_mask(domain, seed, chunk, offset + len(target))[offset:]` (`offset` even: a whole AES
+    block, two entries, per counter step), made and applied MASK_BLOCK_ENTRIES at a time
     in this thread's scratch buffer: no allocation per mask (fresh buffers page-fault, ~1-3 ms/MiB
     on this VM), and `update_into` instead of `update` (which allocates its output: 0.09 vs
     0.32 ms per 512 KiB here)."""
     key = hashlib.blake2b(domain + seed, digest_size=32).digest()
-    stream = Cipher(algorithms.AES(key), modes.CTR(chunk.to_bytes(8, "big") + bytes(8))).encryptor()
+    assert offset % 2 == 0, "the keystream is addressed in AES blocks of two entries"
+    counter = (chunk << 64) + offset // 2           # the block chunk ‖ 0, then offset/2 blocks on
+    stream = Cipher(algorithms.AES(key), modes.CTR(counter.to_bytes(16, "big"))).encryptor()
     buf = getattr(_scratch, "buf", None)
     if buf is None:
         buf = _scratch.buf = bytearray(8 * MASK_BLOCK_ENTRIES + 15)     # update_into wants a block's slack
