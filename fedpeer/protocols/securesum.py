@@ -15,7 +15,10 @@ Rules of this module
 * Pure protocol code: it talks only through the `Channel` (fedpeer/net/channel.py). Randomness is
   `ch.random_bytes` (the OS CSPRNG in the daemon), pairwise secrets are `ch.pairwise_seed`,
   waiting is `ch.recv` with a timeout. The only clock use is a bound on each `ch.send`
-  (`asyncio.timeout`), so that every wait is bounded by hop_timeout_ms.
+  (`asyncio.timeout`), so that every wait is bounded by hop_timeout_ms. The only work handed to
+  a worker thread (`asyncio.to_thread`) is arithmetic on large arrays: masks of chunks, and the
+  allocation of the total, of OFF_LOOP_BYTES_MIN or more (never in the simulations, whose
+  vectors are smaller).
 * The initiator is the first of `ch.members` (until it is declared dead: "Takeover" below); the
   first ring runs in `ch.members` order.
   Participants start as all members; only the initiator removes participants or changes the
@@ -34,8 +37,8 @@ Rules of this module
   waiting for its successor to acknowledge chunk k-1 (at most SENDS_IN_FLIGHT_MAX sends to one
   peer unacknowledged, and SEND_BYTES_IN_FLIGHT_MAX bytes to all); the initiator likewise, and
   it sends the total to every member the same way, up to SENDS_IN_FLIGHT_MAX chunks at a time
-  to each. Mask work on chunks of OFF_LOOP_BYTES_MIN
-  or more runs in a worker thread (the event loop serves membership meanwhile).
+  to each. Masks are made and applied a MiB at a time in place (securesum_masks.py); on chunks
+  of OFF_LOOP_BYTES_MIN or more in a worker thread (the event loop serves membership meanwhile).
 * Delivery of the total: once every chunk is back (and, in pairwise mode, the self masks are
   removed), the initiator sends the total to every participant directly. Not as soon as each
   chunk is complete: a failure later in the lap would leave members holding part of a total
@@ -43,8 +46,10 @@ Rules of this module
   that). Not around the ring either (each member keeping a copy and passing it on): on one
   machine the bytes are the same (2n-1 chunk hops per chunk either way) and the chain measured
   no faster (bare relays, 8 MiB: 126 vs 128 MiB/s at 3 sites, 25 vs 47 at 9), while it would let
-  any member alter or withhold the total of everyone after it. Members accept the total only
-  from the initiator.
+  any member alter or withhold the total of everyone after it. Nor does each chunk's lap start
+  and end at another site (k mod n) that then delivers that chunk: the same bytes again, while
+  every site would hold totals of chunks when an attempt fails and each chunk would need its own
+  judge for blame. Members accept the total only from the initiator.
 
 Timeouts and failures (hop = hop_timeout_ms, n = participants in the attempt)
 * Every send must be acknowledged within one hop, or the peer counts as unreachable.
