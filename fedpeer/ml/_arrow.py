@@ -55,18 +55,20 @@ NULL_VALUES = sorted({form for token in MISSING_TOKENS for form in _case_forms(t
 """Every spelling of a missing token pyarrow must take as null (it compares exactly)."""
 
 
-def _header(f) -> list[str] | None:
-    """The header record as the csv module reads it (names not stripped), None if not sure."""
+def _header(f) -> tuple[list[str], int | None] | tuple[None, None]:
+    """The header record as the csv module reads it (names not stripped), and the byte offset where
+    the data rows begin if the record is one line (None if it spans lines); (None, None) if not sure."""
     raw = f.read(_HEADER_BYTES_MAX)
     whole = len(raw) < _HEADER_BYTES_MAX
+    skipped = 0
     if raw.startswith(_BOM):
-        raw = raw[len(_BOM):]
+        raw, skipped = raw[len(_BOM):], len(_BOM)
     if b"\x00" in raw or raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        return None
+        return None, None
     try:
         text = codecs.getincrementaldecoder("utf-8")("strict").decode(raw, final=whole)
     except UnicodeDecodeError:
-        return None
+        return None, None
     lines = io.StringIO(text, newline="")
     reader = csv.reader(lines)
     try:
@@ -74,22 +76,29 @@ def _header(f) -> list[str] | None:
             if record:
                 break
         else:
-            return None
+            return None, None
     except csv.Error:
-        return None
-    if not whole and not text[:lines.tell()].endswith(("\n", "\r")):
-        return None        # the record may go on beyond what was read
-    return record
+        return None, None
+    consumed = text[:lines.tell()]      # empty lines, then the header record and its line end
+    if not whole and not consumed.endswith(("\n", "\r")):
+        return None, None  # the record may go on beyond what was read
+    record_text = consumed.strip("\r\n")
+    one_line = "\n" not in record_text and "\r" not in record_text    # no quoted name spans lines
+    return record, (skipped + len(consumed.encode("utf-8")) if one_line else None)
 
 
-def _has_quote(f) -> bool:
-    """Whether the file holds a double quote anywhere: without one no value can span lines, and
-    pyarrow may split the file into blocks at any line end (newlines_in_values=False, ~25 % faster)."""
+def _has_quote(f, data_start: int | None) -> bool:
+    """Whether the data rows (from byte data_start on; None: the header spans lines) hold a double
+    quote: without one no value can span lines, and pyarrow may split the file into blocks at any
+    line end (newlines_in_values=False, ~25 % faster). A quoted header on one line (as pyarrow's and
+    many other writers quote every name) does not count."""
     import mmap
 
+    if data_start is None:
+        return True
     try:
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            return m.find(b'"') >= 0
+            return m.find(b'"', data_start) >= 0
     except (OSError, ValueError):
         return True
 
@@ -112,8 +121,8 @@ def read_csv(spec: DataSpec, rows_max: int, bytes_max: int) -> tuple[Any, ...] |
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode) or not 0 < st.st_size <= bytes_max:
             return None
-        raw_header = _header(f)
-        quoted = _has_quote(f)
+        raw_header, data_start = _header(f)
+        quoted = _has_quote(f, data_start)
     if raw_header is None:
         return None
     header = [name.strip() for name in raw_header]

@@ -211,3 +211,27 @@ def test_any_number_like_token_reads_as_the_python_parser_reads_it(tmp_path: Pat
         if fast is not None:
             assert not isinstance(slow, str), (token, slow)
             same_dataset(fast, slow)
+
+
+@pytest.mark.parametrize("content, split_anywhere", [
+    ('"a","b","y"\n1,2,0\n3,4,1\n', True),                 # pyarrow's CSVWriter quotes every name, not the values
+    ('\ufeff\n\r\n"a",b,"y"\r\n1,2,0\r\n3,4,1\r\n', True),  # BOM, empty lines before the header, CRLF
+    ('"a","b","y"\n1,2,0\n3,"4",1\n', False),               # a quote in the data rows
+    ('"a","b\nc","y"\n1,2,0\n3,4,1\n', False),              # a quoted name spans lines
+])
+def test_a_quoted_header_alone_lets_pyarrow_split_at_any_line_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  content: str, split_anywhere: bool) -> None:
+    import pyarrow.csv as pacsv
+
+    seen: list[bool] = []
+    real = pacsv.ParseOptions
+
+    def spy(**kw):
+        seen.append(kw["newlines_in_values"])
+        return real(**kw)
+    monkeypatch.setattr(pacsv, "ParseOptions", spy)
+    path = write(tmp_path, content)
+    spec = DataSpec(path, "y", "1")
+    fast = fast_only(spec)
+    assert seen == [not split_anywhere]
+    same_dataset(fast, data._load_csv_python(spec))
