@@ -163,6 +163,26 @@ def _sites(cluster, site_files, cancer, dask: bool, needs_binary: bool = True) -
     return [first, memory(190, 380), memory(380, len(X))]
 
 
+@pytest.fixture
+def off_loop(monkeypatch) -> list[str]:
+    """Every call to the cluster (DaskSite._guarded) is checked to run off the event loop: the
+    names of the calls made on a thread running a loop (which would stall the daemon)."""
+    from fedpeer.ml.dasksite import DaskSite
+
+    on_loop: list[str] = []
+    guarded = DaskSite._guarded
+
+    def checked(self, call):
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(getattr(call, "__qualname__", repr(call)))
+        except RuntimeError:
+            pass
+        return guarded(self, call)
+    monkeypatch.setattr(DaskSite, "_guarded", checked)
+    return on_loop
+
+
 def _run(kind, sites: list, params: dict) -> list:
     keys, names = member_keys("dask", len(sites))
     checked = kind.check_params(params)
@@ -180,10 +200,11 @@ def _run(kind, sites: list, params: dict) -> list:
                 s.close()
 
 
-def test_stats_on_a_dask_site_equal_the_memory_engines(cluster, site_files, cancer) -> None:
+def test_stats_on_a_dask_site_equal_the_memory_engines(cluster, site_files, cancer, off_loop) -> None:
     params = {"bins": 8}
     want = _run(stats.KIND, _sites(cluster, site_files, cancer, dask=False), params)
     got = _run(stats.KIND, _sites(cluster, site_files, cancer, dask=True), params)
+    assert off_loop == []
     for a, b in zip(want, got):
         assert isinstance(b, dict), b
         assert a["count"] == b["count"] == 569 and a["class_counts"] == b["class_counts"]
@@ -194,11 +215,13 @@ def test_stats_on_a_dask_site_equal_the_memory_engines(cluster, site_files, canc
         assert counts == [(h["below"], h["counts"], h["above"]) for h in b["histograms"].values()]
 
 
-def test_histogram_xgboost_on_a_dask_site_gives_the_memory_engines_model(cluster, site_files, cancer) -> None:
+def test_histogram_xgboost_on_a_dask_site_gives_the_memory_engines_model(cluster, site_files, cancer,
+                                                                       off_loop) -> None:
     params = {"mode": "histogram", "rounds": 2, "max_depth": 2, "max_bin": 16, "test_fraction": 0.2,
               "subsample": 0.8, "nthread": 1, "secure_sum": "ring"}
     want = _run(xj.KIND, _sites(cluster, site_files, cancer, dask=False), params)
     got = _run(xj.KIND, _sites(cluster, site_files, cancer, dask=True), params)
+    assert off_loop == []                  # the daemon's loop never waited on the cluster
     for a, b in zip(want, got):
         assert isinstance(b, dict), b
         assert a["_model"] == b["_model"] and a["model_sha256"] == b["model_sha256"]
