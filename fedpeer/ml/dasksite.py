@@ -256,6 +256,9 @@ def connect(data: Any) -> tuple[Any, Any]:
 def open_site(data: Any, limits: Any, *, needs_label: bool, binary: bool) -> DaskSite:
     """Read the site's partitions on its cluster and check them as the memory engine would.
     Blocking (the daemon calls it in a worker thread)."""
+    if data.missing not in ("error", "drop"):       # config.py refuses it too: one imputer needs every row
+        raise DataError(f"{data.parquet or data.csv}: engine = \"dask\" supports missing = \"error\" or \"drop\", "
+                        f"not {data.missing!r}")
     kind, files = part_files(data)
     label = data.label if needs_label else None
     ignore = tuple(data.ignore) if needs_label else (*data.ignore, *((data.label,) if data.label and
