@@ -217,6 +217,7 @@ def test_pairwise_masks_cancel_and_are_fresh_per_attempt_and_chunk() -> None:
             masks = ss._Masks(net.channel(m), plan, att)
             masks.self_seed = None      # self masks are removed separately, via the revealed seeds
             masks.ring_seed = None      # and the initiator's ring mask when the chunk comes back
+            masks.ring_seed = None      # and the initiator's ring mask when the chunk comes back
             out.append(masks.contribution(k))
         return out
 
@@ -280,6 +281,41 @@ async def test_chunks_are_pipelined_within_a_bounded_window() -> None:
             in_flight -= 1
         most = max(most, in_flight)
     assert most == ss.CHUNKS_IN_FLIGHT_MAX, f"{most} chunks on the ring at once"
+
+
+@pytest.mark.looptime
+@pytest.mark.parametrize("mode", ss.MODES)
+async def test_members_pass_chunks_on_without_waiting_for_each_acknowledgement(mode: str) -> None:
+    """Pipelined (issue 13): every member has several chunks in flight to its successor at once,
+    never more than SENDS_IN_FLIGHT_MAX, and the initiator several results to each member."""
+    members = keys(4)
+    net = MemoryNetwork(members, seed=5, delay_ms=(5.0, 10.0))
+    in_flight: dict[tuple[bytes, type], int] = {}
+    most: dict[tuple[bytes, type], int] = {}
+
+    class Counting:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+        async def send(self, dst: bytes, msg: object) -> None:
+            key = (self.inner.me, type(msg))
+            in_flight[key] = in_flight.get(key, 0) + 1
+            most[key] = max(most.get(key, 0), in_flight[key])
+            try:
+                await self.inner.send(dst, msg)
+            finally:
+                in_flight[key] -= 1
+
+    vectors = random_vectors(members, 40, seed=5)
+    results, _ = await run_sum(net, vectors, mode=mode, chunk_entries=1, wrap={m: Counting for m in members})
+    outcome = check_consistent(results, vectors, 5)
+    assert outcome is not None and outcome.participants == tuple(members)
+    for m in members:
+        assert 1 < most[(m, SumChunk)] <= ss.SENDS_IN_FLIGHT_MAX, (m.hex()[:8], most)
+    assert 1 < most[(members[0], SumResult)] <= ss.SENDS_IN_FLIGHT_MAX * (len(members) - 1)
 
 
 # -- privacy -----------------------------------------------------------------------------------
@@ -677,6 +713,7 @@ class ByzantineChannel:
     def __init__(self, inner: Any, rng: random.Random, attacks: Sequence[str], rate: float) -> None:
         self.inner, self.rng, self.attacks, self.rate = inner, rng, attacks, rate
         self.pred: bytes | None = None
+        self.quit = False       # after "quit" it does nothing more (its code hangs), whatever task sends
         self.quit = False       # after "quit" it does nothing more (its code hangs), whatever task sends
 
     def __getattr__(self, name: str) -> Any:
