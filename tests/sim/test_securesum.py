@@ -217,7 +217,6 @@ def test_pairwise_masks_cancel_and_are_fresh_per_attempt_and_chunk() -> None:
             masks = ss._Masks(net.channel(m), plan, att)
             masks.self_seed = None      # self masks are removed separately, via the revealed seeds
             masks.ring_seed = None      # and the initiator's ring mask when the chunk comes back
-            masks.ring_seed = None      # and the initiator's ring mask when the chunk comes back
             out.append(masks.contribution(k))
         return out
 
@@ -713,7 +712,6 @@ class ByzantineChannel:
     def __init__(self, inner: Any, rng: random.Random, attacks: Sequence[str], rate: float) -> None:
         self.inner, self.rng, self.attacks, self.rate = inner, rng, attacks, rate
         self.pred: bytes | None = None
-        self.quit = False       # after "quit" it does nothing more (its code hangs), whatever task sends
         self.quit = False       # after "quit" it does nothing more (its code hangs), whatever task sends
 
     def __getattr__(self, name: str) -> Any:
