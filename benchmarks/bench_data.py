@@ -129,7 +129,8 @@ def main() -> None:
         doc: dict = {"rows": args.rows, "cols": args.cols, "repeats": args.repeats, "cpus": os.cpu_count(),
                      "csv_bytes": csv_path.stat().st_size, "parquet_bytes": parquet_path.stat().st_size,
                      "generate_s": time.perf_counter() - t, "pyarrow": pa.__version__,
-                     "pandas": pandas.__version__ if pandas else None}
+                     "pandas": pandas.__version__ if pandas else None,
+                     "load_average_before": os.getloadavg()}
         matrix = args.rows * args.cols * 8
         doc["matrix_bytes"] = matrix
         kinds = ["load_csv", "load_data(parquet)"] + (["pandas.read_csv+to_numpy"] if pandas is not None else [])
@@ -161,6 +162,7 @@ def main() -> None:
         doc["parquet_ratio"] = {
             "median": pq_times["load_data(parquet)"]["median_s"] / pq_times["pyarrow.parquet.read_table"]["median_s"],
             "best": pq_times["load_data(parquet)"]["best_s"] / pq_times["pyarrow.parquet.read_table"]["best_s"]}
+        doc["load_average_after"] = os.getloadavg()     # 1 / 5 / 15 minutes: the 2 cores are shared
     if args.json:
         print(json.dumps(doc, indent=2))
         return
@@ -168,6 +170,8 @@ def main() -> None:
     print(f"{args.rows} rows x {args.cols} features: CSV {doc['csv_bytes'] / mib:.0f} MiB, Parquet "
           f"{doc['parquet_bytes'] / mib:.0f} MiB, float64 matrix {matrix / mib:.0f} MiB; {doc['cpus']} CPUs; "
           f"pyarrow {doc['pyarrow']}, pandas {doc['pandas']}")
+    print("  load average (1 / 5 / 15 min) before: " + " / ".join(f"{x:.2f}" for x in doc["load_average_before"])
+          + ", after: " + " / ".join(f"{x:.2f}" for x in doc["load_average_after"]))
     for section in ("csv", "parquet"):
         for name, s in doc[section].items():
             print(f"  {name:28s} best {s['best_s']:6.2f} s  median {s['median_s']:6.2f} s  "

@@ -235,3 +235,24 @@ def test_a_quoted_header_alone_lets_pyarrow_split_at_any_line_end(tmp_path: Path
     fast = fast_only(spec)
     assert seen == [not split_anywhere]
     same_dataset(fast, data._load_csv_python(spec))
+
+
+@pytest.mark.parametrize("sizes", [[300_000], [5, 70_000, 3, 120_000, 1], [1], [2, 2]])
+def test_fill_in_one_or_two_threads_gives_the_same_matrix(sizes: list[int]) -> None:
+    import pyarrow as pa
+
+    rng = np.random.default_rng(len(sizes))
+    batches, expected = [], []
+    for n in sizes:
+        cols = rng.normal(size=(3, n))
+        cols[rng.random((3, n)) < 0.01] = np.inf
+        mask = rng.random(n) < 0.01
+        arrays = [pa.array(cols[0], mask=mask), pa.array(cols[1]), pa.array(cols[2].astype(np.float32))]
+        batches.append(pa.record_batch(arrays, names=["a", "b", "c"]))
+        expected.append(np.column_stack([np.where(mask, np.nan, cols[0]), cols[1], cols[2].astype(np.float32)]))
+    want = np.concatenate(expected)
+    for threads in (1, 2):
+        X = np.full((len(want) + 2, 3), -1.0)
+        end, finite = _arrow._fill(X, 1, list(batches), threads=threads)
+        assert end == len(want) + 1 and finite == bool(np.isfinite(want).all())
+        assert X[1:-1].tobytes() == want.tobytes() and (X[0] == -1).all() and (X[-1] == -1).all()
