@@ -68,8 +68,22 @@ def v_str(max_bytes: int = 1024, choices: frozenset[str] | None = None) -> Valid
     return check
 
 
+class RawBytes:
+    """A large bytes-like value that travels after the message's msgpack part, not inside it
+    (fedpeer/wire.py `pack`): no copy into msgpack on the way out; on the way in it is a view
+    of the decrypted frame (a writable numpy array, for arrays)."""
+
+    __slots__ = ("view",)
+    BYTES_MIN = 64 * 1024      # smaller values stay inside msgpack
+
+    def __init__(self, view: memoryview) -> None:
+        self.view = view
+
+
 def v_bytes(exact: int | None = None, max_bytes: int | None = None) -> Validator:
     def check(value: Any, where: str) -> bytes:
+        if isinstance(value, memoryview):   # sent after the msgpack part (RawBytes)
+            value = bytes(value)
         if not isinstance(value, bytes):
             raise _bad(where, "expected bytes")
         if exact is not None and len(value) != exact:
@@ -104,6 +118,13 @@ def v_map(fields: Mapping[str, Validator], optional: frozenset[str] = frozenset(
 
 
 NODE_ID = v_bytes(exact=PUBLIC_KEY_BYTES)
+
+
+def _v_buffer(value: Any, where: str) -> bytes | memoryview:
+    """An array's bytes: inside msgpack (bytes) or after it (a view, kept as it is: no copy)."""
+    if not isinstance(value, (bytes, memoryview)):
+        raise _bad(where, "expected bytes")
+    return value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,18 +259,21 @@ def encode_array(array: Any) -> dict:
     dtype = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
     if dtype.str not in ARRAY_DTYPES:
         raise LocalProtocolError("array", f"dtype {array.dtype} not allowed on the wire")
-    return {"dtype": dtype.str, "shape": list(array.shape), "data": array.astype(dtype, copy=False).tobytes()}
+    array = array.astype(dtype, copy=False)
+    data = RawBytes(memoryview(array).cast("B")) if array.nbytes >= RawBytes.BYTES_MIN else array.tobytes()
+    return {"dtype": dtype.str, "shape": list(array.shape), "data": data}
 
 
 def v_array(max_elements: int, dtypes: frozenset[str] = ARRAY_DTYPES) -> Validator:
-    """Validates and decodes to a read-only numpy array (zero copy over the frame's bytes)."""
+    """Validates and decodes to a numpy array, zero copy over the frame's bytes (read-only for
+    arrays inside msgpack; a writable view of the decrypted frame for those sent after it)."""
     shape_check = v_list(v_int(0, max_elements), ARRAY_DIMS_MAX)
 
     def check(value: Any, where: str) -> Any:
         import numpy as np
 
         raw = v_map({"dtype": v_str(8, dtypes & ARRAY_DTYPES), "shape": shape_check,
-                     "data": v_bytes()})(value, where)
+                     "data": _v_buffer})(value, where)
         count = math.prod(raw["shape"])
         dtype = np.dtype(raw["dtype"])
         if count > max_elements:

@@ -52,7 +52,7 @@ from .identity import PUBLIC_KEY_BYTES, Identity, verify  # noqa: F401  (wire.ve
 # The message schema lives in fedpeer/schema.py; its names are re-exported here because every
 # message-defining module reaches them as `wire.register`, `wire.v_int`, ...
 from .schema import (  # noqa: F401
-    _BY_CLASS, _BY_KIND, ARRAY_DIMS_MAX, ARRAY_DTYPES, INT64_MAX, NODE_ID, DiagProbe, MessageSpec, Validator,
+    _BY_CLASS, _BY_KIND, ARRAY_DIMS_MAX, ARRAY_DTYPES, INT64_MAX, NODE_ID, DiagProbe, MessageSpec, RawBytes, Validator,
     encode_array, kind_of, register, v_array, v_bool, v_bytes, v_float, v_int, v_list, v_map, v_str,
 )
 from .session import AEAD_TAG_BYTES, SID_BYTES, Handshakes, InSession, OutSession, Sessions
@@ -76,6 +76,8 @@ NESTING_DEPTH_MAX = 16     # our messages nest at most a few levels; msgpack its
 # (1.8 GiB, 22 s with the GIL held); our largest messages hold ~10^5 items (a job's feature names).
 DECODED_ITEMS_MAX = 1 << 18
 JOB_ID_BYTES_MAX = 64
+RAW_EXT = 1                                 # msgpack extension code of a value in the raw tail
+_RAW_REF = struct.Struct("<QQ")             # its (offset, length)
 
 
 @dataclass(frozen=True)
@@ -170,12 +172,36 @@ class Sealer:
 
 
 def pack(msg: object, *, job: str = "", term: int = 0) -> bytes:
-    """The plaintext envelope of a typed message (what a frame, or a stream of frames, carries)."""
+    """The plaintext of a typed message (what a frame, or a stream of frames, carries):
+
+        msgpack length M (4, LE) | msgpack envelope (M) | raw tail
+
+    Large byte strings and arrays (RawBytes: at least RawBytes.BYTES_MIN) are not copied into
+    msgpack: the envelope holds an extension value RAW_EXT = (offset, length) into the raw tail,
+    which holds them back to back in the order they occur."""
     spec = _BY_CLASS.get(type(msg))
     if spec is None:
         raise LocalProtocolError("unregistered", f"no wire kind for {type(msg).__name__}")
-    envelope = {"v": PROTOCOL_VERSION, "kind": spec.kind, "job": job, "term": term, "body": spec.to_body(msg)}
-    return msgpack.packb(envelope, use_bin_type=True)
+    body = spec.to_body(msg)
+    if isinstance(body, dict):
+        big = (bytes, bytearray)
+        body = {k: RawBytes(memoryview(v).cast("B")) if isinstance(v, big) and len(v) >= RawBytes.BYTES_MIN else v
+                for k, v in body.items()}
+    tail: list[memoryview] = []
+    at = 0
+
+    def raw(value: Any) -> msgpack.ExtType:
+        nonlocal at
+        if not isinstance(value, RawBytes):
+            raise TypeError(f"cannot send a {type(value).__name__}")
+        ref = msgpack.ExtType(RAW_EXT, _RAW_REF.pack(at, value.view.nbytes))
+        tail.append(value.view)
+        at += value.view.nbytes
+        return ref
+
+    envelope = {"v": PROTOCOL_VERSION, "kind": spec.kind, "job": job, "term": term, "body": body}
+    head = msgpack.packb(envelope, use_bin_type=True, default=raw)
+    return b"".join((len(head).to_bytes(4, "little"), head, *tail))
 
 
 def refusal_verified(keys: PairKeys, dst: bytes, frame: bytes, reason: str, tag_hex: str) -> bool:
@@ -193,10 +219,28 @@ class _Overbudget(Exception):
 
 
 def _decode(plaintext: bytes | bytearray, message_bytes_max: int) -> Any:
-    """Strict msgpack decode within the limits above; nesting deeper than NESTING_DEPTH_MAX is
-    refused too (checked only when the message holds that many containers: not for a ping)."""
+    """Strict decode of a plaintext (see `pack`) within the limits above; nesting deeper than
+    NESTING_DEPTH_MAX is refused too (checked only when the message holds that many containers:
+    not for a ping). The only extension value is RAW_EXT, and the raw tail must be exactly the
+    values it refers to, in order: they come back as views of `plaintext`."""
     budget = DECODED_ITEMS_MAX
     containers = 0
+    view = memoryview(plaintext)
+    head_bytes = int.from_bytes(view[:4], "little") if len(view) >= 4 else -1
+    if head_bytes < 0 or 4 + head_bytes > len(view):
+        raise RemoteProtocolError("decode", "msgpack length outside the plaintext")
+    tail = view[4 + head_bytes:]
+    used = 0
+
+    def raw(code: int, data: bytes) -> memoryview:
+        nonlocal used
+        if code != RAW_EXT or len(data) != _RAW_REF.size:
+            raise ValueError("extension type")
+        at, n = _RAW_REF.unpack(data)
+        if at != used or n > len(tail) - at:
+            raise ValueError("raw value outside the tail, or out of order")
+        used = at + n
+        return tail[at:used]
 
     def count(items: Any) -> Any:   # called by msgpack as each list or map is completed
         nonlocal budget, containers
@@ -208,13 +252,16 @@ def _decode(plaintext: bytes | bytearray, message_bytes_max: int) -> Any:
 
     try:
         value = msgpack.unpackb(
-            plaintext, raw=False, strict_map_key=True, use_list=True, max_ext_len=0,
+            view[4:4 + head_bytes], raw=False, strict_map_key=True, use_list=True, ext_hook=raw,
+            max_ext_len=_RAW_REF.size,
             max_str_len=STR_BYTES_MAX, max_bin_len=message_bytes_max,
             max_array_len=ARRAY_LEN_MAX, max_map_len=MAP_LEN_MAX, list_hook=count, object_hook=count)
     except _Overbudget:
         raise RemoteProtocolError("decode", f"more than {DECODED_ITEMS_MAX} decoded items") from None
     except (ValueError, TypeError) as exc:   # every msgpack failure, incl. StackError, ExtraData
         raise RemoteProtocolError("decode", type(exc).__name__) from None
+    if used != len(tail):
+        raise RemoteProtocolError("decode", f"{len(tail) - used} bytes of the raw tail are not referred to")
     if containers > NESTING_DEPTH_MAX and not _depth_ok(value, 0):
         raise RemoteProtocolError("decode", f"nesting deeper than {NESTING_DEPTH_MAX}")
     return value

@@ -74,8 +74,13 @@ class HelloRefused(Exception):
         self.status, self.reason = status, reason
 
 
+def plain(packed: bytes) -> bytes:
+    """A frame's plaintext around msgpack bytes (their length first; no raw tail)."""
+    return len(packed).to_bytes(4, "little") + packed
+
+
 def envelope(body: object, kind: str = "ping", job: str = "", term: int = 0) -> bytes:
-    return msgpack.packb({"v": wire.PROTOCOL_VERSION, "kind": kind, "job": job, "term": term, "body": body})
+    return plain(msgpack.packb({"v": wire.PROTOCOL_VERSION, "kind": kind, "job": job, "term": term, "body": body}))
 
 
 def flip(frame: bytes, index: int) -> bytes:

@@ -50,7 +50,7 @@ async def test_amplification_frames_are_refused_without_building_millions_of_obj
     inner = b"\xdd" + (1 << 20).to_bytes(4, "big") + b"\x90" * (1 << 20)
     plaintext = b"\xdc" + (24).to_bytes(2, "big") + inner * 24
     forger = await frames.connected(mallory, h, [0])
-    bombs = [forger.seal_raw(bob, plaintext) for _ in range(8)]
+    bombs = [forger.seal_raw(bob, frames.plain(plaintext)) for _ in range(8)]
     ml_loaded(target)
     rss_before = rss_kib(target.process.pid)
     started = time.monotonic()

@@ -15,6 +15,7 @@ from sklearn.datasets import make_classification
 from sklearn.ensemble import RandomForestClassifier
 from sklearn.tree import DecisionTreeClassifier
 
+from tests import frames
 from fedpeer import wire
 from fedpeer.errors import DataError, LocalProtocolError, RemoteProtocolError
 from fedpeer.ml import trees
@@ -427,7 +428,7 @@ def test_a_huge_adversarial_chain_is_rejected_quickly() -> None:
 # ---------------------------------------------------------------------------------------------
 
 def through_msgpack(doc: dict) -> object:
-    return wire._decode(msgpack.packb(doc, use_bin_type=True), 1 << 26)
+    return wire._decode(frames.plain(msgpack.packb(doc, use_bin_type=True)), 1 << 26)
 
 
 def test_wire_round_trip(rf: RandomForestClassifier, data: tuple) -> None:

@@ -217,10 +217,11 @@ def test_typed_validation(peers: Peers, mutate, why: str) -> None:
 
 def test_unknown_kind_ext_types_and_old_envelopes(peers: Peers) -> None:
     assert reason(peers.gate, seal_raw(peers, frames.envelope({}, kind="exec"))) == "unknown_kind"
+    assert reason(peers.gate, seal_raw(peers, frames.envelope(msgpack.ExtType(2, b"boom")))) == "decode"
     assert reason(peers.gate, seal_raw(peers, frames.envelope(msgpack.ExtType(1, b"boom")))) == "decode"
     old = {"v": 1, "kind": "ping", "src": peers.alice.public_key, "dst": peers.bob.public_key, "job": "",
            "term": 0, "seq": 1, "ts_ms": 0, "body": {}}   # protocol 1's envelope
-    assert reason(peers.gate, seal_raw(peers, msgpack.packb(old))) == "schema"
+    assert reason(peers.gate, seal_raw(peers, frames.plain(msgpack.packb(old)))) == "schema"
 
 
 @settings(max_examples=300, deadline=None)
@@ -346,7 +347,7 @@ def test_decoded_item_budget_stops_amplification_early(peers: Peers) -> None:
     plaintext = b"\xdc" + (24).to_bytes(2, "big") + inner * 24
     gate = peers.new_gate(bytes_max=64 << 20)
     peers.forger.pair(gate, peers.bob.public_key, NOW_MS)
-    frame = seal_raw(peers, plaintext)
+    frame = seal_raw(peers, frames.plain(plaintext))
     started = time.perf_counter()
     with pytest.raises(RemoteProtocolError) as err:
         gate.open(frame, NOW_MS)
@@ -356,7 +357,7 @@ def test_decoded_item_budget_stops_amplification_early(peers: Peers) -> None:
 
 def test_legit_large_lists_fit_the_budget(peers: Peers) -> None:
     features = [f"f{i}" for i in range(100_000)]     # the largest list a job message may carry
-    assert len(wire._decode(msgpack.packb({"features": features}), 1 << 30)["features"]) == 100_000
+    assert len(wire._decode(frames.plain(msgpack.packb({"features": features})), 1 << 30)["features"]) == 100_000
 
 
 def test_chacha_suite_round_trips() -> None:
@@ -366,3 +367,29 @@ def test_chacha_suite_round_trips() -> None:
     forger.handshakes = Handshakes(alice, forger.keys.key, SUITE_CHACHA)
     forger.pair(gate, bob.public_key, NOW_MS)
     assert gate.open(forger.seal(bob.public_key, wire.DiagProbe(b"x" * 100)), NOW_MS).msg == wire.DiagProbe(b"x" * 100)
+
+
+def test_large_arrays_and_bytes_travel_after_the_msgpack_part(peers: Peers) -> None:
+    """Arrays and byte strings of RawBytes.BYTES_MIN or more are not copied into msgpack; they
+    come back whole (arrays as writable views of the decrypted frame), and a tail that does not
+    match its references exactly is refused."""
+    from fedpeer.protocols.securesum import SumChunk
+    data = np.arange(1 << 15, dtype=np.uint64)          # 256 KiB
+    plaintext = wire.pack(SumChunk("t", data))
+    head = int.from_bytes(plaintext[:4], "little")
+    assert len(plaintext) - 4 - head == data.nbytes     # the array is the raw tail
+    peers.gate._allowed = lambda k: True
+    env = peers.gate.open(seal_raw(peers, plaintext), NOW_MS)
+    assert np.array_equal(env.msg.data, data) and env.msg.data.flags.writeable
+    probe = peers.gate.open(peers.frame(wire.DiagProbe(b"p" * 100_000)), NOW_MS)
+    assert probe.msg.payload == b"p" * 100_000
+    ref = msgpack.ExtType(wire.RAW_EXT, wire._RAW_REF.pack(0, 10))
+    for tail, refs, why in ((b"x" * 11, [ref], "not referred"),           # a byte left over
+                            (b"x" * 9, [ref], "outside the tail"),        # too short
+                            (b"x" * 20, [msgpack.ExtType(wire.RAW_EXT, wire._RAW_REF.pack(10, 10)), ref],
+                             "out of order")):
+        packed = msgpack.packb({"v": wire.PROTOCOL_VERSION, "kind": "diag_probe", "job": "", "term": 0,
+                                "body": {"payload": refs[0]} if len(refs) == 1 else {"payload": refs}})
+        with pytest.raises(RemoteProtocolError) as err:
+            peers.gate.open(seal_raw(peers, frames.plain(packed) + tail), NOW_MS)
+        assert err.value.reason == "decode", why
