@@ -254,7 +254,7 @@ class DataSection:
                                       # partitioned on the site's Dask cluster (fedpeer/ml/dasksite.py)
     scheduler: str = ""               # dask: "tcp://host:port" of the cluster's scheduler, or "local" (a
                                       # LocalCluster of worker processes on this machine)
-    dask_workers: int = 2             # dask, scheduler = "local": worker processes started
+    dask_workers: int = 2             # dask, scheduler = "local": worker processes (started once, kept)
     dask_connect_timeout_ms: int = 10_000   # dask: the scheduler must answer within this
     dask_step_timeout_ms: int = 600_000     # dask: one step of a job on the cluster (a level's histograms)
 

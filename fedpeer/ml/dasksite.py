@@ -52,7 +52,7 @@ __all__ = ["DASK_KINDS", "DaskSite", "dask_refusal", "open_site", "part_files"]
 
 DASK_KINDS = "stats and xgboost with mode = \"histogram\""
 SUM_FAN_IN = 8                 # partial results added per task of the summing tree
-CLOSE_TIMEOUT_S = 10           # closing the client (and a LocalCluster) in its background thread
+CLOSE_TIMEOUT_S = 10           # closing a job's client in its background thread
 
 
 def dask_refusal(kind: str, params: Mapping[str, Any]) -> str | None:
@@ -128,9 +128,8 @@ class DaskSite:
 
     engine = "dask"
 
-    def __init__(self, client: Any, cluster: Any, scheduler: str, parts: list[Any], summary: dict,
-                 step_timeout_ms: int) -> None:
-        self.client, self.cluster, self.scheduler = client, cluster, scheduler
+    def __init__(self, client: Any, scheduler: str, parts: list[Any], summary: dict, step_timeout_ms: int) -> None:
+        self.client, self.scheduler = client, scheduler
         self.parts = parts
         self.features: tuple[str, ...] = tuple(summary["features"])
         self.fingerprint = schema_fingerprint(self.features, [FEATURE_TYPE_FLOAT] * len(self.features))
@@ -198,18 +197,16 @@ class DaskSite:
         return await asyncio.to_thread(self.sum_parts, fn, *args)
 
     def close(self) -> None:
-        """Release the partitions and the client (a LocalCluster too) in a background thread:
-        callable from the event loop, never blocks it."""
+        """Release the partitions (the workers free them) and the client in a background thread:
+        callable from the event loop, never blocks it. A "local" cluster stays for the next job."""
         if self._closed:
             return
         self._closed = True
-        client, cluster, self.parts = self.client, self.cluster, []
+        client, self.parts = self.client, []
 
         def shut() -> None:
             try:
                 client.close(timeout=CLOSE_TIMEOUT_S)
-                if cluster is not None:
-                    cluster.close(timeout=CLOSE_TIMEOUT_S)
             except Exception:   # noqa: BLE001  (best effort: the job has ended either way)
                 pass
         threading.Thread(target=shut, name="dask-close", daemon=True).start()
@@ -231,23 +228,37 @@ def _waited(client: Any, futures: Any, timeout_ms: int) -> Any:
     return futures
 
 
-def connect(data: Any) -> tuple[Any, Any]:
-    """(client, cluster or None) of [data] scheduler: a LocalCluster of worker processes for "local"."""
+_LOCAL_LOCK = threading.Lock()
+_LOCAL: dict[int, Any] = {}     # scheduler = "local": one LocalCluster per worker count, kept for the next job
+
+
+def _local_cluster(workers: int) -> Any:
+    """This process's LocalCluster of `workers` worker processes: started by the first job that
+    needs it and kept, so the next jobs pay neither its start nor the workers' imports (distributed
+    closes it when the daemon exits)."""
     import logging
 
-    from distributed import Client, LocalCluster
+    from distributed import LocalCluster
+
+    with _LOCAL_LOCK:
+        cluster = _LOCAL.get(workers)
+        if cluster is None or cluster.status.name not in ("running", "created"):
+            cluster = _LOCAL[workers] = LocalCluster(
+                n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None, host="127.0.0.1",
+                silence_logs=logging.WARNING)
+        return cluster
+
+
+def connect(data: Any) -> Any:
+    """A client of [data] scheduler ("local": this process's LocalCluster of worker processes)."""
+    from distributed import Client
 
     timeout_s = data.dask_connect_timeout_ms / 1000
-    cluster = None
     try:
         if data.scheduler == "local":
-            cluster = LocalCluster(n_workers=data.dask_workers, threads_per_worker=1, processes=True,
-                                   dashboard_address=None, host="127.0.0.1", silence_logs=logging.WARNING)
-            return Client(cluster, timeout=timeout_s), cluster
-        return Client(data.scheduler, timeout=timeout_s, set_as_default=False), None
+            return Client(_local_cluster(data.dask_workers), timeout=timeout_s, set_as_default=False)
+        return Client(data.scheduler, timeout=timeout_s, set_as_default=False)
     except Exception as exc:   # noqa: BLE001
-        if cluster is not None:
-            cluster.close()
         raise JobError(f"[data] scheduler {data.scheduler}: cannot reach the Dask scheduler within "
                        f"dask_connect_timeout_ms {data.dask_connect_timeout_ms} ms ({type(exc).__name__}: "
                        f"{exc}); start the cluster or fix the address") from None
@@ -263,8 +274,7 @@ def open_site(data: Any, limits: Any, *, needs_label: bool, binary: bool) -> Das
     label = data.label if needs_label else None
     ignore = tuple(data.ignore) if needs_label else (*data.ignore, *((data.label,) if data.label and
                                                                      data.label not in data.ignore else ()))
-    client, cluster = connect(data)
-    site = DaskSite(client, cluster, data.scheduler, [], _EMPTY, data.dask_step_timeout_ms)
+    site = DaskSite(connect(data), data.scheduler, [], _EMPTY, data.dask_step_timeout_ms)
     try:
         args = (label, data.positive or None if needs_label else None, ignore, data.missing,
                 limits.data_rows_max, limits.data_bytes_max)
