@@ -206,8 +206,10 @@ class JobRegistry:
         self._served: dict[tuple[str, bytes], int] = {}                # (job, member) -> last served_ms
         # record writes off the loop (_save): only where they fsync (fedpeer.store.StateDir)
         self._writes_off_loop = bool(getattr(state, "fsyncs", False))
-        self._queued: dict[str, tuple[JobRecord, dict, asyncio.Future]] = {}   # job -> latest doc to write
-        self._inflight: tuple[str, JobRecord, dict, asyncio.Future] | None = None
+        self._queued: dict[str, tuple[JobRecord, dict, int, asyncio.Future]] = {}   # job -> latest doc to write
+        self._inflight: tuple[str, JobRecord, dict, int, asyncio.Future] | None = None
+        self._snapshots: dict[str, int] = {}     # job -> number of its latest state snapshot
+        self._stored_seq: dict[str, int] = {}    # job -> number of the snapshot on disk (under _disk_lock)
         self._writer: asyncio.Task | None = None
         self._disk_lock = threading.Lock()      # one record file write at a time, thread or loop
         self._load_records()
@@ -308,8 +310,8 @@ class JobRegistry:
             return True
         while True:
             queued = self._queued.get(record.id)
-            done = queued[2] if queued is not None else (
-                self._inflight[3] if self._inflight is not None and self._inflight[0] == record.id else None)
+            done = queued[3] if queued is not None else (
+                self._inflight[4] if self._inflight is not None and self._inflight[0] == record.id else None)
             if done is None:
                 return not record.dirty
             await asyncio.shield(done)
@@ -323,50 +325,58 @@ class JobRegistry:
         except RuntimeError:
             return False
         try:
-            doc = self._doc(record)      # the state as of now, whatever changes before the write
+            doc, seq = self._snapshot(record)     # the state as of now, whatever changes before the write
         except Exception:   # noqa: BLE001  (a bug: the synchronous path records and logs it)
             return False
-        if self._writer is None:
+        if self._writer is None or self._writer.done():    # done: its callback has not run yet
+            writer = self._write_queued()
             try:
-                self._writer = self._spawn(self._write_queued())
+                self._writer = self._spawn(writer)
             except Exception:   # noqa: BLE001  (the daemon is stopping: no new task; write now)
+                writer.close()
                 self._writer = None
                 return False
             self._writer.add_done_callback(self._writer_ended)
         queued = self._queued.pop(record.id, None)
-        self._queued[record.id] = (record, doc, queued[2] if queued is not None else loop.create_future())
+        self._queued[record.id] = (record, doc, seq, queued[3] if queued is not None else loop.create_future())
         return True
 
     async def _write_queued(self) -> None:
         """The writer task: queued records, oldest first, one at a time, in a worker thread."""
         while self._queued:
             job_id = next(iter(self._queued))
-            record, doc, done = self._queued.pop(job_id)
-            self._inflight = (job_id, record, doc, done)
-            error = await asyncio.to_thread(self._write_doc, record, doc)
+            record, doc, seq, done = self._queued.pop(job_id)
+            self._inflight = (job_id, record, doc, seq, done)
+            error = await asyncio.to_thread(self._write_doc, record, doc, seq)
             self._inflight = None
             self._written(record, error)
             if not done.done():
                 done.set_result(None)
 
     def _writer_ended(self, task: asyncio.Task) -> None:
-        """The writer finished, or was cancelled (the daemon stops): whatever is still queued,
-        the write that was in flight first, is written here and now (the disk lock waits for a
-        worker thread still writing)."""
-        self._writer = None
+        """The writer was cancelled (the daemon stops) or failed: whatever is still queued, the
+        write that was in flight first, is written here and now (the disk lock waits for a
+        worker thread still writing). A writer that emptied the queue just ends: records queued
+        since then belong to the writer started for them."""
+        if self._writer is task:
+            self._writer = None
+        if not task.cancelled() and task.exception() is None:
+            return
         pending = list(self._queued.values())
         self._queued.clear()
-        if self._inflight is not None:
-            job_id, record, doc, done = self._inflight
+        if self._inflight is not None:       # again: the thread may have been cut short
+            pending.insert(0, self._inflight[1:])
             self._inflight = None
-            if not any(r is record for r, _, _ in pending):
-                pending.insert(0, (record, doc, done))
-            elif not done.done():
-                done.set_result(None)
-        for record, doc, done in pending:
-            self._written(record, self._write_doc(record, doc))
+        for record, doc, seq, done in pending:      # an older state than the file's is skipped
+            self._written(record, self._write_doc(record, doc, seq))
             if not done.done():
                 done.set_result(None)
+
+    def _snapshot(self, record: JobRecord) -> tuple[dict, int]:
+        """The record's state now, and its number: writes of older numbers are skipped."""
+        doc = self._doc(record)
+        seq = self._snapshots[record.id] = self._snapshots.get(record.id, 0) + 1
+        return doc, seq
 
     def _doc(self, record: JobRecord) -> dict:
         doc = record.to_json(self.names, self.transport.now_ms())
@@ -375,25 +385,29 @@ class JobRegistry:
         doc["_proposer"] = record.proposer.hex()
         return doc
 
-    def _write_doc(self, record: JobRecord, doc: dict) -> Exception | None:
-        """Atomically write `doc` as the record's file (any thread); the error, or None."""
+    def _write_doc(self, record: JobRecord, doc: dict, seq: int) -> Exception | None:
+        """Atomically write `doc`, snapshot number `seq`, as the record's file (any thread),
+        unless a later snapshot is already there; the error, or None."""
         path = self._root / record.id / "job.json"
         try:
             with self._disk_lock:
+                if seq <= self._stored_seq.get(record.id, 0):
+                    return None
                 if self.state is not None:
                     self.state.write_record(path, doc)
                 else:
                     write_json(path, doc)
+                self._stored_seq[record.id] = seq
         except Exception as exc:   # ENOSPC, EIO, EMFILE, or a bug: this record waits, the node goes on
             return exc
         return None
 
     def _write(self, record: JobRecord) -> bool:
         try:
-            doc = self._doc(record)
+            doc, seq = self._snapshot(record)
         except Exception as exc:   # noqa: BLE001  (a bug: recorded like a failed write)
             return self._written(record, exc)
-        return self._written(record, self._write_doc(record, doc))
+        return self._written(record, self._write_doc(record, doc, seq))
 
     def _written(self, record: JobRecord, error: Exception | None) -> bool:
         """Bookkeeping after a write (on the loop): dirty and retried later if it failed."""
