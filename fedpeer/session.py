@@ -224,7 +224,7 @@ class Handshakes:
         if not allowed(sender):
             raise RemoteProtocolError("unknown_sender", "public key not in peers.toml")
         if recipient != self._identity.public_key:
-            raise RemoteProtocolError("wrong_dst", "hello addressed to another site")
+            raise RemoteProtocolError("header", "hello addressed to another key (the sender holds another key for us)")
         want = hashlib.blake2b(hello[:at], key=self._seed(sender, _HELLO_TAG_LABEL), digest_size=HELLO_TAG_BYTES)
         if not hmac.compare_digest(want.digest(), tag):
             raise RemoteProtocolError("header", "hello tag does not verify (forged, or another key for us)")

@@ -42,6 +42,9 @@ async def test_bofrf_member_killed_ends_within_membership_dead_time(make_federat
     survivors = [i for i in range(3) if i != victim]
     job_id = await h.propose(proposer, "bofrf", {"n_estimators": 600, "seed": 2})
     await wait_running(h, victim, job_id)
+    while (await h.job(victim, job_id))["phase"] == "starting":   # killed while it trains, not before:
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)   # (job records are written by a worker thread: let the phase land on disk)
     h.kill9(victim)
     killed = time.monotonic()
     dead_after_s = await h.wait_peer_state(victim, "dead", timeout_s=60)
