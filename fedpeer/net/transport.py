@@ -330,19 +330,10 @@ class PeerServer:
                 if not large:   # one read, no byte budget: the common small frame
                     await self._on_frame(head + await reader.readexactly(rest), header, conn.ip)
                     return
-                async with contextlib.AsyncExitStack() as stack:
-                    await stack.enter_async_context(peer_bytes.hold(header.length))
-                    await stack.enter_async_context(self._bytes.hold(header.length))
-                    frame = bytearray(header.length)
-                    frame[:HEADER_BYTES] = head
-                    at = HEADER_BYTES
-                    while at < header.length:
-                        chunk = await reader.read(min(header.length - at, 1 << 20))
-                        if not chunk:
-                            raise asyncio.IncompleteReadError(bytes(frame[:at]), header.length)
-                        frame[at:at + len(chunk)] = chunk
-                        at += len(chunk)
-                    await self._on_frame(frame, header, conn.ip)
+                async with peer_bytes.hold(header.length), self._bytes.hold(header.length):
+                    # one wait for the whole body (the reader resumes the socket while it waits),
+                    # one copy out of its buffer: a loop of read()s copied and shifted it per piece
+                    await self._on_frame(head + await reader.readexactly(rest), header, conn.ip)
         except TimeoutError:
             raise _Reply(408, "body_timeout") from None
         finally:
@@ -432,7 +423,8 @@ class PeerClient:
         assert self._session is not None, "PeerClient.start() not called"
         timeout = aiohttp.ClientTimeout(total=timeout_ms / 1000) if timeout_ms else None
         want = 200 if path == HELLO_PATH else 204
-        async with self._session.post(f"http://{address}{path}", data=frame,
+        body = memoryview(frame) if isinstance(frame, bytearray) else frame   # aiohttp slices it: no copy of a view
+        async with self._session.post(f"http://{address}{path}", data=body,
                                       timeout=timeout or aiohttp.helpers.sentinel) as resp:
             if resp.status != want:
                 reason = (await resp.text(errors="replace"))[:100]
