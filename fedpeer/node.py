@@ -139,7 +139,8 @@ class Node:
                 self._tg = tg
                 tg.create_task(self._tick_loop())
                 tg.create_task(self.loop_lag.run())
-                tg.create_task(self._supervised(asyncio.to_thread(_preload_ml)))
+                if self.config.jobs.preload_ml:
+                    tg.create_task(self._supervised(asyncio.to_thread(_preload_ml)))
                 await stop.wait()
                 raise _Stopping   # the group cancels every task it owns: loops, sends, jobs
         except* _Stopping:
@@ -174,6 +175,7 @@ class Node:
             await self._metrics_listener.stop()
         await self._admin.stop()
         await self._server.stop()
+        self._links.close()
         await self._client.stop()
 
     # -- membership ----------------------------------------------------------------------------
@@ -474,7 +476,8 @@ class Node:
                      for j in self.jobs.list()[:STATUS_JOBS_MAX]],
             "rejected": dict(sorted(self.rejected.items())),
             "dropped_sends": self._client.dropped_best_effort,
-            "sessions": {**self._gate.sessions.counts(), "opened": self._links.handshakes},   # fedpeer/session.py
+            "sessions": {**self._gate.sessions.counts(), "opened": self._links.handshakes,   # fedpeer/session.py
+                         "failed": self._links.handshakes_failed, "failed_by": dict(self._links.handshake_errors)},
             "streams": {"receiving_bytes": self._streams.held_bytes(), "received": self._streams.completed},
             "connections": {**self._server.connections(), "shed": dict(self._server.shed),
                             "open_files_limit": self._open_files},

@@ -1,8 +1,10 @@
 """Sessions between two sites: authenticate once, then every frame is sealed by a symmetric AEAD.
 
-A session is one direction of one pair: the site that sends (the initiator) opens it with a
-handshake, the receiving site (the responder) keeps its half. Each site opens its own session to
-each peer it sends to, so a session's key, counter and replay window belong to one sender.
+A session joins two sites, with a key, a counter and a replay window per direction. The site that
+needs one first (the initiator) opens it with a handshake; both sites then hold a sending half and
+a receiving half. The responder sends under its half only once a frame of the initiator's arrived
+under the session (so the initiator holds its keys by then; a replayed hello never gets that far):
+the first probe and its answer cost one handshake, not two.
 
 Handshake (one HTTP round trip, POST /fedpeer/v1/hello; in the spirit of Noise IK / WireGuard):
 
@@ -16,7 +18,8 @@ Handshake (one HTTP round trip, POST /fedpeer/v1/hello; in the spirit of Noise I
     I signs   SIGN_DOMAIN + "hello" + the hello up to its signature
     R signs   SIGN_DOMAIN + "welcome" + SHA-256(hello) + session id + e_R
     keys      = HKDF-SHA256(ikm = X25519(e_I, e_R) + the pair's static session seed,
-                            salt = SHA-256(hello + e_R), info = suite) -> AEAD key (32) | header key (32)
+                            salt = SHA-256(hello + e_R), info = suite)
+              -> I->R AEAD key (32) | I->R header key (32) | R->I AEAD key (32) | R->I header key (32)
 
 Both sides sign the transcript, so each knows the other holds its identity key; the AEAD key comes
 from fresh ephemeral keys that are dropped once the keys are derived (forward secrecy: a stolen
@@ -158,10 +161,12 @@ class OutSession(_Keys):
 
 @dataclass(eq=False)
 class InSession(_Keys):
-    """The receiving half: its replay window; `confirmed` once a frame under it authenticated."""
+    """The receiving half: its replay window; `confirmed` once a frame under it authenticated.
+    `reply`: a responder's sending half of the same session, usable once this one is confirmed."""
 
     window: ReplayWindow = field(default_factory=ReplayWindow)
     confirmed: bool = False
+    reply: OutSession | None = None
 
 
 @dataclass(frozen=True)
@@ -180,15 +185,15 @@ def _raw(public: X25519PublicKey) -> bytes:
 
 
 def _derive(ephemeral: X25519PrivateKey, their_ephemeral: bytes, seed: bytes, hello: bytes,
-            responder_ephemeral: bytes, suite: int) -> tuple[bytes, bytes]:
+            responder_ephemeral: bytes, suite: int) -> tuple[bytes, bytes, bytes, bytes]:
     try:
         shared = ephemeral.exchange(X25519PublicKey.from_public_bytes(their_ephemeral))
     except ValueError:   # a low-order point: an all-zero agreement
         raise RemoteProtocolError("handshake", "ephemeral key is not a usable X25519 point") from None
     salt = hashlib.sha256(hello + responder_ephemeral).digest()
-    okm = HKDF(algorithm=hashes.SHA256(), length=64, salt=salt, info=b"fedpeer/v2 keys" + bytes([suite])).derive(
+    okm = HKDF(algorithm=hashes.SHA256(), length=128, salt=salt, info=b"fedpeer/v2 keys" + bytes([suite])).derive(
         shared + seed)
-    return okm[:32], okm[32:]
+    return okm[:32], okm[32:64], okm[64:96], okm[96:]     # I->R key, header key; R->I key, header key
 
 
 class Handshakes:
@@ -234,16 +239,19 @@ class Handshakes:
             raise RemoteProtocolError("handshake", f"unknown cipher suite {suite}")
         ephemeral = X25519PrivateKey.generate()
         mine = _raw(ephemeral.public_key())
-        key, header_key = _derive(ephemeral, their_ephemeral, self._seed(sender, _SESSION_SEED_LABEL), hello,
-                                  mine, suite)
+        key, header_key, back, back_header = _derive(ephemeral, their_ephemeral,
+                                                     self._seed(sender, _SESSION_SEED_LABEL), hello, mine, suite)
         welcome = WELCOME_MAGIC + sid + mine
         welcome += self._identity.sign(_WELCOME_SIGN + hashlib.sha256(hello).digest() + sid + mine)
+        reply = OutSession(sid=sid, peer=sender, aead=SUITES[suite](back), header_key=back_header, suite=suite,
+                           opened_ms=now_ms)
         session = InSession(sid=sid, peer=sender, aead=SUITES[suite](key), header_key=header_key, suite=suite,
-                            opened_ms=now_ms)
+                            opened_ms=now_ms, reply=reply)
         return welcome, session
 
-    def finish(self, pending: PendingHello, welcome: bytes, now_ms: int) -> OutSession:
-        """Check the peer's welcome to `pending`; the session's sending half. Raises RemoteProtocolError."""
+    def finish(self, pending: PendingHello, welcome: bytes, now_ms: int) -> tuple[OutSession, InSession]:
+        """Check the peer's welcome to `pending`; the session's sending and receiving halves.
+        Raises RemoteProtocolError."""
         if len(welcome) != WELCOME_BYTES or welcome[:4] != WELCOME_MAGIC:
             raise RemoteProtocolError("frame", "not a fedpeer welcome")
         sid, theirs = welcome[4:4 + SID_BYTES], welcome[4 + SID_BYTES:4 + SID_BYTES + EPHEMERAL_BYTES]
@@ -252,10 +260,14 @@ class Handshakes:
         signed = _WELCOME_SIGN + hashlib.sha256(pending.hello).digest() + sid + theirs
         if not verify(pending.peer, signed, welcome[4 + SID_BYTES + EPHEMERAL_BYTES:]):
             raise RemoteProtocolError("signature", "welcome signature does not verify (another key answers)")
-        key, header_key = _derive(pending.ephemeral, theirs, self._seed(pending.peer, _SESSION_SEED_LABEL),
-                                  pending.hello, theirs, pending.suite)
-        return OutSession(sid=sid, peer=pending.peer, aead=SUITES[pending.suite](key), header_key=header_key,
-                          suite=pending.suite, opened_ms=now_ms)
+        key, header_key, back, back_header = _derive(pending.ephemeral, theirs,
+                                                     self._seed(pending.peer, _SESSION_SEED_LABEL),
+                                                     pending.hello, theirs, pending.suite)
+        aead = SUITES[pending.suite]
+        return (OutSession(sid=sid, peer=pending.peer, aead=aead(key), header_key=header_key, suite=pending.suite,
+                           opened_ms=now_ms),
+                InSession(sid=sid, peer=pending.peer, aead=aead(back), header_key=back_header, suite=pending.suite,
+                          opened_ms=now_ms, confirmed=True))
 
 
 class Sessions:
@@ -272,9 +284,11 @@ class Sessions:
             session = self._out.get(peer)
             return None if session is None or session.worn(now_ms) else session
 
-    def set_outbound(self, session: OutSession) -> None:
+    def opened(self, out: OutSession, back: InSession, now_ms: int) -> None:
+        """An initiator's handshake finished: send under `out`, receive the peer's frames under `back`."""
         with self._lock:
-            self._out[session.peer] = session
+            self._out[out.peer] = out
+            self._hold(back, now_ms)
 
     def forget_outbound(self, peer: bytes, sid: bytes) -> None:
         """The peer does not know session `sid` (it restarted): open a new one next time."""
@@ -283,15 +297,22 @@ class Sessions:
                 del self._out[peer]
 
     def add_inbound(self, session: InSession, now_ms: int) -> None:
+        """A responder's half of a session a peer opened (its sending half comes into use once
+        the peer's first frame under it is recorded)."""
         with self._lock:
-            held = self._in.setdefault(session.peer, {})
+            held = self._in.get(session.peer, {})
             self._expire(held, now_ms)
             if session.sid in held:
                 raise RemoteProtocolError("replay", "hello for a session already open")
-            while len(held) >= INBOUND_SESSIONS_PER_PEER_MAX:   # half-open ones go first, then the oldest
-                victim = next((sid for sid, s in held.items() if not s.confirmed), next(iter(held)))
-                del held[victim]
-            held[session.sid] = session
+            self._hold(session, now_ms)
+
+    def _hold(self, session: InSession, now_ms: int) -> None:
+        held = self._in.setdefault(session.peer, {})
+        self._expire(held, now_ms)
+        while len(held) >= INBOUND_SESSIONS_PER_PEER_MAX:   # half-open ones go first, then the oldest
+            victim = next((sid for sid, s in held.items() if not s.confirmed), next(iter(held)))
+            del held[victim]
+        held[session.sid] = session
 
     def inbound(self, peer: bytes, sid: bytes, now_ms: int) -> InSession | None:
         with self._lock:
@@ -310,6 +331,10 @@ class Sessions:
         with self._lock:
             session.window.record(counter)
             session.confirmed = True
+            reply, session.reply = session.reply, None
+            current = self._out.get(session.peer)
+            if reply is not None and (current is None or current.opened_ms <= reply.opened_ms):
+                self._out[session.peer] = reply   # the peer holds this session: answer under it
 
     def drop_peer(self, peer: bytes) -> None:
         """A peer removed from peers.toml: its sessions end (both directions)."""

@@ -43,7 +43,7 @@ class Forger:
             body = await resp.read()
             if resp.status != 200:
                 raise HelloRefused(resp.status, body.decode(errors="replace"))
-        session = self.sessions[peer] = self.handshakes.finish(pending, body, now_ms())
+        session = self.sessions[peer] = self.handshakes.finish(pending, body, now_ms())[0]
         return session
 
     def pair(self, gate: wire.Gate, peer: bytes, at_ms: int | None = None) -> OutSession:
@@ -51,7 +51,7 @@ class Forger:
         pending = self.handshakes.hello(peer)
         at_ms = now_ms() if at_ms is None else at_ms
         welcome = gate.hello(pending.hello, at_ms)
-        session = self.sessions[peer] = self.handshakes.finish(pending, welcome, at_ms)
+        session = self.sessions[peer] = self.handshakes.finish(pending, welcome, at_ms)[0]
         return session
 
     def fake_session(self, peer: bytes) -> OutSession:

@@ -11,7 +11,9 @@ tries once more. Time comes from the `now_ms` the node passes in (monotonic mill
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
+from collections import Counter
 from collections.abc import Callable
 
 from .. import wire
@@ -22,6 +24,7 @@ from .streams import StreamChunk, StreamOpen
 from .transport import PeerClient, SendError, SendRefused
 
 OFF_LOOP_BYTES_MIN = 4 * 1024 * 1024    # messages larger than this are sealed in a worker thread
+HANDSHAKE_TIMEOUT_MS = 5_000           # one hello's round trip (then the client's retries, with backoff)
 STREAM_BUSY_WAIT_MS = 200               # a peer whose stream budget is full is asked again after this
 
 
@@ -33,34 +36,65 @@ class Links:
         self._sessions: Sessions = gate.sessions
         self._sealer = wire.Sealer(identity)
         self._now_ms = now_ms
-        self._opening: dict[bytes, asyncio.Lock] = {}
+        self._opening: dict[bytes, asyncio.Task] = {}    # peer -> its handshake in progress
         self.handshakes = 0          # sessions this node opened (for status)
+        self.handshakes_failed = 0   # hellos that got no welcome (peer down, refused, timed out)
+        self.handshake_errors: Counter[str] = Counter()
 
-    async def session(self, peer: bytes, address: str, timeout_ms: int | None = None,
-                      retries: int | None = None) -> OutSession:
+    async def session(self, peer: bytes, address: str) -> OutSession:
         """The session to send to `peer` under; opens one if there is none (or it is worn out).
-        Raises SendError (peer unreachable) or SendRefused (its refusal: unknown_sender, header, ...)."""
+        Raises SendError (peer unreachable) or SendRefused (its refusal: unknown_sender, header, ...).
+
+        The handshake runs as its own task, shared by every send waiting for it: a send that
+        gives up (a best-effort probe's short timeout) does not cancel it, so on a loaded machine
+        the next send finds the session open instead of starting another handshake."""
         session = self._sessions.outbound(peer, self._now_ms())
         if session is not None:
             return session
-        lock = self._opening.setdefault(peer, asyncio.Lock())
-        async with lock:   # concurrent sends share one handshake
-            session = self._sessions.outbound(peer, self._now_ms())
-            if session is not None:
-                return session
+        task = self._opening.get(peer)
+        if task is None or task.done():
+            task = self._opening[peer] = asyncio.get_running_loop().create_task(self._open(peer, address))
+            task.add_done_callback(functools.partial(self._opened, peer))
+        return await asyncio.shield(task)
+
+    async def _open(self, peer: bytes, address: str) -> OutSession:
+        for attempt in range(2):
             pending = self._gate.handshakes.hello(peer)
-            welcome = await self._client.hello(address, pending.hello, timeout_ms,
-                                               self._client.retries if retries is None else retries)
             try:
-                session = self._gate.handshakes.finish(pending, welcome, self._now_ms())
-            except wire.RemoteProtocolError as exc:
-                raise SendError(f"{address}: bad welcome ({exc.reason}: {exc.detail})") from None
-            self._sessions.set_outbound(session)
-            self.handshakes += 1
-            return session
+                welcome = await self._client.hello(address, pending.hello, HANDSHAKE_TIMEOUT_MS, self._client.retries)
+                break
+            except Exception as exc:
+                self.handshakes_failed += 1
+                self.handshake_errors[getattr(exc, "reason", None) or type(exc).__name__] += 1
+                # a retried hello whose first try arrived (its answer lost) is refused as a replay: a
+                # fresh hello, once
+                if not (isinstance(exc, SendRefused) and exc.reason == "replay" and attempt == 0):
+                    raise
+        try:
+            session, back = self._gate.handshakes.finish(pending, welcome, self._now_ms())
+        except wire.RemoteProtocolError as exc:
+            raise SendError(f"{address}: bad welcome ({exc.reason}: {exc.detail})") from None
+        self._sessions.opened(session, back, self._now_ms())
+        self.handshakes += 1
+        return session
+
+    def _opened(self, peer: bytes, task: asyncio.Task) -> None:
+        if self._opening.get(peer) is task:
+            del self._opening[peer]
+        if not task.cancelled():
+            task.exception()    # retrieved: every waiter may have given up already
 
     def forget(self, peer: bytes) -> None:
-        self._opening.pop(peer, None)
+        """`peer` was removed from peers.toml: a handshake still running for it is stopped."""
+        task = self._opening.pop(peer, None)
+        if task is not None:
+            task.cancel()
+
+    def close(self) -> None:
+        """The daemon stops: handshakes still running are stopped."""
+        for task in self._opening.values():
+            task.cancel()
+        self._opening.clear()
 
     async def send_reliable(self, dst: bytes, address: str, msg: object, *, job: str = "", term: int = 0,
                             large: bool = False) -> None:
@@ -130,7 +164,7 @@ class Links:
         """One try within `timeout_ms` (a handshake first, if needed); never raises."""
         try:
             async with asyncio.timeout(timeout_ms / 1000):
-                session = await self.session(dst, address, timeout_ms, retries=0)
+                session = await self.session(dst, address)
         except SendRefused as exc:
             if on_refused is not None:
                 on_refused(exc.reason)

@@ -433,10 +433,9 @@ class PeerClient:
                 raise SendError(f"{address} refused the frame: HTTP {resp.status} {reason}")
             if want == 204:
                 return b""
-            welcome = await resp.content.read(WELCOME_BYTES + 1)
-            if len(welcome) != WELCOME_BYTES:
-                raise SendError(f"{address} answered the hello with {len(welcome)} bytes, not a welcome")
-            return welcome
+            if resp.content_length != WELCOME_BYTES:
+                raise SendError(f"{address} answered the hello with {resp.content_length} bytes, not a welcome")
+            return await resp.read()
 
     async def hello(self, address: str, hello: bytes, timeout_ms: int | None, retries: int) -> bytes:
         """A session handshake: the peer's welcome. Retries connection failures like `send`."""

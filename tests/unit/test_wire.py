@@ -393,3 +393,22 @@ def test_large_arrays_and_bytes_travel_after_the_msgpack_part(peers: Peers) -> N
         with pytest.raises(RemoteProtocolError) as err:
             peers.gate.open(seal_raw(peers, frames.plain(packed) + tail), NOW_MS)
         assert err.value.reason == "decode", why
+
+
+def test_one_handshake_serves_both_directions_once_the_initiator_has_sent() -> None:
+    alice, bob = Identity.generate(), Identity.generate()
+    gates = {k.public_key: wire.Gate(k, lambda _: True, Sessions(), message_bytes_max=1 << 20) for k in (alice, bob)}
+    a, b = gates[alice.public_key], gates[bob.public_key]
+    pending = a.handshakes.hello(bob.public_key)
+    welcome = b.hello(pending.hello, NOW_MS)
+    out, back = a.handshakes.finish(pending, welcome, NOW_MS)
+    a.sessions.opened(out, back, NOW_MS)
+    assert b.sessions.outbound(alice.public_key, NOW_MS) is None   # not before alice's first frame ...
+    b.open(wire.Sealer(alice).seal(out, wire.DiagProbe(b"ping")), NOW_MS)
+    reply = b.sessions.outbound(alice.public_key, NOW_MS)           # ... then bob answers under the same session
+    assert reply is not None and reply.sid == out.sid and reply.header_key != out.header_key
+    assert a.open(wire.Sealer(bob).seal(reply, wire.DiagProbe(b"ack")), NOW_MS).msg == wire.DiagProbe(b"ack")
+    # a recorded hello replayed later never gives bob a session to answer under
+    c = wire.Gate(bob, lambda _: True, Sessions(), message_bytes_max=1 << 20)
+    c.hello(pending.hello, NOW_MS)
+    assert c.sessions.outbound(alice.public_key, NOW_MS) is None
