@@ -7,6 +7,7 @@ and a job kind the engine lacks each end in a clear error naming what to fix."""
 from __future__ import annotations
 
 import asyncio
+import csv
 import dataclasses
 import socket
 from pathlib import Path
@@ -51,17 +52,26 @@ def _table(X: np.ndarray, labels: np.ndarray, names: list[str]) -> pa.Table:
     return pa.table({**{n: X[:, j] for j, n in enumerate(names)}, "id": np.arange(len(X)), "diagnosis": labels})
 
 
+def _write_csv(path: Path, X: np.ndarray, labels: np.ndarray, names: list[str]) -> None:
+    """A plain CSV of the rows (repr of each float: exact round trip), id and label last."""
+    with open(path, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow([*names, "id", "diagnosis"])
+        for i, (row, label) in enumerate(zip(X, labels)):
+            out.writerow([*(repr(float(v)) for v in row), i, label])
+
+
 def write_site(root: Path, X: np.ndarray, labels: np.ndarray, names: list[str]) -> dict[str, Path]:
     """The same rows as one Parquet file, a directory of 3 parts, one CSV and a glob of 3 CSVs."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "parts").mkdir(exist_ok=True)
     (root / "csv").mkdir(exist_ok=True)
     pq.write_table(_table(X, labels, names), root / "whole.parquet")
-    _table(X, labels, names).to_pandas().to_csv(root / "whole.csv", index=False)
+    _write_csv(root / "whole.csv", X, labels, names)
     for i, (a, b) in enumerate(PARTS):
         part = _table(X[a:b], labels[a:b], names)
         pq.write_table(part, root / "parts" / f"part-{i}.parquet")
-        part.to_pandas().to_csv(root / "csv" / f"part-{i}.csv", index=False)
+        _write_csv(root / "csv" / f"part-{i}.csv", X[a:b], labels[a:b], names)
     return {"whole_parquet": root / "whole.parquet", "parts": root / "parts", "whole_csv": root / "whole.csv",
             "glob": root / "csv" / "part-*.csv"}
 
