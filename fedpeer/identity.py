@@ -6,8 +6,10 @@
   SHA-256(public key) in hex, for logs and humans.
 - Signatures: Ed25519 over `SIGN_DOMAIN + message`, so a fedpeer signature can never be replayed
   as a signature of anything else.
-- Sealing: bodies are encrypted to the recipient with NaCl Box (X25519 + XSalsa20-Poly1305); the
-  X25519 keys are derived from the Ed25519 identities, so one key pair per site is enough.
+- The pair's static agreement: X25519 keys derived from the Ed25519 identities (one key pair per
+  site is enough) give each pair of sites secrets only they can compute (`pairwise_seed`): the
+  hello's tag and the session seed (fedpeer/session.py), refusal tags, pairwise secure-sum masks.
+  Messages themselves are sealed under sessions (fedpeer/session.py, fedpeer/wire.py).
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from pathlib import Path
 
 import nacl.bindings
 import nacl.exceptions
-import nacl.public
 import nacl.signing
 
 from .config import check_key_file_mode
@@ -29,8 +30,6 @@ from .errors import ConfigError
 
 PUBLIC_KEY_BYTES = 32
 SIGNATURE_BYTES = 64
-NONCE_BYTES = nacl.public.Box.NONCE_SIZE          # 24
-MAC_BYTES = nacl.bindings.crypto_secretbox_MACBYTES   # 16: Box is secretbox under the shared key
 SIGN_DOMAIN = b"fedpeer/v1\x00"
 _KEY_HEADER = "# fedpeer identity key (Ed25519 seed, base64). Secret: keep mode 0600, never share.\n"
 
@@ -55,7 +54,7 @@ def fingerprint(key: bytes) -> str:
 
 
 class Identity:
-    """This site's key pair, with signing, verification and sealing to peers."""
+    """This site's key pair: signing, and the static agreement with each peer."""
 
     def __init__(self, seed: bytes) -> None:
         assert len(seed) == 32
@@ -87,20 +86,10 @@ class Identity:
     def pairwise_seed(self, peer: bytes, label: bytes) -> bytes:
         """32 secret bytes that only this site and `peer` can compute (both sides get the same):
         keyed BLAKE2b of `label` under the pair's X25519 shared key, with its own personalisation
-        so the seed is independent of the encryption key. Used for pairwise secure-sum masks."""
+        so the seed is independent of any other use of that key. Used for the hello's tag and the
+        session seed (fedpeer/session.py), refusal tags and pairwise secure-sum masks."""
         return hashlib.blake2b(label, key=self._shared_key(peer), digest_size=32,
                                person=b"fedpeer-pairwise").digest()
-
-    def seal(self, peer: bytes, plaintext: bytes) -> tuple[bytes, bytes]:
-        """Encrypt to `peer`: exactly NaCl Box (XSalsa20-Poly1305 under the X25519 shared key),
-        through the `_easy` call that avoids Box's padding copies (2.5x faster on 1 MiB).
-        Returns (nonce, ciphertext) with a fresh random nonce."""
-        nonce = os.urandom(NONCE_BYTES)
-        return nonce, nacl.bindings.crypto_secretbox_easy(plaintext, nonce, self._shared_key(peer))
-
-    def unseal(self, peer: bytes, nonce: bytes, ciphertext: bytes) -> bytes:
-        """Decrypt from `peer`. Raises nacl.exceptions.CryptoError when forged or not for us."""
-        return nacl.bindings.crypto_secretbox_open_easy(ciphertext, nonce, self._shared_key(peer))
 
 
 @functools.lru_cache(maxsize=1024)

@@ -2,7 +2,7 @@
 HTTP/1.1 server of our own, and an aiohttp client.
 
 The server is written for strangers as much as for peers (DESIGN §5): it reads the request's head
-and the frame's 64-byte header (`wire.HEADER_BYTES`) under a deadline, has the header
+and the frame's 72-byte header (`wire.HEADER_BYTES`) under a deadline, has the header
 authenticated (`admit`: who sent it, how long it is), and only then takes a read slot and reads the
 body — also under a deadline sized by the body. So without a member's key nobody makes us read,
 buffer or wait for a body. Connections are bounded in total (and under the process's open-files
