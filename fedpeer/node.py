@@ -112,7 +112,7 @@ class Node:
             sign=self.identity.sign, verify=wire.verify)
         self._leader: bytes | None = None
         self._tg: asyncio.TaskGroup | None = None
-        self._synced_ms = _monotonic_ms()
+        self._pruned_ms = _monotonic_ms()
         self._open_files = 0
         self._refusals: dict[bytes, tuple[str, int]] = {}   # peer -> (its last refusal of our sends, wall ms)
         self._duplicates_logged: dict[bytes, int] = {}       # peer -> duplicate_count last logged
@@ -192,8 +192,8 @@ class Node:
                 self._apply(self.membership.tick(now))
             with self._step("election_tick"):
                 self._apply_election(self.election.tick(now))
-            if now - self._synced_ms >= SESSION_PRUNE_MS:
-                self._synced_ms = now
+            if now - self._pruned_ms >= SESSION_PRUNE_MS:
+                self._pruned_ms = now
                 with self._step("session_prune"):
                     self._gate.sessions.prune(now)
                     self._streams.prune(now)

@@ -184,7 +184,7 @@ def pack(msg: object, *, job: str = "", term: int = 0) -> bytes:
         raise LocalProtocolError("unregistered", f"no wire kind for {type(msg).__name__}")
     body = spec.to_body(msg)
     if isinstance(body, dict):
-        big = (bytes, bytearray)
+        big = (bytes, bytearray, memoryview)
         body = {k: RawBytes(memoryview(v).cast("B")) if isinstance(v, big) and len(v) >= RawBytes.BYTES_MIN else v
                 for k, v in body.items()}
     tail: list[memoryview] = []

@@ -144,8 +144,8 @@ class Links:
 
         async def one(at: int, n: int) -> None:
             try:
-                chunk = await asyncio.to_thread(wire.pack, StreamChunk(stream_id, at, bytes(view[at:at + n])),
-                                                job=job, term=term)
+                chunk = await asyncio.to_thread(wire.pack, StreamChunk(stream_id, at, view[at:at + n]),   # (no copy:
+                                                job=job, term=term)                                   # a raw tail)
                 await self._send_plaintext(dst, address, chunk, True)
             finally:
                 window.release()
@@ -157,7 +157,6 @@ class Links:
                     tg.create_task(one(at, n))
         except BaseExceptionGroup as group:   # the first chunk that failed says why (SendError, SendRefused)
             raise _first(group) from None
-
 
     async def send_best_effort(self, dst: bytes, address: str, msg: object, timeout_ms: int, *, term: int = 0,
                                on_refused: Callable[[str | None], None] | None = None) -> bool:

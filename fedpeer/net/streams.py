@@ -49,7 +49,7 @@ class StreamOpen:
 class StreamChunk:
     stream: bytes
     offset: int
-    data: bytes
+    data: bytes | memoryview     # the sender's view of its payload; bytes once received
 
 
 register("stream_open", StreamOpen, {"stream": v_bytes(STREAM_ID_BYTES), "total": v_int(1),
