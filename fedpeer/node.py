@@ -541,7 +541,13 @@ class Node:
         if self._tg is None:
             coro.close()
             raise JobError("the daemon is shutting down")
-        return self._tg.create_task(self._supervised(coro))
+        supervised = self._supervised(coro)
+        try:
+            return self._tg.create_task(supervised)
+        except RuntimeError:      # the group is shutting down: neither coroutine will ever run
+            supervised.close()
+            coro.close()
+            raise JobError("the daemon is shutting down") from None
 
     async def _supervised(self, coro: Any) -> None:
         """A job's task: whatever it raises (its own error handling included) ends it alone."""

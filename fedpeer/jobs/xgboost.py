@@ -101,6 +101,7 @@ OPS = ("state", "fetch", "round", "commit", "finish", "release", "done")   # don
 SYNC_SILENCE_MS = 10_000         # a member without a directive this long asks the leader where the job is
 SYNC_TAG = "xgb/sync"
 HISTORY_FILE = "xgb-history.json"
+HELD_DIRECTIVES_MAX = 16         # directives held while a member evaluates (a leader sends one at a time)
 LINGER_MS = 20_000               # a member told "finish" stays this long for sites that did not hear it
                                  # (unless the leader says "release": every live member has finished)
 MODEL_BYTES_MAX = 48 * 1024 * 1024        # a model sent in one message (the frame cap is 64 MiB)
@@ -313,6 +314,7 @@ class Site:
     finished_ms: int | None = None    # when this site learned the job is over (it then lingers)
     released: bool = False
     parked: dict = field(default_factory=dict)       # sender -> (parked at ms, Directive): term not confirmed yet
+    held: list = field(default_factory=list)         # (sender, Directive) taken while evaluating, followed after
     refused: dict = field(default_factory=dict)      # sender -> {reason: count}: directives refused for authority
     _replies: dict = field(default_factory=dict)     # reply tasks in flight (a dict: ordered, deterministic)
 
@@ -507,6 +509,9 @@ class Site:
                 self.silent_since_ms = self.ch.now_ms()
                 continue
             await self.unpark()
+            if self.held:
+                await self.follow(*self.held.pop(0))
+                continue
             try:
                 src, msg = await self.ch.recv(Directive, DIRECTIVE_TAG, timeout_ms=POLL_MS)
             except RecvTimeout:
@@ -667,17 +672,20 @@ class Site:
         try:
             out = await self.while_alive(ring[0], secure_sum(
                 SubChannel(self.ch, ring), f"xgb/eval/{term}/{rnd}", vector, mode=p["secure_sum"],
-                hop_timeout_ms=min(self.ctx.hop_timeout_ms, EVAL_HOP_TIMEOUT_MS)), term=term)
+                hop_timeout_ms=min(self.ctx.hop_timeout_ms, EVAL_HOP_TIMEOUT_MS)), term=term,
+                ended=None if leader == self.me else self.ended_at_leader)
         except (JobError, _Died) as exc:
             entry["eval_error"] = str(exc)[:300]
             return
         entry.update(eval_metrics(out.total, p))
         entry["evaluated_by"] = [m.hex() for m in out.participants]
 
-    async def while_alive(self, peer: bytes, work: Any, term: int | None = None) -> Any:
+    async def while_alive(self, peer: bytes, work: Any, term: int | None = None,
+                          ended: Callable[[], Any] | None = None) -> Any:
         """Await `work`, but give up (raise _Died) once the failure detector reports `peer` dead
-        (a send to a dead peer would retry for a whole hop timeout, a sum led by it for many) or,
-        with `term`, once the election has moved past that term."""
+        (a send to a dead peer would retry for a whole hop timeout, a sum led by it for many),
+        with `term`, once the election has moved past that term, and with `ended`, once that
+        check says the job ended without us."""
         task = asyncio.ensure_future(work)
         try:
             while True:
@@ -688,10 +696,27 @@ class Site:
                     raise _Died(f"{self.name(peer)} is no longer alive")
                 if term is not None and self.ch.leadership()[0] > term:
                     raise _Died(f"a new leader was elected (term {self.ch.leadership()[0]})")
+                if ended is not None and await ended():
+                    raise _Died("the job ended at the leader")
         finally:
             if not task.done():
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+
+    async def ended_at_leader(self) -> bool:
+        """While a member evaluates a round, whether the leader has told it the job ended ("done").
+        A member cut off (or frozen) around a commit evaluates it once it runs again, with sites
+        that may have finished the job meanwhile: they are alive but never send their part, so the
+        sum would wait out a member's whole patience (2 (n + 1) + 5 hops, over a minute). So it
+        asks the leader too, as in its main loop (`ask_for_sync`, after SYNC_SILENCE_MS without a
+        directive), and holds every directive that arrives meanwhile, to follow once the sum is over."""
+        self.ask_for_sync(self.ch.leadership()[1])
+        while len(self.held) < HELD_DIRECTIVES_MAX:
+            try:
+                self.held.append(await self.ch.recv(Directive, DIRECTIVE_TAG, timeout_ms=0))
+            except RecvTimeout:
+                break
+        return any(msg.op == "done" and self.authority(src, msg.term) == "obey" for src, msg in self.held)
 
     # -- leading -------------------------------------------------------------------------------
 
