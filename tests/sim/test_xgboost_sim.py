@@ -43,7 +43,7 @@ from fedpeer.jobs import xgboost as xj
 from fedpeer.jobs.base import JobContext
 from fedpeer.ml import boosting
 from fedpeer.ml.data import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint
-from fedpeer.net.channel import MemoryNetwork
+from fedpeer.net.channel import MemoryNetwork, RecvTimeout
 from tests.fakesig import FakeKeyring
 
 from .test_securesum import SteadyChannel
@@ -483,7 +483,7 @@ def test_a_directive_of_a_term_not_yet_confirmed_waits_for_the_election():
         view = [(5, None)]
         keys, net, site = follower(view)
         await site.follow(keys[1], xj._directive(6, "state"))
-        with pytest.raises(xj.RecvTimeout):
+        with pytest.raises(RecvTimeout):
             await reply_to(net, keys[1], 6, "state", 0)       # not obeyed (nor answered) yet
         assert site.seen_term == 0
         view[0] = (6, keys[1])                                   # the heartbeat arrives
