@@ -105,16 +105,21 @@ def prepare_site(dataset: Any, params: Mapping[str, Any], member: bytes) -> Site
     from ..ml import trees
 
     seed = site_seed(params["seed"], member)
+    grid = GRID if params["grid_search"] else None
+    # depth is capped at what peers accept on the wire (trees.DEPTH_MAX), so no forest is refused
+    options = {"n_estimators": params["n_estimators"],
+               "max_depth": min(params["max_depth"] or trees.DEPTH_MAX, trees.DEPTH_MAX),
+               "min_samples_leaf": params["min_samples_leaf"], "seed": seed, "grid": grid}
+    if getattr(dataset, "engine", "memory") == "dask":     # the same steps where the rows are
+        from ..ml.dask_bofrf import prepare
+        return prepare(dataset, test_fraction=params["test_fraction"], seed=seed, options=options,
+                       validation_fraction=params["validation_fraction"] if params["variant"] == "personalized"
+                       else None)
     train, test = mldata.split_train_test(dataset, params["test_fraction"], seed=seed, stratify=True)
     validation = None
     if params["variant"] == "personalized":
         train, validation = mldata.split_train_test(train, params["validation_fraction"], seed=seed + 1, stratify=True)
-    grid = GRID if params["grid_search"] else None
-    # depth is capped at what peers accept on the wire (trees.DEPTH_MAX), so no forest is refused
-    model = mb.train_local_forest(train.X, train.y, n_estimators=params["n_estimators"],
-                                  max_depth=min(params["max_depth"] or trees.DEPTH_MAX, trees.DEPTH_MAX),
-                                  min_samples_leaf=params["min_samples_leaf"],
-                                  seed=seed, grid=grid)
+    model = mb.train_local_forest(train.X, train.y, **options)
     return SitePart(fit=train, validation=validation, test=test,
                     forest=trees.from_sklearn(model, dataset.features), local_model=model)
 
@@ -124,6 +129,8 @@ def score_site(part: SitePart, forest: Any) -> np.ndarray:
     from ..ml import bofrf as mb
     from ..ml import trees
 
+    if getattr(part, "engine", "memory") == "dask":
+        return part.confusion(forest)
     return mb.confusion_per_tree(trees.predict_trees(forest, part.fit.X, part.fit.features), part.fit.y)
 
 
@@ -137,25 +144,31 @@ def finish_site(part: SitePart, forest: Any, owners: np.ndarray, me_index: int, 
     from ..ml import trees
 
     mcc = mb.mcc(confusion)
+    dask = getattr(part, "engine", "memory") == "dask"     # ml/dask_bofrf.py: the same steps where the rows are
     if params["variant"] == "personalized":
         val = part.validation
-        tau = mb.choose_tau(trees.predict_trees(forest, val.X, val.features), val.y, mcc, grid=TAU_GRID)
+        tau = part.choose_tau(forest, mcc, TAU_GRID) if dask else \
+            mb.choose_tau(trees.predict_trees(forest, val.X, val.features), val.y, mcc, grid=TAU_GRID)
     tau = params["tau"] if tau is None else tau
     alpha = mb.tree_weights(mcc, tau)
-    proba = trees.predict_trees(forest, part.test.X, part.test.features)
     own = owners == me_index
-    y = part.test.y
-    local_rf = mb.binary_metrics(y, mb.local_rf_score(proba[own]))
-    local = mb.binary_metrics(y, mb.ensemble_score(proba[own], alpha[own]))
-    glob = mb.binary_metrics(y, mb.ensemble_score(proba, alpha))
+    if dask:
+        local_rf, local, glob = part.metrics(forest, own, alpha)
+        rows = part.rows
+    else:
+        proba = trees.predict_trees(forest, part.test.X, part.test.features)
+        y = part.test.y
+        local_rf = mb.binary_metrics(y, mb.local_rf_score(proba[own]))
+        local = mb.binary_metrics(y, mb.ensemble_score(proba[own], alpha[own]))
+        glob = mb.binary_metrics(y, mb.ensemble_score(proba, alpha))
+        rows = {"train": int(part.fit.X.shape[0]), "test": int(part.test.X.shape[0])}
     kept = mb.select_final(glob["auc"], local["auc"])
     keep = np.flatnonzero((alpha > 0) & (own if kept == "local" else True))
     result = {
         "local_rf": local_rf, "bofrf_local": local, "bofrf_global": glob,
         "final": {**(glob if kept == "global" else local), "model": kept},
         "tau": float(tau), "trees_total": int(len(alpha)), "trees_kept": int(len(keep)),
-        "trees_weighted": int((alpha > 0).sum()), "rows": {"train": int(part.fit.X.shape[0]),
-                                                           "test": int(part.test.X.shape[0])},
+        "trees_weighted": int((alpha > 0).sum()), "rows": rows,
     }
     return result, trees.take(forest, keep), alpha[keep]
 

@@ -50,7 +50,8 @@ from .data import FEATURE_TYPE_FLOAT, DataSpec, _quote_list, load_data, schema_f
 
 __all__ = ["DASK_KINDS", "DaskSite", "dask_refusal", "open_site", "part_files"]
 
-DASK_KINDS = "stats and xgboost with mode = \"histogram\""
+DASK_KINDS = ("stats, xgboost with mode = \"histogram\" and bofrf (variant \"base\" or \"personalized\", "
+              "baseline \"none\")")
 SUM_FAN_IN = 8                 # partial results added per task of the summing tree
 CLOSE_TIMEOUT_S = 10           # closing a job's client in its background thread
 
@@ -59,7 +60,11 @@ def dask_refusal(kind: str, params: Mapping[str, Any]) -> str | None:
     """Why a job of this kind cannot run on the Dask engine (None: it can)."""
     if kind == "stats" or (kind == "xgboost" and params.get("mode", "histogram") == "histogram"):
         return None
-    what = f"xgboost with mode = {params.get('mode')!r}" if kind == "xgboost" else kind
+    if kind == "bofrf" and params.get("variant", "base") != "clustered" and params.get("baseline", "none") == "none":
+        return None             # ml/dask_bofrf.py (clustered and BOPPID read the rows in the daemon)
+    what = {"xgboost": f"xgboost with mode = {params.get('mode')!r}",
+            "bofrf": f"bofrf with variant = {params.get('variant')!r}, baseline = {params.get('baseline')!r}"
+            }.get(kind, kind)
     return (f"[data] engine = \"dask\" supports {DASK_KINDS} jobs, not {what}: the rows stay on the "
             "site's Dask cluster; run this job at a site with engine = \"memory\"")
 

@@ -1,6 +1,6 @@
 """[data] engine = "dask" in real daemons: three sites, one of them keeping its rows on a Dask
-LocalCluster (2 worker processes, started by the test), run stats with the results of the same
-job over the same rows held in memory; a job kind the engine lacks and an unreachable scheduler
+LocalCluster (2 worker processes, started by the test), run stats and bofrf with the results of the
+same jobs over the same rows held in memory; a job kind the engine lacks and an unreachable scheduler
 each fail the job with a reason naming the site — the daemon keeps serving. (Histogram XGBoost on a
 Dask site, model byte for byte the memory engine's, is tests/unit/test_dask_engine.py: the same
 job code over the in-memory network, which is what the daemon runs after the load tested here.)"""
@@ -104,11 +104,24 @@ async def test_jobs_on_a_dask_site_equal_the_jobs_in_memory(make_federation, clu
         assert np.allclose(list(a["mean"].values()), list(b["mean"].values()), rtol=1e-12, atol=0)
         assert np.allclose(list(a["std"].values()), list(b["std"].values()), rtol=1e-12, atol=0)
 
+    # bofrf: the forest trained on a worker, every tree's matrix per partition: the memory engine's results
+    from fedpeer.jobs import bofrf as bofrf_kind
+
+    forest = {"n_estimators": 5, "max_depth": 5, "secure_sum": "pairwise"}
+    got = await _run(h, 1, "bofrf", forest)
+    assert {r["state"] for r in got.values()} == {"done"}, [r["error"] for r in got.values()]
+    want = await asyncio.to_thread(_in_process, h, tmp_path, bofrf_kind.KIND, forest)
+    for i in range(3):
+        a, b = got[i]["result"], want[i]
+        for key in ("local_rf", "bofrf_local", "bofrf_global", "final", "tau", "rows", "trees_kept"):
+            assert a[key] == b[key], (i, key, a[key], b[key])
+
     # a kind the engine lacks: refused by the dask site, named, before any cluster work
-    records = await _run(h, 1, "bofrf", {"n_estimators": 5})
+    records = await _run(h, 1, "bofrf", {"n_estimators": 5, "variant": "clustered"})
     assert {r["state"] for r in records.values()} == {"failed"}
     mine = records[0]["error"]
-    assert mine.startswith("site-1: ") and 'engine = "dask" supports stats and xgboost with mode = "histogram"' in mine
+    assert mine.startswith("site-1: ") and 'engine = "dask" supports stats, xgboost with mode = "histogram" and ' \
+        "bofrf" in mine and "not bofrf with variant = 'clustered'" in mine, mine
 
     # the scheduler unreachable: the job fails naming the site and the scheduler; the daemon serves on
     dead = "tcp://127.0.0.1:9"

@@ -151,9 +151,15 @@ def test_an_unreachable_scheduler_fails_fast_naming_it() -> None:
 
 def test_job_kinds_the_engine_lacks_are_refused_by_name() -> None:
     assert dask_refusal("stats", {}) is None and dask_refusal("xgboost", {"mode": "histogram"}) is None
-    for kind, params in (("bofrf", {}), ("xgboost", {"mode": "bagging"}), ("logreg", {}), ("kmeans", {})):
+    assert dask_refusal("bofrf", {"variant": "base", "baseline": "none"}) is None
+    assert dask_refusal("bofrf", {"variant": "personalized", "baseline": "none"}) is None
+    for kind, params in (("bofrf", {"variant": "clustered", "baseline": "none"}),
+                         ("bofrf", {"variant": "base", "baseline": "boppid"}), ("xgboost", {"mode": "bagging"}),
+                         ("logreg", {}), ("kmeans", {})):
         reason = dask_refusal(kind, params)
-        assert reason is not None and 'engine = "dask" supports stats and xgboost with mode = "histogram"' in reason
+        assert reason is not None and 'engine = "dask" supports stats, xgboost with mode = "histogram" and bofrf' \
+            in reason, reason
+    assert "not bofrf with variant = 'clustered'" in dask_refusal("bofrf", {"variant": "clustered", "baseline": "none"})
 
 
 # -- jobs: a dask site among memory sites gives the all-memory result -------------------------------
@@ -240,6 +246,41 @@ def test_histogram_xgboost_on_a_dask_site_gives_the_memory_engines_model(cluster
         assert fa["test_rows"] == fb["test_rows"] and fa["accuracy"] == fb["accuracy"]
         assert fa["auc"] == pytest.approx(fb["auc"], abs=1e-6) and fa["logloss"] == pytest.approx(fb["logloss"],
                                                                                                 abs=1e-6)
+
+
+@pytest.mark.parametrize("variant", ["base", "personalized"])
+def test_bofrf_on_a_dask_site_gives_the_memory_engines_forest_weights_and_metrics(cluster, site_files, cancer,
+                                                                                 off_loop, variant) -> None:
+    """The Dask site (3 partitions of unequal size) trains its forest on a worker, scores every
+    tree per partition and reports its test metrics from a worker: every site's kept forest,
+    weights and metrics are the memory engine's, bit for bit."""
+    from fedpeer.jobs import bofrf
+    from fedpeer.ml import trees
+
+    params = {"n_estimators": 6, "max_depth": 6, "variant": variant, "seed": 3, "secure_sum": "pairwise"}
+    want = _run(bofrf.KIND, _sites(cluster, site_files, cancer, dask=False), params)
+    got = _run(bofrf.KIND, _sites(cluster, site_files, cancer, dask=True), params)
+    assert off_loop == []
+    for a, b in zip(want, got):
+        assert isinstance(b, dict), b
+        (fa, wa), (fb, wb) = a.pop("_model"), b.pop("_model")
+        assert np.array_equal(wa, wb) and trees.to_wire(fa) == trees.to_wire(fb)
+        assert a == b, {k: (a[k], b[k]) for k in a if a[k] != b.get(k)}   # metrics, tau, rows, trees kept
+    assert got[0]["rows"] == {"train": 142, "test": 48} if variant == "base" else got[0]["rows"]["test"] == 48
+    assert got[0]["trees_total"] == 18
+
+
+def test_bofrf_training_rows_are_bounded_on_a_dask_site(cluster, site_files, monkeypatch) -> None:
+    from fedpeer.jobs import bofrf
+    from fedpeer.ml import dask_bofrf
+
+    monkeypatch.setattr(dask_bofrf, "GATHERED_ROWS_MAX", 100)
+    site, _ = load_site(section(cluster, parquet=str(site_files["parts"])), LIMITS, needs_label=True, binary=True)
+    try:
+        with pytest.raises(DataError, match=r"142 training rows exceed GATHERED_ROWS_MAX=100"):
+            bofrf.prepare_site(site, bofrf.KIND.check_params({"n_estimators": 2}), b"k" * 32)
+    finally:
+        site.close()
 
 
 def test_a_worker_lost_mid_job_is_recomputed_to_the_same_model(cluster, site_files, cancer) -> None:
