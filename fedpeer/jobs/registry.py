@@ -38,11 +38,9 @@ import hashlib
 import logging
 import os
 import secrets
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -50,21 +48,19 @@ from ..config import Config
 from ..errors import DataError, FedpeerError, JobError, RemoteProtocolError
 from ..identity import fingerprint
 from ..logs import fields
-from ..net.channel import Mailbox, MalformedFrom, PeerDead, PeerRefused, PeerUnreachable, RecvTimeout
-from ..store import read_json, write_json
+from ..net.channel import MalformedFrom, PeerDead, PeerRefused, PeerUnreachable, RecvTimeout
 from . import messages as m
 from .base import Finished, JobContext, JobFailsEverywhere, JobKind
 from .messages import JOB_ID_RE
+from .records import TERMINAL, JobRecord, RecordFiles
 
 log = logging.getLogger("fedpeer.jobs")
-TERMINAL = ("done", "failed", "cancelled")
 PENDING = ("proposed", "accepted")      # known, not yet running: holds no jobs_concurrent_max slot
 ABORT_SEND_TIMEOUT_MS = 5_000
 ABORT_GRACE_MS = 1_000          # a local failure waits this long for a peer's abort with the cause
 RECORDS_LISTED_MAX = 200
 SERVE_DONE_INTERVAL_MS = 5_000  # a member may have a done job's answer this often (it reads and sends a model)
 SERVED_REMEMBERED_MAX = 1_024   # (job, member) pairs whose last answer time is kept
-WAITS_SHOWN_MAX = 8             # pending receives `job show` lists per job (oldest first)
 DEAD_DETAIL = "declared dead by membership"
 # Insider load (issue 11 item 4): a member's key must not fill our disk, memory or job slots.
 PROPOSALS_BURST_MAX = 8         # proposals one member may send at once (token bucket size) ...
@@ -88,54 +84,6 @@ class Transport(Protocol):
     # the peer proved it refused the message); the registry never passes a dst not in `names`
 
 
-@dataclass
-class JobRecord:
-    id: str
-    kind: str
-    params: dict
-    proposer: bytes
-    members: tuple[bytes, ...]
-    created_ms: int
-    state: str = "proposed"
-    phase: str = "waiting for members"
-    step: int = 0
-    total: int = 0
-    error: str | None = None
-    result: dict | None = None
-    rows: int | None = None
-    started_ms: int | None = None
-    finished_ms: int | None = None
-    mailbox: Mailbox = field(default_factory=Mailbox, repr=False)
-    task: asyncio.Task | None = field(default=None, repr=False)
-    data: Any = field(default=None, repr=False)
-    test_data: Any = field(default=None, repr=False)
-    start_signal: asyncio.Future | None = field(default=None, repr=False)   # member: set by JobStart
-    announced: bool = False      # other members know of the job (so they must hear how it ends)
-    stored: bool = True          # written to disk; a peer's proposal only once it runs
-    dirty: bool = False          # the last write failed: retried at the next state change
-
-    def to_json(self, names: Mapping[bytes, str], now_ms: int) -> dict:
-        end = self.finished_ms or now_ms
-        waiting = self.waiting_for(names) if self.state == "running" else []
-        return {
-            "id": self.id, "kind": self.kind, "params": self.params, "state": self.state,
-            "proposer": names.get(self.proposer, fingerprint(self.proposer)),
-            "members": [{"name": names.get(k, "?"), "fingerprint": fingerprint(k)} for k in self.members],
-            "phase": self.phase, "progress": {"step": self.step, "total": self.total},
-            "created_ms": self.created_ms, "started_ms": self.started_ms, "finished_ms": self.finished_ms,
-            "elapsed_s": round((end - self.started_ms) / 1000, 3) if self.started_ms else None,
-            "rows": self.rows, "error": self.error, "result": self.result,
-            **({"waiting_for": waiting} if waiting else {}),
-        }
-
-    def waiting_for(self, names: Mapping[bytes, str]) -> list[str]:
-        """What the job's receives wait for now: ["forest from site-3 since 12.4 s", ...]."""
-        try:
-            now_s = asyncio.get_running_loop().time()
-        except RuntimeError:      # no loop, no job running
-            return []
-        name = lambda k: names.get(k, fingerprint(k))  # noqa: E731
-        return [w.describe(name, now_s) for w in self.mailbox.waiting()[:WAITS_SHOWN_MAX]]
 
 
 class NodeChannel:
@@ -171,7 +119,7 @@ class NodeChannel:
         changed = phase != record.phase
         record.phase, record.step, record.total = phase, step, total
         if changed and record.state == "running":   # on disk: a crash leaves the phase it was in
-            self._registry._save(record)
+            self._registry.records.save(record)
 
     async def send(self, dst: bytes, msg: object) -> None:
         assert dst in self.members and dst != self.me, "send to a non-member or to self"
@@ -198,21 +146,14 @@ class JobRegistry:
         self._root = config.node.state_dir / "jobs"
         self.jobs: dict[str, JobRecord] = {}
         self.unstored: OrderedDict[str, JobRecord] = OrderedDict()   # peers' proposals that never ran
-        self._unsaved: dict[str, JobRecord] = {}                       # records whose last write failed
         self._buckets: dict[bytes, tuple[float, int]] = {}             # proposer -> (tokens, at_ms)
         self._replies: dict[tuple[str, bytes], asyncio.Future] = {}
         self.dead: set[bytes] = set()                                  # peers membership declared dead
         self._deaths: dict[bytes, set[asyncio.Future]] = {}            # peer -> sends to it in flight
         self._served: dict[tuple[str, bytes], int] = {}                # (job, member) -> last served_ms
-        # record writes off the loop (_save): only where they fsync (fedpeer.store.StateDir)
-        self._writes_off_loop = bool(getattr(state, "fsyncs", False))
-        self._queued: dict[str, tuple[JobRecord, dict, int, asyncio.Future]] = {}   # job -> latest doc to write
-        self._inflight: tuple[str, JobRecord, dict, int, asyncio.Future] | None = None
-        self._snapshots: dict[str, int] = {}     # job -> number of its latest state snapshot
-        self._stored_seq: dict[str, int] = {}    # job -> number of the snapshot on disk (under _disk_lock)
-        self._writer: asyncio.Task | None = None
-        self._disk_lock = threading.Lock()      # one record file write at a time, thread or loop
-        self._load_records()
+        self.records = RecordFiles(self._root, state, names, transport.now_ms, spawn, config.node.state_dir)
+        for record in self.records.load():
+            self.jobs[record.id] = record
 
     # -- membership ----------------------------------------------------------------------------
 
@@ -261,191 +202,10 @@ class JobRegistry:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
 
-    # -- persistence -------------------------------------------------------------------------
-
-    def _load_records(self) -> None:
-        if not self._root.is_dir():
-            return
-        for path in sorted(self._root.glob("*/job.json")):
-            try:
-                doc = read_json(path)
-                record = _record_from_json(doc)
-            except (FedpeerError, KeyError, TypeError, ValueError) as exc:
-                log.warning("job_record_unreadable", extra=fields(path=str(path), error=str(exc)))
-                continue
-            if record.state not in TERMINAL:
-                at = (f" (phase: {record.phase}, step {record.step} of {record.total})" if record.state == "running"
-                      else f" (state: {record.state})")
-                record.state, record.error = "failed", f"this daemon stopped while the job was running{at}"
-                record.finished_ms = record.finished_ms or self.transport.now_ms()
-                self._save(record)
-            self.jobs[record.id] = record
-
-    def _save(self, record: JobRecord) -> bool:
-        """Write the record; never raises. A failed write keeps the record in memory (it is the
-        truth) and is retried at the next state change of any record.
-
-        On a state dir that fsyncs (the daemon's), the write is queued for a worker thread (two
-        fsyncs, ~12 ms each, stalled the event loop several times per job): returns True at
-        once, and `_on_disk` awaits it wherever a message depends on the record being on disk
-        (the job starting, the proposal, an abort or cancel). Writes of one record land in the
-        order of their `_save`s, the latest state last. Otherwise (tests' fakes, no event loop,
-        the daemon stopping) it writes now and returns whether the record is on disk."""
-        if not record.stored:
-            return True
-        if self._queue_write(record):
-            for other in [r for r in self._unsaved.values() if r is not record]:
-                self._queue_write(other)
-            return True
-        if not self._write(record):
-            return False
-        for other in [r for r in self._unsaved.values() if r is not record]:
-            if not self._write(other):
-                break
-        return True
-
-    async def _on_disk(self, record: JobRecord) -> bool:
-        """Wait for the record's queued writes; whether its latest state is on disk."""
-        if not record.stored:
-            return True
-        while True:
-            queued = self._queued.get(record.id)
-            done = queued[3] if queued is not None else (
-                self._inflight[4] if self._inflight is not None and self._inflight[0] == record.id else None)
-            if done is None:
-                return not record.dirty
-            await asyncio.shield(done)
-
-    def _queue_write(self, record: JobRecord) -> bool:
-        """Queue the record's current state for the writer task; False if it must be written now."""
-        if not self._writes_off_loop:
-            return False
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return False
-        try:
-            doc, seq = self._snapshot(record)     # the state as of now, whatever changes before the write
-        except Exception:   # noqa: BLE001  (a bug: the synchronous path records and logs it)
-            return False
-        if self._writer is None or self._writer.done():    # done: its callback has not run yet
-            writer = self._write_queued()
-            try:
-                self._writer = self._spawn(writer)
-            except Exception:   # noqa: BLE001  (the daemon is stopping: no new task; write now)
-                writer.close()
-                self._writer = None
-                return False
-            self._writer.add_done_callback(self._writer_ended)
-        queued = self._queued.pop(record.id, None)
-        self._queued[record.id] = (record, doc, seq, queued[3] if queued is not None else loop.create_future())
-        return True
-
-    async def _write_queued(self) -> None:
-        """The writer task: queued records, oldest first, one at a time, in a worker thread."""
-        while self._queued:
-            job_id = next(iter(self._queued))
-            record, doc, seq, done = self._queued.pop(job_id)
-            self._inflight = (job_id, record, doc, seq, done)
-            error = await asyncio.to_thread(self._write_doc, record, doc, seq)
-            self._inflight = None
-            self._written(record, error)
-            if not done.done():
-                done.set_result(None)
-
-    def _writer_ended(self, task: asyncio.Task) -> None:
-        """The writer was cancelled (the daemon stops) or failed: whatever is still queued, the
-        write that was in flight first, is written here and now (the disk lock waits for a
-        worker thread still writing). A writer that emptied the queue just ends: records queued
-        since then belong to the writer started for them."""
-        if self._writer is task:
-            self._writer = None
-        if not task.cancelled() and task.exception() is None:
-            return
-        pending = list(self._queued.values())
-        self._queued.clear()
-        if self._inflight is not None:       # again: the thread may have been cut short
-            pending.insert(0, self._inflight[1:])
-            self._inflight = None
-        for record, doc, seq, done in pending:      # an older state than the file's is skipped
-            self._written(record, self._write_doc(record, doc, seq))
-            if not done.done():
-                done.set_result(None)
-
-    def _snapshot(self, record: JobRecord) -> tuple[dict, int]:
-        """The record's state now, and its number: writes of older numbers are skipped."""
-        doc = self._doc(record)
-        seq = self._snapshots[record.id] = self._snapshots.get(record.id, 0) + 1
-        return doc, seq
-
-    def _doc(self, record: JobRecord) -> dict:
-        doc = record.to_json(self.names, self.transport.now_ms())
-        doc.pop("waiting_for", None)      # a moment's view, stale once written
-        doc["_members"] = [k.hex() for k in record.members]
-        doc["_proposer"] = record.proposer.hex()
-        return doc
-
-    def _write_doc(self, record: JobRecord, doc: dict, seq: int) -> Exception | None:
-        """Atomically write `doc`, snapshot number `seq`, as the record's file (any thread),
-        unless a later snapshot is already there; the error, or None."""
-        path = self._root / record.id / "job.json"
-        try:
-            with self._disk_lock:
-                if seq <= self._stored_seq.get(record.id, 0):
-                    return None
-                if self.state is not None:
-                    self.state.write_record(path, doc)
-                else:
-                    write_json(path, doc)
-                self._stored_seq[record.id] = seq
-        except Exception as exc:   # ENOSPC, EIO, EMFILE, or a bug: this record waits, the node goes on
-            return exc
-        return None
-
-    def _write(self, record: JobRecord) -> bool:
-        try:
-            doc, seq = self._snapshot(record)
-        except Exception as exc:   # noqa: BLE001  (a bug: recorded like a failed write)
-            return self._written(record, exc)
-        return self._written(record, self._write_doc(record, doc, seq))
-
-    def _written(self, record: JobRecord, error: Exception | None) -> bool:
-        """Bookkeeping after a write (on the loop): dirty and retried later if it failed."""
-        if error is not None:
-            first = not record.dirty
-            record.dirty = True
-            self._unsaved[record.id] = record
-            if first:   # the state dir's health logs the episode; here once per record
-                log.warning("job_record_not_saved", extra=fields(job=record.id, state=record.state,
-                                                                  error=f"{type(error).__name__}: {error}"))
-            return False
-        record.dirty = False
-        self._unsaved.pop(record.id, None)
-        return True
-
     def retry_unsaved(self) -> int:
-        """Write again the records whose last write failed (the disk has room again); returns how
-        many are still unsaved (queued ones included). Cheap when there are none: the node may
-        call it from its tick."""
-        for record in list(self._unsaved.values()):
-            if self._queue_write(record):
-                continue
-            if not self._write(record):
-                break
-        return len(self._unsaved)
-
-    def _write_problem(self) -> str:
-        error = self.state.health().get("error") if self.state is not None else None
-        return error or f"cannot write job records under {self._root}"
-
-    def _disk_problem(self) -> str | None:
-        """Why new jobs must be refused now (the state dir takes no writes), or None."""
-        if self.state is None or self.state.health().get("writable", True):
-            return None
-        probe = getattr(self.state, "probe", None)   # one small write, rate-limited by the store
-        if probe is not None and probe():
-            return None
-        return self.state.health().get("error") or f"disk full at {self.config.node.state_dir}"
+        """Write again the records whose last write failed (the node's tick calls it): how many
+        are still unsaved."""
+        return self.records.retry_unsaved()
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -476,7 +236,7 @@ class JobRegistry:
     # -- proposing ---------------------------------------------------------------------------
 
     def propose(self, kind_name: str, params: Mapping[str, Any], member_names: list[str] | None = None) -> str:
-        problem = self._disk_problem()
+        problem = self.records.disk_problem()
         if problem is not None:
             raise JobError(f"{problem}: no new job until the state dir takes writes again")
         self.retry_unsaved()   # records the full disk kept in memory come first
@@ -497,7 +257,7 @@ class JobRegistry:
         record = JobRecord(id=job_id, kind=kind_name, params=checked, proposer=self.transport.me,
                            members=members, created_ms=now)
         self.jobs[job_id] = record
-        self._save(record)
+        self.records.save(record)
         try:
             record.task = self._spawn(self._guard(record, self._run_proposer(record, kind)))
         except JobError as exc:   # the daemon is stopping
@@ -539,7 +299,7 @@ class JobRegistry:
         return tuple(sorted(chosen))
 
     async def _run_proposer(self, record: JobRecord, kind: JobKind) -> None:
-        await self._on_disk(record)     # our record of the job before any member hears of it
+        await self.records.on_disk(record)     # our record of the job before any member hears of it
         try:
             mine = await self._check_data(record, kind)
         except (JobError, DataError) as exc:
@@ -733,7 +493,7 @@ class JobRegistry:
             listed = ", ".join(fingerprint(k) for k in unknown[:4])
             return (f"member(s) {listed} {NOT_LISTED}; add them there (and on every member) "
                     "before proposing a job with them")
-        problem = self._disk_problem()
+        problem = self.records.disk_problem()
         if problem is not None:
             return f"{problem}: this site takes no new job until its state dir takes writes again"
         if len(record.members) > self.config.policy.members_max:
@@ -850,12 +610,14 @@ class JobRegistry:
     async def _execute(self, record: JobRecord, kind: JobKind) -> None:
         limit = self.config.jobs.jobs_concurrent_max
         if self.running() >= limit:   # pending proposals hold no slot: the check that counts is here
-            raise _SiteFailure(self.transport.me, f"{self.running()} jobs already running ([jobs] jobs_concurrent_max)")
+            raise _SiteFailure(self.transport.me,
+                               f"{self.running()} jobs already running ([jobs] jobs_concurrent_max)")
         record.state, record.phase, record.started_ms = "running", "starting", self.transport.now_ms()
         record.stored = True          # a job that runs is worth a record on disk
-        self._save(record)
-        if not await self._on_disk(record):   # the disk filled since the proposal: do not start what we cannot record
-            raise _SiteFailure(self.transport.me, f"{self._write_problem()}: this site cannot record the job; "
+        self.records.save(record)
+        # the disk filled since the proposal: do not start what we cannot record
+        if not await self.records.on_disk(record):
+            raise _SiteFailure(self.transport.me, f"{self.records.write_problem()}: this site cannot record the job; "
                                                   "free space in its state dir")
         log.info("job_started", extra=fields(job=record.id, kind=record.kind, members=len(record.members)))
         ctx = JobContext(site_name=self.config.node.name, names=self.names,
@@ -957,7 +719,7 @@ class JobRegistry:
         record.finished_ms = self.transport.now_ms()
         _release_data(record.data)
         record.data = record.test_data = None
-        self._save(record)
+        self.records.save(record)
         if not record.stored:    # a peer's proposal that never ran: memory only, oldest out
             self.jobs.pop(record.id, None)
             self.unstored[record.id] = record
@@ -966,7 +728,7 @@ class JobRegistry:
         log.info("job_" + state, extra=fields(job=record.id, kind=record.kind, error=error or "-"))
 
     async def _broadcast_abort(self, record: JobRecord, site: bytes, reason: str) -> None:
-        await self._on_disk(record)     # how it ended, on disk before the others hear it
+        await self.records.on_disk(record)     # how it ended, on disk before the others hear it
         abort = m.JobAbort(job_id=record.id, site=site, reason=reason)
         others = [k for k in record.members if k != self.transport.me]
         await asyncio.gather(*(self._send_quietly(p, abort, record.id) for p in others))
@@ -1019,7 +781,7 @@ class JobRegistry:
         return record.to_json(self.names, self.transport.now_ms())
 
     async def _broadcast_cancel(self, record: JobRecord, reason: str) -> None:
-        await self._on_disk(record)     # how it ended, on disk before the others hear it
+        await self.records.on_disk(record)     # how it ended, on disk before the others hear it
         cancel = m.JobCancel(job_id=record.id, reason=reason)
         others = [k for k in record.members if k != self.transport.me]
         await asyncio.gather(*(self._send_quietly(p, cancel, record.id) for p in others))
@@ -1059,13 +821,6 @@ def _schema_difference(mine: tuple[str, ...], theirs: list[str], their_name: str
     return f"schema fingerprint differs from {my_name}'s (column types differ)"
 
 
-def _record_from_json(doc: dict) -> JobRecord:
-    record = JobRecord(id=doc["id"], kind=doc["kind"], params=doc["params"], proposer=bytes.fromhex(doc["_proposer"]),
-                       members=tuple(bytes.fromhex(k) for k in doc["_members"]), created_ms=doc["created_ms"])
-    record.state, record.phase, record.error, record.result = doc["state"], doc["phase"], doc["error"], doc["result"]
-    record.step, record.total = doc["progress"]["step"], doc["progress"]["total"]
-    record.rows, record.started_ms, record.finished_ms = doc["rows"], doc["started_ms"], doc["finished_ms"]
-    return record
 
 
 def _file_sha256(path: Path) -> str:

@@ -77,7 +77,7 @@ async def test_records_are_written_off_the_loop_in_order_and_before_the_job_runs
         registry.on_message(ALICE, "j-1", proposal(ALICE, "j-1", "noop", members=(BOB,)))
         await settle()
         registry.on_message(ALICE, "j-1", start("j-1", ALICE, BOB, ME))
-        while registry.jobs["j-1"].state != "done" or registry._queued or registry._inflight:
+        while registry.jobs["j-1"].state != "done" or registry.records.queued or registry.records.inflight:
             await asyncio.sleep(0.01)
         done.set()
     assert seen["on disk when the job ran"] == ["running"], "the job started before its record was on disk"
@@ -131,7 +131,7 @@ async def test_the_last_state_is_written_when_the_daemon_stops(tmp_path: Path) -
             record = registry.jobs[registry.propose("noop", {}, ["alice"])]
             await asyncio.sleep(WRITE_S / 5)        # its first write is in flight
             record.phase = "later"
-            registry._save(record)
+            registry.records.save(record)
             raise Stop()
     except* Stop:
         pass
