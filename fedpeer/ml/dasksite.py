@@ -11,7 +11,8 @@ futures and small totals only. Rules of this module:
   positive class present, rows_max) run on the daemon over the parts' small summaries.
 - Work whose results are additive runs as one task per partition; the results are summed on the
   workers (a tree of `_add` tasks) and only the total is gathered: `additive(fn, ...)` for stats,
-  the label statistics, sketch counts and level histograms of histogram XGBoost.
+  the label statistics, sketch counts and level histograms of histogram XGBoost, BOFRF's per-tree
+  confusion matrices (dask_bofrf.py: its forest is trained on one worker, GATHERED_ROWS_MAX rows).
 - State per row that histogram XGBoost keeps between steps (bins, margins, g and h, each row's
   node) stays on the workers: every partition holds a `HistSite` over its rows, and a step
   replaces it by a new one (`_step`: a shallow copy updated by the same method the memory engine
