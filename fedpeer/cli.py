@@ -126,7 +126,7 @@ def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
     harness = sub.add_parser("harness", help="run a local federation of real daemons")
     if kinds_needed:
-        from .harness import add_arguments as add_harness_arguments
+        from .harness_cli import add_arguments as add_harness_arguments
         add_harness_arguments(harness)
     return p
 
@@ -539,7 +539,7 @@ def _write_csv(out, rows: list[dict]) -> None:
 
 
 def _harness(args: argparse.Namespace) -> int:
-    from .harness import main as harness_main
+    from .harness_cli import main as harness_main
 
     return harness_main(args)
 
