@@ -1,7 +1,9 @@
 """Transport overhead: two real daemons vs a bare aiohttp POST of the same payload, same run.
 
-fedpeer side: `fedpeer ping` timing inside daemon A: seal (session AEAD) -> HTTP POST ->
-daemon B's whole gate (header tag, AEAD open, decode, replay window, typed validation) -> 204.
+fedpeer side: `fedpeer ping` timing inside daemon A: seal (session AEAD) -> HTTP POST (our own
+client and server, fedpeer/net/client.py and server.py) -> daemon B's whole gate (header tag, AEAD
+open, decode, replay window, typed validation) -> 204. The probe's payload travels in the frame's
+raw tail and arrives as a view of the decrypted frame (no copy into `bytes`).
 Reference: a bare aiohttp client POSTs the same bytes to a bare aiohttp server process whose
 handler reads the body and answers 204 — no encryption, no checks.
 Batches are interleaved so both sides see the same machine load; each round gives one ratio, and
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -100,6 +103,7 @@ def throughput(rounds: Rounds, mib: float) -> dict:
 
 
 async def main(rounds: int) -> dict:
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         h = Harness(Path(tmp), 2)
         h.create()
@@ -119,7 +123,8 @@ async def main(rounds: int) -> dict:
             bare.terminate()
             bare.wait()
     return {"small_64B": latency(small), "large_1MiB": throughput(large, 1), "large_8MiB": throughput(huge, 8),
-            "rss_MiB": {"idle": idle_rss, "after_large_traffic": busy_rss}}
+            "rss_MiB": {"idle": idle_rss, "after_large_traffic": busy_rss},
+            "load_average": {"before": load_before, "after": os.getloadavg()}}
 
 
 if __name__ == "__main__":
@@ -136,4 +141,6 @@ if __name__ == "__main__":
               f"ratio median {r['ratio_median']:.2f}x, best {r['ratio_best']:.2f}x (target >= 0.6x)")
     print(f"daemon RSS : idle {', '.join(f'{r:.1f}' for r in result['rss_MiB']['idle'])} MiB; "
           f"after the large messages {', '.join(f'{r:.1f}' for r in result['rss_MiB']['after_large_traffic'])} MiB")
+    print(f"load average: before {result['load_average']['before'][0]:.2f}, "
+          f"after {result['load_average']['after'][0]:.2f} (1 min)")
     print(json.dumps(result))

@@ -80,11 +80,14 @@ class RawBytes:
         self.view = view
 
 
-def v_bytes(exact: int | None = None, max_bytes: int | None = None) -> Validator:
-    def check(value: Any, where: str) -> bytes:
-        if isinstance(value, memoryview):   # sent after the msgpack part (RawBytes)
-            value = bytes(value)
-        if not isinstance(value, bytes):
+def v_bytes(exact: int | None = None, max_bytes: int | None = None, *, view: bool = False) -> Validator:
+    """Bytes. A large value sent after the msgpack part (RawBytes) arrives as a view of the
+    decrypted frame: copied into `bytes`, or with `view` kept as a read-only memoryview (for a
+    field whose bytes are only read, or copied elsewhere anyway: no second copy of a MiB)."""
+    def check(value: Any, where: str) -> bytes | memoryview:
+        if isinstance(value, memoryview):
+            value = value.toreadonly() if view else bytes(value)
+        elif not isinstance(value, bytes):
             raise _bad(where, "expected bytes")
         if exact is not None and len(value) != exact:
             raise _bad(where, f"expected exactly {exact} bytes")
@@ -238,10 +241,10 @@ _register_election()
 class DiagProbe:
     """`fedpeer ping`: a message that only has to pass the gate; its delivery time is the
     transport's latency as a job would see it (sealing, HTTP, the peer's full gate)."""
-    payload: bytes
+    payload: bytes | memoryview     # a received large payload is a read-only view of its frame
 
 
-register("diag_probe", DiagProbe, {"payload": v_bytes()})
+register("diag_probe", DiagProbe, {"payload": v_bytes(view=True)})   # read by nobody: no copy
 
 
 # ---------------------------------------------------------------------------------------------

@@ -144,13 +144,20 @@ def _nonce(counter: int) -> bytes:
     return counter.to_bytes(12, "little")
 
 
-def seal_plaintext(sender: bytes, session: OutSession, plaintext: bytes | memoryview) -> bytes:
-    """A frame from `sender` carrying `plaintext` under `session` (the next counter)."""
-    length = HEADER_BYTES + len(plaintext) + AEAD_TAG_BYTES
+def frame_bytes(plaintext_bytes: int) -> int:
+    """The length of the frame that carries a plaintext of this many bytes."""
+    return HEADER_BYTES + plaintext_bytes + AEAD_TAG_BYTES
+
+
+def seal_plaintext(sender: bytes, session: OutSession, plaintext: bytes | memoryview,
+                   into: bytearray | None = None) -> bytearray | memoryview:
+    """A frame from `sender` carrying `plaintext` under `session` (the next counter): a new
+    bytearray, or a view of the first `frame_bytes(len(plaintext))` bytes of `into`."""
+    length = frame_bytes(len(plaintext))
     if length > FRAME_BYTES_CAP:
         raise LocalProtocolError("oversize", f"a {length}-byte frame exceeds the wire's {FRAME_BYTES_CAP}")
     counter = session.take_counter(length)
-    frame = bytearray(length)
+    frame: bytearray | memoryview = bytearray(length) if into is None else memoryview(into)[:length]
     _HEADER.pack_into(frame, 0, MAGIC, sender, session.sid, counter, length)
     frame[HEADER_BYTES - HEADER_TAG_BYTES:HEADER_BYTES] = _header_tag(session, frame, session.peer)
     head = bytes(frame[:HEADER_BYTES])
@@ -164,11 +171,12 @@ class Sealer:
     def __init__(self, identity: Identity) -> None:
         self._identity = identity
 
-    def seal(self, session: OutSession, msg: object, *, job: str = "", term: int = 0) -> bytes:
+    def seal(self, session: OutSession, msg: object, *, job: str = "", term: int = 0) -> bytearray | memoryview:
         return self.seal_packed(session, pack(msg, job=job, term=term))
 
-    def seal_packed(self, session: OutSession, plaintext: bytes | memoryview) -> bytes:
-        return seal_plaintext(self._identity.public_key, session, plaintext)
+    def seal_packed(self, session: OutSession, plaintext: bytes | memoryview,
+                    into: bytearray | None = None) -> bytearray | memoryview:
+        return seal_plaintext(self._identity.public_key, session, plaintext, into)
 
 
 def pack(msg: object, *, job: str = "", term: int = 0) -> bytes:

@@ -20,6 +20,7 @@ from .. import wire
 from ..identity import Identity
 from ..session import OutSession, Sessions
 from . import streams
+from .pool import FramePool
 from .streams import StreamChunk, StreamOpen
 from .transport import PeerClient, SendError, SendRefused
 
@@ -37,6 +38,7 @@ class Links:
         self._sealer = wire.Sealer(identity)
         self._now_ms = now_ms
         self._opening: dict[bytes, asyncio.Task] = {}    # peer -> its handshake in progress
+        self._pool = FramePool()                          # warm memory for large frames
         self.handshakes = 0          # sessions this node opened (for status)
         self.handshakes_failed = 0   # hellos that got no welcome (peer down, refused, timed out)
         self.handshake_errors: Counter[str] = Counter()
@@ -110,21 +112,35 @@ class Links:
     async def _send_plaintext(self, dst: bytes, address: str, plaintext: bytes | memoryview, large: bool) -> None:
         for attempt in range(2):
             session = await self.session(dst, address)
+            buf = self._pool.take(wire.frame_bytes(len(plaintext)))   # warm memory for a large frame
             if large:
-                frame = await asyncio.to_thread(self._sealer.seal_packed, session, plaintext)
+                frame = await asyncio.to_thread(self._sealer.seal_packed, session, plaintext, buf)
             else:
-                frame = self._sealer.seal_packed(session, plaintext)
+                frame = self._sealer.seal_packed(session, plaintext, buf)
             try:
-                await self._client.send(address, frame, dst)
+                await self._deliver(dst, address, frame, buf)
                 return
             except SendRefused as exc:
                 if exc.reason == "unknown_session":   # the peer restarted: a new session, once
                     self._sessions.forget_outbound(dst, session.sid)
                     if attempt == 0:
                         continue
-                exc.frame = bytes(frame)     # the caller checks the refusal's proof against what was sent
                 raise
         raise AssertionError("unreachable")
+
+    async def _deliver(self, dst: bytes, address: str, frame: bytearray | memoryview, buf: bytearray | None) -> None:
+        """Hand `frame` (sealed into `buf`, if pooled) to the client; `buf` goes back to the pool
+        once the client is done with it — not when this send is cancelled: a sealing thread or the
+        socket may still use it then. SendRefused carries a copy of the frame (the caller checks
+        the refusal's proof against what was sent)."""
+        try:
+            await self._client.send(address, frame, dst)
+        except SendError as exc:
+            if isinstance(exc, SendRefused):
+                exc.frame = bytes(frame)
+            self._pool.give(buf)
+            raise
+        self._pool.give(buf)
 
     async def _stream(self, dst: bytes, address: str, plaintext: bytes, job: str, term: int) -> None:
         """Send `plaintext` as StreamOpen + StreamChunks, STREAM_WINDOW_CHUNKS in flight."""

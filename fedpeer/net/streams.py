@@ -49,13 +49,13 @@ class StreamOpen:
 class StreamChunk:
     stream: bytes
     offset: int
-    data: bytes | memoryview     # the sender's view of its payload; bytes once received
+    data: bytes | memoryview     # the sender's view of its payload; received: a view of the frame
 
 
 register("stream_open", StreamOpen, {"stream": v_bytes(STREAM_ID_BYTES), "total": v_int(1),
                                      "digest": v_bytes(DIGEST_BYTES)})
-register("stream_chunk", StreamChunk, {"stream": v_bytes(STREAM_ID_BYTES), "offset": v_int(),
-                                       "data": v_bytes(max_bytes=STREAM_CHUNK_BYTES)})
+register("stream_chunk", StreamChunk, {"stream": v_bytes(STREAM_ID_BYTES), "offset": v_int(),   # data: a view,
+                                       "data": v_bytes(max_bytes=STREAM_CHUNK_BYTES, view=True)})   # copied once
 
 
 def digest(plaintext: bytes | bytearray | memoryview) -> bytes:

@@ -52,6 +52,7 @@ class FakeClient:
         self.bob = bob
         self.hellos = 0
         self.retries = 0
+        self.sent: list[bytes] = []
 
     async def hello(self, address: str, hello: bytes, timeout_ms: int | None, retries: int) -> bytes:
         self.hellos += 1
@@ -60,6 +61,7 @@ class FakeClient:
 
     async def send(self, address: str, frame: bytes, peer: bytes = b"") -> None:
         await asyncio.sleep(0)
+        self.sent.append(bytes(frame))
         self.bob.take(bytes(frame))
 
 
@@ -104,3 +106,18 @@ async def test_a_refused_stream_chunk_is_the_callers_error() -> None:
     with pytest.raises(SendRefused) as err:
         await links.send_reliable(bob.identity.public_key, "bob", wire.DiagProbe(bytes(STREAM_ABOVE_BYTES + 1)))
     assert err.value.reason == "oversize"
+
+
+async def test_a_refused_large_frame_is_handed_back_as_sent_and_its_memory_reused() -> None:
+    links, client, bob, _ = setup()
+    bob.gate = wire.Gate(bob.identity, {bob.alice.public_key}.__contains__, bob.gate.sessions,
+                         message_bytes_max=500_000)
+    with pytest.raises(SendRefused) as err:   # over bob's frame cap
+        await links.send_reliable(bob.identity.public_key, "bob", wire.DiagProbe(bytes(600_000)))
+    assert err.value.reason == "oversize" and err.value.frame == client.sent[-1]
+    bob.gate = wire.Gate(bob.identity, {bob.alice.public_key}.__contains__, bob.gate.sessions,
+                         message_bytes_max=1 << 20)
+    for i in range(3):
+        await links.send_reliable(bob.identity.public_key, "bob", wire.DiagProbe(bytes([i]) * 600_000))
+    assert [bytes(m.payload[:1]) for m in bob.received] == [b"\x00", b"\x01", b"\x02"]
+    assert links._pool.taken == 4 and links._pool.reused == 3

@@ -1,0 +1,389 @@
+"""The peer port's client: a small keep-alive HTTP/1.1 client for one POST per frame (and one per
+session handshake), speaking to the server of fedpeer/net/server.py — or to whatever answers at a
+peer's address, so its answer is parsed as strictly as any stranger's.
+
+Connections are kept alive and pooled per peer address (at most OUTBOUND_PER_PEER_MAX in use per
+peer and OUTBOUND_CONNECTIONS_MAX in all; a send waits for one within its timeout; an idle one is
+closed after KEEPALIVE_S, or when the peer closed it). A frame is written with one `sendmsg` of the
+request head and the frame (no join, no copy into a transport's buffer; the rest of a large frame
+with `loop.sock_sendall`, which sends from the frame itself). A reliable send retries connection
+failures with exponential backoff and full jitter; a peer's answer (a 400 with its reason and its
+refusal tag) is not retried; best-effort sends (gossip) are tried once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import random
+import socket
+from collections import Counter
+from collections.abc import Awaitable, Callable
+
+from ..config import Limits
+from ..session import WELCOME_BYTES
+from .http1 import HELLO_PATH, OUTBOUND_CONNECTIONS_MAX, OUTBOUND_PER_PEER_MAX, PATH, SendError, SendRefused
+
+KEEPALIVE_S = 30.0                  # an idle connection is closed after this long (the server waits 60 s)
+ANSWER_HEAD_BYTES_MAX = 8 * 1024    # status line + headers of an answer
+ANSWER_BODY_BYTES_MAX = 64 * 1024   # an answer's body we read (a reason, a welcome); larger ones are not read
+log = logging.getLogger("fedpeer.transport")
+
+_NO_CONTENT = b"HTTP/1.1 204 No Content\r\n\r\n"    # our server's answer to a delivered frame
+_NO_BODY = (204, 304)
+
+
+class BadAnswer(ConnectionError):
+    """The peer's address answered with something that is not an HTTP/1.1 answer we understand."""
+
+
+class _Answer:
+    __slots__ = ("status", "headers", "body", "keep")
+
+    def __init__(self, status: int, headers: dict[str, str], body: bytes, keep: bool) -> None:
+        self.status, self.headers, self.body, self.keep = status, headers, body, keep
+
+
+_DELIVERED = _Answer(204, {}, b"", True)
+
+
+class PeerClient:
+    def __init__(self, limits: Limits, rng: random.Random | None = None) -> None:
+        self._limits = limits
+        self._rng = rng or random.Random()
+        self._best_effort = asyncio.Semaphore(limits.outbound_inflight_max)
+        self._in_use = asyncio.Semaphore(OUTBOUND_CONNECTIONS_MAX)
+        self._per_peer: dict[str, asyncio.Semaphore] = {}
+        self._idle: dict[str, list[tuple[socket.socket, float]]] = {}   # address -> (socket, idle since), LIFO
+        self._heads: dict[tuple[str, str], bytes] = {}                   # (address, path) -> request head prefix
+        self._sweep: asyncio.TimerHandle | None = None
+        self._running = False
+        self.dropped_best_effort = 0
+        self.sent_bytes = {"reliable": 0, "best_effort": 0}   # frames accepted by peers (for status)
+        self.sent_bytes_by_peer: Counter[tuple[bytes, str]] = Counter()   # (peer key, class) -> bytes
+
+    @property
+    def retries(self) -> int:
+        return self._limits.send_retries_max
+
+    def use_limits(self, limits: Limits) -> None:
+        """A reloaded [limits]: timeouts, retries and backoff apply to the next send; what was
+        sized at start (fedpeer/reload.py LIMITS_AT_START) waits for a restart."""
+        self._limits = limits
+
+    async def start(self) -> None:
+        self._running = True
+
+    async def stop(self) -> None:
+        self._running = False
+        for idle in self._idle.values():
+            for sock, _ in idle:
+                sock.close()
+        self._idle.clear()
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+
+    # -- connections ---------------------------------------------------------------------------
+
+    def _take_idle(self, address: str, now: float) -> socket.socket | None:
+        idle = self._idle.get(address)
+        while idle:
+            sock, since = idle.pop()
+            if now - since < KEEPALIVE_S and _still_open(sock):
+                return sock
+            sock.close()
+        return None
+
+    def _release(self, address: str, sock: socket.socket, now: float) -> None:
+        if not self._running:
+            sock.close()
+            return
+        self._idle.setdefault(address, []).append((sock, now))
+        if self._sweep is None:
+            self._sweep = asyncio.get_running_loop().call_later(KEEPALIVE_S, self._sweep_idle)
+
+    def _sweep_idle(self) -> None:
+        """Close connections idle for KEEPALIVE_S (or closed by the peer meanwhile)."""
+        self._sweep = None
+        now = asyncio.get_running_loop().time()
+        for address in list(self._idle):
+            keep = []
+            for sock, since in self._idle[address]:
+                if now - since < KEEPALIVE_S and _still_open(sock):
+                    keep.append((sock, since))
+                else:
+                    sock.close()
+            if keep:
+                self._idle[address] = keep
+            else:
+                del self._idle[address]
+        if self._idle:
+            self._sweep = asyncio.get_running_loop().call_later(KEEPALIVE_S / 2, self._sweep_idle)
+
+    async def _connect(self, address: str) -> socket.socket:
+        loop = asyncio.get_running_loop()
+        host, _, port_text = address.rpartition(":")
+        host = host.strip("[]")
+        try:
+            port = int(port_text)
+            ip = ipaddress.ip_address(host)
+            targets = [(socket.AF_INET6 if ip.version == 6 else socket.AF_INET, (host, port))]
+        except ValueError:
+            try:
+                infos = await loop.getaddrinfo(host, port_text, type=socket.SOCK_STREAM)
+            except socket.gaierror as exc:
+                raise ConnectionError(f"cannot resolve {host}: {exc}") from None
+            targets = [(family, sockaddr) for family, _, _, _, sockaddr in infos]
+        error: OSError = ConnectionError(f"no address for {address}")
+        for family, sockaddr in targets:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                await loop.sock_connect(sock, sockaddr)
+                return sock
+            except OSError as exc:
+                sock.close()
+                error = exc
+            except BaseException:
+                sock.close()
+                raise
+        raise error
+
+    def _head(self, address: str, path: str, length: int) -> bytes:
+        prefix = self._heads.get((address, path))
+        if prefix is None:
+            if len(self._heads) > 4096:
+                self._heads.clear()
+            prefix = f"POST {path} HTTP/1.1\r\nHost: {address}\r\nContent-Length: ".encode()
+            self._heads[(address, path)] = prefix
+        return b"%s%d\r\n\r\n" % (prefix, length)
+
+    # -- one request ---------------------------------------------------------------------------
+
+    async def _post(self, address: str, frame: bytes | bytearray, timeout_ms: int | None, path: str = PATH) -> bytes:
+        """POST one frame (or hello); the answer's body for a hello (its welcome), else b""."""
+        loop = asyncio.get_running_loop()
+        limits = self._limits
+        per_peer = self._per_peer.get(address)
+        if per_peer is None:
+            per_peer = self._per_peer[address] = asyncio.Semaphore(OUTBOUND_PER_PEER_MAX)
+        async with asyncio.timeout((timeout_ms or limits.http_timeout_ms) / 1000), per_peer, self._in_use:
+            sock = self._take_idle(address, loop.time())
+            if sock is None:
+                async with asyncio.timeout(limits.http_connect_timeout_ms / 1000):
+                    sock = await self._connect(address)
+            answer = None
+            try:
+                answer = await _exchange(loop, sock, self._head(address, path, len(frame)), frame)
+            finally:
+                if answer is not None and answer.keep:
+                    self._release(address, sock, loop.time())
+                else:
+                    sock.close()
+        want = 200 if path == HELLO_PATH else 204
+        if answer.status != want:
+            reason = answer.body[:400].decode("utf-8", "replace")[:100]
+            if answer.status == 400:
+                raise SendRefused(address, reason, answer.headers.get("x-fedpeer-refusal", "")[:64])
+            raise SendError(f"{address} refused the frame: HTTP {answer.status} {reason}")
+        if want == 204:
+            return b""
+        if len(answer.body) != WELCOME_BYTES or answer.headers.get("content-length") != str(WELCOME_BYTES):
+            raise SendError(f"{address} answered the hello with {answer.headers.get('content-length')} bytes, "
+                            "not a welcome")
+        return answer.body
+
+    async def hello(self, address: str, hello: bytes, timeout_ms: int | None, retries: int) -> bytes:
+        """A session handshake: the peer's welcome. Retries connection failures like `send`."""
+        return await self._with_retries(address, retries, lambda: self._post(address, hello, timeout_ms, HELLO_PATH))
+
+    async def _with_retries(self, address: str, retries: int, attempt_fn: Callable[[], Awaitable[bytes]]) -> bytes:
+        limits = self._limits
+        for attempt in range(retries + 1):
+            try:
+                return await attempt_fn()
+            except SendError:
+                raise
+            except (TimeoutError, OSError) as exc:
+                if attempt == retries:
+                    raise SendError(f"{address}: {type(exc).__name__}: {exc}") from None
+            cap = min(limits.send_backoff_ms_max, limits.send_backoff_ms * 2 ** attempt)
+            await asyncio.sleep(self._rng.uniform(0, cap) / 1000)   # "full jitter"
+        raise AssertionError("unreachable")
+
+    async def send(self, address: str, frame: bytes | bytearray, peer: bytes = b"") -> None:
+        """Reliable send: retries connection failures with backoff and jitter; raises SendError.
+
+        A 400 (the peer rejected the frame) is not retried: the same bytes would be rejected again.
+        A retry refused as a replay was delivered by an earlier try whose answer was lost (the
+        peer records a frame's counter only once the whole frame was accepted).
+        """
+        tries = 0
+
+        async def attempt() -> bytes:
+            nonlocal tries
+            tries += 1
+            try:
+                return await self._post(address, frame, None)
+            except SendRefused as exc:
+                if tries > 1 and exc.reason == "replay":
+                    return b""
+                if exc.reason == "stale":   # held back so long that the peer's window moved on: not delivered
+                    raise SendError(f"{address}: too late for the peer's replay window (stale)") from None
+                raise
+
+        await self._with_retries(address, self._limits.send_retries_max, attempt)
+        self.sent_bytes["reliable"] += len(frame)
+        self.sent_bytes_by_peer[peer, "reliable"] += len(frame)
+
+    async def send_best_effort(self, address: str, frame: bytes | bytearray, timeout_ms: int, peer: bytes = b"",
+                               on_refused: Callable[[str | None], None] | None = None) -> bool:
+        """One try, short timeout, never raises. Drops (and counts) when too many are in flight.
+        `on_refused(reason)` hears a peer's 400 (news an operator needs: the peer does not list
+        us, or holds another key), `on_refused(None)` a delivery."""
+        if self._best_effort.locked():
+            self.dropped_best_effort += 1
+            return False
+        async with self._best_effort:
+            try:
+                await self._post(address, frame, timeout_ms)
+                self.sent_bytes["best_effort"] += len(frame)
+                self.sent_bytes_by_peer[peer, "best_effort"] += len(frame)
+                if on_refused is not None:
+                    on_refused(None)
+                return True
+            except SendRefused as exc:
+                if on_refused is not None:
+                    on_refused(exc.reason)
+                log.debug("best-effort send to %s refused: %s", address, exc.reason)
+                return False
+            except (TimeoutError, SendError, OSError) as exc:
+                log.debug("best-effort send to %s failed: %s", address, exc)
+                return False
+
+
+def _still_open(sock: socket.socket) -> bool:
+    """An idle keep-alive connection the peer has not closed (nor sent anything on)."""
+    try:
+        sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)   # b"": closed; a byte: not an answer of ours
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+
+
+async def _exchange(loop: asyncio.AbstractEventLoop, sock: socket.socket, head: bytes,
+                    frame: bytes | bytearray) -> _Answer:
+    """Write one request (head, then the frame from its own memory) and read its answer."""
+    try:
+        try:
+            sent = sock.sendmsg((head, frame), (), socket.MSG_NOSIGNAL)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        if sent < len(head):
+            await loop.sock_sendall(sock, memoryview(head)[sent:])
+            sent = len(head)
+        if sent < len(head) + len(frame):
+            with memoryview(frame) as view:
+                await loop.sock_sendall(sock, view[sent - len(head):])
+    except OSError:
+        # the peer may have answered before reading the whole frame (a refusal from its header,
+        # or oversize) and closed: that answer, if it is here already, says why
+        answer = _answer_already_here(sock)
+        if answer is None:
+            raise
+        return answer
+    return await _read_answer(loop, sock)
+
+
+def _answer_already_here(sock: socket.socket) -> _Answer | None:
+    buf = bytearray(ANSWER_HEAD_BYTES_MAX + ANSWER_BODY_BYTES_MAX)
+    got = 0
+    try:
+        while got < len(buf):
+            n = sock.recv_into(memoryview(buf)[got:], 0, socket.MSG_DONTWAIT)
+            if n == 0:
+                break
+            got += n
+    except OSError:
+        pass
+    try:
+        answer = _parse_answer(buf, got, eof=True)
+    except BadAnswer:
+        return None
+    if answer is not None:
+        answer.keep = False
+    return answer
+
+
+async def _read_answer(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> _Answer:
+    buf = bytearray(512)
+    got = 0
+    while True:
+        if got == len(buf):
+            if len(buf) >= ANSWER_HEAD_BYTES_MAX + ANSWER_BODY_BYTES_MAX:
+                raise BadAnswer("answer too large")
+            buf.extend(bytes(len(buf)))
+        with memoryview(buf) as view:
+            n = await loop.sock_recv_into(sock, view[got:])
+        got += n
+        if n and got == len(_NO_CONTENT) and buf.startswith(_NO_CONTENT):
+            return _DELIVERED
+        answer = _parse_answer(buf, got, eof=n == 0)
+        if answer is not None:
+            return answer
+        if n == 0:
+            raise ConnectionError("the peer closed the connection before its answer was complete")
+
+
+def _parse_answer(buf: bytearray, got: int, eof: bool) -> _Answer | None:
+    """The answer in buf[:got], None while incomplete; BadAnswer when it is not one we read."""
+    end = buf.find(b"\r\n\r\n", 0, min(got, ANSWER_HEAD_BYTES_MAX))
+    if end < 0:
+        if got >= ANSWER_HEAD_BYTES_MAX:
+            raise BadAnswer("answer head too large")
+        if eof and got:
+            raise BadAnswer("answer cut short")
+        return None
+    try:
+        status_line, *lines = bytes(buf[:end]).decode("latin-1").split("\r\n")
+        version, status_text, *_ = status_line.split(" ", 2)
+        status = int(status_text)
+    except ValueError:
+        raise BadAnswer("not an HTTP answer") from None
+    if not version.startswith("HTTP/1.") or not 200 <= status <= 599:
+        raise BadAnswer(f"not an HTTP/1.x answer: {status_line[:40]!r}")
+    headers: dict[str, str] = {}
+    for line in lines:
+        name, sep, value = line.partition(":")
+        if not sep:
+            raise BadAnswer("malformed answer header")
+        headers[name.strip().lower()] = value.strip()
+    connection = headers.get("connection", "").lower()
+    keep = connection != "close" if version == "HTTP/1.1" else connection == "keep-alive"
+    have = got - (end + 4)
+    if status in _NO_BODY:
+        if have:
+            raise BadAnswer("bytes after a bodiless answer")
+        return _Answer(status, headers, b"", keep)
+    length_text = headers.get("content-length")
+    if length_text is None or "transfer-encoding" in headers:   # read to the end (or not at all): not kept
+        if not eof and got < ANSWER_HEAD_BYTES_MAX + ANSWER_BODY_BYTES_MAX:
+            return None
+        return _Answer(status, headers, bytes(buf[end + 4:got])[:ANSWER_BODY_BYTES_MAX], False)
+    if not length_text.isdigit():
+        raise BadAnswer("bad content-length")
+    length = int(length_text)
+    if length > ANSWER_BODY_BYTES_MAX:   # not ours to read: the status says enough
+        return _Answer(status, headers, bytes(buf[end + 4:got]), False)
+    if have < length:
+        if eof:
+            raise BadAnswer("answer body cut short")
+        return None
+    if have > length:
+        raise BadAnswer("bytes after the answer")
+    return _Answer(status, headers, bytes(buf[end + 4:got]), keep)

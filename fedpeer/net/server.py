@@ -1,0 +1,552 @@
+"""The peer port's server: a small HTTP/1.1 server of our own for one POST per frame (and one per
+session handshake), written for strangers as much as for peers (DESIGN §5).
+
+It reads a request's head and the frame's 72-byte header (`wire.HEADER_BYTES`) under a deadline,
+has the header authenticated (`admit`: who sent it, how long it is), and only then takes a read
+slot and reads the body — also under a deadline sized by the body. So without a member's key
+nobody makes us read, buffer or wait for a body. Connections are bounded in total (and under the
+process's open-files limit, leaving descriptors for state writes and the admin socket), and
+connections that have not yet sent an authenticated header have a small budget of their own: when
+it is full, the oldest such connection from the busiest address is closed to make room. A refusal
+after the header verified is answered with a tag (`X-Fedpeer-Refusal`) that proves to the sender
+that this node refused it.
+
+Each connection is an `asyncio.BufferedProtocol`: the kernel copies a request's head into a small
+per-connection buffer, and an authenticated body straight into the frame's own buffer (one
+`recv_into` per socket read, no stream buffer in between, no copy out of it). A task per
+connection runs the requests one after the other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import resource
+import socket
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+from ..config import Address, Limits
+from ..errors import RemoteProtocolError
+from ..logs import fields
+from ..session import HELLO_BYTES
+from ..wire import HEADER_BYTES, FrameHeader
+from .http1 import FDS_RESERVED, HELLO_PATH, HTTP_HEAD_BYTES_MAX, PATH, REFUSAL_HEADER
+from .pool import FramePool
+
+HEAD_BUFFER_BYTES = 2 * HTTP_HEAD_BYTES_MAX   # per connection: a request's head, the frame header after it
+LARGE_FRAME_BYTES_MIN = 1024 * 1024    # frames this large also take bytes from the inbound byte budget
+DISCARD_BYTES_MAX = 256 * 1024         # unread bytes dropped at a close (what one socket read took before)
+log = logging.getLogger("fedpeer.transport")
+
+_END_OF_HEAD = b"\r\n\r\n"
+_STATUS_TEXT = {200: "OK", 204: "No Content", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout",
+                405: "Method Not Allowed", 411: "Length Required", 413: "Payload Too Large",
+                431: "Request Header Fields Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
+_NO_CONTENT = b"HTTP/1.1 204 No Content\r\n\r\n"      # a delivered frame on a kept connection
+
+
+class _Reply(Exception):
+    """Answer the current request with `status` and `reason`, then close unless `keep`."""
+
+    def __init__(self, status: int, reason: str, keep: bool = False, tag: str = "") -> None:
+        super().__init__(reason)
+        self.status, self.reason, self.keep, self.tag = status, reason, keep, tag
+
+
+class _Conn(asyncio.BufferedProtocol):
+    """One peer-port connection: what it has received (a head buffer, or the body being read
+    into its frame), and the waits of the task serving it."""
+
+    def __init__(self, server: PeerServer) -> None:
+        self._server = server
+        self.transport: asyncio.Transport | None = None
+        self.ip = "?"
+        self.sender: bytes | None = None            # set once a frame header from this connection verified
+        self._buf = bytearray(HEAD_BUFFER_BYTES)
+        self._view = memoryview(self._buf)
+        self._start = self._end = 0                 # unread bytes of the head buffer: [_start, _end)
+        self._into: memoryview | None = None        # a body being read, and how much of it has arrived
+        self._into_at = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._ended = False                         # EOF or connection lost
+        self._reading_paused = False
+        self._drained: asyncio.Future[None] | None = None   # set while the transport's writes are paused
+        self.task: asyncio.Task | None = None
+
+    # -- the protocol (called by the event loop) ---------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport   # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.ip = str(peer[0]) if peer else "?"
+        self._server._accepted(self)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._into is not None:
+            return self._into[self._into_at:]
+        return self._view[self._end:]     # never empty: reading pauses when the buffer is full
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._into is not None:
+            self._into_at += nbytes
+            if self._into_at < len(self._into):
+                return
+            self._into = None
+        else:
+            self._end += nbytes
+            if self._end == len(self._buf):
+                self._compact()
+                if self._end == len(self._buf):
+                    self._reading_paused = True
+                    self.transport.pause_reading()   # type: ignore[union-attr]
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self._ended = True
+        self._wake()
+        return True       # the task closes the connection once it has answered
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._ended = True
+        self._wake()
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    def pause_writing(self) -> None:
+        if self._drained is None or self._drained.done():
+            self._drained = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _compact(self) -> None:
+        if self._start:
+            n = self._end - self._start
+            self._buf[:n] = self._view[self._start:self._end]
+            self._start, self._end = 0, n
+
+    def _consume(self, n: int) -> None:
+        self._start += n
+        if self._start == self._end:
+            self._start = self._end = 0
+        if self._reading_paused and self._end < len(self._buf):
+            self._reading_paused = False
+            self.transport.resume_reading()   # type: ignore[union-attr]
+
+    # -- reads (called by the task) -----------------------------------------------------------
+
+    async def _wait(self, deadline: float | None) -> None:
+        """Until more bytes arrive (or a body is complete); TimeoutError at `deadline` (loop time);
+        ConnectionError once the peer has ended the connection."""
+        if self._ended:
+            raise ConnectionError("the peer closed the connection")
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = None if deadline is None else loop.call_at(deadline, _expire, waiter)
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+
+    async def readable(self, deadline: float) -> bool:
+        """Whether a next request starts before `deadline` (False: the peer closed)."""
+        while self._start == self._end:
+            if self._ended:
+                return False
+            await self._wait(deadline)
+        return True
+
+    async def read_head(self, deadline: float) -> bytes:
+        """A request's head, its blank line included; 431 when it exceeds HTTP_HEAD_BYTES_MAX."""
+        while True:
+            at = self._buf.find(_END_OF_HEAD, self._start, min(self._end, self._start + HTTP_HEAD_BYTES_MAX))
+            if at >= 0:
+                head = bytes(self._view[self._start:at + 4])
+                self._consume(at + 4 - self._start)
+                return head
+            if self._end - self._start >= HTTP_HEAD_BYTES_MAX:
+                raise _Reply(431, "head_too_large")
+            await self._wait(deadline)
+
+    async def read_exactly(self, n: int, deadline: float | None) -> bytes:
+        """`n` bytes (at most HEAD_BUFFER_BYTES - HTTP_HEAD_BYTES_MAX) through the head buffer."""
+        while self._end - self._start < n:
+            await self._wait(deadline)
+        data = bytes(self._view[self._start:self._start + n])
+        self._consume(n)
+        return data
+
+    async def read_into(self, target: memoryview, deadline: float) -> None:
+        """Fill `target`: what the head buffer holds already, then the rest straight from the socket."""
+        have = min(self._end - self._start, len(target))
+        target[:have] = self._view[self._start:self._start + have]
+        self._consume(have)
+        if have == len(target):
+            return
+        self._into, self._into_at = target[have:], 0
+        if self._reading_paused:
+            self._reading_paused = False
+            self.transport.resume_reading()   # type: ignore[union-attr]
+        try:
+            while self._into is not None:
+                await self._wait(deadline)
+        finally:
+            self._into = None
+
+    # -- writes, and the end -------------------------------------------------------------------
+
+    async def write(self, data: bytes, timeout_s: float) -> None:
+        if self.transport is None or self.transport.is_closing():
+            raise ConnectionError("connection closed")
+        self.transport.write(data)
+        if self._drained is not None and not self._drained.done():
+            async with asyncio.timeout(timeout_s):
+                await self._drained
+
+
+    def close(self) -> None:
+        """End the connection once its answers are sent. What the peer sent and we did not read
+        (the rest of a refused body) is read and dropped first, up to DISCARD_BYTES_MAX, so that
+        the close is a FIN after our answer rather than a reset that may destroy it."""
+        transport = self.transport
+        assert transport is not None
+        if transport.get_write_buffer_size():
+            transport.abort()      # a peer that does not read its answers
+            return
+        if not self._ended:
+            with contextlib.suppress(OSError), transport.get_extra_info("socket").dup() as sock:
+                scratch, left = bytearray(64 * 1024), DISCARD_BYTES_MAX
+                while left > 0 and (n := sock.recv_into(scratch, min(left, len(scratch)), socket.MSG_DONTWAIT)):
+                    left -= n
+        transport.close()
+
+
+def _expire(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
+@dataclass
+class _Books:
+    """Who holds which connection: the budgets the server enforces."""
+
+    conns: dict[_Conn, None] = field(default_factory=dict)            # insertion order = age
+    unverified: dict[_Conn, None] = field(default_factory=dict)
+    unverified_by_ip: Counter[str] = field(default_factory=Counter)
+
+    def add(self, conn: _Conn) -> None:
+        self.conns[conn] = None
+        self.unverified[conn] = None
+        self.unverified_by_ip[conn.ip] += 1
+
+    def verify(self, conn: _Conn, sender: bytes) -> None:
+        if conn.sender is None:
+            self.unverified.pop(conn, None)
+            self._drop_ip(conn.ip)
+        conn.sender = sender
+
+    def remove(self, conn: _Conn) -> None:
+        self.conns.pop(conn, None)
+        if self.unverified.pop(conn, 0) is None:
+            self._drop_ip(conn.ip)
+
+    def _drop_ip(self, ip: str) -> None:
+        self.unverified_by_ip[ip] -= 1
+        if self.unverified_by_ip[ip] <= 0:
+            del self.unverified_by_ip[ip]
+
+    def oldest_unverified(self, ip: str | None = None) -> _Conn | None:
+        """The oldest unauthenticated connection from `ip`, or from the busiest address."""
+        if ip is None and self.unverified_by_ip:
+            ip = self.unverified_by_ip.most_common(1)[0][0]
+        return next((c for c in self.unverified if c.ip == ip), None)
+
+
+class ByteBudget:
+    """An asyncio semaphore counted in bytes (first come, first served)."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self._free = total, total
+        self._changed = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, n: int) -> AsyncIterator[None]:
+        n = min(n, self.total)      # a frame larger than the budget waits for all of it
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._free >= n)
+            self._free -= n
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._free += n
+                self._changed.notify_all()
+
+
+class PeerServer:
+    def __init__(self, listen: Address, limits: Limits,
+                 admit: Callable[[bytes], FrameHeader],
+                 on_frame: Callable[[bytes | memoryview, FrameHeader, str], Awaitable[None]],
+                 on_reject: Callable[[RemoteProtocolError, str], None],
+                 refusal_tag: Callable[[FrameHeader, str], str],
+                 on_hello: Callable[[bytes, str], bytes]) -> None:
+        """admit(first HEADER_BYTES) authenticates a frame header or raises RemoteProtocolError;
+        on_frame(frame, header, peer_ip) raises RemoteProtocolError to refuse a whole frame, and
+        keeps no reference to `frame` once it returned (its memory carries the next frame);
+        on_reject(error, peer_ip) counts and logs every refusal; refusal_tag(header, reason)
+        proves a refusal to an authenticated sender; on_hello(hello, peer_ip) answers a session
+        handshake with its welcome or raises RemoteProtocolError."""
+        self._listen = listen
+        self._limits = limits
+        self._admit = admit
+        self._on_frame = on_frame
+        self._on_reject = on_reject
+        self._refusal_tag = refusal_tag
+        self._on_hello = on_hello
+        self._reading = asyncio.Semaphore(limits.inbound_concurrent_max)
+        self._per_peer: dict[bytes, asyncio.Semaphore] = {}
+        self._bytes = ByteBudget(max(limits.inbound_bytes_max, limits.message_bytes_max))
+        self._peer_bytes: dict[bytes, ByteBudget] = {}
+        self._books = _Books()
+        self._pool = FramePool()
+        self._server: asyncio.Server | None = None
+        self._stopping = False
+        self.port: int | None = None
+        self.shed = Counter[str]()          # connections closed to keep the budgets, by reason
+
+    def use_limits(self, limits: Limits) -> None:
+        """A reloaded [limits]: timeouts apply to the next request; the budgets sized here at
+        start (fedpeer/reload.py LIMITS_AT_START) wait for a restart."""
+        self._limits = limits
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _Conn(self), self._listen.host, self._listen.port,
+            reuse_address=True, backlog=128)   # OSError (e.g. port in use) propagates to the node
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._server is None:
+            return
+        self._stopping = True
+        self._server.close()
+        for conn in list(self._books.conns):
+            conn.transport.abort()   # type: ignore[union-attr]
+        try:
+            async with asyncio.timeout(self._limits.shutdown_grace_ms / 1000):
+                await self._server.wait_closed()
+        except TimeoutError:
+            pass
+        self._server = None
+
+    def connections(self) -> dict[str, int]:
+        return {"open": len(self._books.conns), "unverified": len(self._books.unverified)}
+
+    # -- admission -----------------------------------------------------------------------------
+
+    def _connections_cap(self) -> int:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]   # read each time: an operator may lower it
+        return max(1, min(self._limits.connections_max, soft - FDS_RESERVED))
+
+    def _make_room(self, conn: _Conn) -> bool:
+        """Evict unauthenticated connections until `conn` fits every budget; False if it cannot."""
+        books, limits = self._books, self._limits
+        while True:
+            if books.unverified_by_ip[conn.ip] >= limits.unverified_per_ip_max:
+                victim, why = books.oldest_unverified(conn.ip), "per_ip"
+            elif len(books.unverified) >= limits.unverified_connections_max:
+                victim, why = books.oldest_unverified(), "unverified"
+            elif len(books.conns) >= self._connections_cap():
+                victim, why = books.oldest_unverified(), "total"
+            else:
+                return True
+            if victim is None:
+                self.shed["refused_" + why] += 1
+                return False
+            self.shed["evicted_" + why] += 1
+            books.remove(victim)
+            victim.transport.abort()   # type: ignore[union-attr]
+
+    def _accepted(self, conn: _Conn) -> None:
+        if self._stopping or not self._make_room(conn):
+            conn.transport.abort()   # type: ignore[union-attr]
+            return
+        self._books.add(conn)
+        conn.task = asyncio.get_running_loop().create_task(self._serve(conn))
+
+    async def _serve(self, conn: _Conn) -> None:
+        try:
+            while await self._one_request(conn):
+                pass
+        except (ConnectionError, TimeoutError):
+            pass
+        except Exception:   # a bug: this connection ends, the server goes on
+            log.exception("peer_connection_failed", extra=fields(from_ip=conn.ip))
+        finally:
+            self._books.remove(conn)
+            conn.close()
+
+    # -- one request ---------------------------------------------------------------------------
+
+    async def _one_request(self, conn: _Conn) -> bool:
+        """Serve one request; False when the connection is to be closed."""
+        loop = asyncio.get_running_loop()
+        idle_ms = self._limits.idle_timeout_ms if conn.sender else self._limits.header_timeout_ms
+        if not await conn.readable(loop.time() + idle_ms / 1000):
+            return False
+        try:
+            return await self._handle(conn)
+        except _Reply as reply:
+            self._on_reject(RemoteProtocolError(reply.reason, f"HTTP {reply.status}"), conn.ip)
+            await self._respond(conn, reply.status, reply.reason, reply.keep, reply.tag)
+            return reply.keep
+
+    async def _handle(self, conn: _Conn) -> bool:
+        limits = self._limits
+        deadline = asyncio.get_running_loop().time() + limits.header_timeout_ms / 1000
+        try:
+            target, length, keep = _parse_head(await conn.read_head(deadline), limits.message_bytes_max)
+            if target == HELLO_PATH:
+                if length != HELLO_BYTES:
+                    raise _Reply(400, "frame")
+                return await self._hello(conn, await conn.read_exactly(HELLO_BYTES, deadline), keep)
+            head = await conn.read_exactly(min(length, HEADER_BYTES), deadline)
+        except TimeoutError:
+            raise _Reply(408, "header_timeout") from None
+        try:
+            if length < HEADER_BYTES:
+                raise RemoteProtocolError("frame", "truncated or not a fedpeer frame")
+            header = self._admit(head)
+            if header.length != length:
+                raise RemoteProtocolError("frame", f"content-length {length}, the header says {header.length}")
+        except RemoteProtocolError as exc:
+            self._on_reject(exc, conn.ip)
+            await self._respond(conn, 413 if exc.reason == "oversize" else 400, exc.reason, False, "")
+            return False
+        self._books.verify(conn, header.sender)
+        try:
+            await self._read_body(conn, header, head)
+        except RemoteProtocolError as exc:
+            self._on_reject(exc, conn.ip)
+            tag = self._refusal_tag(header, exc.reason)
+            await self._respond(conn, 400, exc.reason, keep, tag)
+            return keep
+        if keep:
+            await conn.write(_NO_CONTENT, limits.header_timeout_ms / 1000)
+        else:
+            await self._respond(conn, 204, "", keep, "")
+        return keep
+
+    async def _hello(self, conn: _Conn, hello: bytes, keep: bool) -> bool:
+        """Answer a session handshake (small and fixed-size: read within the header deadline)."""
+        try:
+            welcome = self._on_hello(hello, conn.ip)
+        except RemoteProtocolError as exc:
+            self._on_reject(exc, conn.ip)
+            await self._respond(conn, 400, exc.reason, False, "")
+            return False
+        self._books.verify(conn, hello[4:4 + 32])
+        await self._respond(conn, 200, "", keep, "", welcome)
+        return keep
+
+    async def _read_body(self, conn: _Conn, header: FrameHeader, head: bytes) -> None:
+        """Take read slots (this peer's, then the node's; for a large frame also bytes of the byte
+        budgets), read the rest within the deadline into the frame's buffer, and hand the frame
+        over while the slots are held (its decoding is what they bound). Raises
+        RemoteProtocolError to refuse."""
+        limits = self._limits
+        rest = header.length - HEADER_BYTES
+        deadline_s = (limits.body_timeout_ms + 1000 * rest / max(1, limits.body_bytes_per_s_min)) / 1000
+        deadline = asyncio.get_running_loop().time() + deadline_s
+        per_peer = self._per_peer.get(header.sender)
+        if per_peer is None:
+            per_peer = self._per_peer[header.sender] = asyncio.Semaphore(limits.inbound_per_peer_max)
+        try:
+            async with asyncio.timeout_at(deadline), per_peer, self._reading:
+                if header.length < LARGE_FRAME_BYTES_MIN:   # no byte budget: the common small frame
+                    await self._deliver(conn, header, head, deadline)
+                    return
+                peer_bytes = self._peer_bytes.get(header.sender)
+                if peer_bytes is None:
+                    peer_bytes = self._peer_bytes[header.sender] = ByteBudget(
+                        max(self._bytes.total // 2, limits.message_bytes_max))
+                async with peer_bytes.hold(header.length), self._bytes.hold(header.length):
+                    await self._deliver(conn, header, head, deadline)
+        except TimeoutError:
+            raise _Reply(408, "body_timeout") from None
+
+    async def _deliver(self, conn: _Conn, header: FrameHeader, head: bytes, deadline: float) -> None:
+        """Read the frame's body after its verified header and hand the frame to on_frame."""
+        rest = header.length - HEADER_BYTES
+        if rest <= conn._end - conn._start:   # a small frame arrives with its header: one copy
+            await self._on_frame(head + await conn.read_exactly(rest, None), header, conn.ip)
+            return
+        buf = self._pool.take(header.length)     # warm memory (fedpeer/net/pool.py)
+        frame = memoryview(bytearray(header.length) if buf is None else buf)[:header.length]
+        frame[:HEADER_BYTES] = head
+        await conn.read_into(frame[HEADER_BYTES:], deadline)
+        try:
+            await self._on_frame(frame, header, conn.ip)
+        except RemoteProtocolError:
+            del frame
+            self._pool.give(buf)
+            raise
+        del frame
+        self._pool.give(buf)    # on_frame is done with it (not when cancelled: a thread may still read it)
+
+    async def _respond(self, conn: _Conn, status: int, reason: str, keep: bool, tag: str, body: bytes = b"") -> None:
+        body = body or (reason.encode() if status != 204 else b"")
+        lines = [f"HTTP/1.1 {status} {_STATUS_TEXT.get(status, 'Error')}"]
+        if status != 204:
+            kind = "application/octet-stream" if status == 200 else "text/plain"
+            lines += [f"Content-Type: {kind}", f"Content-Length: {len(body)}"]
+        if tag:
+            lines.append(f"{REFUSAL_HEADER}: {tag}")
+        if not keep:
+            lines.append("Connection: close")
+        await conn.write(("\r\n".join(lines) + "\r\n\r\n").encode() + body, self._limits.header_timeout_ms / 1000)
+
+
+def _parse_head(head: bytes, bytes_max: int) -> tuple[str, int, bool]:
+    """(path, content length, keep-alive) of a request for one of our paths; raises _Reply otherwise."""
+    try:
+        text = head.decode("latin-1")
+        request_line, *header_lines = text[:-4].split("\r\n")
+        method, target, version = request_line.split(" ")
+    except ValueError:
+        raise _Reply(400, "bad_request") from None
+    if target not in (PATH, HELLO_PATH):
+        raise _Reply(404, "not_found")
+    if method != "POST":
+        raise _Reply(405, "method_not_allowed")
+    headers: dict[str, str] = {}
+    for line in header_lines:
+        name, sep, value = line.partition(":")
+        if not sep:
+            raise _Reply(400, "bad_request")
+        name = name.strip().lower()
+        if name in headers and name in ("content-length", "transfer-encoding"):
+            raise _Reply(400, "bad_request")      # request smuggling shapes: refuse, do not guess
+        headers[name] = value.strip()
+    if "transfer-encoding" in headers:
+        raise _Reply(411, "length_required")     # frames have a length; no chunked bodies
+    length_text = headers.get("content-length", "")
+    if not length_text.isdigit() or len(length_text) > 12:
+        raise _Reply(411, "length_required")
+    length = int(length_text)
+    if length > bytes_max:
+        raise _Reply(413, "oversize")
+    connection = headers.get("connection", "").lower()
+    keep = connection != "close" if version == "HTTP/1.1" else connection == "keep-alive"
+    return target, length, keep

@@ -1,0 +1,341 @@
+"""The peer port's own HTTP/1.1 client and server (fedpeer/net/client.py, server.py) over real
+loopback sockets in one process: frames of every size arrive whole and once, connections are kept
+alive and reused, a refusal reaches the sender with its reason (also when the server answered
+before reading the body), and the server holds its deadlines and limits against a raw socket."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from fedpeer import wire
+from fedpeer.config import Address, Limits
+from fedpeer.errors import RemoteProtocolError
+from fedpeer.identity import Identity
+from fedpeer.net import client as client_module
+from fedpeer.net.transport import HELLO_PATH, PATH, PeerClient, PeerServer, SendError, SendRefused
+from fedpeer.session import Sessions
+from tests import frames
+
+NOW_MS = 1_000
+
+
+class Site:
+    """Bob's peer port in process (his real gate), and Alice's sealed frames to him."""
+
+    def __init__(self, limits: Limits | None = None, bytes_max: int = 64 << 20) -> None:
+        self.alice, self.bob = Identity.generate(), Identity.generate()
+        self.gate = wire.Gate(self.bob, {self.alice.public_key}.__contains__, Sessions(), message_bytes_max=bytes_max)
+        self.forger = frames.Forger(self.alice)
+        self.forger.pair(self.gate, self.bob.public_key, NOW_MS)
+        self.received: list[object] = []
+        self.rejected: list[str] = []
+        self.frame_hook = None
+        self.server = PeerServer(Address("127.0.0.1", 0), limits or Limits(), self._admit, self._on_frame,
+                                 lambda exc, ip: self.rejected.append(exc.reason), self.gate.refusal_tag,
+                                 lambda hello, ip: self.gate.hello(hello, NOW_MS))
+
+    def _admit(self, head: bytes) -> wire.FrameHeader:
+        return self.gate.open_header(head, NOW_MS)
+
+    async def _on_frame(self, frame: bytes | bytearray, header: wire.FrameHeader, ip: str) -> None:
+        if self.frame_hook is not None:
+            await self.frame_hook()
+        self.received.append(self.gate.open(frame, NOW_MS, header).msg)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.server.port}"
+
+    def frame(self, payload: bytes) -> bytes:
+        return self.forger.seal(self.bob.public_key, wire.DiagProbe(payload))
+
+
+@pytest.fixture
+async def site():
+    s = Site()
+    await s.server.start()
+    yield s
+    await s.server.stop()
+
+
+@pytest.fixture
+async def client():
+    c = PeerClient(Limits(send_backoff_ms=1, send_backoff_ms_max=2))
+    await c.start()
+    yield c
+    await c.stop()
+
+
+def payload(n: int) -> bytes:
+    return (bytes(range(251)) * (n // 251 + 1))[:n]
+
+
+@pytest.mark.parametrize("size", [0, 1, 100, 16_000, 70_000, 1 << 20, 9 << 20])
+async def test_frames_of_every_size_arrive_whole(site: Site, client: PeerClient, size: int) -> None:
+    data = payload(size)
+    await client.send(site.address, site.frame(data))
+    assert [bytes(m.payload) for m in site.received] == [data]
+
+
+async def test_one_connection_is_kept_alive_for_many_frames(site: Site, client: PeerClient) -> None:
+    for i in range(50):
+        await client.send(site.address, site.frame(bytes([i]) * (1 + 3000 * (i % 3))))
+    assert len(site.received) == 50
+    assert site.server.connections()["open"] == 1 and site.server.connections()["unverified"] == 0
+
+
+async def test_concurrent_sends_use_at_most_eight_connections_per_peer(site: Site, client: PeerClient) -> None:
+    async def slow() -> None:
+        await asyncio.sleep(0.02)
+    site.frame_hook = slow
+    await asyncio.gather(*(client.send(site.address, site.frame(b"x")) for _ in range(40)))
+    assert len(site.received) == 40 and site.server.connections()["open"] <= 8
+
+
+async def test_a_hello_gets_its_welcome(site: Site, client: PeerClient) -> None:
+    pending = site.forger.handshakes.hello(site.bob.public_key)
+    welcome = await client.hello(site.address, pending.hello, 2_000, 0)
+    out, _ = site.forger.handshakes.finish(pending, welcome, NOW_MS)
+    frame = wire.Sealer(site.alice).seal(out, wire.DiagProbe(b"under the new session"))
+    await client.send(site.address, frame)
+    assert site.received[-1] == wire.DiagProbe(b"under the new session")
+
+
+async def test_a_refusal_reaches_the_sender_with_its_proof(site: Site, client: PeerClient) -> None:
+    frame = frames.flip(site.frame(b"tampered"), -5)      # its AEAD tag: refused after the header verified
+    with pytest.raises(SendRefused) as err:
+        await client.send(site.address, frame)
+    assert err.value.reason == "decrypt"
+    assert wire.refusal_verified(site.forger.keys, site.bob.public_key, frame, "decrypt", err.value.tag)
+    await client.send(site.address, site.frame(b"the connection still serves"))
+    assert site.server.connections()["open"] == 1
+    once = site.frame(b"once")
+    await client.send(site.address, once)
+    with pytest.raises(SendRefused) as err:                # the first try of this send: not "delivered before"
+        await client.send(site.address, once)
+    assert err.value.reason == "replay" and err.value.tag == ""     # refused from its header: no proof
+    assert site.rejected == ["decrypt", "replay"]
+
+
+@pytest.mark.parametrize("size", [100, 8 << 20])
+async def test_a_header_refusal_reaches_the_sender_before_its_body_is_read(client: PeerClient, size: int) -> None:
+    """A frame under a session the server does not hold: refused from its 72 bytes, the
+    connection closed; a large frame's sender may still be writing, and hears why all the same."""
+    site = Site()
+    await site.server.start()
+    try:
+        site.forger.fake_session(site.bob.public_key)
+        with pytest.raises(SendRefused) as err:
+            await client.send(site.address, site.frame(bytes(size)))
+        assert err.value.reason == "unknown_session" and site.received == []
+    finally:
+        await site.server.stop()
+
+
+async def test_a_connection_the_server_closed_is_not_reused(site: Site, client: PeerClient) -> None:
+    await client.send(site.address, site.frame(b"a"))
+    for conn in list(site.server._books.conns):
+        conn.transport.close()
+    await asyncio.sleep(0.05)
+    await client.send(site.address, site.frame(b"b"))
+    assert [m.payload for m in site.received] == [b"a", b"b"]
+
+
+async def test_nothing_listening_is_a_send_error_after_the_retries(client: PeerClient) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(SendError, match="ConnectionRefused"):
+        await client.send(f"127.0.0.1:{port}", b"x" * 100)
+
+
+@pytest.mark.parametrize("answer", [
+    b"garbage\r\n\r\n",
+    b"HTTP/1.1 204 No Content\r\n\r\nextra bytes",
+    b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",
+    b"HTTP/1.1 204 No Con",
+])
+async def test_an_answer_we_do_not_understand_is_a_failed_try(client: PeerClient, answer: bytes) -> None:
+    tries = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal tries
+        tries += 1
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(answer)
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    async with server:
+        with pytest.raises(SendError):
+            await client.send(f"127.0.0.1:{server.sockets[0].getsockname()[1]}", b"x" * 100)
+    assert tries == client.retries + 1
+
+
+async def test_answers_of_other_servers_are_read(client: PeerClient) -> None:
+    """A 400 from some other HTTP server (chunked, or to the end of the connection) is a refusal
+    without proof; a 500 is an error."""
+    answers = [b"HTTP/1.1 400 Bad Request\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nnope!\r\n0\r\n\r\n",
+               b"HTTP/1.0 400 Bad Request\r\n\r\nnot yours",
+               b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\nboom"]
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(answers.pop(0))
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    address = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    async with server:
+        with pytest.raises(SendRefused) as refused:
+            await client.send(address, b"x")
+        assert refused.value.tag == ""
+        with pytest.raises(SendRefused) as refused:
+            await client.send(address, b"x")
+        assert refused.value.reason == "not yours"
+        with pytest.raises(SendError, match="HTTP 500 boom"):
+            await client.send(address, b"x")
+
+
+def raw(port: int, data: bytes, *, wait_s: float = 5.0) -> bytes:
+    """Send `data` on a fresh connection and read until the server closes it (or `wait_s`)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=wait_s) as s:
+        s.sendall(data)
+        got = b""
+        try:
+            while chunk := s.recv(65536):
+                got += chunk
+        except (TimeoutError, ConnectionResetError):
+            pass
+        return got
+
+
+async def test_two_requests_in_one_write_are_both_served(site: Site) -> None:
+    frames_ = [site.frame(b"first"), site.frame(b"second")]
+    data = b"".join(f"POST {PATH} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(f)}\r\n\r\n".encode() + f
+                    for f in frames_)
+    data += f"POST {PATH} HTTP/1.1\r\nConnection: close\r\nContent-Length: 0\r\n\r\n".encode()
+    got = await asyncio.to_thread(raw, site.server.port, data)
+    assert got.count(b"HTTP/1.1 204 No Content\r\n\r\n") == 2 and b" 400 " in got
+    assert [m.payload for m in site.received] == [b"first", b"second"]
+
+
+async def test_a_head_larger_than_the_limit_is_refused(site: Site) -> None:
+    head = f"POST {PATH} HTTP/1.1\r\n".encode() + b"X-Pad: " + b"a" * 9000 + b"\r\n\r\n"
+    got = await asyncio.to_thread(raw, site.server.port, head)
+    assert got.startswith(b"HTTP/1.1 431 ")
+
+
+async def test_a_slow_body_is_cut_off_at_its_deadline() -> None:
+    site = Site(Limits(body_timeout_ms=200, body_bytes_per_s_min=1 << 30, header_timeout_ms=1_000))
+    await site.server.start()
+    try:
+        frame = site.frame(bytes(100_000))
+        head = f"POST {PATH} HTTP/1.1\r\nContent-Length: {len(frame)}\r\n\r\n".encode()
+        got = await asyncio.to_thread(raw, site.server.port, head + frame[:50_000])
+        assert got.startswith(b"HTTP/1.1 408 ") and b"body_timeout" in got
+        assert site.received == [] and site.rejected == ["body_timeout"]
+    finally:
+        await site.server.stop()
+
+
+async def test_a_frame_sent_a_byte_at_a_time_arrives(site: Site) -> None:
+    frame = site.frame(b"slowly")
+    data = f"POST {PATH} HTTP/1.1\r\nContent-Length: {len(frame)}\r\nConnection: close\r\n\r\n".encode() + frame
+
+    def trickle() -> bytes:
+        with socket.create_connection(("127.0.0.1", site.server.port), timeout=5) as s:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for i in range(len(data)):
+                s.send(data[i:i + 1])
+            return s.recv(200)
+
+    assert (await asyncio.to_thread(trickle)).startswith(b"HTTP/1.1 204 ")
+    assert site.received == [wire.DiagProbe(b"slowly")]
+
+
+async def test_a_hello_of_the_wrong_length_and_other_paths_are_refused(site: Site) -> None:
+    got = await asyncio.to_thread(raw, site.server.port,
+                                  f"POST {HELLO_PATH} HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello".encode())
+    assert got.startswith(b"HTTP/1.1 400 ") and got.endswith(b"frame")
+    got = await asyncio.to_thread(raw, site.server.port, b"GET / HTTP/1.1\r\n\r\n")
+    assert got.startswith(b"HTTP/1.1 404 ")
+
+
+def test_answers_are_parsed_strictly() -> None:
+    parse = client_module._parse_answer
+
+    def answer(data: bytes, eof: bool = False):   # noqa: ANN202
+        return parse(bytearray(data), len(data), eof)
+
+    assert answer(b"HTTP/1.1 204 No Content\r\n") is None
+    assert answer(b"HTTP/1.1 204 No Content\r\n\r\n").keep
+    assert not answer(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n").keep
+    assert answer(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 6\r\n\r\nrep") is None
+    done = answer(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 6\r\nX-Fedpeer-Refusal: ab\r\n\r\nreplay")
+    assert (done.status, done.body, done.headers["x-fedpeer-refusal"]) == (400, b"replay", "ab")
+    for bad in (b"SSH-2.0-OpenSSH\r\n\r\n", b"HTTP/1.1 abc OK\r\n\r\n", b"HTTP/1.1 204\r\nno colon\r\n\r\n",
+                b"HTTP/1.1 400 X\r\nContent-Length: -1\r\n\r\n"):
+        with pytest.raises(client_module.BadAnswer):
+            answer(bad)
+    with pytest.raises(client_module.BadAnswer):
+        answer(b"HTTP/1.1 400 X\r\nContent-Length: 9\r\n\r\nabc", eof=True)
+
+
+async def test_a_frame_handler_error_keeps_the_connection_serving(site: Site, client: PeerClient) -> None:
+    async def refuse() -> None:
+        raise wire.refused_from(site.alice.public_key, RemoteProtocolError("internal_error", "test"))
+    site.frame_hook = refuse
+    with pytest.raises(SendRefused) as err:
+        await client.send(site.address, site.frame(b"x"))
+    assert err.value.reason == "internal_error"
+    site.frame_hook = None
+    await client.send(site.address, site.frame(b"y"))
+    assert site.received == [wire.DiagProbe(b"y")] and site.server.connections()["open"] == 1
+
+
+async def test_large_frames_are_read_into_warm_buffers_given_back_after_use(site: Site, client: PeerClient) -> None:
+    for i in range(6):
+        await client.send(site.address, site.frame(bytes([i]) * (1 << 20)))
+    with pytest.raises(SendRefused):     # a refused frame's buffer comes back too
+        await client.send(site.address, frames.flip(site.frame(bytes(1 << 20)), -5))
+    await client.send(site.address, site.frame(b"z" * (1 << 20)))
+    pool = site.server._pool
+    assert (pool.taken, pool.reused) == (8, 7) and pool.idle_bytes() > 0
+    assert [bytes(m.payload[:1]) for m in site.received] == [bytes([i]) for i in range(6)] + [b"z"]
+    assert all(len(m.payload) == 1 << 20 for m in site.received)   # each message its own plaintext
+
+
+async def test_a_frame_still_in_use_when_its_deadline_passes_is_not_reused() -> None:
+    site = Site(Limits(body_timeout_ms=100, body_bytes_per_s_min=1 << 30))
+    await site.server.start()
+    client = PeerClient(Limits(send_retries_max=0))
+    await client.start()
+    try:
+        async def slow() -> None:
+            await asyncio.sleep(0.5)          # (a decryption in a worker thread, say)
+        site.frame_hook = slow
+        with pytest.raises(SendError, match="body_timeout|HTTP 408"):
+            await client.send(site.address, site.frame(bytes(1 << 20)))
+        assert site.server._pool.taken == 1 and site.server._pool.idle_bytes() == 0
+    finally:
+        await client.stop()
+        await site.server.stop()
+
+
+def test_the_pool_keeps_size_classes_and_a_bounded_amount() -> None:
+    from fedpeer.net.pool import POOLED_BYTES_MAX, POOLED_BYTES_MIN, FramePool, size_class
+    for n in (POOLED_BYTES_MIN, 1 << 20, (1 << 20) + 1, 5_000_001, POOLED_BYTES_MAX):
+        assert n <= size_class(n) <= n * 1.25 + (1 << 16)
+    pool = FramePool(keep_bytes_max=3 << 20)
+    assert pool.take(100) is None and pool.take(POOLED_BYTES_MAX + 1) is None
+    a, b = pool.take(1 << 20), pool.take((1 << 20) - 5)
+    assert a is not None and b is not None and len(a) == len(b) == 1 << 20
+    pool.give(a)
+    pool.give(b)
+    pool.give(pool.take(3 << 20))              # over what is kept: dropped
+    assert pool.idle_bytes() == 2 << 20
+    assert pool.take(1 << 20) is b and pool.reused == 1
