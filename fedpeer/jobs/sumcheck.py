@@ -25,14 +25,15 @@ from typing import Any
 import numpy as np
 
 from ..errors import JobError
-from ..protocols.securesum import CHUNK_ENTRIES_MAX, secure_sum
+from ..protocols.securesum import CHUNK_ENTRIES_MAX, DEFAULT_CHUNK_ENTRIES, secure_sum
 from ..protocols.securesum_masks import MASK_BLOCK_ENTRIES, apply_mask
 from .base import JobContext, JobKind, Param
 
 PARAMS = {
     "entries": Param(int, 1024, "uint64 entries in the vector (8 bytes each)", low=1, high=16 * 1024 * 1024),
     "secure_sum": Param(str, "pairwise", "secure-sum mode", choices=("ring", "pairwise")),
-    "chunk_entries": Param(int, 65_536, "entries per message on the ring", low=1024, high=CHUNK_ENTRIES_MAX),
+    "chunk_entries": Param(int, DEFAULT_CHUNK_ENTRIES, "entries per message on the ring", low=1024,
+                           high=CHUNK_ENTRIES_MAX),
 }
 
 

@@ -17,7 +17,11 @@ from . import securesum_masks as sm
 from .securesum_wire import ATTEMPTS_MAX, CHUNK_ENTRIES_MAX, VECTOR_ENTRIES_MAX
 
 MODES = ("ring", "pairwise")
-DEFAULT_CHUNK_ENTRIES = 65_536      # 512 KiB of uint64 per message
+# 2 MiB of uint64 per message: every frame costs fixed Python work at each end (framing, session,
+# gate, mailbox, HTTP), so fewer, larger frames cost less CPU per MiB. 8 MiB ring sums over 5
+# daemons, sums' CPU of all daemons (ms per MiB of vector, two runs): 512 KiB chunks 46 / 43,
+# 1 MiB 40 / 41, 2 MiB 30 / 29; wall time no worse. Chunks this size are masked off the loop.
+DEFAULT_CHUNK_ENTRIES = 262_144
 CHUNKS_IN_FLIGHT_MAX = 8            # chunks on the ring at once; bounds each member's buffer
 SENDS_IN_FLIGHT_MAX = 8             # unacknowledged sends of one member to one peer (ring or result)
 SEND_BYTES_IN_FLIGHT_MAX = 32 << 20 # ... and at most this many bytes of them to all peers at once
