@@ -131,3 +131,30 @@ def test_config_and_load_site_take_parquet(tmp_path: Path) -> None:
     conf.write_text(base + '\n[data]\nparquet = "rows.parquet"\ncsv = "rows.csv"\n')
     with pytest.raises(ConfigError, match="not both"):
         cfg.load(conf)
+
+
+def test_large_row_groups_fill_the_matrix_as_the_csv_does(tmp_path: Path) -> None:
+    """Row groups of STAGE_ROWS_MIN rows or more go through the staged fill (and its two threads):
+    the same matrix, bit for bit, as the CSV of the same values, with nulls, NaN and infinities
+    found and counted as in CSV (missing = "drop"), and as numpy's own column stack."""
+    from fedpeer.ml import _arrow
+
+    n = 2 * _arrow._STAGE_ROWS_MIN + 1_234
+    cols = frame(n, seed=5)
+    bmi = np.asarray(cols["bmi"], dtype=np.float64)
+    bmi[[7, n // 2, n - 1]] = [np.nan, np.inf, -np.inf]
+    nulls = np.zeros(n, dtype=bool)
+    nulls[[3, _arrow._STAGE_ROWS_MIN + 1]] = True
+    table = pa.table({**cols, "bmi": pa.array(bmi), "age": pa.array(cols["age"], mask=nulls)})
+    path = tmp_path / "big.parquet"
+    pq.write_table(table, path, row_group_size=_arrow._STAGE_ROWS_MIN + 3_000)
+    assert pq.read_metadata(path).num_row_groups == 2
+    features = table.drop_columns(["Id", "y"])
+    want = np.column_stack([c.to_numpy(zero_copy_only=False).astype(np.float64) for c in features.columns])
+    X, finite = _arrow._matrix_finite(features.to_batches(max_chunksize=n), n)
+    assert not finite and X.flags.c_contiguous and X.tobytes() == want.tobytes()
+    text = {**cols, "bmi": bmi, "age": [("" if gap else str(v)) for v, gap in zip(cols["age"], nulls)]}
+    csv = load_csv(DataSpec(to_csv(text, tmp_path / "big.csv"), "y", "sick", ignore=("Id",), missing="drop"))
+    got = load_data(DataSpec(None, "y", "sick", ignore=("Id",), parquet=path, missing="drop"))
+    same(got, csv)
+    assert got.rows_dropped == 5 and got.X.shape == (n - 5, 3)
