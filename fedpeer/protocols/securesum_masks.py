@@ -98,7 +98,15 @@ class Masks:
     def contribution(self, k: int) -> np.ndarray:
         """My vector's chunk k plus my masks for chunk k (mod 2^64), in a fresh array; at the
         initiator, the ring mask too."""
-        part = self._plan.vector[self._plan.span(k)].astype(np.uint64)    # a copy
+        return self._masked(self._plan.vector[self._plan.span(k)].astype(np.uint64), k)   # a copy
+
+    def added(self, data: np.ndarray, k: int) -> np.ndarray:
+        """data + my contribution to chunk k (mod 2^64), in one fresh array: the add writes it
+        (no copy of my chunk first), then my masks go on in place. `data` is left as it was."""
+        return self._masked(np.add(data, self._plan.vector[self._plan.span(k)]), k)
+
+    def _masked(self, part: np.ndarray, k: int) -> np.ndarray:
+        """part + my masks for chunk k, in place."""
         for peer, seed in self.pair_seeds.items():
             apply_mask(np.add if self._me < peer else np.subtract, part, PAIR_DOMAIN, seed, k)
         if self.self_seed is not None:
@@ -106,11 +114,6 @@ class Masks:
         if self.ring_seed is not None:
             apply_mask(np.add, part, RING_DOMAIN, self.ring_seed, k)
         return part
-
-    def added(self, data: np.ndarray, k: int) -> np.ndarray:
-        """data + my contribution to chunk k (mod 2^64), in one fresh array."""
-        part = self.contribution(k)
-        return np.add(data, part, out=part)
 
 
 def unmask_ring(data: np.ndarray, masks: Masks, k: int, out: np.ndarray) -> None:
