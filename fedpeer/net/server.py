@@ -130,7 +130,7 @@ class _Conn(asyncio.BufferedProtocol):
     def _compact(self) -> None:
         if self._start:
             n = self._end - self._start
-            self._buf[:n] = self._view[self._start:self._end]
+            self._buf[:n] = bytes(self._view[self._start:self._end])   # (the two ranges may overlap)
             self._start, self._end = 0, n
 
     def _consume(self, n: int) -> None:

@@ -223,6 +223,19 @@ async def test_two_requests_in_one_write_are_both_served(site: Site) -> None:
     assert [m.payload for m in site.received] == [b"first", b"second"]
 
 
+async def test_many_requests_in_one_write_overflow_the_head_buffer_and_are_all_served(site: Site) -> None:
+    """80 pipelined frames (~27 KiB) on one connection: the head buffer fills, reading pauses,
+    the served requests make room, reading resumes."""
+    frames_ = [site.frame(b"%d" % i + bytes(200)) for i in range(80)]
+    data = b"".join(f"POST {PATH} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(f)}\r\n\r\n".encode() + f
+                    for f in frames_)
+    data += f"POST {PATH} HTTP/1.1\r\nConnection: close\r\nContent-Length: 0\r\n\r\n".encode()
+    assert len(data) > 2 * 16 * 1024 * 0.8
+    got = await asyncio.to_thread(raw, site.server.port, data)
+    assert got.count(b"HTTP/1.1 204 No Content\r\n\r\n") == 80
+    assert [bytes(m.payload[:2]).rstrip(b"\0") for m in site.received] == [b"%d" % i for i in range(80)]
+
+
 async def test_a_head_larger_than_the_limit_is_refused(site: Site) -> None:
     head = f"POST {PATH} HTTP/1.1\r\n".encode() + b"X-Pad: " + b"a" * 9000 + b"\r\n\r\n"
     got = await asyncio.to_thread(raw, site.server.port, head)
