@@ -134,7 +134,7 @@ def test_config_and_load_site_take_parquet(tmp_path: Path) -> None:
 
 
 def test_large_row_groups_fill_the_matrix_as_the_csv_does(tmp_path: Path) -> None:
-    """Row groups of STAGE_ROWS_MIN rows or more go through the staged fill (and its two threads):
+    """Row groups of STAGE_ROWS_MIN rows or more go through the staged fill:
     the same matrix, bit for bit, as the CSV of the same values, with nulls, NaN and infinities
     found and counted as in CSV (missing = "drop"), and as numpy's own column stack."""
     from fedpeer.ml import _arrow
