@@ -327,9 +327,10 @@ async def _read_answer(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> 
         if got == len(buf):
             if len(buf) >= ANSWER_HEAD_BYTES_MAX + ANSWER_BODY_BYTES_MAX:
                 raise BadAnswer("answer too large")
-            buf.extend(bytes(len(buf)))
-        with memoryview(buf) as view:
-            n = await loop.sock_recv_into(sock, view[got:])
+            bigger = bytearray(2 * len(buf))    # (not extend: a view of buf may still be alive)
+            bigger[:got] = buf
+            buf = bigger
+        n = await loop.sock_recv_into(sock, memoryview(buf)[got:])
         got += n
         if n and got == len(_NO_CONTENT) and buf.startswith(_NO_CONTENT):
             return _DELIVERED

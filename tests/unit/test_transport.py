@@ -152,6 +152,13 @@ async def test_nothing_listening_is_a_send_error_after_the_retries(client: PeerC
         await client.send(f"127.0.0.1:{port}", b"x" * 100)
 
 
+async def read_request(reader: asyncio.StreamReader) -> None:
+    """All of one request (so that closing after the answer is a FIN, not a reset)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.startswith(b"Content-Length"))
+    await reader.readexactly(length)
+
+
 @pytest.mark.parametrize("answer", [
     b"garbage\r\n\r\n",
     b"HTTP/1.1 204 No Content\r\n\r\nextra bytes",
@@ -164,7 +171,7 @@ async def test_an_answer_we_do_not_understand_is_a_failed_try(client: PeerClient
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         nonlocal tries
         tries += 1
-        await reader.readuntil(b"\r\n\r\n")
+        await read_request(reader)
         writer.write(answer)
         writer.close()
 
@@ -179,11 +186,13 @@ async def test_answers_of_other_servers_are_read(client: PeerClient) -> None:
     """A 400 from some other HTTP server (chunked, or to the end of the connection) is a refusal
     without proof; a 500 is an error."""
     answers = [b"HTTP/1.1 400 Bad Request\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nnope!\r\n0\r\n\r\n",
+               b"HTTP/1.1 400 Bad Request\r\nX-Pad: " + b"p" * 3000 + b"\r\nContent-Length: 20000\r\n\r\n"
+               + b"long" * 5000,
                b"HTTP/1.0 400 Bad Request\r\n\r\nnot yours",
                b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\nboom"]
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
+        await read_request(reader)
         writer.write(answers.pop(0))
         writer.close()
 
@@ -193,6 +202,9 @@ async def test_answers_of_other_servers_are_read(client: PeerClient) -> None:
         with pytest.raises(SendRefused) as refused:
             await client.send(address, b"x")
         assert refused.value.tag == ""
+        with pytest.raises(SendRefused) as refused:   # an answer larger than the first read buffer
+            await client.send(address, b"x")
+        assert refused.value.reason == "long" * 25
         with pytest.raises(SendRefused) as refused:
             await client.send(address, b"x")
         assert refused.value.reason == "not yours"
