@@ -58,7 +58,7 @@ def test_logreg_fedavg_approaches_the_exact_model_and_groups_save_global_average
 def show(kind: str, result: dict) -> str:
     """`fedpeer job` and the harness table for one member's result."""
     from fedpeer.cli import format_job
-    from fedpeer.harness import logreg_table
+    from fedpeer.harness_report import logreg_table
 
     result = {k: v for k, v in result.items() if k != "_model"}
     table = logreg_table([{"name": "site-1", "rows": 10, "state": "done", "result": result}])

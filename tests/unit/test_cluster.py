@@ -106,7 +106,7 @@ def test_job_show_describes_the_rounds_the_fit_and_the_sizes() -> None:
     ("kmeans", None, None), ("gmm", None, None), ("xgboost", None, "--label is required with --job xgboost")])
 def test_the_harness_needs_a_label_only_for_kinds_that_learn_one(job: str, label: str | None,
                                                                  problem: str | None, tmp_path) -> None:
-    from fedpeer import harness
+    from fedpeer import harness_cli as harness
     p = argparse.ArgumentParser()
     harness.add_arguments(p)
     args = p.parse_args(["--sites", "3", "--job", job, "--site-data", *[str(tmp_path / f"{i}.csv") for i in range(3)],

@@ -71,7 +71,7 @@ def test_non_finite_totals_raise_non_finite() -> None:
 
 def test_job_and_harness_show_a_logreg_result() -> None:
     from fedpeer.cli import format_job
-    from fedpeer.harness import logreg_table
+    from fedpeer.harness_report import logreg_table
 
     result = {"mode": "exact", "solver": "newton", "C": 1.0, "status": "converged", "iterations": 2,
               "secure_sums": 6, "members": ["site-1", "site-2"], "lost": [], "auc": 0.98, "auc_source": "x",
