@@ -165,8 +165,9 @@ def _Masks(ch: Channel, plan: _Plan, att: _Attempt) -> sm.Masks:
 async def _compute(plan: _Plan, fn: Callable[..., Any], *args: Any) -> Any:
     """fn(*args): mask work on one chunk, in a worker thread when chunks are large (an 8 MiB
     chunk with 8 pairwise masks is ~25 ms of AES and adds: too long for the event loop); on the
-    loop below OFF_LOOP_BYTES_MIN, where a thread hand-off costs more than it saves."""
-    if 8 * plan.chunk_entries >= OFF_LOOP_BYTES_MIN:
+    loop below OFF_LOOP_BYTES_MIN, where a thread hand-off costs more than it saves. The size
+    that counts is the chunks' own: a vector shorter than chunk_entries is one short chunk."""
+    if 8 * min(plan.chunk_entries, len(plan.vector)) >= OFF_LOOP_BYTES_MIN:
         return await asyncio.to_thread(fn, *args)
     return fn(*args)
 

@@ -916,3 +916,23 @@ async def test_a_member_that_stops_without_a_word_is_found_and_dropped(mode: str
     assert all(isinstance(results[m], SumOutcome) and results[m].participants == rest
                and results[m].attempts == 2 for m in rest), results
     assert results[members[0]].total.tolist() == exact_sum(vectors, rest)
+
+
+@pytest.mark.parametrize(("entries", "threaded"), [(31, False), (262_143, False), (262_144, True), (1 << 20, True)])
+async def test_only_chunks_of_2_mib_or_more_are_masked_in_a_thread(monkeypatch, entries: int, threaded: bool) -> None:
+    """The hand-off to a worker thread is decided by the chunks' own size, not by chunk_entries: with
+    2 MiB chunks by default, a 31-entry vector (a logistic regression's sums) went to a thread per
+    chunk, and the in-memory FedAvg crash test then failed 4 times in 12 (thread completions race
+    virtual time)."""
+    from fedpeer.protocols import securesum_core as core
+
+    calls = []
+
+    async def to_thread(fn, *args):
+        calls.append(fn)
+        return fn(*args)
+
+    monkeypatch.setattr(core.asyncio, "to_thread", to_thread)
+    plan = core._Plan("job", "t", "ring", np.zeros(entries, np.uint64), core.DEFAULT_CHUNK_ENTRIES, 1_000, 1)
+    assert await core._compute(plan, len, "abc") == 3
+    assert bool(calls) == threaded
