@@ -85,6 +85,32 @@ class SitePart:
     test: Any           # Dataset the site reports on
     forest: Any         # fedpeer.ml.trees.Forest of the site's own trees
     local_model: Any    # the sklearn forest (for the plain local RF metrics)
+    # What the steps ask of a site's rows; ml/dask_bofrf.DaskBofrfPart answers the same on a Dask site.
+
+    @property
+    def rows(self) -> dict[str, int]:
+        return {"train": int(self.fit.X.shape[0]), "test": int(self.test.X.shape[0])}
+
+    def confusion(self, forest: Any) -> np.ndarray:
+        """(T, 4) confusion matrices of every tree of `forest` on the training rows."""
+        from ..ml import bofrf as mb
+        from ..ml import trees
+
+        return mb.confusion_per_tree(trees.predict_trees(forest, self.fit.X, self.fit.features), self.fit.y)
+
+    def choose_tau(self, forest: Any, mcc: np.ndarray, grid: Sequence[float]) -> float:
+        from ..ml import bofrf as mb
+        from ..ml import trees
+
+        val = self.validation
+        return mb.choose_tau(trees.predict_trees(forest, val.X, val.features), val.y, mcc, grid=grid)
+
+    def metrics(self, forest: Any, own: np.ndarray, alpha: np.ndarray) -> tuple[dict, dict, dict]:
+        """binary_metrics of the local RF, F_n and F on the test rows."""
+        from ..ml import bofrf as mb
+        from ..ml import trees
+
+        return mb.site_metrics(trees.predict_trees(forest, self.test.X, self.test.features), self.test.y, own, alpha)
 
 
 def policy_values(params: Mapping[str, Any]) -> dict[str, int]:
@@ -126,12 +152,7 @@ def prepare_site(dataset: Any, params: Mapping[str, Any], member: bytes) -> Site
 
 def score_site(part: SitePart, forest: Any) -> np.ndarray:
     """This site's confusion matrices (T, 4) of every tree of `forest` on its training rows."""
-    from ..ml import bofrf as mb
-    from ..ml import trees
-
-    if getattr(part, "engine", "memory") == "dask":
-        return part.confusion(forest)
-    return mb.confusion_per_tree(trees.predict_trees(forest, part.fit.X, part.fit.features), part.fit.y)
+    return part.confusion(forest)
 
 
 def finish_site(part: SitePart, forest: Any, owners: np.ndarray, me_index: int, confusion: np.ndarray,
@@ -144,31 +165,19 @@ def finish_site(part: SitePart, forest: Any, owners: np.ndarray, me_index: int, 
     from ..ml import trees
 
     mcc = mb.mcc(confusion)
-    dask = getattr(part, "engine", "memory") == "dask"     # ml/dask_bofrf.py: the same steps where the rows are
     if params["variant"] == "personalized":
-        val = part.validation
-        tau = part.choose_tau(forest, mcc, TAU_GRID) if dask else \
-            mb.choose_tau(trees.predict_trees(forest, val.X, val.features), val.y, mcc, grid=TAU_GRID)
+        tau = part.choose_tau(forest, mcc, TAU_GRID)
     tau = params["tau"] if tau is None else tau
     alpha = mb.tree_weights(mcc, tau)
     own = owners == me_index
-    if dask:
-        local_rf, local, glob = part.metrics(forest, own, alpha)
-        rows = part.rows
-    else:
-        proba = trees.predict_trees(forest, part.test.X, part.test.features)
-        y = part.test.y
-        local_rf = mb.binary_metrics(y, mb.local_rf_score(proba[own]))
-        local = mb.binary_metrics(y, mb.ensemble_score(proba[own], alpha[own]))
-        glob = mb.binary_metrics(y, mb.ensemble_score(proba, alpha))
-        rows = {"train": int(part.fit.X.shape[0]), "test": int(part.test.X.shape[0])}
+    local_rf, local, glob = part.metrics(forest, own, alpha)
     kept = mb.select_final(glob["auc"], local["auc"])
     keep = np.flatnonzero((alpha > 0) & (own if kept == "local" else True))
     result = {
         "local_rf": local_rf, "bofrf_local": local, "bofrf_global": glob,
         "final": {**(glob if kept == "global" else local), "model": kept},
         "tau": float(tau), "trees_total": int(len(alpha)), "trees_kept": int(len(keep)),
-        "trees_weighted": int((alpha > 0).sum()), "rows": rows,
+        "trees_weighted": int((alpha > 0).sum()), "rows": part.rows,
     }
     return result, trees.take(forest, keep), alpha[keep]
 

@@ -38,7 +38,7 @@ import numpy as np
 __all__ = [
     "CONFUSION_FIELDS", "TAU_GRID", "confusion_per_tree", "mcc", "tree_weights", "ensemble_score",
     "binary_metrics", "local_rf_score", "choose_tau", "characteristic_vector", "farthest_first_clusters",
-    "train_local_forest", "select_final", "MIN_SAMPLES_LEAF",
+    "site_metrics", "train_local_forest", "select_final", "MIN_SAMPLES_LEAF",
     "Stumps", "stumps_score", "exact_cuts", "uniform_cuts", "boost_init_weights", "boost_local_stats",
     "boost_stats_length", "boost_choose", "boost_update_weights", "BoostStep", "adaboost",
     "fedboost_reference",
@@ -144,6 +144,13 @@ def ensemble_score(proba: np.ndarray, alpha: np.ndarray) -> np.ndarray:
     votes = np.where(np.isnan(p), 0.0, 2.0 * p - 1.0)
     return a @ votes if p.shape[0] else np.zeros(p.shape[1], dtype=np.float64)
 
+
+
+def site_metrics(proba: np.ndarray, y: np.ndarray, own: np.ndarray, alpha: np.ndarray) -> tuple[dict, dict, dict]:
+    """binary_metrics on one site's rows of its local RF (its own trees, unweighted), its weighted
+    forest F_n (its own trees, weights alpha) and the global F (every tree), from `proba` (trees x rows)."""
+    return (binary_metrics(y, local_rf_score(proba[own])), binary_metrics(y, ensemble_score(proba[own], alpha[own])),
+            binary_metrics(y, ensemble_score(proba, alpha)))
 
 def local_rf_score(proba: np.ndarray) -> np.ndarray:
     """The plain local random forest: mean over its trees of p (what predict_proba returns),

@@ -101,16 +101,12 @@ def _tau(validation: tuple[np.ndarray, np.ndarray], forest: Any, features: tuple
 
 
 def _metrics(test: tuple[np.ndarray, np.ndarray], forest: Any, features: tuple[str, ...], own: np.ndarray,
-             alpha: np.ndarray) -> list[dict]:
-    """jobs.bofrf.finish_site's metrics, the same calls on the same rows."""
+             alpha: np.ndarray) -> tuple[dict, dict, dict]:
+    """jobs.bofrf.SitePart.metrics, the same calls on the same rows."""
     from . import bofrf as mb
     from . import trees
 
-    X, y = test
-    proba = trees.predict_trees(forest, X, features)
-    return [mb.binary_metrics(y, mb.local_rf_score(proba[own])),
-            mb.binary_metrics(y, mb.ensemble_score(proba[own], alpha[own])),
-            mb.binary_metrics(y, mb.ensemble_score(proba, alpha))]
+    return mb.site_metrics(trees.predict_trees(forest, test[0], features), test[1], own, alpha)
 
 
 # -- the daemon's side -----------------------------------------------------------------------------
