@@ -250,8 +250,8 @@ class _Books:
         self.unverified_by_ip[conn.ip] += 1
 
     def verify(self, conn: _Conn, sender: bytes) -> None:
-        if conn.sender is None:
-            self.unverified.pop(conn, None)
+        # counted down once: a connection evicted meanwhile (remove) has already left the counts
+        if conn.sender is None and self.unverified.pop(conn, 0) is None:
             self._drop_ip(conn.ip)
         conn.sender = sender
 
@@ -456,7 +456,8 @@ class PeerServer:
             self._on_reject(exc, conn.ip)
             await self._respond(conn, 400, exc.reason, False, "")
             return False
-        self._books.verify(conn, hello[4:4 + 32])
+        # Not verified here: a hello carries no freshness of its own, so a replayed one must not buy
+        # a connection out of the strangers' budgets; its first authenticated frame header does.
         await self._respond(conn, 200, "", keep, "", welcome)
         return keep
 

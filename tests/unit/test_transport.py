@@ -290,6 +290,31 @@ async def test_a_hello_of_the_wrong_length_and_other_paths_are_refused(site: Sit
     assert got.startswith(b"HTTP/1.1 404 ")
 
 
+async def test_a_hello_alone_leaves_its_connection_with_the_strangers(site: Site) -> None:
+    """A hello carries no freshness: one captured off the wire and replayed is answered like the
+    first, so it must not move its connection out of the unauthenticated budgets (it would buy an
+    unevictable connection). A frame header that authenticates under the session does."""
+    pending = site.forger.handshakes.hello(site.bob.public_key)
+    reader, writer = await asyncio.open_connection("127.0.0.1", site.server.port)
+    try:
+        writer.write(f"POST {HELLO_PATH} HTTP/1.1\r\nContent-Length: {len(pending.hello)}\r\n\r\n".encode()
+                     + pending.hello)
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 ")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:")))
+        welcome = await reader.readexactly(length)
+        assert site.server.connections() == {"open": 1, "unverified": 1}
+        out, _ = site.forger.handshakes.finish(pending, welcome, NOW_MS)
+        frame = wire.Sealer(site.alice).seal(out, wire.DiagProbe(b"now known"))
+        writer.write(f"POST {PATH} HTTP/1.1\r\nContent-Length: {len(frame)}\r\n\r\n".encode() + frame)
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 204 ")
+        assert site.server.connections() == {"open": 1, "unverified": 0}
+        assert site.received == [wire.DiagProbe(b"now known")]
+    finally:
+        writer.close()
+
+
 def test_answers_are_parsed_strictly() -> None:
     parse = client_module._parse_answer
 
