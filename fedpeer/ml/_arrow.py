@@ -45,6 +45,7 @@ _FILL_BYTES = 1 << 20                # a piece of X copied by to_tensor (small b
 _STAGE_BYTES = 3 << 20               # a block of X staged column by column (~7,900 rows of 50; 1k-2k rows: slower)
 _STAGE_ROWS_MIN = 8_192              # batches of at least this many rows are staged (see _fill_part)
 _FILL_THREADS = 2                    # threads filling X (see _fill)
+_FIRST_SCANS_MAX = 16                # label values per chunk found by a scan each; more: np.unique's sort
 
 
 def _case_forms(token: str) -> list[str]:
@@ -202,6 +203,44 @@ def _label_codes(column, text) -> tuple[np.ndarray, list[str]]:
             uniques.append(value)
         remap[k] = code
     return remap[raw_codes], uniques
+
+
+class _DictCodes:
+    """Label codes of dictionary-encoded chunks, chunk by chunk, as `_label_codes` gives them for
+    the decoded column (codes in order of first appearance of text(value), a null as text(None)):
+    reading a text label as a dictionary and coding its indices skips materializing and hashing a
+    string per row (Parquet 1M rows: read 0.007 s instead of 0.030 s best of 7, codes ~0 instead of
+    0.047 s), and the work is done group by group instead of once, serially, at the end."""
+
+    def __init__(self, n: int, text) -> None:
+        self.codes = np.empty(n, dtype=np.int64)
+        self.uniques: list[str] = []
+        self._seen: dict[str, int] = {}
+        self._text = text
+
+    def add(self, start: int, chunk) -> int:
+        """Code `chunk` (a DictionaryArray) into codes[start:]; the next start."""
+        k = len(chunk.dictionary)
+        indices = chunk.indices
+        if indices.null_count:
+            indices = indices.fill_null(k)                      # index k: a null
+        idx = indices.to_numpy(zero_copy_only=False)
+        present = np.flatnonzero(np.bincount(idx, minlength=k + 1))
+        if len(present) <= _FIRST_SCANS_MAX:                    # a scan per value beats a sort of the rows
+            first = np.array([np.argmax(idx == j) for j in present], dtype=np.int64)
+        else:
+            present, first = np.unique(idx, return_index=True)
+        values = chunk.dictionary.to_pylist() + [None]
+        remap = np.zeros(k + 1, dtype=np.int64)
+        for j in present[np.argsort(first, kind="stable")]:
+            value = self._text(values[j])
+            code = self._seen.get(value)
+            if code is None:
+                code = self._seen[value] = len(self.uniques)
+                self.uniques.append(value)
+            remap[j] = code
+        np.take(remap, idx, out=self.codes[start:start + len(idx)])
+        return start + len(idx)
 
 
 def _matrix(batches: list, n: int) -> np.ndarray:
@@ -408,22 +447,29 @@ def read_parquet(spec: DataSpec, rows_max: int, bytes_max: int) -> tuple[Any, ..
     # is the matrix plus one row group, not a whole table beside the matrix.
     X = np.empty((n, len(features)), dtype=np.float64)
     label_chunks: list = []
-    start, finite = 0, True
+    # a text label is read as a dictionary and coded group by group (see _DictCodes)
+    dict_codes = _DictCodes(n, label_text) if label_text is _label_from_text else None
+    read_dictionary = [spec.label] if dict_codes is not None else None
+    start, finite, coded = 0, True, 0
     try:
-        groups = [(part, g) for part in map(pq.ParquetFile, files) for g in range(part.num_row_groups)]
+        groups = [(part, g) for part in (pq.ParquetFile(f, read_dictionary=read_dictionary) for f in files)
+                  for g in range(part.num_row_groups)]
         with ThreadPoolExecutor(1, thread_name_prefix="parquet-read") as ahead:   # the next group reads
             pending = ahead.submit(_read_group, *groups[0], columns) if groups else None   # while this fills
             for k in range(len(groups)):
                 table = pending.result()
                 if k + 1 < len(groups):
                     pending = ahead.submit(_read_group, *groups[k + 1], columns)
-                if spec.label is not None:
-                    for chunk in table.column(spec.label).chunks:
-                        label_chunks.append(chunk.cast(chunk.type.value_type)
-                                            if pa.types.is_dictionary(chunk.type) else chunk)
-                    table = table.drop_columns([spec.label])
                 if start + table.num_rows > n:
                     raise DataError(f"{path}: holds more rows than its metadata says; write it again")
+                if spec.label is not None:
+                    for chunk in table.column(spec.label).chunks:
+                        if dict_codes is not None:
+                            coded = dict_codes.add(coded, chunk)
+                        else:
+                            label_chunks.append(chunk.cast(chunk.type.value_type)
+                                                if pa.types.is_dictionary(chunk.type) else chunk)
+                    table = table.drop_columns([spec.label])
                 start, finite_group = _fill(X, start, table.to_batches())
                 finite = finite and finite_group
                 del table
@@ -431,7 +477,9 @@ def read_parquet(spec: DataSpec, rows_max: int, bytes_max: int) -> tuple[Any, ..
         raise DataError(f"{path}: reading failed ({e}); write the file again or use csv") from None
     if start != n:
         raise DataError(f"{path}: holds fewer rows than its metadata says; write it again")
-    if spec.label is not None:
+    if dict_codes is not None:
+        codes, uniques = dict_codes.codes, dict_codes.uniques
+    elif spec.label is not None:
         column = pa.chunked_array(label_chunks, type=label_chunks[0].type if label_chunks else pa.string())
         codes, uniques = _label_codes(column, label_text)
     else:

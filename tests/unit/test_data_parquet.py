@@ -9,6 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fedpeer import config as cfg
 from fedpeer.errors import ConfigError, DataError
@@ -158,3 +160,43 @@ def test_large_row_groups_fill_the_matrix_as_the_csv_does(tmp_path: Path) -> Non
     got = load_data(DataSpec(None, "y", "sick", ignore=("Id",), parquet=path, missing="drop"))
     same(got, csv)
     assert got.rows_dropped == 5 and got.X.shape == (n - 5, 3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.one_of(st.none(), st.sampled_from(["yes", " yes", "no", "no ", "", "x"]),
+                                   st.text(max_size=3)), max_size=40), min_size=1, max_size=4))
+def test_dictionary_label_codes_are_the_decoded_columns(groups: list[list]) -> None:
+    """A text label read as a dictionary is coded group by group (_DictCodes): the codes and
+    values in order of first appearance that `_label_codes` gives for the decoded column — with
+    nulls, values equal once stripped, and more distinct values than a scan each (np.unique)."""
+    from fedpeer.ml import _arrow
+
+    chunks = []
+    for g in groups:      # a dictionary in another order than first appearance, with an unused value
+        encoded = pa.array(g, pa.string()).dictionary_encode()
+        values = encoded.dictionary.to_pylist() + ["unused"]
+        order = list(reversed(range(len(values))))
+        where = {old: new for new, old in enumerate(order)}
+        indices = pa.array([None if i is None else where[i] for i in encoded.indices.to_pylist()], pa.int32())
+        chunks.append(pa.DictionaryArray.from_arrays(indices, pa.array([values[i] for i in order], pa.string())))
+    n = sum(len(g) for g in groups)
+    coder, start = _arrow._DictCodes(n, _arrow._label_from_text), 0
+    for chunk in chunks:
+        start = coder.add(start, chunk)
+    codes, uniques = _arrow._label_codes(pa.chunked_array([pa.array(g, pa.string()) for g in groups]),
+                                         _arrow._label_from_text)
+    assert start == n and coder.codes.tolist() == codes.tolist() and coder.uniques == uniques
+
+
+def test_a_label_of_many_values_read_as_a_dictionary(tmp_path: Path) -> None:
+    """More label values per row group than _FIRST_SCANS_MAX, over several row groups, some null."""
+    from fedpeer.ml import _arrow
+
+    n = 5_000
+    rng = np.random.default_rng(3)
+    labels = [None if v == 0 else f" c{v}" for v in rng.integers(0, 3 * _arrow._FIRST_SCANS_MAX, n)]
+    path = tmp_path / "many.parquet"
+    pq.write_table(pa.table({"a": rng.normal(size=n), "y": labels}), path, row_group_size=1_200)
+    got = load_data(DataSpec(None, "y", None, parquet=path, missing="drop"), binary=False)
+    want = [v.strip() for v in labels if v is not None]
+    assert got.labels.tolist() == want and got.rows_dropped == labels.count(None)
