@@ -112,13 +112,8 @@ class Links:
     async def _send_plaintext(self, dst: bytes, address: str, plaintext: bytes | memoryview, large: bool) -> None:
         for attempt in range(2):
             session = await self.session(dst, address)
-            buf = self._pool.take(wire.frame_bytes(len(plaintext)))   # warm memory for a large frame
-            if large:
-                frame = await asyncio.to_thread(self._sealer.seal_packed, session, plaintext, buf)
-            else:
-                frame = self._sealer.seal_packed(session, plaintext, buf)
             try:
-                await self._deliver(dst, address, frame, buf)
+                await self._seal_and_deliver(dst, address, session, plaintext, large)
                 return
             except SendRefused as exc:
                 if exc.reason == "unknown_session":   # the peer restarted: a new session, once
@@ -128,18 +123,28 @@ class Links:
                 raise
         raise AssertionError("unreachable")
 
-    async def _deliver(self, dst: bytes, address: str, frame: bytearray | memoryview, buf: bytearray | None) -> None:
-        """Hand `frame` (sealed into `buf`, if pooled) to the client; `buf` goes back to the pool
-        once the client is done with it — not when this send is cancelled: a sealing thread or the
-        socket may still use it then. SendRefused carries a copy of the frame (the caller checks
-        the refusal's proof against what was sent)."""
+    async def _seal_and_deliver(self, dst: bytes, address: str, session: OutSession, plaintext: bytes | memoryview,
+                                large: bool) -> None:
+        """Seal `plaintext` under `session` (into a pooled buffer if the frame's size is pooled; in a
+        worker thread when `large`) and hand the frame to the client. The frame is a view of that
+        buffer: it is dropped before the buffer goes back to the pool, once the client is done with
+        it — not when this send is cancelled: a sealing thread or the socket may still use it then.
+        SendRefused carries a copy of the frame (the caller checks the refusal's proof against what
+        was sent)."""
+        buf = self._pool.take(wire.frame_bytes(len(plaintext)))   # warm memory for a large frame
+        if large:
+            frame = await asyncio.to_thread(self._sealer.seal_packed, session, plaintext, buf)
+        else:
+            frame = self._sealer.seal_packed(session, plaintext, buf)
         try:
             await self._client.send(address, frame, dst)
         except SendError as exc:
             if isinstance(exc, SendRefused):
                 exc.frame = bytes(frame)
+            del frame          # our view of buf goes before buf does (the retry may take it again)
             self._pool.give(buf)
             raise
+        del frame
         self._pool.give(buf)
 
     async def _stream(self, dst: bytes, address: str, plaintext: bytes, job: str, term: int) -> None:

@@ -12,6 +12,7 @@ from fedpeer import wire
 from fedpeer.errors import RemoteProtocolError
 from fedpeer.identity import Identity
 from fedpeer.net.links import Links
+from fedpeer.net.pool import FramePool
 from fedpeer.net.streams import STREAM_ABOVE_BYTES, InboundStreams, StreamChunk, StreamOpen
 from fedpeer.net.transport import SendRefused
 from fedpeer.session import SESSION_REKEY_AFTER_MS, Sessions
@@ -121,3 +122,21 @@ async def test_a_refused_large_frame_is_handed_back_as_sent_and_its_memory_reuse
         await links.send_reliable(bob.identity.public_key, "bob", wire.DiagProbe(bytes([i]) * 600_000))
     assert [bytes(m.payload[:1]) for m in bob.received] == [b"\x00", b"\x01", b"\x02"]
     assert links._pool.taken == 4 and links._pool.reused == 3
+
+
+class StrictPool(FramePool):
+    """Takes a buffer back only when no view of it is alive (a viewed bytearray cannot be resized)."""
+
+    def give(self, buf: bytearray | None) -> None:
+        if buf is not None:
+            buf.append(0)   # BufferError while a memoryview of buf is alive
+            buf.pop()
+        super().give(buf)
+
+
+async def test_a_sent_frames_pooled_memory_goes_back_with_no_view_of_it_alive() -> None:
+    links, _, bob, _ = setup()
+    links._pool = StrictPool()
+    for i in range(2):
+        await links.send_reliable(bob.identity.public_key, "bob", wire.DiagProbe(bytes([i]) * 600_000))
+    assert len(bob.received) == 2 and links._pool.taken == 2 and links._pool.reused == 1
