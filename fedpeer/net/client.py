@@ -23,14 +23,16 @@ from collections.abc import Awaitable, Callable
 
 from ..config import Limits
 from ..session import WELCOME_BYTES
-from .http1 import HELLO_PATH, OUTBOUND_CONNECTIONS_MAX, OUTBOUND_PER_PEER_MAX, PATH, SendError, SendRefused
+from .http1 import (
+    END_OF_HEAD, HELLO_PATH, NO_CONTENT, OUTBOUND_CONNECTIONS_MAX, OUTBOUND_PER_PEER_MAX, PATH, REFUSAL_HEADER,
+    SendError, SendRefused, keep_alive, parse_header_lines,
+)
 
 KEEPALIVE_S = 30.0                  # an idle connection is closed after this long (the server waits 60 s)
 ANSWER_HEAD_BYTES_MAX = 8 * 1024    # status line + headers of an answer
 ANSWER_BODY_BYTES_MAX = 64 * 1024   # an answer's body we read (a reason, a welcome); larger ones are not read
 log = logging.getLogger("fedpeer.transport")
 
-_NO_CONTENT = b"HTTP/1.1 204 No Content\r\n\r\n"    # our server's answer to a delivered frame
 _NO_BODY = (204, 304)
 
 
@@ -187,7 +189,7 @@ class PeerClient:
         if answer.status != want:
             reason = answer.body[:400].decode("utf-8", "replace")[:100]
             if answer.status == 400:
-                raise SendRefused(address, reason, answer.headers.get("x-fedpeer-refusal", "")[:64])
+                raise SendRefused(address, reason, answer.headers.get(REFUSAL_HEADER.lower(), "")[:64])
             raise SendError(f"{address} refused the frame: HTTP {answer.status} {reason}")
         if want == 204:
             return b""
@@ -332,7 +334,7 @@ async def _read_answer(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> 
             buf = bigger
         n = await loop.sock_recv_into(sock, memoryview(buf)[got:])
         got += n
-        if n and got == len(_NO_CONTENT) and buf.startswith(_NO_CONTENT):
+        if n and got == len(NO_CONTENT) and buf.startswith(NO_CONTENT):
             return _DELIVERED
         answer = _parse_answer(buf, got, eof=n == 0)
         if answer is not None:
@@ -343,7 +345,7 @@ async def _read_answer(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> 
 
 def _parse_answer(buf: bytearray, got: int, eof: bool) -> _Answer | None:
     """The answer in buf[:got], None while incomplete; BadAnswer when it is not one we read."""
-    end = buf.find(b"\r\n\r\n", 0, min(got, ANSWER_HEAD_BYTES_MAX))
+    end = buf.find(END_OF_HEAD, 0, min(got, ANSWER_HEAD_BYTES_MAX))
     if end < 0:
         if got >= ANSWER_HEAD_BYTES_MAX:
             raise BadAnswer("answer head too large")
@@ -358,15 +360,13 @@ def _parse_answer(buf: bytearray, got: int, eof: bool) -> _Answer | None:
         raise BadAnswer("not an HTTP answer") from None
     if not version.startswith("HTTP/1.") or not 200 <= status <= 599:
         raise BadAnswer(f"not an HTTP/1.x answer: {status_line[:40]!r}")
-    headers: dict[str, str] = {}
-    for line in lines:
-        name, sep, value = line.partition(":")
-        if not sep:
-            raise BadAnswer("malformed answer header")
-        headers[name.strip().lower()] = value.strip()
-    connection = headers.get("connection", "").lower()
-    keep = connection != "close" if version == "HTTP/1.1" else connection == "keep-alive"
-    have = got - (end + 4)
+    try:
+        headers = parse_header_lines(lines)
+    except ValueError:
+        raise BadAnswer("malformed answer header") from None
+    keep = keep_alive(version, headers)
+    body_at = end + len(END_OF_HEAD)
+    have = got - body_at
     if status in _NO_BODY:
         if have:
             raise BadAnswer("bytes after a bodiless answer")
@@ -375,16 +375,16 @@ def _parse_answer(buf: bytearray, got: int, eof: bool) -> _Answer | None:
     if length_text is None or "transfer-encoding" in headers:   # read to the end (or not at all): not kept
         if not eof and got < ANSWER_HEAD_BYTES_MAX + ANSWER_BODY_BYTES_MAX:
             return None
-        return _Answer(status, headers, bytes(buf[end + 4:got])[:ANSWER_BODY_BYTES_MAX], False)
+        return _Answer(status, headers, bytes(buf[body_at:got])[:ANSWER_BODY_BYTES_MAX], False)
     if not length_text.isdigit():
         raise BadAnswer("bad content-length")
     length = int(length_text)
     if length > ANSWER_BODY_BYTES_MAX:   # not ours to read: the status says enough
-        return _Answer(status, headers, bytes(buf[end + 4:got]), False)
+        return _Answer(status, headers, bytes(buf[body_at:got]), False)
     if have < length:
         if eof:
             raise BadAnswer("answer body cut short")
         return None
     if have > length:
         raise BadAnswer("bytes after the answer")
-    return _Answer(status, headers, bytes(buf[end + 4:got]), keep)
+    return _Answer(status, headers, bytes(buf[body_at:got]), keep)

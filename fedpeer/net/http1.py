@@ -1,5 +1,6 @@
-"""What the peer port's server and client share: its two paths, the refusal header, the errors a
-send raises, and the process's open-files budget (fedpeer/net/transport.py has the overview)."""
+"""What the peer port's server and client share: its two paths, the refusal header, how a head's
+header lines and keep-alive are read, the errors a send raises, and the process's open-files budget
+(fedpeer/net/transport.py has the overview)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ HTTP_HEAD_BYTES_MAX = 8 * 1024          # request line + headers; our client sen
 FDS_RESERVED = 320                      # descriptors kept for outbound connections, state files, admin
 OUTBOUND_CONNECTIONS_MAX = 256          # the client's connections in use (counted in FDS_RESERVED)
 OUTBOUND_PER_PEER_MAX = 8               # of those, to one peer
+END_OF_HEAD = b"\r\n\r\n"                # ends a request's or an answer's head
+NO_CONTENT = b"HTTP/1.1 204 No Content\r\n\r\n"   # the server's whole answer to a frame delivered on a kept connection
 log = logging.getLogger("fedpeer.transport")
 
 
@@ -29,6 +32,29 @@ class SendRefused(SendError):
         super().__init__(f"{address} refused the frame: {reason}")
         self.reason, self.tag = reason, tag
         self.frame: bytes | None = None      # set by the node: the refused frame, to check the tag
+
+
+def parse_header_lines(lines: list[str], unique: tuple[str, ...] = ()) -> dict[str, str]:
+    """A head's header lines ("Name: value", without their CRLF) -> {lower-case name: value}, the
+    value stripped. Raises ValueError for a line without a colon, or a repeated header named in
+    `unique` (lower case); any other repeated header keeps its last value."""
+    headers: dict[str, str] = {}
+    for line in lines:
+        name, sep, value = line.partition(":")
+        if not sep:
+            raise ValueError("header line without a colon")
+        name = name.strip().lower()
+        if name in headers and name in unique:
+            raise ValueError(f"repeated {name} header")
+        headers[name] = value.strip()
+    return headers
+
+
+def keep_alive(version: str, headers: dict[str, str]) -> bool:
+    """Whether the connection stays open after this request or answer: under HTTP/1.1 unless it
+    says "Connection: close", under HTTP/1.0 only if it says "Connection: keep-alive"."""
+    connection = headers.get("connection", "").lower()
+    return connection != "close" if version == "HTTP/1.1" else connection == "keep-alive"
 
 
 def raise_open_files_limit() -> int:

@@ -33,7 +33,10 @@ from ..errors import RemoteProtocolError
 from ..logs import fields
 from ..session import HELLO_BYTES
 from ..wire import HEADER_BYTES, FrameHeader
-from .http1 import FDS_RESERVED, HELLO_PATH, HTTP_HEAD_BYTES_MAX, PATH, REFUSAL_HEADER
+from .http1 import (
+    END_OF_HEAD, FDS_RESERVED, HELLO_PATH, HTTP_HEAD_BYTES_MAX, NO_CONTENT, PATH, REFUSAL_HEADER, keep_alive,
+    parse_header_lines,
+)
 from .pool import FramePool
 
 HEAD_BUFFER_BYTES = 2 * HTTP_HEAD_BYTES_MAX   # per connection: a request's head, the frame header after it
@@ -41,11 +44,9 @@ LARGE_FRAME_BYTES_MIN = 1024 * 1024    # frames this large also take bytes from 
 DISCARD_BYTES_MAX = 256 * 1024         # unread bytes dropped at a close (what one socket read took before)
 log = logging.getLogger("fedpeer.transport")
 
-_END_OF_HEAD = b"\r\n\r\n"
 _STATUS_TEXT = {200: "OK", 204: "No Content", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout",
                 405: "Method Not Allowed", 411: "Length Required", 413: "Payload Too Large",
                 431: "Request Header Fields Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
-_NO_CONTENT = b"HTTP/1.1 204 No Content\r\n\r\n"      # a delivered frame on a kept connection
 
 
 class _Reply(Exception):
@@ -169,10 +170,11 @@ class _Conn(asyncio.BufferedProtocol):
     async def read_head(self, deadline: float) -> bytes:
         """A request's head, its blank line included; 431 when it exceeds HTTP_HEAD_BYTES_MAX."""
         while True:
-            at = self._buf.find(_END_OF_HEAD, self._start, min(self._end, self._start + HTTP_HEAD_BYTES_MAX))
+            at = self._buf.find(END_OF_HEAD, self._start, min(self._end, self._start + HTTP_HEAD_BYTES_MAX))
             if at >= 0:
-                head = bytes(self._view[self._start:at + 4])
-                self._consume(at + 4 - self._start)
+                end = at + len(END_OF_HEAD)
+                head = bytes(self._view[self._start:end])
+                self._consume(end - self._start)
                 return head
             if self._end - self._start >= HTTP_HEAD_BYTES_MAX:
                 raise _Reply(431, "head_too_large")
@@ -443,7 +445,7 @@ class PeerServer:
             await self._respond(conn, 400, exc.reason, keep, tag)
             return keep
         if keep:
-            await conn.write(_NO_CONTENT, limits.header_timeout_ms / 1000)
+            await conn.write(NO_CONTENT, limits.header_timeout_ms / 1000)
         else:
             await self._respond(conn, 204, "", keep, "")
         return keep
@@ -523,7 +525,7 @@ def _parse_head(head: bytes, bytes_max: int) -> tuple[str, int, bool]:
     """(path, content length, keep-alive) of a request for one of our paths; raises _Reply otherwise."""
     try:
         text = head.decode("latin-1")
-        request_line, *header_lines = text[:-4].split("\r\n")
+        request_line, *header_lines = text[:-len(END_OF_HEAD)].split("\r\n")
         method, target, version = request_line.split(" ")
     except ValueError:
         raise _Reply(400, "bad_request") from None
@@ -531,15 +533,10 @@ def _parse_head(head: bytes, bytes_max: int) -> tuple[str, int, bool]:
         raise _Reply(404, "not_found")
     if method != "POST":
         raise _Reply(405, "method_not_allowed")
-    headers: dict[str, str] = {}
-    for line in header_lines:
-        name, sep, value = line.partition(":")
-        if not sep:
-            raise _Reply(400, "bad_request")
-        name = name.strip().lower()
-        if name in headers and name in ("content-length", "transfer-encoding"):
-            raise _Reply(400, "bad_request")      # request smuggling shapes: refuse, do not guess
-        headers[name] = value.strip()
+    try:   # a repeated length or transfer-encoding is a request smuggling shape: refuse, do not guess
+        headers = parse_header_lines(header_lines, unique=("content-length", "transfer-encoding"))
+    except ValueError:
+        raise _Reply(400, "bad_request") from None
     if "transfer-encoding" in headers:
         raise _Reply(411, "length_required")     # frames have a length; no chunked bodies
     length_text = headers.get("content-length", "")
@@ -548,6 +545,5 @@ def _parse_head(head: bytes, bytes_max: int) -> tuple[str, int, bool]:
     length = int(length_text)
     if length > bytes_max:
         raise _Reply(413, "oversize")
-    connection = headers.get("connection", "").lower()
-    keep = connection != "close" if version == "HTTP/1.1" else connection == "keep-alive"
+    keep = keep_alive(version, headers)
     return target, length, keep
