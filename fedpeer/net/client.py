@@ -21,7 +21,7 @@ import socket
 from collections import Counter
 from collections.abc import Awaitable, Callable
 
-from ..config import Limits
+from ..config import Limits, parse_address
 from ..session import WELCOME_BYTES
 from .http1 import (
     END_OF_HEAD, HELLO_PATH, NO_CONTENT, OUTBOUND_CONNECTIONS_MAX, OUTBOUND_PER_PEER_MAX, PATH, REFUSAL_HEADER,
@@ -126,15 +126,17 @@ class PeerClient:
 
     async def _connect(self, address: str) -> socket.socket:
         loop = asyncio.get_running_loop()
-        host, _, port_text = address.rpartition(":")
-        host = host.strip("[]")
         try:
-            port = int(port_text)
+            where = parse_address(address)     # 'host:port' or '[v6]:port'
+        except ValueError as exc:
+            raise ConnectionError(str(exc)) from None    # an OSError: failed like an unreachable peer
+        host, port = where.host, where.port
+        try:
             ip = ipaddress.ip_address(host)
             targets = [(socket.AF_INET6 if ip.version == 6 else socket.AF_INET, (host, port))]
         except ValueError:
             try:
-                infos = await loop.getaddrinfo(host, port_text, type=socket.SOCK_STREAM)
+                infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
             except socket.gaierror as exc:
                 raise ConnectionError(f"cannot resolve {host}: {exc}") from None
             targets = [(family, sockaddr) for family, _, _, _, sockaddr in infos]
