@@ -46,15 +46,15 @@ log = logging.getLogger("fedpeer.transport")
 
 _STATUS_TEXT = {200: "OK", 204: "No Content", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout",
                 405: "Method Not Allowed", 411: "Length Required", 413: "Payload Too Large",
-                431: "Request Header Fields Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
+                431: "Request Header Fields Too Large"}
 
 
 class _Reply(Exception):
-    """Answer the current request with `status` and `reason`, then close unless `keep`."""
+    """Answer the current request with `status` and `reason`, then close the connection."""
 
-    def __init__(self, status: int, reason: str, keep: bool = False, tag: str = "") -> None:
+    def __init__(self, status: int, reason: str) -> None:
         super().__init__(reason)
-        self.status, self.reason, self.keep, self.tag = status, reason, keep, tag
+        self.status, self.reason = status, reason
 
 
 class _Conn(asyncio.BufferedProtocol):
@@ -411,8 +411,8 @@ class PeerServer:
             return await self._handle(conn)
         except _Reply as reply:
             self._on_reject(RemoteProtocolError(reply.reason, f"HTTP {reply.status}"), conn.ip)
-            await self._respond(conn, reply.status, reply.reason, reply.keep, reply.tag)
-            return reply.keep
+            await self._respond(conn, reply.status, reply.reason, False, "")
+            return False
 
     async def _handle(self, conn: _Conn) -> bool:
         limits = self._limits
