@@ -143,6 +143,9 @@ def read_csv(spec: DataSpec, rows_max: int, bytes_max: int) -> tuple[Any, ...] |
     text_idx = [i for i in range(len(header)) if i not in set(feat_idx)]
     types = {raw_header[i]: pa.float64() for i in feat_idx}
     types.update({raw_header[i]: pa.string() for i in text_idx})
+    label_idx = header.index(spec.label) if spec.label is not None else None
+    if label_idx is not None:            # coded block by block, its checks made on each block's dictionary
+        types[raw_header[label_idx]] = pa.dictionary(pa.int32(), pa.string())
     try:
         table = pacsv.read_csv(
             str(path),
@@ -164,14 +167,26 @@ def read_csv(spec: DataSpec, rows_max: int, bytes_max: int) -> tuple[Any, ...] |
     column = None
     for i in text_idx:
         column = table.column(i)
-        if column.type != pa.string() or column.null_count:
+        if column.null_count:
             return None
-        if n and (pc.max(pc.utf8_length(column)).as_py() >= _FIELD_CHARS_MAX
-                  or pc.any(pc.match_substring(column, "\x00")).as_py()):
+        if i == label_idx:
+            if column.type != pa.dictionary(pa.int32(), pa.string()):
+                return None
+            texts = [chunk.dictionary for chunk in column.chunks]
+        elif column.type != pa.string():
             return None
+        else:
+            texts = [column]
+        for text in texts:
+            if len(text) and (pc.max(pc.utf8_length(text)).as_py() >= _FIELD_CHARS_MAX
+                              or pc.any(pc.match_substring(text, "\x00")).as_py()):
+                return None
 
-    if spec.label is not None:
-        codes, uniques = _label_codes(table.column(header.index(spec.label)), str.strip)
+    if label_idx is not None:
+        coder, start = _DictCodes(n, str.strip), 0
+        for chunk in table.column(label_idx).chunks:
+            start = coder.add(start, chunk)
+        codes, uniques = coder.codes, coder.uniques
     else:
         uniques, codes = [""], np.zeros(n, dtype=np.int64)
     features = tuple(header[i] for i in feat_idx)
