@@ -31,6 +31,12 @@ from .http1 import (
 KEEPALIVE_S = 30.0                  # an idle connection is closed after this long (the server waits 60 s)
 ANSWER_HEAD_BYTES_MAX = 8 * 1024    # status line + headers of an answer
 ANSWER_BODY_BYTES_MAX = 64 * 1024   # an answer's body we read (a reason, a welcome); larger ones are not read
+ANSWER_BUFFER_BYTES_FIRST = 512     # an answer's first read buffer (our 204 is 27 bytes); it grows up to the cap
+HEAD_PREFIXES_MAX = 4096            # request-head prefixes cached, one per (address, path); cleared beyond that
+REFUSAL_BODY_BYTES_READ = 400       # bytes of a refusal's body decoded for its reason ...
+REFUSAL_REASON_CHARS_MAX = 100      # ... and the characters of it kept
+REFUSAL_TAG_CHARS_MAX = 64          # characters of a refusal's X-Fedpeer-Refusal tag kept (ours are 32 hex digits)
+STATUS_LINE_CHARS_SHOWN = 40        # characters of a status line we do not read quoted in the error
 log = logging.getLogger("fedpeer.transport")
 
 _NO_BODY = (204, 304)
@@ -159,7 +165,7 @@ class PeerClient:
     def _head(self, address: str, path: str, length: int) -> bytes:
         prefix = self._heads.get((address, path))
         if prefix is None:
-            if len(self._heads) > 4096:
+            if len(self._heads) > HEAD_PREFIXES_MAX:
                 self._heads.clear()
             prefix = f"POST {path} HTTP/1.1\r\nHost: {address}\r\nContent-Length: ".encode()
             self._heads[(address, path)] = prefix
@@ -189,9 +195,10 @@ class PeerClient:
                     sock.close()
         want = 200 if path == HELLO_PATH else 204
         if answer.status != want:
-            reason = answer.body[:400].decode("utf-8", "replace")[:100]
+            reason = answer.body[:REFUSAL_BODY_BYTES_READ].decode("utf-8", "replace")[:REFUSAL_REASON_CHARS_MAX]
             if answer.status == 400:
-                raise SendRefused(address, reason, answer.headers.get(REFUSAL_HEADER.lower(), "")[:64])
+                tag = answer.headers.get(REFUSAL_HEADER.lower(), "")[:REFUSAL_TAG_CHARS_MAX]
+                raise SendRefused(address, reason, tag)
             raise SendError(f"{address} refused the frame: HTTP {answer.status} {reason}")
         if want == 204:
             return b""
@@ -325,7 +332,7 @@ def _answer_already_here(sock: socket.socket) -> _Answer | None:
 
 
 async def _read_answer(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> _Answer:
-    buf = bytearray(512)
+    buf = bytearray(ANSWER_BUFFER_BYTES_FIRST)
     got = 0
     while True:
         if got == len(buf):
@@ -361,7 +368,7 @@ def _parse_answer(buf: bytearray, got: int, eof: bool) -> _Answer | None:
     except ValueError:
         raise BadAnswer("not an HTTP answer") from None
     if not version.startswith("HTTP/1.") or not 200 <= status <= 599:
-        raise BadAnswer(f"not an HTTP/1.x answer: {status_line[:40]!r}")
+        raise BadAnswer(f"not an HTTP/1.x answer: {status_line[:STATUS_LINE_CHARS_SHOWN]!r}")
     try:
         headers = parse_header_lines(lines)
     except ValueError:

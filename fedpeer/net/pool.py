@@ -19,10 +19,12 @@ import threading
 POOLED_BYTES_MIN = 256 * 1024
 POOLED_BYTES_MAX = 16 * 1024 * 1024
 KEEP_BYTES_MAX = 48 * 1024 * 1024
+SIZE_CLASS_STEP_LOG2_MIN = 16     # size classes are at least 2**16 bytes (64 KiB) apart
+SIZE_CLASS_STEP_SHIFT_BITS = 3    # a step is n's next power of two over 2**3: 4 classes per doubling
 
 
 def size_class(n: int) -> int:
-    step = 1 << max(16, n.bit_length() - 3)
+    step = 1 << max(SIZE_CLASS_STEP_LOG2_MIN, n.bit_length() - SIZE_CLASS_STEP_SHIFT_BITS)
     return -(-n // step) * step
 
 

@@ -42,6 +42,9 @@ from .pool import FramePool
 HEAD_BUFFER_BYTES = 2 * HTTP_HEAD_BYTES_MAX   # per connection: a request's head, the frame header after it
 LARGE_FRAME_BYTES_MIN = 1024 * 1024    # frames this large also take bytes from the inbound byte budget
 DISCARD_BYTES_MAX = 256 * 1024         # unread bytes dropped at a close (what one socket read took before)
+DISCARD_READ_BYTES = 64 * 1024         # one read of those: the scratch buffer a close reads them into
+LISTEN_BACKLOG = 128                   # connections the kernel queues for us before we accept them
+CONTENT_LENGTH_DIGITS_MAX = 12         # a request's Content-Length digits (< 1 TB; message_bytes_max then bounds it)
 log = logging.getLogger("fedpeer.transport")
 
 _STATUS_TEXT = {200: "OK", 204: "No Content", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout",
@@ -227,7 +230,7 @@ class _Conn(asyncio.BufferedProtocol):
             return
         if not self._ended:
             with contextlib.suppress(OSError), transport.get_extra_info("socket").dup() as sock:
-                scratch, left = bytearray(64 * 1024), DISCARD_BYTES_MAX
+                scratch, left = bytearray(DISCARD_READ_BYTES), DISCARD_BYTES_MAX
                 while left > 0 and (n := sock.recv_into(scratch, min(left, len(scratch)), socket.MSG_DONTWAIT)):
                     left -= n
         transport.close()
@@ -335,7 +338,7 @@ class PeerServer:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: _Conn(self), self._listen.host, self._listen.port,
-            reuse_address=True, backlog=128)   # OSError (e.g. port in use) propagates to the node
+            reuse_address=True, backlog=LISTEN_BACKLOG)   # OSError (e.g. port in use) propagates to the node
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
@@ -540,7 +543,7 @@ def _parse_head(head: bytes, bytes_max: int) -> tuple[str, int, bool]:
     if "transfer-encoding" in headers:
         raise _Reply(411, "length_required")     # frames have a length; no chunked bodies
     length_text = headers.get("content-length", "")
-    if not length_text.isdigit() or len(length_text) > 12:
+    if not length_text.isdigit() or len(length_text) > CONTENT_LENGTH_DIGITS_MAX:
         raise _Reply(411, "length_required")
     length = int(length_text)
     if length > bytes_max:
