@@ -334,11 +334,12 @@ def _answer_already_here(sock: socket.socket) -> _Answer | None:
 async def _read_answer(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> _Answer:
     buf = bytearray(ANSWER_BUFFER_BYTES_FIRST)
     got = 0
+    cap = ANSWER_HEAD_BYTES_MAX + ANSWER_BODY_BYTES_MAX
     while True:
         if got == len(buf):
-            if len(buf) >= ANSWER_HEAD_BYTES_MAX + ANSWER_BODY_BYTES_MAX:
+            if len(buf) >= cap:
                 raise BadAnswer("answer too large")
-            bigger = bytearray(2 * len(buf))    # (not extend: a view of buf may still be alive)
+            bigger = bytearray(min(2 * len(buf), cap))    # (not extend: a view of buf may still be alive)
             bigger[:got] = buf
             buf = bigger
         n = await loop.sock_recv_into(sock, memoryview(buf)[got:])

@@ -335,6 +335,36 @@ def test_answers_are_parsed_strictly() -> None:
         answer(b"HTTP/1.1 400 X\r\nContent-Length: 9\r\n\r\nabc", eof=True)
 
 
+async def test_an_answers_buffer_grows_to_its_cap_and_not_past_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    loop = asyncio.get_running_loop()
+    cap = client_module.ANSWER_HEAD_BYTES_MAX + client_module.ANSWER_BODY_BYTES_MAX
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    theirs.setblocking(False)
+    sizes: list[int] = []   # the buffer's length at each read (what was read + the room left)
+    got = 0
+    real = loop.sock_recv_into
+
+    async def recv_into(sock: socket.socket, view: memoryview) -> int:
+        nonlocal got
+        sizes.append(got + len(view))
+        n = await real(sock, view)
+        got += n
+        return n
+
+    monkeypatch.setattr(loop, "sock_recv_into", recv_into)
+    sender = loop.create_task(loop.sock_sendall(
+        theirs, b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n" + bytes(2 * cap)))   # no length
+    try:
+        answer = await client_module._read_answer(loop, ours)
+    finally:
+        sender.cancel()
+        ours.close()
+        theirs.close()
+    assert answer.status == 400 and len(answer.body) == client_module.ANSWER_BODY_BYTES_MAX and not answer.keep
+    assert max(sizes) == cap
+
+
 async def test_a_frame_handler_error_keeps_the_connection_serving(site: Site, client: PeerClient) -> None:
     async def refuse() -> None:
         raise wire.refused_from(site.alice.public_key, RemoteProtocolError("internal_error", "test"))
