@@ -1,6 +1,8 @@
-"""The fast path of `fedpeer.ml.data.load_csv`: pyarrow's multi-threaded CSV reader.
+"""The fast path of `fedpeer.ml.data.load_csv`: pyarrow's multi-threaded CSV reader; and the Arrow
+pieces every columnar source shares (the float64 matrix fill, the label codes: ml/parquetsource.py,
+ml/sqlsource.py).
 
-`read_csv` returns what `data._read` would return for the same file — the feature names, the
+`read_csv` returns what `csvtext.read_csv` would return for the same file — the feature names, the
 float64 matrix (NaN where a value is missing), the label codes and their distinct values in order of
 first appearance — or None whenever it cannot vouch for that; `load_csv` then reads the file with
 the Python parser, which gives today's result or today's exact message. It returns None when:
@@ -35,7 +37,6 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DataError
 from .data import _BOM, MISSING_TOKENS, DataSpec, _NoLines, _open
 
 _HEADER_BYTES_MAX = 4 << 20
@@ -108,7 +109,7 @@ def _has_quote(f, data_start: int | None) -> bool:
 
 
 def read_csv(spec: DataSpec, rows_max: int, bytes_max: int) -> tuple[Any, ...] | None:
-    """(features, X, codes, uniques, rows) as `data._read` gives them, or None (see the module)."""
+    """(features, X, codes, uniques, rows) as `csvtext.read_csv` gives them, or None (see the module)."""
     try:
         import pyarrow as pa
         import pyarrow.compute as pc
@@ -343,176 +344,3 @@ def _fill_part(X: np.ndarray, start: int, batches: list) -> bool:
         start += n
         del columns
     return finite
-
-
-# ---------------------------------------------------------------------------------------------
-# Parquet: a file or a directory of part files, column types from the file's schema.
-
-class _ParquetRows:
-    """Rows of a Parquet source are named by their 1-based position ("row N"); there are no lines.
-    all_finite: every value of X was found finite while filling it."""
-
-    def __init__(self, all_finite: bool = False) -> None:
-        self.all_finite = all_finite
-
-    def where(self, index: int) -> str:
-        return f"row {index + 1}"
-
-
-def _parquet_files(path) -> list:
-    from pathlib import Path
-
-    path = Path(path)
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(("_", "."))
-                       and p.suffix in (".parquet", ".parq", ".pq", ""))
-        if not files:
-            raise DataError(f"{path}: directory holds no Parquet part files (*.parquet); point parquet at "
-                            "the file or the directory of the extract")
-        return files
-    return [path]
-
-
-def _column_kind(t) -> str:
-    import pyarrow as pa
-
-    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
-        return "number"
-    if pa.types.is_dictionary(t):
-        return "dictionary"
-    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
-        return "text"
-    if pa.types.is_temporal(t):
-        return "time"
-    return "other"
-
-
-def read_parquet(spec: DataSpec, rows_max: int, bytes_max: int) -> tuple[Any, ...]:
-    """(features, X, codes, uniques, rows) of a Parquet source, as `data._read` gives them for a CSV
-    with the same columns (same names, same fingerprint). Raises DataError naming the source, the
-    column and the fix."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from .data import check_columns
-
-    path = spec.parquet
-    if not path.exists():
-        raise DataError(f"{path}: file not found; check the data path in the job or site configuration")
-    files = _parquet_files(path)
-    try:
-        size = sum(os.stat(f).st_size for f in files)
-    except OSError as e:
-        raise DataError(f"{path}: cannot be read: {e.strerror or e}") from None
-    if size > bytes_max:
-        raise DataError(f"{path}: is {size} bytes, more than the limit of {bytes_max} bytes (bytes_max); "
-                         "use a sample of the data or raise the limit")
-    try:
-        metas = [pq.read_metadata(f) for f in files]
-    except PermissionError:
-        raise DataError(f"{path}: cannot be read (permission denied); let the fedpeer user read it") from None
-    except (pa.ArrowException, OSError) as e:
-        raise DataError(f"{path}: is not a readable Parquet file ({e}); write it with pyarrow, pandas "
-                         "(to_parquet) or Spark, or use csv") from None
-    schema = metas[0].schema.to_arrow_schema()
-    for f, meta in zip(files[1:], metas[1:]):
-        if not meta.schema.to_arrow_schema().equals(schema):
-            raise DataError(f"{path}: part file {f.name} has other columns or types than {files[0].name}; "
-                             "every part file must have the same schema")
-    header = list(schema.names)
-    check_columns(path, header, spec)
-    if spec.label is not None and spec.label in spec.ignore:
-        raise DataError(f"{path}: the label column {spec.label!r} is also listed in ignore; remove it from ignore")
-    features = tuple(n for n in header if n != spec.label and n not in set(spec.ignore))
-    if not features:
-        raise DataError(f"{path}: no feature columns left (all columns are the label or ignored)")
-    for name in features:
-        t = schema.field(name).type
-        kind = _column_kind(t)
-        if kind == "number":
-            continue
-        fix = {"dictionary": "is categorical (dictionary-encoded) in the Parquet schema; encode it as numbers "
-                             "(for example one column per category) or add it to ignore",
-               "text": "is text in the Parquet schema; encode it as numbers or add it to ignore (an identifier?)",
-               "time": "is a date or time in the Parquet schema; turn it into a number (for example days since "
-                       "an event) or add it to ignore"}.get(kind, "is not a number column in the Parquet schema; "
-                                                                   "cast it to a number or add it to ignore")
-        raise DataError(f"{path}: column {name!r} ({t}) {fix}")
-    label_text = None
-    if spec.label is not None:
-        t = schema.field(spec.label).type
-        value_type = t.value_type if pa.types.is_dictionary(t) else t
-        if pa.types.is_string(value_type) or pa.types.is_large_string(value_type):
-            label_text = _label_from_text
-        elif pa.types.is_integer(value_type):
-            label_text = _label_from_int
-        elif pa.types.is_boolean(value_type):
-            label_text = _label_from_bool
-        else:
-            raise DataError(f"{path}: label column {spec.label!r} is {t} in the Parquet schema; a label must be "
-                             "text, an integer or a boolean (the class)")
-    n = sum(meta.num_rows for meta in metas)
-    if n > rows_max:
-        raise DataError(f"{path}: has more than {rows_max} data rows (rows_max); use a sample of the data or "
-                         "raise the limit")
-    if n == 0:
-        raise DataError(f"{path}: has columns but no data rows")
-    columns = list(features) + ([spec.label] if spec.label is not None else [])
-    # Row group by row group into a matrix allocated once (the row count is in the metadata): memory
-    # is the matrix plus one row group, not a whole table beside the matrix.
-    X = np.empty((n, len(features)), dtype=np.float64)
-    label_chunks: list = []
-    # a text label is read as a dictionary and coded group by group (see _DictCodes)
-    dict_codes = _DictCodes(n, label_text) if label_text is _label_from_text else None
-    read_dictionary = [spec.label] if dict_codes is not None else None
-    start, finite, coded = 0, True, 0
-    try:
-        groups = [(part, g) for part in (pq.ParquetFile(f, read_dictionary=read_dictionary) for f in files)
-                  for g in range(part.num_row_groups)]
-        with ThreadPoolExecutor(1, thread_name_prefix="parquet-read") as ahead:   # the next group reads
-            pending = ahead.submit(_read_group, *groups[0], columns) if groups else None   # while this fills
-            for k in range(len(groups)):
-                table = pending.result()
-                if k + 1 < len(groups):
-                    pending = ahead.submit(_read_group, *groups[k + 1], columns)
-                if start + table.num_rows > n:
-                    raise DataError(f"{path}: holds more rows than its metadata says; write it again")
-                if spec.label is not None:
-                    for chunk in table.column(spec.label).chunks:
-                        if dict_codes is not None:
-                            coded = dict_codes.add(coded, chunk)
-                        else:
-                            label_chunks.append(chunk.cast(chunk.type.value_type)
-                                                if pa.types.is_dictionary(chunk.type) else chunk)
-                    table = table.drop_columns([spec.label])
-                start, finite_group = _fill(X, start, table.to_batches())
-                finite = finite and finite_group
-                del table
-    except (pa.ArrowException, OSError) as e:
-        raise DataError(f"{path}: reading failed ({e}); write the file again or use csv") from None
-    if start != n:
-        raise DataError(f"{path}: holds fewer rows than its metadata says; write it again")
-    if dict_codes is not None:
-        codes, uniques = dict_codes.codes, dict_codes.uniques
-    elif spec.label is not None:
-        column = pa.chunked_array(label_chunks, type=label_chunks[0].type if label_chunks else pa.string())
-        codes, uniques = _label_codes(column, label_text)
-    else:
-        uniques, codes = [""], np.zeros(n, dtype=np.int64)
-    return features, X, codes, uniques, _ParquetRows(all_finite=finite)
-
-
-def _read_group(part, group: int, columns: list[str]):
-    return part.read_row_group(group, columns=columns, use_threads=True)
-
-
-def _label_from_text(value: str | None) -> str:
-    return "" if value is None else value.strip()
-
-
-def _label_from_int(value: int | None) -> str:
-    return "" if value is None else str(value)
-
-
-def _label_from_bool(value: bool | None) -> str:
-    return "" if value is None else str(value)          # "True" / "False", as pandas writes them to CSV

@@ -73,7 +73,7 @@ def dask_refusal(kind: str, params: Mapping[str, Any]) -> str | None:
 def part_files(data: Any) -> tuple[str, list[Path]]:
     """("csv" or "parquet", the partitions' files, sorted). DataError if none."""
     if data.parquet:
-        from ._arrow import _parquet_files
+        from .parquetsource import _parquet_files
 
         path = Path(data.parquet)
         if not path.exists():

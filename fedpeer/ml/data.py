@@ -1,4 +1,8 @@
-"""A site's private CSV -> a checked, numeric `Dataset`.
+"""A site's private data -> a checked, numeric `Dataset`: the one layer behind `[data]`.
+
+Every source ends in `_finish` with the same checks: a CSV read by pyarrow (ml/_arrow.py) or, when
+pyarrow cannot vouch for the result, by the Python parser (ml/csvtext.py); Parquet (ml/parquetsource.py);
+a PostgreSQL query (ml/sqlsource.py).
 
 Rules of this module:
 - Every problem with the data is a `DataError` whose message names the file and, where it
@@ -20,20 +24,13 @@ Rules of this module:
 
 from __future__ import annotations
 
-import bisect
 import codecs
-import csv
 import hashlib
-import io
 import math
-import operator
-import os
-import stat
-from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import numpy as np
 
@@ -51,8 +48,6 @@ LABEL_CHARS_MAX = 256
 
 _SCHEMA_VERSION = b"fedpeer.schema.v1\x00"
 _BOM = codecs.BOM_UTF8
-_CHUNK_CELLS = 1 << 20      # floats per block while accumulating rows (8 MiB)
-_READ_BYTES = 1 << 16
 _LIST_MAX = 12              # names/values quoted in one message before "... and N more"
 
 
@@ -139,100 +134,6 @@ def schema_fingerprint(features: Sequence[str], types: Sequence[str]) -> bytes:
 
 
 # ---------------------------------------------------------------------------------------------
-# Bounded, accounted byte stream under the text decoder.
-
-class _TooLarge(Exception):
-    pass
-
-
-class _Utf16(Exception):
-    pass
-
-
-class _NulByte(Exception):
-    def __init__(self, offset: int, line: int) -> None:
-        self.offset, self.line = offset, line
-
-
-def _breaks(data: bytes) -> int:
-    """Line breaks in data: \\n, \\r\\n and lone \\r each count once."""
-    return data.count(b"\n") + data.count(b"\r") - data.count(b"\r\n")
-
-
-class _Metered(io.BufferedIOBase):
-    """Feeds the TextIOWrapper directly (no read-ahead in between), so that every byte handed to
-    the decoder has been counted: refuses to go past `limit` bytes, refuses NUL bytes, strips a
-    UTF-8 byte-order mark, and can place a decoding error at a byte offset and line."""
-
-    def __init__(self, raw: BinaryIO, limit: int) -> None:
-        super().__init__()
-        self._raw, self._limit = raw, limit
-        self.consumed = 0            # bytes of the file handed out or skipped (the BOM)
-        self.line_breaks = 0         # line breaks in those bytes
-        self._cr_last = False
-        self._first = True
-
-    def readable(self) -> bool:
-        return True
-
-    def _account(self, data: bytes) -> None:
-        start = self.consumed
-        self.consumed += len(data)
-        if self.consumed > self._limit:
-            raise _TooLarge()
-        nul = data.find(b"\x00")
-        if nul >= 0:
-            raise _NulByte(start + nul, self._line_at(data, nul))
-        self.line_breaks += _breaks(data) - (1 if self._cr_last and data[:1] == b"\n" else 0)
-        self._cr_last = data[-1:] == b"\r" if data else self._cr_last
-
-    def _line_at(self, data: bytes, index: int) -> int:
-        """1-based line of data[index], data being the bytes just after those already counted."""
-        before = data[:index]
-        joined = 1 if self._cr_last and before[:1] == b"\n" else 0     # \r|\n across two reads
-        return 1 + self.line_breaks + _breaks(before) - joined
-
-    def read1(self, size: int = -1) -> bytes:
-        size = size if size and size > 0 else _READ_BYTES
-        data = self._raw.read1(size)
-        if self._first:
-            self._first = False
-            while 0 < len(data) < len(_BOM) and _BOM.startswith(data):
-                if not (more := self._raw.read1(size)):
-                    break
-                data += more
-            if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-                raise _Utf16()
-            if data.startswith(_BOM):
-                self._account(_BOM)
-                data = data[len(_BOM):] or self._raw.read1(size)   # b"" would mean end of file
-        self._account(data)
-        return data
-
-    def read(self, size: int = -1) -> bytes:
-        if size is None or size < 0:
-            parts = []
-            while part := self.read1(_READ_BYTES):
-                parts.append(part)
-            return b"".join(parts)
-        return self.read1(size)
-
-    def locate(self, err: UnicodeDecodeError) -> tuple[int, int] | None:
-        """(byte offset, line) of a decoding error raised on the bytes handed out so far.
-
-        The incremental decoder raises on (its undecoded remainder + the chunk just read), which is
-        always the tail of what this stream handed out; None if that does not hold."""
-        obj = err.object
-        if not isinstance(obj, (bytes, bytearray)) or not 0 <= err.start < len(obj):
-            return None
-        offset = self.consumed - len(obj) + err.start
-        if offset < 0:
-            return None
-        tail = bytes(obj[err.start:])
-        return offset, 1 + self.line_breaks - _breaks(tail)
-
-
-# ---------------------------------------------------------------------------------------------
 # Loading.
 
 def _quote_list(values: Sequence[str]) -> str:
@@ -283,23 +184,10 @@ def _open(path: Path) -> BinaryIO:
     return f
 
 
-class _Rows:
-    """Where data rows are in the file: data row index (0-based) -> 1-based line, stored sparsely
-    as breakpoints where the difference between them changes."""
+class RowPlaces(Protocol):
+    """How a reader names a data row in messages: "data row N, line L" (CSV), "row N" (Parquet)."""
 
-    def __init__(self) -> None:
-        self._starts: list[int] = []
-        self._deltas: list[int] = []
-
-    def note(self, index: int, line: int) -> None:
-        delta = line - index
-        if not self._deltas or self._deltas[-1] != delta:
-            self._starts.append(index)
-            self._deltas.append(delta)
-
-    def where(self, index: int) -> str:
-        k = bisect.bisect_right(self._starts, index) - 1
-        return f"data row {index + 1}, line {index + self._deltas[k]}"
+    def where(self, index: int) -> str: ...
 
 
 class _NeedLines(Exception):
@@ -319,7 +207,7 @@ class _NoLines:
 
 def load_data(spec: DataSpec, *, binary: bool = True, rows_max: int = 10_000_000,
               bytes_max: int = 2 * 1024**3, impute_from: Dataset | None = None) -> Dataset:
-    """`load_csv` or, for `spec.parquet`, `_arrow.read_parquet`: the same checked Dataset either way."""
+    """`load_csv` or, for `spec.parquet`, `parquetsource.read_parquet`: the same checked Dataset either way."""
     if spec.sql is not None:
         from . import sqlsource
 
@@ -328,9 +216,9 @@ def load_data(spec: DataSpec, *, binary: bool = True, rows_max: int = 10_000_000
         return load_csv(spec, binary=binary, rows_max=rows_max, bytes_max=bytes_max, impute_from=impute_from)
     if rows_max < 1 or bytes_max < 1:
         raise ValueError("rows_max and bytes_max must be positive")
-    from . import _arrow
+    from . import parquetsource
 
-    return _finish(spec, binary, *_arrow.read_parquet(spec, rows_max, bytes_max), impute_from=impute_from)
+    return _finish(spec, binary, *parquetsource.read_parquet(spec, rows_max, bytes_max), impute_from=impute_from)
 
 
 def load_csv(spec: DataSpec, *, binary: bool = True, rows_max: int = 10_000_000,
@@ -364,39 +252,10 @@ def load_csv(spec: DataSpec, *, binary: bool = True, rows_max: int = 10_000_000,
 
 def _load_csv_python(spec: DataSpec, *, binary: bool = True, rows_max: int = 10_000_000,
                      bytes_max: int = 2 * 1024**3, impute_from: Dataset | None = None) -> Dataset:
-    """Today's streaming parser: reads `spec.csv` with the csv module and places every problem."""
-    path = spec.csv
-    with _open(path) as f:
-        st = os.fstat(f.fileno())
-        if stat.S_ISREG(st.st_mode) and st.st_size > bytes_max:
-            raise DataError(f"{path}: is {st.st_size} bytes, more than the limit of {bytes_max} bytes "
-                            "(bytes_max); use a sample of the data or raise the limit")
-        metered = _Metered(f, bytes_max)
-        text = io.TextIOWrapper(metered, encoding="utf-8", errors="strict", newline="")
-        reader = csv.reader(text)
-        try:
-            parsed = _read(spec, reader, rows_max)
-        except _TooLarge:
-            raise DataError(f"{path}: is more than the limit of {bytes_max} bytes (bytes_max); "
-                            "use a sample of the data or raise the limit") from None
-        except _Utf16:
-            raise DataError(f"{path}: is UTF-16 text (it starts with a UTF-16 byte-order mark); save it as "
-                            "CSV in UTF-8 (Excel: 'CSV UTF-8')") from None
-        except _NulByte as e:
-            raise DataError(f"{path}: contains a NUL byte at byte offset {e.offset} (line {e.line}): "
-                            "not a text CSV file (UTF-16? binary?); save it as CSV in UTF-8") from None
-        except UnicodeDecodeError as e:
-            place = metered.locate(e)
-            at = (f" at byte offset {place[0]} (line {place[1]})" if place
-                  else f" after line {reader.line_num}")
-            bad = f"byte 0x{e.object[e.start]:02X}" if place else "byte"
-            raise DataError(f"{path}: is not UTF-8 text: invalid {bad}{at} (saved as UTF-16, Latin-1 or "
-                            "Windows-1252?); save it as CSV in UTF-8 (Excel: 'CSV UTF-8')") from None
-        except csv.Error as e:
-            raise DataError(f"{path}: is not valid CSV near line {reader.line_num}: {e}") from None
-        except OSError as e:
-            raise DataError(f"{path}: reading failed: {e.strerror or e}") from None
-    return _finish(spec, binary, *parsed, impute_from=impute_from)
+    """The Python parser's Dataset of `spec.csv` (ml/csvtext.py): today's result or today's message."""
+    from . import csvtext
+
+    return _finish(spec, binary, *csvtext.read_csv(spec, rows_max, bytes_max), impute_from=impute_from)
 
 
 def check_columns(where: object, header: Sequence[str], spec: DataSpec,
@@ -420,95 +279,8 @@ def check_columns(where: object, header: Sequence[str], spec: DataSpec,
     return seen
 
 
-def _read(spec: DataSpec, reader, rows_max: int):
-    path = spec.csv
-    header = None
-    for record in reader:
-        if record:
-            header = [name.strip() for name in record]
-            break
-    if header is None:
-        raise DataError(f"{path}: is empty; a CSV file with a header row and data rows is needed")
-    header_lines = reader.line_num
-    for i, name in enumerate(header):
-        if not name:
-            raise DataError(f"{path}: column {i + 1} of the header has no name (R's write.csv writes one "
-                            "for row names: use row.names = FALSE); give every column a name")
-    seen = check_columns(path, header, spec)
-    if spec.label is not None and spec.label in spec.ignore:
-        raise DataError(f"{path}: the label column {spec.label!r} is also listed in ignore; "
-                        "remove it from ignore")
-    label_idx = seen[spec.label] if spec.label is not None else -1
-    ignored = set(spec.ignore)
-    feat_idx = [i for i, name in enumerate(header) if i != label_idx and name not in ignored]
-    features = tuple(header[i] for i in feat_idx)
-    if not features:
-        raise DataError(f"{path}: no feature columns left (all columns are the label or ignored)")
-    ncols, nf = len(header), len(feat_idx)
-    pick = operator.itemgetter(*feat_idx) if nf > 1 else (lambda r, _i=feat_idx[0]: (r[_i],))
-
-    block_rows = max(1, _CHUNK_CELLS // nf)
-    blocks: list[np.ndarray] = []
-    block = np.empty((block_rows, nf), dtype=np.float64)
-    k = 0
-    codes = array("l")
-    label_codes: dict[str, int] = {}
-    rows = _Rows()
-    n = 0
-    last_line = header_lines
-    for record in reader:
-        start_line, last_line = last_line + 1, reader.line_num
-        if not record:
-            continue                                   # blank line
-        n += 1
-        if n > rows_max:
-            raise DataError(f"{path}: has more than {rows_max} data rows (rows_max); use a sample of the "
-                            "data or raise the limit")
-        rows.note(n - 1, start_line)
-        if len(record) != ncols:
-            raise DataError(f"{path}: {rows.where(n - 1)} has {len(record)} fields but the header has "
-                            f"{ncols} columns; fix that row (a stray or missing comma, or an unquoted "
-                            "comma inside a value?)")
-        cells = pick(record)
-        try:
-            values = [float(c) for c in cells]
-            joined = "".join(cells)
-            ok = joined.isascii() and "_" not in joined   # else let _parse_float judge each cell
-        except ValueError:
-            ok = False
-        if not ok:
-            values = []
-            for j, c in enumerate(cells):
-                t = c.strip()
-                if t.lower() in MISSING_TOKENS:
-                    values.append(math.nan)
-                    continue
-                v = _parse_float(t)
-                if v is None:
-                    raise DataError(f"{path}: column {features[j]!r} is not numeric: {rows.where(n - 1)} "
-                                    f"has {_example(c)}; if it is not a feature (an identifier, a date, "
-                                    "text), add it to ignore")
-                values.append(v)
-        block[k] = values
-        k += 1
-        if k == block_rows:
-            blocks.append(block)
-            block = np.empty((block_rows, nf), dtype=np.float64)
-            k = 0
-        lab = record[label_idx].strip() if label_idx >= 0 else ""
-        code = label_codes.get(lab)
-        if code is None:
-            code = label_codes[lab] = len(label_codes)
-        codes.append(code)
-    if n == 0:
-        raise DataError(f"{path}: has a header but no data rows")
-    blocks.append(block[:k])
-    X = np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
-    return features, X, np.frombuffer(codes, dtype=np.dtype("l")).astype(np.int64), list(label_codes), rows
-
-
 def _finish(spec: DataSpec, binary: bool, features: tuple[str, ...], X: np.ndarray, codes: np.ndarray,
-            uniques: list[str], rows: _Rows, impute_from: Dataset | None = None) -> Dataset:
+            uniques: list[str], rows: RowPlaces, impute_from: Dataset | None = None) -> Dataset:
     path = spec.source
     n = X.shape[0]
     # Labels: judge each distinct value once.

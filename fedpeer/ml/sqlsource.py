@@ -1,6 +1,6 @@
 """[data] sql: a site's rows are the result of a query against its PostgreSQL database.
 
-`read_sql` returns what `data._read` returns for a CSV (feature names, float64 matrix with NaN where
+`read_sql` returns what `csvtext.read_csv` returns for a CSV (feature names, float64 matrix with NaN where
 a value is missing, label codes and their distinct values, row locator), so that `data._finish`
 applies every rule of a CSV source — label, positive class, missing policy, row cap, schema
 fingerprint — to the query's result, and a query giving the same columns and values as a CSV gives
@@ -135,7 +135,7 @@ def _type_name(conn: Any, oid: int) -> str:
 
 def read_sql(spec: Any, rows_max: int, bytes_max: int) -> tuple[Any, ...]:
     """(features, X, codes, uniques, rows) of `spec.sql` run with the connection string in
-    `spec.dsn_file`, as `data._read` gives them for a CSV with the same columns and values.
+    `spec.dsn_file`, as `csvtext.read_csv` gives them for a CSV with the same columns and values.
     Raises DataError naming the source ("[data] sql") and never the password."""
     dsn_path = Path(spec.dsn_file) if spec.dsn_file is not None else None
     if dsn_path is None:

@@ -169,7 +169,7 @@ def test_dictionary_label_codes_are_the_decoded_columns(groups: list[list]) -> N
     """A text label read as a dictionary is coded group by group (_DictCodes): the codes and
     values in order of first appearance that `_label_codes` gives for the decoded column — with
     nulls, values equal once stripped, and more distinct values than a scan each (np.unique)."""
-    from fedpeer.ml import _arrow
+    from fedpeer.ml import _arrow, parquetsource
 
     chunks = []
     for g in groups:      # a dictionary in another order than first appearance, with an unused value
@@ -180,11 +180,11 @@ def test_dictionary_label_codes_are_the_decoded_columns(groups: list[list]) -> N
         indices = pa.array([None if i is None else where[i] for i in encoded.indices.to_pylist()], pa.int32())
         chunks.append(pa.DictionaryArray.from_arrays(indices, pa.array([values[i] for i in order], pa.string())))
     n = sum(len(g) for g in groups)
-    coder, start = _arrow._DictCodes(n, _arrow._label_from_text), 0
+    coder, start = _arrow._DictCodes(n, parquetsource._label_from_text), 0
     for chunk in chunks:
         start = coder.add(start, chunk)
     codes, uniques = _arrow._label_codes(pa.chunked_array([pa.array(g, pa.string()) for g in groups]),
-                                         _arrow._label_from_text)
+                                         parquetsource._label_from_text)
     assert start == n and coder.codes.tolist() == codes.tolist() and coder.uniques == uniques
 
 
