@@ -503,7 +503,7 @@ class Node:
             times_ms.append((time.perf_counter() - started) * 1000)
         return times_ms
 
-    # -- the jobs' transport (fedpeer/jobs/registry.py Transport) -----------------------------
+    # -- the jobs' transport (fedpeer/jobs/nodechannel.py Transport) --------------------------
 
     def now_ms(self) -> int:
         return time.time_ns() // 1_000_000

@@ -1,6 +1,6 @@
 """A site's [data] as a job loads it, and `fedpeer data check`'s report of it.
 
-`load_site` is the one way a job (fedpeer/jobs/registry.py) and `fedpeer data check` load the
+`load_site` is the one way a job (fedpeer/jobs/admission.py) and `fedpeer data check` load the
 site's rows, so that what the check prints is what a job would see. It blocks (parsing, imputing):
 the daemon calls it in a worker thread, never on its event loop.
 """
@@ -57,12 +57,12 @@ def load_site(data: DataSection, limits: JobLimits, *, needs_label: bool,
     if data.test_csv:
         from dataclasses import replace
 
-        from .jobs.registry import _schema_difference
+        from .jobs.admission import schema_difference
         test = load(replace(spec, csv=Path(data.test_csv), parquet=None, sql=None), dataset)
         if test.fingerprint != dataset.fingerprint:
             raise DataError(f"{data.test_csv}: [data] test_csv has other columns than "
                             f"{data.csv or data.parquet or '[data] sql'}: "
-                            + _schema_difference(dataset.features, list(test.features), "test_csv", "csv"))
+                            + schema_difference(dataset.features, list(test.features), "test_csv", "csv"))
     return dataset, test
 
 
@@ -72,12 +72,12 @@ def _dask_test(data: DataSection, limits: JobLimits, site: Any, *, needs_label: 
         return None
     from dataclasses import replace
 
-    from .jobs.registry import _schema_difference
+    from .jobs.admission import schema_difference
     spec = spec_for(replace(data, csv=data.test_csv, parquet=""), needs_label=needs_label)
     test = load_data(spec, binary=binary, rows_max=limits.data_rows_max, bytes_max=limits.data_bytes_max)
     if test.fingerprint != site.fingerprint:
         raise DataError(f"{data.test_csv}: [data] test_csv has other columns than {data.csv or data.parquet}: "
-                        + _schema_difference(site.features, list(test.features), "test_csv", "csv"))
+                        + schema_difference(site.features, list(test.features), "test_csv", "csv"))
     return test
 
 

@@ -20,6 +20,7 @@ from fedpeer import wire
 from fedpeer.config import Address, Config, JobLimits, NodeSection, Policy
 from fedpeer.errors import JobError, RemoteProtocolError
 from fedpeer.identity import fingerprint
+from fedpeer.jobs import admission, runner
 from fedpeer.jobs import messages as m
 from fedpeer.jobs import registry as reg
 from fedpeer.jobs.base import JobKind
@@ -176,7 +177,7 @@ async def test_a_failure_inside_the_failure_handling_ends_only_that_job(tmp_path
         await settle()
         state.full = True                            # the disk fills while the job runs
         transport.fail_with = RuntimeError("transport bug")
-        await asyncio.sleep(reg.ABORT_GRACE_MS / 1000 + 0.2)
+        await asyncio.sleep(runner.ABORT_GRACE_MS / 1000 + 0.2)
         record = registry.jobs["fails-1"]
         assert record.state == "failed" and "always fails" in record.error
         assert record.dirty, "the final state could not be written: it stays in memory, marked for a retry"
@@ -241,7 +242,7 @@ async def test_disk_full_since_the_proposal_fails_the_start_naming_the_disk(tmp_
         await settle()
         state.full = True
         registry.on_message(ALICE, "job-4", start("job-4", ALICE, BOB, ME))
-        await asyncio.sleep(reg.ABORT_GRACE_MS / 1000 + 0.2)
+        await asyncio.sleep(runner.ABORT_GRACE_MS / 1000 + 0.2)
     record = registry.jobs["job-4"]
     assert record.state == "failed" and record.error.startswith(f"site-me: disk full at {tmp_path / 'state'}")
     assert record.result is None and record.dirty
@@ -274,9 +275,10 @@ async def test_proposal_flood_is_bounded_and_an_honest_job_still_runs(tmp_path: 
                 await settle(3)
         await settle()
         alice_pending = [r for r in registry.jobs.values() if r.proposer == ALICE]
-        assert len(alice_pending) <= reg.PENDING_PER_PROPOSER_MAX
-        assert len(registry.jobs) + len(registry.unstored) <= reg.PENDING_PER_PROPOSER_MAX + reg.UNSTORED_RECORDS_MAX
-        assert refused >= 3_000 - reg.PROPOSALS_BURST_MAX - 12_000 // reg.PROPOSAL_REFILL_MS - 1
+        assert len(alice_pending) <= admission.PENDING_PER_PROPOSER_MAX
+        assert len(registry.jobs) + len(registry.unstored) <= \
+            admission.PENDING_PER_PROPOSER_MAX + reg.UNSTORED_RECORDS_MAX
+        assert refused >= 3_000 - admission.PROPOSALS_BURST_MAX - 12_000 // admission.PROPOSAL_REFILL_MS - 1
         # one answer per proposal that got through, to alice only: no fan-out to bob
         assert {dst for dst, _ in transport.sent} == {ALICE}
         assert len(transport.sent) <= 3_000 - refused
@@ -322,7 +324,7 @@ async def test_refused_frame_from_a_member_ends_its_wait_at_once_naming_it(tmp_p
         await settle()
         registry.on_refused(ALICE, "w-1", "schema")
         registry.on_refused(ALICE, "no-such-job", "schema")      # ignored
-        async with asyncio.timeout(reg.ABORT_GRACE_MS / 1000 + 1):
+        async with asyncio.timeout(runner.ABORT_GRACE_MS / 1000 + 1):
             await registry.jobs["w-1"].task
     record = registry.jobs["w-1"]
     assert record.state == "failed" and record.error.startswith("alice: ") and "schema" in record.error
@@ -334,7 +336,7 @@ async def test_a_refused_proposal_is_a_reject_naming_the_refuser(tmp_path: Path)
     async with asyncio.TaskGroup() as tg:
         registry = JobRegistry(make_config(tmp_path), transport, NAMES, KINDS, tg.create_task)
         job_id = registry.propose("noop", {}, ["alice"])
-        async with asyncio.timeout(reg.ABORT_GRACE_MS / 1000 + 1):
+        async with asyncio.timeout(runner.ABORT_GRACE_MS / 1000 + 1):
             await registry.jobs[job_id].task
     error = registry.show(job_id)["error"]
     assert error.startswith("alice: refused the proposal") and "job_limit" in error
@@ -386,7 +388,7 @@ async def test_a_receive_from_a_member_declared_dead_ends_at_once_and_show_said_
         await record.task
         ended = asyncio.get_running_loop().time() - started
     assert record.state == "failed" and record.error == "alice: declared dead by membership", record.error
-    assert ended <= reg.ABORT_GRACE_MS / 1000 + 0.1, "the 60 s receive must end when alice is declared dead"
+    assert ended <= runner.ABORT_GRACE_MS / 1000 + 0.1, "the 60 s receive must end when alice is declared dead"
     assert "waiting_for" not in registry.show("d-1")
 
 
@@ -403,8 +405,8 @@ async def test_a_send_to_a_member_declared_dead_ends_at_once(tmp_path: Path) -> 
         await record.task
         ended = asyncio.get_running_loop().time() - started
     assert record.state == "failed" and "declared dead by membership" in record.error, record.error
-    assert ended <= reg.ABORT_GRACE_MS / 1000 + 0.1
-    assert not registry._deaths.get(ALICE), "no death watch is left behind"
+    assert ended <= runner.ABORT_GRACE_MS / 1000 + 0.1
+    assert not registry.deaths._watches.get(ALICE), "no death watch is left behind"
 
 
 @pytest.mark.looptime
@@ -416,7 +418,7 @@ async def test_a_proposer_declared_dead_before_the_start_ends_the_members_wait(t
         registry.on_message(ALICE, "d-3", proposal(ALICE, "d-3", members=(BOB,)))
         await settle()
         registry.on_peer_state(ALICE, "dead")
-        async with asyncio.timeout(reg.ABORT_GRACE_MS / 1000 + 1):
+        async with asyncio.timeout(runner.ABORT_GRACE_MS / 1000 + 1):
             await registry.jobs["d-3"].task
     assert registry.show("d-3")["error"] == "alice: declared dead by membership before starting the job"
 
