@@ -57,7 +57,7 @@ SECURE_SUM_BUCKETS_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5
 # to many minutes on large shares; member_timeout_ms bounds it at 10 min by default.
 ROUND_BUCKETS_SECONDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
                          1800.0)
-JOB_STATES = ("proposed", "accepted", "running", "done", "failed", "cancelled")   # registry.py
+JOB_STATES = ("proposed", "accepted", "running", "done", "failed", "cancelled")   # jobs/records.py
 PEER_STATES = tuple(s.value for s in MemberState)
 ROLES = tuple(r.value for r in Role)
 SENT_CLASSES = ("reliable", "best_effort")   # transport: jobs | membership and election

@@ -235,7 +235,7 @@ class StateDir:
     """The node's state directory: node facts, election hard state, job records.
 
     Every whole-file write fsyncs (the file, then its directory: ~12 ms here), so callers on the
-    event loop hand job records to a worker thread (`fsyncs`: jobs/registry.py). The health
+    event loop hand job records to a worker thread (`fsyncs`: jobs/records.py). The health
     bookkeeping is locked: writes may come from that thread and the loop at once."""
 
     fsyncs = True        # writes block for the disk: keep them off the event loop

@@ -3,7 +3,7 @@
 Job protocols (secure sum, stats, BOFRF, ...) are coroutines that never see sockets or the clock:
 they call `await ch.send(peer, msg)`, `await ch.recv(Kind, tag, src=...)`, `ch.now_ms()`,
 `ch.random_bytes(n)` and `ch.pairwise_seed(peer, label)`. The same protocol code runs
-- over the real daemon (`fedpeer/jobs/registry.py` builds a channel on the node's transport), and
+- over the real daemon (`fedpeer/jobs/nodechannel.py`: a channel on the node's transport), and
 - over `MemoryNetwork` below: members in one process, seeded delays (which reorder messages),
   crashes and partitions, for fast deterministic tests (under `looptime`, time is virtual).
 
