@@ -256,3 +256,16 @@ def test_fill_in_one_or_two_threads_gives_the_same_matrix(sizes: list[int]) -> N
         end, finite = _arrow._fill(X, 1, list(batches), threads=threads)
         assert end == len(want) + 1 and finite == bool(np.isfinite(want).all())
         assert X[1:-1].tobytes() == want.tobytes() and (X[0] == -1).all() and (X[-1] == -1).all()
+
+
+@pytest.mark.parametrize("n", [3, (_arrow._SMALL_PAGES_BYTES_MIN // 80) + 7])
+def test_the_csv_matrix_is_a_plain_writable_float64_array(n: int) -> None:
+    """empty_matrix (4 KiB pages for a large matrix): C-ordered float64 of the shape asked, writable,
+    and its memory lives as long as the array (here: past the function's own references)."""
+    X = _arrow.empty_matrix(n, 10)
+    assert X.shape == (n, 10) and X.dtype == np.float64 and X.flags.c_contiguous and X.flags.writeable
+    X[:] = np.arange(n * 10, dtype=np.float64).reshape(n, 10)
+    X.setflags(write=False)
+    Y = X[n // 2:]
+    del X
+    assert Y[-1, -1] == n * 10 - 1 and Y[0, 0] == (n // 2) * 10
