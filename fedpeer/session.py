@@ -64,11 +64,13 @@ from .identity import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, Identity, verify
 
 HELLO_MAGIC = b"FPH1"
 WELCOME_MAGIC = b"FPR1"
+MAGIC_BYTES = len(HELLO_MAGIC)             # the same for both
 SID_BYTES = 8
 EPHEMERAL_BYTES = 32
 HELLO_TAG_BYTES = 16
-HELLO_BYTES = 4 + 2 * PUBLIC_KEY_BYTES + SID_BYTES + 1 + EPHEMERAL_BYTES + HELLO_TAG_BYTES + SIGNATURE_BYTES   # 189
-WELCOME_BYTES = 4 + SID_BYTES + EPHEMERAL_BYTES + SIGNATURE_BYTES                                             # 108
+HELLO_BYTES = (MAGIC_BYTES + 2 * PUBLIC_KEY_BYTES + SID_BYTES + 1 + EPHEMERAL_BYTES + HELLO_TAG_BYTES
+               + SIGNATURE_BYTES)                                                      # 189
+WELCOME_BYTES = MAGIC_BYTES + SID_BYTES + EPHEMERAL_BYTES + SIGNATURE_BYTES          # 108
 AEAD_TAG_BYTES = 16
 
 SUITE_AES_GCM = 1             # AES-256-GCM: CPUs with AES instructions
@@ -217,9 +219,9 @@ class Handshakes:
     def answer(self, hello: bytes, allowed: Callable[[bytes], bool], now_ms: int) -> tuple[bytes, InSession]:
         """Check a hello (layout -> addressed to me -> sender listed -> tag -> signature) and
         answer it: (welcome, the new session's receiving half). Raises RemoteProtocolError."""
-        if len(hello) != HELLO_BYTES or hello[:4] != HELLO_MAGIC:
+        if len(hello) != HELLO_BYTES or hello[:MAGIC_BYTES] != HELLO_MAGIC:
             raise RemoteProtocolError("frame", "not a fedpeer hello")
-        at = 4
+        at = MAGIC_BYTES
         sender, at = hello[at:at + PUBLIC_KEY_BYTES], at + PUBLIC_KEY_BYTES
         recipient, at = hello[at:at + PUBLIC_KEY_BYTES], at + PUBLIC_KEY_BYTES
         sid, at = hello[at:at + SID_BYTES], at + SID_BYTES
@@ -252,13 +254,15 @@ class Handshakes:
     def finish(self, pending: PendingHello, welcome: bytes, now_ms: int) -> tuple[OutSession, InSession]:
         """Check the peer's welcome to `pending`; the session's sending and receiving halves.
         Raises RemoteProtocolError."""
-        if len(welcome) != WELCOME_BYTES or welcome[:4] != WELCOME_MAGIC:
+        if len(welcome) != WELCOME_BYTES or welcome[:MAGIC_BYTES] != WELCOME_MAGIC:
             raise RemoteProtocolError("frame", "not a fedpeer welcome")
-        sid, theirs = welcome[4:4 + SID_BYTES], welcome[4 + SID_BYTES:4 + SID_BYTES + EPHEMERAL_BYTES]
+        at = MAGIC_BYTES
+        sid, at = welcome[at:at + SID_BYTES], at + SID_BYTES
+        theirs, at = welcome[at:at + EPHEMERAL_BYTES], at + EPHEMERAL_BYTES
         if sid != pending.sid:
             raise RemoteProtocolError("handshake", "welcome for another session")
         signed = _WELCOME_SIGN + hashlib.sha256(pending.hello).digest() + sid + theirs
-        if not verify(pending.peer, signed, welcome[4 + SID_BYTES + EPHEMERAL_BYTES:]):
+        if not verify(pending.peer, signed, welcome[at:]):
             raise RemoteProtocolError("signature", "welcome signature does not verify (another key answers)")
         key, header_key, back, back_header = _derive(pending.ephemeral, theirs,
                                                      self._seed(pending.peer, _SESSION_SEED_LABEL),

@@ -29,6 +29,7 @@ from .http1 import (
 )
 
 KEEPALIVE_S = 30.0                  # an idle connection is closed after this long (the server waits 60 s)
+IDLE_SWEEP_S = KEEPALIVE_S / 2      # how often idle connections are looked for (one lives at most 1.5x KEEPALIVE_S)
 ANSWER_HEAD_BYTES_MAX = 8 * 1024    # status line + headers of an answer
 ANSWER_BODY_BYTES_MAX = 64 * 1024   # an answer's body we read (a reason, a welcome); larger ones are not read
 ANSWER_BUFFER_BYTES_FIRST = 512     # an answer's first read buffer (our 204 is 27 bytes); it grows up to the cap
@@ -128,7 +129,7 @@ class PeerClient:
             else:
                 del self._idle[address]
         if self._idle:
-            self._sweep = asyncio.get_running_loop().call_later(KEEPALIVE_S / 2, self._sweep_idle)
+            self._sweep = asyncio.get_running_loop().call_later(IDLE_SWEEP_S, self._sweep_idle)
 
     async def _connect(self, address: str) -> socket.socket:
         loop = asyncio.get_running_loop()

@@ -41,10 +41,12 @@ from .pool import FramePool
 
 HEAD_BUFFER_BYTES = 2 * HTTP_HEAD_BYTES_MAX   # per connection: a request's head, the frame header after it
 LARGE_FRAME_BYTES_MIN = 1024 * 1024    # frames this large also take bytes from the inbound byte budget
+PEER_BYTES_SHARE_DIVISOR = 2           # one peer holds at most 1/this of the inbound byte budget (or one message)
 DISCARD_BYTES_MAX = 256 * 1024         # unread bytes dropped at a close (what one socket read took before)
 DISCARD_READ_BYTES = 64 * 1024         # one read of those: the scratch buffer a close reads them into
 LISTEN_BACKLOG = 128                   # connections the kernel queues for us before we accept them
 CONTENT_LENGTH_DIGITS_MAX = 12         # a request's Content-Length digits (< 1 TB; message_bytes_max then bounds it)
+
 log = logging.getLogger("fedpeer.transport")
 
 _STATUS_TEXT = {200: "OK", 204: "No Content", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout",
@@ -486,7 +488,7 @@ class PeerServer:
                 peer_bytes = self._peer_bytes.get(header.sender)
                 if peer_bytes is None:
                     peer_bytes = self._peer_bytes[header.sender] = ByteBudget(
-                        max(self._bytes.total // 2, limits.message_bytes_max))
+                        max(self._bytes.total // PEER_BYTES_SHARE_DIVISOR, limits.message_bytes_max))
                 async with peer_bytes.hold(header.length), self._bytes.hold(header.length):
                     await self._deliver(conn, header, head, deadline)
         except TimeoutError:
