@@ -271,7 +271,10 @@ def empty_matrix(n: int, k: int) -> np.ndarray:
     nbytes = n * k * 8
     if nbytes < _SMALL_PAGES_BYTES_MIN or not hasattr(mmap, "MADV_NOHUGEPAGE"):
         return np.empty((n, k), dtype=np.float64)
-    memory = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        memory = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except OSError as e:                                    # as np.empty would say it
+        raise MemoryError(f"cannot allocate a {n} x {k} float64 matrix ({nbytes} bytes): {e}") from None
     memory.madvise(mmap.MADV_NOHUGEPAGE)
     return np.frombuffer(memory, dtype=np.float64).reshape(n, k)
 
