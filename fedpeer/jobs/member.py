@@ -116,25 +116,23 @@ class MemberSide:
 
     def on_abort(self, src: bytes, msg: m.JobAbort) -> None:
         registry = self._registry
-        record = registry.find(msg.job_id)
-        if record is None or src not in record.members:
-            raise RemoteProtocolError("unknown_job", f"abort of unknown job {msg.job_id!r}")
-        if record.state in TERMINAL:
-            return
-        about = registry.names.get(msg.site, fingerprint(msg.site)) if len(msg.site) == 32 else registry.names[src]
-        registry.finish(record, "failed", f"{about}: {msg.reason}")
-        if record.task is not None:
-            record.task.cancel()
+        about = registry.names.get(msg.site, fingerprint(msg.site)) if len(msg.site) == 32 else None
+        self._end(src, msg.job_id, "abort", "failed", msg.reason, about)
 
     def on_cancel(self, src: bytes, msg: m.JobCancel) -> None:
         """Another member's operator cancelled the job: it ends `cancelled` here too."""
+        self._end(src, msg.job_id, "cancel", "cancelled", msg.reason)
+
+    def _end(self, src: bytes, job_id: str, what: str, state: str, reason: str, about: str | None = None) -> None:
+        """A member ends a job we share (`what`: abort or cancel): it ends in `state` here, the
+        error naming `about` (the site the member blames) or the member; a job already ended stays."""
         registry = self._registry
-        record = registry.find(msg.job_id)
+        record = registry.find(job_id)
         if record is None or src not in record.members:
-            raise RemoteProtocolError("unknown_job", f"cancel of unknown job {msg.job_id!r}")
+            raise RemoteProtocolError("unknown_job", f"{what} of unknown job {job_id!r}")
         if record.state in TERMINAL:
             return
-        registry.finish(record, "cancelled", f"{registry.names[src]}: {msg.reason}")
+        registry.finish(record, state, f"{about or registry.names[src]}: {reason}")
         if record.task is not None:
             record.task.cancel()
 

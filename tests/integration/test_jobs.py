@@ -167,9 +167,9 @@ async def test_cancel_running_job_and_sigterm_during_a_job(make_federation) -> N
     import signal as sig
     h: Harness = make_federation(2)
     await h.wait_all_alive(timeout_s=15)
-    # 64 MiB in 128 KiB chunks: runs for seconds (in the default 2 MiB chunks it can end before the
-    # cancel command's process has started)
-    big = {"entries": 8 * 1024 * 1024, "secure_sum": "pairwise", "chunk_entries": 16 * 1024}
+    # 64 MiB in 32 KiB chunks: runs for many seconds (in the default 2 MiB chunks it can end before
+    # the cancel command's process has started; in 128 KiB chunks it did once under a loaded machine)
+    big = {"entries": 8 * 1024 * 1024, "secure_sum": "pairwise", "chunk_entries": 4 * 1024}
     job_id = await h.propose(0, "sumcheck", big)
     await asyncio.sleep(0.5)
     cancel = _fedpeer("job", "cancel", job_id, "--config", str(h.sites[1].config_path))
