@@ -49,7 +49,9 @@ async def test_a_200_mib_message_streams_between_two_daemons_with_bounded_memory
     peak = vm(receiver, "VmHWM") - before
     status = await h.status(1)
     assert status["streams"] == {"receiving_bytes": 0, "received": 1}, status["streams"]
-    assert status["sessions"]["inbound"] >= 1 and status["sessions"]["opened"] >= 1, status["sessions"]
+    # the receiver holds a session each way: its own, or the half of the sender's it answers under
+    # (its own hello may have failed at start, the sender's port not yet open: then it opened none)
+    assert status["sessions"]["inbound"] >= 1 and status["sessions"]["outbound"] >= 1, status["sessions"]
     frames_in = status["peers"][0]["frames_accepted"]
     assert frames_in.get("diag") == 1, frames_in                          # one message was delivered ...
     received = status["peers"][0]["received_bytes"]
