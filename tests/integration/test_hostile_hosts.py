@@ -5,6 +5,7 @@ its memory and its log stay bounded, and nothing is accepted."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import multiprocessing
 import os
 import resource
@@ -17,7 +18,7 @@ import pytest
 
 from fedpeer import wire
 from fedpeer.harness import Harness
-from fedpeer.net.transport import PATH
+from fedpeer.net.transport import HELLO_PATH, PATH
 from tests.integration.conftest import rss_kib
 
 pytestmark = pytest.mark.integration
@@ -207,3 +208,38 @@ def _open(s: socket.socket) -> bool:
         return True
     except OSError:
         return False
+
+
+async def test_replayed_hellos_buy_no_connection_a_stranger_could_not(make_federation) -> None:
+    """A host with no key replays hellos captured off the wire (here: 8 distinct ones of site-2's,
+    cycled so that the ones evicted from site-1's half-open sessions may come again). A hello carries
+    no freshness, so each is answered; its connection must stay with the strangers' budgets and be
+    shed like theirs (per IP), not be counted as site-2's and kept."""
+    from fedpeer.identity import load_key_file
+    from tests.frames import Forger
+
+    h: Harness = make_federation(3)
+    await h.wait_all_alive(timeout_s=10)
+    replayer = Forger(load_key_file(h.sites[1].config.node.key_file))
+    target = load_key_file(h.sites[0].config.node.key_file).public_key
+    hellos = [replayer.handshakes.hello(target).hello for _ in range(8)]
+    doc = await _under_attack(h, _replayed_hellos, h.sites[0].port, hellos)
+    assert doc["connections"]["shed"].get("evicted_per_ip", 0) >= 1, doc["connections"]
+
+
+async def _replayed_hellos(port: int, hellos: list[bytes]) -> None:
+    """Open connections, send one of `hellos` on each, read the answer and keep the connection open;
+    hold up to 200 (the oldest let go beyond that)."""
+    held: list[asyncio.StreamWriter] = []
+    for k in itertools.count():
+        hello = hellos[k % len(hellos)]
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(f"POST {HELLO_PATH} HTTP/1.1\r\nContent-Length: {len(hello)}\r\n\r\n".encode() + hello)
+            await asyncio.wait_for(reader.read(512), 5)
+            held.append(writer)
+        except (ConnectionError, OSError, TimeoutError):
+            await asyncio.sleep(0.05)
+        if len(held) > 200:
+            held.pop(0).close()
+        await asyncio.sleep(0.01)
