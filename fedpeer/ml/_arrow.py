@@ -175,15 +175,14 @@ def read_csv(spec: DataSpec, rows_max: int, bytes_max: int) -> tuple[Any, ...] |
         if i == label_idx:
             if column.type != pa.dictionary(pa.int32(), pa.string()):
                 return None
-            texts = [chunk.dictionary for chunk in column.chunks]
+            text = pa.concat_arrays([chunk.dictionary for chunk in column.chunks])   # its values, per block
         elif column.type != pa.string():
             return None
         else:
-            texts = [column]
-        for text in texts:
-            if len(text) and (pc.max(pc.utf8_length(text)).as_py() >= _FIELD_CHARS_MAX
-                              or pc.any(pc.match_substring(text, "\x00")).as_py()):
-                return None
+            text = column
+        if len(text) and (pc.max(pc.utf8_length(text)).as_py() >= _FIELD_CHARS_MAX
+                          or pc.any(pc.match_substring(text, "\x00")).as_py()):
+            return None
 
     if label_idx is not None:
         coder, start = _DictCodes(n, str.strip), 0
@@ -204,28 +203,17 @@ def read_csv(spec: DataSpec, rows_max: int, bytes_max: int) -> tuple[Any, ...] |
 
 
 def _label_codes(column, text) -> tuple[np.ndarray, list[str]]:
-    """(codes, distinct texts): codes in order of first appearance of text(value), as the Python
-    parser counts them."""
-    import pyarrow.compute as pc
-
-    distinct = pc.unique(column)
-    raw_codes = pc.index_in(column, value_set=distinct).to_numpy(zero_copy_only=False)
-    uniques: list[str] = []
-    seen: dict[str, int] = {}
-    remap = np.empty(len(distinct), dtype=np.int64)
-    for k, value in enumerate(distinct.to_pylist()):
-        value = text(value)
-        code = seen.get(value)
-        if code is None:
-            code = seen[value] = len(uniques)
-            uniques.append(value)
-        remap[k] = code
-    return remap[raw_codes], uniques
+    """(codes, distinct texts) of a label column: codes in order of first appearance of
+    text(value), as the Python parser counts them (coded as a dictionary, see _DictCodes)."""
+    coder, start = _DictCodes(len(column), text), 0
+    for chunk in column.dictionary_encode().chunks:
+        start = coder.add(start, chunk)
+    return coder.codes, coder.uniques
 
 
 class _DictCodes:
-    """Label codes of dictionary-encoded chunks, chunk by chunk, as `_label_codes` gives them for
-    the decoded column (codes in order of first appearance of text(value), a null as text(None)):
+    """Label codes of dictionary-encoded chunks, chunk by chunk (codes in order of first appearance
+    of text(value), a null as text(None), as the Python parser counts them):
     reading a text label as a dictionary and coding its indices skips materializing and hashing a
     string per row (Parquet 1M rows: read 0.007 s instead of 0.030 s best of 7, codes ~0 instead of
     0.047 s), and the work is done group by group instead of once, serially, at the end."""

@@ -32,7 +32,8 @@ KEEPALIVE_S = 30.0                  # an idle connection is closed after this lo
 IDLE_SWEEP_S = KEEPALIVE_S / 2      # how often idle connections are looked for (one lives at most 1.5x KEEPALIVE_S)
 ANSWER_HEAD_BYTES_MAX = 8 * 1024    # status line + headers of an answer
 ANSWER_BODY_BYTES_MAX = 64 * 1024   # an answer's body we read (a reason, a welcome); larger ones are not read
-ANSWER_BUFFER_BYTES_FIRST = 512     # an answer's first read buffer (our 204 is 27 bytes); it grows up to the cap
+ANSWER_BYTES_MAX = ANSWER_HEAD_BYTES_MAX + ANSWER_BODY_BYTES_MAX   # an answer's read buffer at most
+ANSWER_BUFFER_BYTES_FIRST = 512     # an answer's first read buffer (our 204: 27 bytes), grown up to ANSWER_BYTES_MAX
 HEAD_PREFIXES_MAX = 4096            # request-head prefixes cached, one per (address, path); cleared beyond that
 REFUSAL_BODY_BYTES_READ = 400       # bytes of a refusal's body decoded for its reason ...
 REFUSAL_REASON_CHARS_MAX = 100      # ... and the characters of it kept
@@ -313,7 +314,7 @@ async def _exchange(loop: asyncio.AbstractEventLoop, sock: socket.socket, head: 
 
 
 def _answer_already_here(sock: socket.socket) -> _Answer | None:
-    buf = bytearray(ANSWER_HEAD_BYTES_MAX + ANSWER_BODY_BYTES_MAX)
+    buf = bytearray(ANSWER_BYTES_MAX)
     got = 0
     try:
         while got < len(buf):
@@ -335,12 +336,11 @@ def _answer_already_here(sock: socket.socket) -> _Answer | None:
 async def _read_answer(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> _Answer:
     buf = bytearray(ANSWER_BUFFER_BYTES_FIRST)
     got = 0
-    cap = ANSWER_HEAD_BYTES_MAX + ANSWER_BODY_BYTES_MAX
     while True:
         if got == len(buf):
-            if len(buf) >= cap:
+            if len(buf) >= ANSWER_BYTES_MAX:
                 raise BadAnswer("answer too large")
-            bigger = bytearray(min(2 * len(buf), cap))    # (not extend: a view of buf may still be alive)
+            bigger = bytearray(min(2 * len(buf), ANSWER_BYTES_MAX))    # (not extend: a view of buf may still be alive)
             bigger[:got] = buf
             buf = bigger
         n = await loop.sock_recv_into(sock, memoryview(buf)[got:])
@@ -384,7 +384,7 @@ def _parse_answer(buf: bytearray, got: int, eof: bool) -> _Answer | None:
         return _Answer(status, headers, b"", keep)
     length_text = headers.get("content-length")
     if length_text is None or "transfer-encoding" in headers:   # read to the end (or not at all): not kept
-        if not eof and got < ANSWER_HEAD_BYTES_MAX + ANSWER_BODY_BYTES_MAX:
+        if not eof and got < ANSWER_BYTES_MAX:
             return None
         return _Answer(status, headers, bytes(buf[body_at:got])[:ANSWER_BODY_BYTES_MAX], False)
     if not length_text.isdigit():
