@@ -7,6 +7,14 @@ sub-protocol and incarnation numbers, §4.3 round-robin probe target selection;
 and to Dadgar, Phillips, Currey, "Lifeguard: Local Health Awareness for More
 Accurate Failure Detection" (2018), §4.2 independent suspicions.
 
+Layout: this module holds the rules and the state machine (`Membership`); the
+code is split along its seams: membership_wire.py (the messages and the `Send`
+effect), membership_gossip.py (the piggyback buffer, §4.1),
+membership_probes.py (this period's probe, whom to probe next, the other pings
+awaiting an answer: §3.1, §4.3), membership_timing.py (MembershipConfig, and
+how long to wait for an answer: slow is not dead). Their public names are
+importable from here.
+
 Rules of this module:
 
 * Pure. Nothing here reads a clock, touches a socket, sleeps or draws from the
@@ -87,16 +95,9 @@ only by X's own authenticated word and by our own probes:
   report per (member, reporter), pending relayed/extra pings capped at
   pending_probes_per_member_max per member and expired after one period.
 
-* Slow is not dead (Lifeguard §4.1, and RTT-aware timeouts): every wait for X's answer — the
-  direct ack before ping-reqs, the probe's whole window, a tracked ping's life, the time between
-  verifications — is the configured one or RTT_TIMEOUT_MULT times X's smoothed round-trip time,
-  whichever is longer, and X's suspicion lasts suspect_timeout_ms plus SUSPECT_RTT_MULT RTTs. An
-  answer that comes after its probe was judged still proves X up and is an RTT sample, so a
-  site behind a slow link teaches us its RTT with its first late answers. Our own health scales
-  every wait too: a local health multiplier (0..LHM_MAX) rises when our probes fail or we must
-  refute a suspicion of ourselves and falls when a probe succeeds; waits are multiplied by
-  1 + multiplier, so a node that is itself slow (overloaded, behind a slow link) blames others
-  later. Every wait is capped at PROBE_WAIT_MS_MAX.
+* Slow is not dead (Lifeguard §4.1): every wait for X's answer follows X's
+  smoothed round-trip time and our own local health, up to PROBE_WAIT_MS_MAX;
+  an answer that comes late still proves X up (membership_timing.py).
 
 Known limit: a relay we ask may lie that X answered, which keeps a crashed X
 ALIVE at us while that relay is among those asked; it cannot make anyone
@@ -105,21 +106,20 @@ suspect or evict X.
 
 from __future__ import annotations
 
-import enum
-import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-NodeId = bytes  # a member's 32-byte Ed25519 public key; the canonical id on the wire
+from .membership_gossip import GossipBuffer
+from .membership_probes import PendingPings, ProbeOrder, _Pending, _Probe
+from .membership_timing import (LHM_MAX, PROBE_WAIT_MS_MAX, RTT_TIMEOUT_MULT, SUSPECT_RTT_MULT, MembershipConfig,
+                                smoothed_rtt_ms, suspect_timeout_ms, wait_ms)
+from .membership_wire import Ack, IndirectAck, MemberState, Message, NodeId, Ping, PingReq, Send, Update
 
-_PROBE_ID_MASK = 0xFFFF_FFFF  # probe ids are 32-bit and wrap; collisions are also filtered by src
-_RTT_EWMA_ALPHA = 0.2
-RTT_TIMEOUT_MULT = 3          # a ping to X may take this many of X's smoothed RTTs before it counts as lost
-SUSPECT_RTT_MULT = 4          # X's suspicion lasts suspect_timeout_ms plus this many of its RTTs
-LHM_MAX = 2                   # local health multiplier: waits x (1 + LHM); small, so an isolated node
-                              # still detects in time
-PROBE_WAIT_MS_MAX = 10_000    # no single wait for an answer exceeds this, however slow the link
+__all__ = ["INCARNATION_MAX", "INCARNATION_STEP_MAX", "LHM_MAX", "PROBE_WAIT_MS_MAX", "RTT_TIMEOUT_MULT",
+           "SUSPECT_RTT_MULT", "Ack", "IndirectAck", "MemberState", "MemberView", "Membership",
+           "MembershipConfig", "Message", "NodeId", "Ping", "PingReq", "Send", "Update", "start_incarnation"]
+
 # The highest incarnation anyone may use (inclusive); fedpeer/store.py keeps persisted values
 # below 2**62, and int64 on the wire leaves room for peers that still send more (ignored).
 INCARNATION_MAX = 2**62 - 1
@@ -138,90 +138,6 @@ def start_incarnation(persisted: int | None) -> int:
     if persisted is None or not 0 <= persisted < INCARNATION_MAX:
         return 1
     return persisted + 1
-
-
-class MemberState(enum.StrEnum):
-    ALIVE = "alive"
-    SUSPECT = "suspect"
-    DEAD = "dead"
-
-
-@dataclass(frozen=True)
-class MembershipConfig:
-    probe_interval_ms: int = 500        # one probe per protocol period
-    probe_timeout_ms: int = 300         # direct ack wait before indirect probes
-    indirect_probes: int = 3            # k members asked to ping-req
-    suspect_timeout_ms: int = 4000      # suspect -> dead
-    dead_probe_interval_ms: int = 2000  # how often to ping a dead member at its last address
-    piggyback_max: int = 8              # updates carried per message
-    retransmit_mult: int = 3            # lambda: each update sent lambda*ceil(log2(n+1)) times
-    pending_probes_per_member_max: int = 4  # relayed/join/verify/dead pings awaiting an ack, per member
-    suspect_reporters_min: int = 2      # distinct members whose reports start our suspicion
-    refute_interval_ms: int = 500       # at most one refutation of a suspicion of me per interval
-
-    def __post_init__(self) -> None:
-        if not 0 < self.probe_timeout_ms < self.probe_interval_ms:
-            raise ValueError("need 0 < probe_timeout_ms < probe_interval_ms")
-        for name in ("suspect_timeout_ms", "dead_probe_interval_ms", "piggyback_max",
-                     "retransmit_mult", "pending_probes_per_member_max", "suspect_reporters_min",
-                     "refute_interval_ms"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1")
-        if self.indirect_probes < 0:
-            raise ValueError("indirect_probes must be >= 0")
-
-    def retransmit_limit(self, n_members: int) -> int:
-        """SWIM §4.1: lambda*ceil(log2(n+1)) sends reach everyone w.h.p."""
-        return self.retransmit_mult * max(1, math.ceil(math.log2(n_members + 1)))
-
-
-@dataclass(frozen=True)
-class Update:  # gossip about one member; about anyone but its sender, only a report (see above)
-    node: NodeId
-    state: MemberState
-    incarnation: int
-    address: str  # "host:port"; kept for the wire's shape, never adopted from a third party
-
-
-@dataclass(frozen=True)
-class Ping:
-    probe_id: int
-    incarnation: int
-    address: str
-    updates: tuple[Update, ...]
-
-
-@dataclass(frozen=True)
-class Ack:
-    probe_id: int
-    incarnation: int
-    address: str
-    updates: tuple[Update, ...]
-
-
-@dataclass(frozen=True)
-class PingReq:  # "please probe target for me"
-    probe_id: int
-    target: NodeId
-    updates: tuple[Update, ...]
-
-
-@dataclass(frozen=True)
-class IndirectAck:  # intermediary -> requester: target answered
-    probe_id: int
-    target: NodeId
-    updates: tuple[Update, ...]
-
-
-Message = Ping | Ack | PingReq | IndirectAck
-# incarnation/address in Ping/Ack are the SENDER's own (authenticated by the transport's signature).
-
-
-@dataclass(frozen=True)
-class Send:  # effect: the shell sends msg to dst at address
-    dst: NodeId
-    address: str
-    msg: Message
 
 
 @dataclass(frozen=True)
@@ -255,33 +171,6 @@ class _Member:
     late_probe: tuple[int, int] | None = None   # (probe id, sent ms) of our last unanswered probe of X
 
 
-@dataclass(slots=True)
-class _Probe:  # this period's failure-detector probe (SWIM §3.1)
-    target: NodeId
-    target_incarnation: int  # a failure only says something about this incarnation
-    probe_id: int
-    started_ms: int
-    acked: bool = False
-    relays: tuple[NodeId, ...] | None = None  # None until the ping-req phase
-    indirect_ms: int = 0     # when ping-reqs go out if the target has not answered (RTT-aware)
-
-
-@dataclass(frozen=True, slots=True)
-class _Pending:  # a ping other than the period's probe: join, verify, dead member, relay
-    target: NodeId
-    sent_ms: int
-    expires_ms: int
-    requester: NodeId | None = None  # set: we relay this ping for requester's probe
-    requester_probe_id: int = 0
-    relay: NodeId | None = None      # set: we asked relay to ping target for us (a PingReq)
-
-
-@dataclass(slots=True)
-class _Gossip:
-    update: Update
-    sent: int = 0
-
-
 class Membership:
     """One member's view of the federation. See the module docstring for the rules."""
 
@@ -298,17 +187,15 @@ class Membership:
         self._members = {node: _Member(MemberState.SUSPECT, 0, addr, now_ms)
                          for node, addr in sorted(peers.items())}
         self._configured = dict(peers)   # peers.toml's addresses: set_members notices changes
-        self._gossip: dict[NodeId, _Gossip] = {}
-        self._pending: dict[int, _Pending] = {}
+        self._gossip = GossipBuffer()    # SWIM §4.1: what our messages carry piggybacked
+        self._pending = PendingPings(rng.getrandbits(32))  # pings other than the period's probe
         self._probe: _Probe | None = None
-        self._order: list[NodeId] = []
-        self._order_pos = 0
-        self._next_probe_id = rng.getrandbits(32)
+        self._order = ProbeOrder()       # SWIM §4.3: whom the next period probes
         self._last_tick_ms: int | None = None
         self._period_end_ms = now_ms + config.probe_interval_ms
         self._next_refute_ms = now_ms
         self._refute_pending = False
-        self._lhm = 0                    # local health multiplier (module rules: slow is not dead)
+        self._lhm = 0                    # local health multiplier (membership_timing.py)
         # Announce myself: gossip carries my own word to members I do not ping directly soon.
         self._enqueue(Update(me, MemberState.ALIVE, incarnation, address))
 
@@ -357,7 +244,7 @@ class Membership:
                 sends.append(self._ping(node, self._track(node, now_ms)))
         self._configured = dict(peers)
         self._members = dict(sorted(self._members.items()))
-        self._order, self._order_pos = [], 0   # reshuffled over the new set at the next probe
+        self._order.restart()   # reshuffled over the new set at the next probe
         return sends
 
     def set_config(self, config: MembershipConfig) -> None:
@@ -367,9 +254,8 @@ class Membership:
 
     def _forget(self, node: NodeId) -> None:
         del self._members[node]
-        self._gossip.pop(node, None)
-        self._pending = {pid: e for pid, e in self._pending.items()
-                         if node not in (e.target, e.requester, e.relay)}
+        self._gossip.discard(node)
+        self._pending.forget(node)
         if self._probe is not None and (self._probe.target == node or node in (self._probe.relays or ())):
             self._probe = None   # its outcome would be about (or through) a non-member
         for m in self._members.values():
@@ -384,7 +270,7 @@ class Membership:
             self._compensate_stall(now_ms)
         self._last_tick_ms = now_ms
         if self._pending:
-            self._expire_pending(now_ms)
+            self._pending.expire(now_ms)
         if self._refute_pending and now_ms >= self._next_refute_ms:
             self._refute(now_ms)
         sends += self._timers(now_ms)  # first, so a member that just died is not probed
@@ -457,7 +343,7 @@ class Membership:
         target = self._next_target()
         if target is not None:
             incarnation = self._members[target].incarnation
-            self._probe = _Probe(target, incarnation, self._new_probe_id(), now_ms,
+            self._probe = _Probe(target, incarnation, self._pending.new_probe_id(), now_ms,
                                  indirect_ms=now_ms + self._wait_ms(target, self._cfg.probe_timeout_ms))
             # a slow target gets a longer window: its answer must be able to arrive within it
             self._period_end_ms = now_ms + self._wait_ms(target, self._cfg.probe_interval_ms)
@@ -465,29 +351,20 @@ class Membership:
         return sends
 
     def _wait_ms(self, node: NodeId, base_ms: int, health: bool = True) -> int:
-        """How long an answer from `node` may take (module rules, "slow is not dead"): `base_ms`
-        or RTT_TIMEOUT_MULT of its smoothed RTT, whichever is longer, times our own health
-        factor (unless `health` is False), at most PROBE_WAIT_MS_MAX."""
-        rtt_ms = self._members[node].rtt_ms or 0.0
-        factor = 1 + self._lhm if health else 1
-        return min(PROBE_WAIT_MS_MAX, int(max(base_ms, RTT_TIMEOUT_MULT * rtt_ms) * factor))
+        """How long an answer from `node` may take (membership_timing.py, "slow is not dead"):
+        `base_ms` or RTT_TIMEOUT_MULT of its smoothed RTT, whichever is longer, times our own
+        health factor (unless `health` is False), at most PROBE_WAIT_MS_MAX."""
+        return wait_ms(base_ms, self._members[node].rtt_ms, self._lhm if health else 0)
 
     def _suspect_timeout_ms(self, node: NodeId) -> int:
-        rtt_ms = self._members[node].rtt_ms or 0.0
-        return self._cfg.suspect_timeout_ms + min(PROBE_WAIT_MS_MAX, int(SUSPECT_RTT_MULT * rtt_ms))
+        return suspect_timeout_ms(self._cfg.suspect_timeout_ms, self._members[node].rtt_ms)
 
     def _next_target(self) -> NodeId | None:
-        # §4.3: round-robin over a shuffled list, reshuffled after each full pass, bounds the
-        # time until a failed member is probed by anyone to (2n - 1) periods.
+        # §4.3 round robin (ProbeOrder); the DEAD are verified by their own timer instead.
         if all(m.state is MemberState.DEAD for m in self._members.values()):
             return None
         while True:  # ends within two passes: some member is not DEAD
-            if self._order_pos >= len(self._order):
-                self._order = list(self._members)
-                self._rng.shuffle(self._order)
-                self._order_pos = 0
-            node = self._order[self._order_pos]
-            self._order_pos += 1
+            node = self._order.next(self._members, self._rng)
             if self._members[node].state is not MemberState.DEAD:
                 return node
 
@@ -552,26 +429,12 @@ class Membership:
 
     # -- pings and acks ---------------------------------------------------------------------
 
-    def _new_probe_id(self) -> int:
-        probe_id = self._next_probe_id
-        self._next_probe_id = (probe_id + 1) & _PROBE_ID_MASK
-        return probe_id
-
     def _track(self, target: NodeId, now_ms: int, requester: NodeId | None = None,
                requester_probe_id: int = 0, relay: NodeId | None = None) -> int:
         """Remember a non-probe ping; returns its probe id. Oldest entries go first when full."""
         cap = self._cfg.pending_probes_per_member_max * (len(self._members) + 1)
-        while len(self._pending) >= cap:
-            del self._pending[next(iter(self._pending))]
-        probe_id = self._new_probe_id()
-        self._pending[probe_id] = _Pending(target, now_ms, now_ms + self._wait_ms(target, self._cfg.probe_interval_ms),
-                                           requester, requester_probe_id, relay)
-        return probe_id
-
-    def _expire_pending(self, now_ms: int) -> None:
-        # A relay is useless once the requester's period is over; join/dead pings likewise.
-        for probe_id in [pid for pid, e in self._pending.items() if e.expires_ms <= now_ms]:
-            del self._pending[probe_id]
+        expires_ms = now_ms + self._wait_ms(target, self._cfg.probe_interval_ms)
+        return self._pending.track(_Pending(target, now_ms, expires_ms, requester, requester_probe_id, relay), cap)
 
     def _ping(self, dst: NodeId, probe_id: int) -> Send:
         return Send(dst, self._members[dst].address,
@@ -603,7 +466,7 @@ class Membership:
         pending = self._pending.get(msg.probe_id)
         if pending is None or pending.target != src or pending.relay is not None:
             return []  # late, duplicate or foreign ack: X's own word above is all it gives
-        del self._pending[msg.probe_id]
+        self._pending.remove(msg.probe_id)
         self._sample_rtt(src, now_ms - pending.sent_ms)
         self._answered(src, now_ms)
         if pending.requester is None:
@@ -630,14 +493,13 @@ class Membership:
             return []
         pending = self._pending.get(msg.probe_id)
         if pending is not None and pending.relay == src and pending.target == msg.target:
-            del self._pending[msg.probe_id]  # the relayed half of a _verify
+            self._pending.remove(msg.probe_id)  # the relayed half of a _verify
             self._answered(msg.target, now_ms)
         return []
 
     def _sample_rtt(self, node: NodeId, rtt_ms: int) -> None:
         m = self._members[node]
-        m.rtt_ms = float(rtt_ms) if m.rtt_ms is None else (
-            (1 - _RTT_EWMA_ALPHA) * m.rtt_ms + _RTT_EWMA_ALPHA * rtt_ms)
+        m.rtt_ms = smoothed_rtt_ms(m.rtt_ms, rtt_ms)
 
     # -- what X says, what others say (see the module docstring) -----------------------------
 
@@ -715,7 +577,7 @@ class Membership:
         m.state_since_ms = now_ms
         m.reports.clear()
         if state is MemberState.ALIVE:
-            self._gossip.pop(node, None)  # our earlier suspicion is void; X's word is its own to spread
+            self._gossip.discard(node)  # our earlier suspicion is void; X's word is its own to spread
             return
         m.next_ping_ms = now_ms + (0 if state is MemberState.SUSPECT else self._cfg.dead_probe_interval_ms)
         self._enqueue(Update(node, state, m.incarnation, m.address))
@@ -723,10 +585,7 @@ class Membership:
     # -- dissemination (SWIM §4.1) ----------------------------------------------------------
 
     def _enqueue(self, u: Update) -> None:
-        # One entry per member: a newer update replaces (and resets) an older one, so the buffer
-        # is bounded by the member count and never carries contradictory news.
-        self._gossip.pop(u.node, None)
-        self._gossip[u.node] = _Gossip(u)
+        self._gossip.enqueue(u)  # one entry per member (membership_gossip.py)
         assert len(self._gossip) <= len(self._members) + 1
 
     def _piggyback(self, dst: NodeId) -> tuple[Update, ...]:
@@ -741,11 +600,5 @@ class Membership:
         if room <= 0:
             return tuple(out)
         limit = self._cfg.retransmit_limit(len(self._members) + 1)
-        chosen = sorted((g for node, g in self._gossip.items() if node != dst),
-                        key=lambda g: g.sent)[:room]  # fewest-sent first (stable: oldest first)
-        for g in chosen:
-            out.append(g.update)
-            g.sent += 1
-            if g.sent >= limit:
-                del self._gossip[g.update.node]
+        out += self._gossip.take(dst, room, limit)
         return tuple(out)
