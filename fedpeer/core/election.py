@@ -11,6 +11,11 @@ send) follows etcd-io/raft's `Ready`.
 The federated XGBoost layer runs its rounds under the leader of a term; this
 module only decides who leads, in which term.
 
+Layout: this module holds the rules and the state machine (`Election`); its
+messages and their well-formedness checks are in election_wire.py, what a
+voter signs and the check of a leader's certificate in election_certificate.py.
+Their public names are importable from here.
+
 Rules of this module:
 
 * Pure. Nothing here reads a clock, touches a socket, sleeps or draws from the
@@ -83,31 +88,12 @@ Rules of this module:
   the normal case (elections happen only when a leader fails). Until then it
   ignores the leader's heartbeats; it cannot disrupt anyone (PreVote), it only
   sits out.
-* A leader proves its election (issue 11: authority is checked, not assumed).
-  Raft trusts a heartbeat's claim of a won election; one member's key could
-  then announce itself leader of term + 1 and have the job layer obey it. Here
-  a granted RequestVoteReply carries the voter's signature over
-  `vote_statement(term, candidate)` (domain "fedpeer/v1 vote"); the candidate
-  checks each one before counting it (a bad signature is not a vote, so a
-  lying voter cannot make an honest leader's certificate worthless) and, once
-  elected, sends the quorum it collected as a certificate in its heartbeats
-  to every follower until that follower's HeartbeatReply says `follows`
-  (then heartbeats go without it, so the steady state costs nothing). A
-  follower takes src as leader of term T, and adopts T if higher, only after
-  a certificate shows a quorum of distinct members voted for (T, src): src's
-  own vote is implied by its authenticated heartbeat, ours is known if we cast
-  it, every other one needs its signature. A certificate is verified once per
-  (term, leader) and remembered; later heartbeats cost no signature check.
-  A heartbeat that proves nothing makes nobody leader and changes no term; it
-  is answered with our term and `follows=False`, which is also how a restarted
-  follower asks the leader for the certificate again. Verification stops at
-  the first bad signature (an honest leader never sends one), so a forged
-  heartbeat costs at most one failed check plus the real votes it replays.
-  PreVote grants are not signed: they elect nobody. Signing and checking are
-  injected (`sign(statement)`, `verify(voter, statement, signature)`), so this
-  module stays pure. What signatures cannot stop: a Byzantine VOTER signing
-  two candidates in one term (it is in every quorum intersection it likes);
-  one vote per term is enforced only on honest members.
+* A leader proves its election (issue 11: authority is checked, not assumed):
+  a granted vote is signed; a leader sends the votes that elected it, as a
+  certificate in its heartbeats, until each follower says it `follows`; a
+  follower takes src as leader of term T, and adopts T if higher, only once a
+  certificate proves a quorum voted for (T, src). A heartbeat that proves
+  nothing makes nobody leader and changes no term (election_certificate.py).
 * Leader timing (heartbeats, CheckQuorum) and follower leases run on the same
   clock as everyone else only in the sense of durations: safety (one leader
   per term) never depends on time; liveness and non-disruption do.
@@ -120,24 +106,20 @@ from __future__ import annotations
 
 import enum
 import random
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
-NodeId = bytes  # a member's 32-byte Ed25519 public key; the canonical id on the wire
+from .election_certificate import VOTE_DOMAIN, Sign, Verify, certificate_proves, vote_statement
+from .election_wire import (MEMBERS_MAX, MESSAGE_TYPES, SIGNATURE_BYTES_MAX, TERM_MAX, Heartbeat, HeartbeatReply,
+                            Message, NodeId, PreVote, PreVoteReply, RequestVote, RequestVoteReply, Send, VoteSig,
+                            _well_formed)
 
-MEMBERS_MAX = 100  # cross-silo federations: 2..100 sites (1 is allowed for a lone site and tests)
-TERM_MAX = 2**63 - 1  # terms travel as msgpack int64; a larger one is a malformed message
+__all__ = ["MEMBERS_MAX", "MESSAGE_TYPES", "SIGNATURE_BYTES_MAX", "TERM_MAX", "TERM_STEP_MAX", "VOTE_DOMAIN",
+           "Commit", "Election", "ElectionConfig", "ElectionStats", "HardState", "Heartbeat", "HeartbeatReply",
+           "Message", "NodeId", "PreVote", "PreVoteReply", "Ready", "RequestVote", "RequestVoteReply", "Role", "Send",
+           "Sign", "Verify", "VoteSig", "vote_statement"]
+
 TERM_STEP_MAX = 16   # terms a message may move us beyond our own, plus one per election timeout
-SIGNATURE_BYTES_MAX = 64  # an Ed25519 signature; a vote signature longer than this is malformed
-VOTE_DOMAIN = b"fedpeer/v1 vote\x00"  # a vote signature can never pass for any other statement
-
-Sign = Callable[[bytes], bytes]                 # my signature over a statement
-Verify = Callable[[NodeId, bytes, bytes], bool]  # (voter, statement, signature) -> valid?
-
-
-def vote_statement(term: int, candidate: NodeId) -> bytes:
-    """What a voter signs when it grants its vote of `term` to `candidate`."""
-    return VOTE_DOMAIN + term.to_bytes(8, "big") + candidate
 
 
 class Role(enum.StrEnum):
@@ -180,67 +162,6 @@ class ElectionConfig:
             raise ValueError("need election_timeout_min_ms < election_timeout_max_ms")
 
 
-# -- messages (plain int/bool fields; the sender is the authenticated transport src) ------------
-
-@dataclass(frozen=True)
-class PreVote:  # "would you vote for me at `term`?" (term = sender's term + 1; nobody adopts it)
-    term: int
-    commit_term: int
-    commit_index: int
-
-
-@dataclass(frozen=True)
-class PreVoteReply:  # granted: term echoes the PreVote's term; refused: the replier's own term
-    term: int
-    granted: bool
-
-
-@dataclass(frozen=True)
-class RequestVote:
-    term: int
-    commit_term: int
-    commit_index: int
-
-
-@dataclass(frozen=True)
-class RequestVoteReply:
-    term: int
-    granted: bool
-    sig: bytes = b""  # granted: the voter's signature over vote_statement(term, candidate)
-
-
-@dataclass(frozen=True)
-class VoteSig:  # one entry of a leader certificate
-    voter: NodeId
-    sig: bytes
-
-
-@dataclass(frozen=True)
-class Heartbeat:  # leader -> follower; carries the leader's last committed round
-    term: int
-    commit_term: int
-    commit_index: int
-    # The votes that elected the sender (itself excluded), until the follower says it follows.
-    certificate: tuple[VoteSig, ...] = ()
-
-
-@dataclass(frozen=True)
-class HeartbeatReply:  # also the answer to a stale heartbeat, carrying the higher term
-    term: int
-    follows: bool = False  # the replier takes the sender as leader of `term` (certificate seen)
-
-
-Message = PreVote | PreVoteReply | RequestVote | RequestVoteReply | Heartbeat | HeartbeatReply
-MESSAGE_TYPES: tuple[type, ...] = (PreVote, PreVoteReply, RequestVote, RequestVoteReply,
-                                   Heartbeat, HeartbeatReply)
-
-
-@dataclass(frozen=True)
-class Send:  # effect: the shell sends msg to dst (it knows dst's address from membership)
-    dst: NodeId
-    msg: Message
-
-
 @dataclass(frozen=True)
 class Ready:
     """The result of one step: persist `persist` (if not None) durably, THEN perform `sends`."""
@@ -261,31 +182,6 @@ class ElectionStats:  # counters for the status API and for tests; never reset
     uncertified_heartbeats: int = 0  # heartbeats whose certificate did not prove their sender won
     certificates_verified: int = 0   # (term, leader) pairs proven by signatures (once per pair)
     bad_vote_signatures: int = 0     # granted votes whose signature did not verify (not counted)
-
-
-def _well_formed_certificate(value: object) -> bool:
-    return (isinstance(value, tuple) and len(value) <= MEMBERS_MAX
-            and all(isinstance(v, VoteSig) and isinstance(v.voter, bytes) and isinstance(v.sig, bytes)
-                    for v in value))
-
-
-def _well_formed(msg: Message) -> bool:
-    # The wire codec validates types; this guards the invariants our arithmetic relies on.
-    for f in fields(msg):
-        value = getattr(msg, f.name)
-        if f.name in ("granted", "follows"):
-            if not isinstance(value, bool):
-                return False
-        elif f.name == "sig":
-            if not (isinstance(value, bytes) and len(value) <= SIGNATURE_BYTES_MAX):
-                return False
-        elif f.name == "certificate":
-            if not _well_formed_certificate(value):
-                return False
-        elif not (isinstance(value, int) and not isinstance(value, bool)
-                  and 0 <= value <= TERM_MAX):
-            return False
-    return True
 
 
 class Election:
@@ -677,21 +573,14 @@ class Election:
     def _proves_leader(self, leader: NodeId, term: int, certificate: tuple[VoteSig, ...]) -> bool:
         """True if a quorum of distinct members voted for `leader` in `term`: its own vote is
         implied by its authenticated heartbeat, ours is known if we cast it, every other needs a
-        valid signature. Verified once per (term, leader); remembered after that."""
+        valid signature (election_certificate.py). Verified once per (term, leader); remembered
+        after that."""
         if self._proven == (term, leader):
             return True
-        voters = [v.voter for v in certificate]
-        if (len(set(voters)) != len(voters) or leader in voters
-                or not self._member_set.issuperset(voters)):
-            return False  # an honest leader never sends these: refuse without checking anything
         known = {leader}
         if term == self._term and self._voted_for == leader:
             known.add(self._me)
-        if len(known.union(voters)) < self._quorum:
-            return False
-        statement = vote_statement(term, leader)
-        # all() stops at the first bad signature: a forgery costs one failed check.
-        if not all(self._verify(v.voter, statement, v.sig) for v in certificate if v.voter not in known):
+        if not certificate_proves(leader, term, certificate, self._member_set, self._quorum, known, self._verify):
             return False
         self._proven = (term, leader)
         self._stats.certificates_verified += 1
