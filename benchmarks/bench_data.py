@@ -14,6 +14,12 @@
    beside it as a cross-check.
 3. Parquet: the same table as one Parquet file (snappy): `load_data` against
    `pyarrow.parquet.read_table`, interleaved the same way.
+4. Fresh processes: each load of 1. and 3. (ours and its reference, interleaved, --repeats times)
+   in a process of its own, timed from after the imports. In one process, repeated, a reader
+   that allocates from pyarrow's pool (`read_table`) gets the pages it freed the round before,
+   already faulted, while a matrix from numpy pays for fresh pages every round; a fresh process
+   is what a job's load meets (the daemon loads the site's rows once per job) and charges both
+   for their memory.
 
 Run: .venv/bin/python benchmarks/bench_data.py [--rows 1000000] [--cols 50] [--repeats 5] [--json]
 """
@@ -89,19 +95,27 @@ except ImportError:
 def rss():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize()
+import time
 before = rss()
+t, c = time.perf_counter(), time.process_time()
 if kind == "load_csv":
     X = load_csv(DataSpec(path, "label", "yes")).X
 elif kind == "load_data(parquet)":
     X = load_data(DataSpec(None, "label", "yes", parquet=path)).X
 elif kind == "pandas.read_csv+to_numpy":
     X = pandas.read_csv(path).drop(columns="label").to_numpy(dtype=np.float64)
+elif kind == "pandas.read_csv":
+    X = pandas.read_csv(path)
 elif kind == "pyarrow.csv.read_csv":
     X = pyarrow.csv.read_csv(path)
+elif kind == "pyarrow.parquet.read_table":
+    X = pyarrow.parquet.read_table(path)
+wall, cpu = time.perf_counter() - t, time.process_time() - c
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 with open("/proc/self/status") as f:
     hwm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
-print(json.dumps({"before": before, "peak": peak, "vm_hwm": hwm, "matrix": int(getattr(X, "nbytes", 0))}))
+print(json.dumps({"before": before, "peak": peak, "vm_hwm": hwm, "matrix": int(getattr(X, "nbytes", 0)),
+                  "wall_s": wall, "cpu_s": cpu}))
 """
 
 
@@ -140,6 +154,23 @@ def main() -> None:
             m["added_over_matrix"] = (m["peak"] - m["before"]) / matrix
             m["peak_over_matrix"] = m["peak"] / matrix
             doc["memory"][kind] = m
+        # Fresh processes, interleaved: each load pays for its own memory, as a daemon's job does.
+        fresh_kinds = {"csv": ["load_csv", "pandas.read_csv" if pandas is not None else "pyarrow.csv.read_csv"],
+                       "parquet": ["load_data(parquet)", "pyarrow.parquet.read_table"]}
+        for section, (ours, ref) in fresh_kinds.items():
+            path = parquet_path if section == "parquet" else csv_path
+            wall: dict[str, list[float]] = {ours: [], ref: []}
+            cpu: dict[str, list[float]] = {ours: [], ref: []}
+            for _ in range(args.repeats):
+                for kind in (ours, ref):
+                    m = memory(kind, path)
+                    wall[kind].append(m["wall_s"])
+                    cpu[kind].append(m["cpu_s"])
+            doc[f"fresh_{section}"] = {"wall": summary(wall), "cpu": summary(cpu), "reference": ref,
+                                       "ratio": {"median": statistics.median(wall[ours]) / statistics.median(wall[ref]),
+                                                 "best": min(wall[ours]) / min(wall[ref]),
+                                                 "cpu_median": statistics.median(cpu[ours])
+                                                 / statistics.median(cpu[ref])}}
         spec = DataSpec(csv_path, "label", "yes")
         runs = {"load_csv": lambda: load_csv(spec)}
         if pandas is not None:
@@ -182,6 +213,14 @@ def main() -> None:
             print(f"  load_csv / {ref}: median {r['median']:.2f}x, best {r['best']:.2f}x")
     r = doc["parquet_ratio"]
     print(f"  load_data(parquet) / pyarrow.parquet.read_table: median {r['median']:.2f}x, best {r['best']:.2f}x")
+    for section in ("csv", "parquet"):
+        f = doc[f"fresh_{section}"]
+        for name, w in f["wall"].items():
+            print(f"  fresh process: {name:26s} best {w['best_s']:6.2f} s  median {w['median_s']:6.2f} s  "
+                  f"CPU median {f['cpu'][name]['median_s']:6.2f} s")
+        first = next(iter(f["wall"]))
+        print(f"  fresh process: {first} / {f['reference']}: median {f['ratio']['median']:.2f}x, "
+              f"best {f['ratio']['best']:.2f}x, CPU median {f['ratio']['cpu_median']:.2f}x")
     for kind, m in doc["memory"].items():
         print(f"  memory {kind:26s} before {m['before'] / mib:5.0f} MiB, peak {m['peak'] / mib:5.0f} MiB: "
               f"VmHWM {m['vm_hwm'] / mib:5.0f} MiB: (peak - before) / matrix = {m['added_over_matrix']:.2f}, "
