@@ -4,7 +4,8 @@ Each site boosts decision stumps on its own training rows (local AdaBoost), send
 row count to every other member (as the thesis does: models and counts are shared, rows are not),
 scores every received model on its own rows, keeps those whose error is close to its own model's
 (|ε_p − ε_p^q| <= τ), weights them by row counts (λ, σ) and reports its own integrated model on its
-test part. The arithmetic is in `fedpeer.ml.bofrf` (boppid_*); this module only moves models.
+test part. The arithmetic is in `fedpeer.ml.boppid` (boppid_*; its local AdaBoost in
+`fedpeer.ml.stumps`); this module only moves models.
 """
 
 from __future__ import annotations
