@@ -18,7 +18,7 @@ from sklearn.tree import DecisionTreeClassifier
 from tests import frames
 from fedpeer import wire
 from fedpeer.errors import DataError, LocalProtocolError, RemoteProtocolError
-from fedpeer.ml import trees
+from fedpeer.ml import treepredict, trees
 
 ENGINES = ("sklearn", "numpy")
 
@@ -337,7 +337,7 @@ def test_numpy_takes_over_when_sklearn_trees_cannot_be_built(rf: RandomForestCla
     assert "Tree() changed" in trees._plan(forest).sklearn_error
     with pytest.raises(RuntimeError, match="cannot be rebuilt"):
         trees.predict_trees(forest, data[2], names(9), engine="sklearn")
-    monkeypatch.setattr(trees, "_node_dtype_cache", [None])        # the layout check failed
+    monkeypatch.setattr(treepredict, "_node_dtype_cache", [None])  # the layout check failed
     assert trees.evaluator() == "numpy"
 
 
