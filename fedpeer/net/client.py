@@ -372,7 +372,7 @@ def _parse_answer(buf: bytearray, got: int, eof: bool) -> _Answer | None:
     if not version.startswith("HTTP/1.") or not 200 <= status <= 599:
         raise BadAnswer(f"not an HTTP/1.x answer: {status_line[:STATUS_LINE_CHARS_SHOWN]!r}")
     try:
-        headers = parse_header_lines(lines)
+        headers = parse_header_lines(lines, unique=("content-length", "transfer-encoding"))   # as the server
     except ValueError:
         raise BadAnswer("malformed answer header") from None
     keep = keep_alive(version, headers)
