@@ -6,6 +6,7 @@ rounds by the federation's elected leader: the protocol is in `xgbsite.py`, its 
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 import json
 import logging
 from collections.abc import Mapping
@@ -107,7 +108,7 @@ def prepare(site: Site) -> None:
     """Split this site's rows (stratified, seeded by the job seed and the site's key)."""
     p, data = site.params, site.ctx.data
     y = site_labels(data, p)
-    labelled = mldata.Dataset(data.features, data.X, y, data.labels, data.rows_dropped, data.fingerprint)
+    labelled = replace(data, y=y)     # keeps what split_train_test needs to refit an imputer
     if p["test_fraction"] > 0:
         train, test = mldata.split_train_test(labelled, p["test_fraction"], seed=site_seed(p["seed"], site.me),
                                               stratify=not is_regression(p))

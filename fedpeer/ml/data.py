@@ -17,8 +17,10 @@ Rules of this module:
   +/-Inf (including overflowing numbers such as 1e999) is treated like a missing value.
 - missing = "impute" fills missing feature values site-locally: scikit-learn's IterativeImputer
   (MICE) fitted on this site's own rows only; a test file is filled by the imputer fitted on the
-  site's data file (`load_csv(..., impute_from=train)`), never fitted on test rows. A row whose
-  label is missing is still dropped (and counted): a label is never imputed.
+  site's data file (`load_csv(..., impute_from=train)`), never fitted on test rows; a job that
+  splits off its own test rows (`split_train_test`) fits the imputer again on its training part
+  and fills the test part with that one. A row whose label is missing is still dropped (and
+  counted): a label is never imputed.
 - Pure: no logging, no global state (the csv module's field size limit is left alone).
 """
 
@@ -28,7 +30,7 @@ import codecs
 import hashlib
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
@@ -106,6 +108,9 @@ class Dataset:
     cells_imputed: int = 0             # missing = "impute": feature values filled in while loading
     missing_counts: tuple[tuple[str, int], ...] = ()   # (feature, missing or infinite values in the file)
     imputer: Any = field(default=None, repr=False)   # the fitted IterativeImputer, if one was needed
+    gaps: np.ndarray | None = field(default=None, repr=False)   # bool (rows, features): the cells an
+    # imputer fitted on these rows filled (None: none, or filled by another Dataset's imputer), so
+    # that split_train_test can fit one on the training part alone
 
     @property
     def rows(self) -> int:
@@ -326,9 +331,12 @@ def _finish(spec: DataSpec, binary: bool, features: tuple[str, ...], X: np.ndarr
                             "after dropping them")
         keep = ~bad_rows
         X, codes = X[keep], codes[keep]
-    imputed, imputer = 0, None
+    imputed, imputer, gaps = 0, None, None
     if impute:
-        X, imputed, imputer = _impute(path, features, X, impute_from)
+        X, gaps, imputer = _impute(path, features, X, impute_from)
+        imputed = int(gaps.sum()) if gaps is not None else 0
+        if impute_from is not None:
+            gaps = None                  # filled by the training file's imputer: nothing to refit
     present = sorted(uniques[c] for c in np.flatnonzero(np.bincount(codes, minlength=len(uniques))))   # no sort
     if binary:
         if len(present) != 2:
@@ -351,44 +359,52 @@ def _finish(spec: DataSpec, binary: bool, features: tuple[str, ...], X: np.ndarr
     labels = np.array(uniques, dtype=str)[codes]
     X = np.ascontiguousarray(X, dtype=np.float64)
     ds = _frozen(features, X, y, labels, dropped)
+    if gaps is not None:
+        gaps.setflags(write=False)
     return Dataset(ds.features, ds.X, ds.y, ds.labels, ds.rows_dropped, ds.fingerprint, imputed,
-                   tuple(zip(features, map(int, gap_counts))), imputer)
+                   tuple(zip(features, map(int, gap_counts))), imputer, gaps)
 
 
 def _impute(path: Path, features: tuple[str, ...], X: np.ndarray,
-            impute_from: Dataset | None) -> tuple[np.ndarray, int, Any]:
-    """Fill the missing and infinite values of X with an IterativeImputer (MICE, BayesianRidge per
-    column, 10 rounds, seeded) fitted on the site's own training rows only: X itself, or the rows of
-    `impute_from` (the training Dataset) for a test file. Never fitted on a test file's rows."""
+            impute_from: Dataset | None) -> tuple[np.ndarray, np.ndarray | None, Any]:
+    """(X filled, the cells filled or None, the imputer): the missing and infinite values of X filled
+    by an IterativeImputer (see _fit_imputer) fitted on the site's own training rows only: X itself,
+    or the rows of `impute_from` (the training Dataset) for a test file. Never fitted on a test
+    file's rows."""
     gaps = ~np.isfinite(X)
-    count = int(gaps.sum())
     if impute_from is not None and impute_from.features != features:
         raise DataError(f"{path}: its feature columns ({_quote_list(features)}) differ from those of the "
                         f"site's data file ({_quote_list(impute_from.features)}) whose imputer fills its "
                         "missing values; give both files the same columns")
-    if count == 0:
-        return X, 0, impute_from.imputer if impute_from is not None else None
+    if not gaps.any():
+        return X, None, impute_from.imputer if impute_from is not None else None
     X = np.where(gaps, np.nan, X)
     imputer = impute_from.imputer if impute_from is not None else None
     if imputer is None:
-        train = X if impute_from is None else impute_from.X
-        empty = np.isnan(train).all(axis=0)
-        if empty.any():
-            name = features[int(np.argmax(empty))]
-            raise DataError(f"{path}: column {name!r} has no value in any row: nothing to impute it from; "
-                            "fill it in or add it to ignore")
-        import warnings
-
-        from sklearn.exceptions import ConvergenceWarning
-        from sklearn.experimental import enable_iterative_imputer  # noqa: F401
-        from sklearn.impute import IterativeImputer
-
-        imputer = IterativeImputer(max_iter=10, random_state=0, keep_empty_features=True)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConvergenceWarning)    # 10 rounds are what MICE runs here
-            imputer.fit(train)
+        imputer = _fit_imputer(f"{path}: ", "any row", features, X if impute_from is None else impute_from.X)
     filled = imputer.transform(X)
-    return np.ascontiguousarray(filled, dtype=np.float64), count, imputer
+    return np.ascontiguousarray(filled, dtype=np.float64), gaps, imputer
+
+
+def _fit_imputer(where: str, rows: str, features: tuple[str, ...], train: np.ndarray) -> Any:
+    """An IterativeImputer (MICE, BayesianRidge per column, 10 rounds, seeded) fitted on `train`
+    (NaN where a value is missing). A column with no value in `train` (`rows`) is refused."""
+    empty = np.isnan(train).all(axis=0)
+    if empty.any():
+        name = features[int(np.argmax(empty))]
+        raise DataError(f"{where}column {name!r} has no value in {rows}: nothing to impute it from; fill it in "
+                        "or add it to ignore")
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.experimental import enable_iterative_imputer  # noqa: F401
+    from sklearn.impute import IterativeImputer
+
+    imputer = IterativeImputer(max_iter=10, random_state=0, keep_empty_features=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)    # 10 rounds are what MICE runs here
+        imputer.fit(train)
+    return imputer
 
 
 def _frozen(features: tuple[str, ...], X: np.ndarray, y: np.ndarray | None, labels: np.ndarray,
@@ -411,12 +427,29 @@ def split_train_test(ds: Dataset, test_fraction: float, seed: int,
     The test set has round(rows * test_fraction) rows, at least 1 and at most rows - 1. With
     `stratify` and a y, each class gets its share of the test rows to within one row (largest
     remainder). Both parts keep the features, fingerprint and rows_dropped of `ds`.
+
+    missing = "impute": the cells `ds`'s imputer filled are filled again by an imputer fitted on the
+    training part alone, so that no test row takes part in fitting it (the load fitted one on all
+    of the site's rows).
     """
     in_test = split_mask(ds.X.shape[0], ds.y if stratify else None, test_fraction, seed)
+    X, imputer = ds.X, ds.imputer
+    if ds.gaps is not None:
+        X = np.where(ds.gaps, np.nan, ds.X)
+        imputer = _fit_imputer("", "the training part of this site's rows (its other rows went to the test "
+                               "part)", ds.features, X[~in_test])
 
     def part(mask: np.ndarray) -> Dataset:
-        return _frozen(ds.features, ds.X[mask], None if ds.y is None else ds.y[mask], ds.labels[mask],
-                       ds.rows_dropped, ds.fingerprint)
+        rows = X[mask]
+        gaps = None if ds.gaps is None else ds.gaps[mask]
+        if gaps is not None and gaps.any():
+            rows = np.ascontiguousarray(imputer.transform(rows), dtype=np.float64)
+        ds_part = _frozen(ds.features, rows, None if ds.y is None else ds.y[mask], ds.labels[mask],
+                          ds.rows_dropped, ds.fingerprint)
+        if gaps is not None:
+            gaps.setflags(write=False)
+        return replace(ds_part, cells_imputed=0 if gaps is None else int(gaps.sum()),
+                       missing_counts=ds.missing_counts, imputer=imputer, gaps=gaps)
     return part(~in_test), part(in_test)
 
 

@@ -90,6 +90,60 @@ def test_test_rows_are_filled_by_the_sites_imputer_never_fitted_on_them(tmp_path
     assert np.array_equal(filled.X, fitted.transform(raw))
 
 
+def test_a_jobs_own_test_rows_never_take_part_in_fitting_the_imputer(tmp_path: Path) -> None:
+    """A job that splits off test rows (bofrf, xgboost: test_fraction) fits the imputer again on its
+    training part; the load's imputer, fitted on all rows, is not the one that fills the parts."""
+    from types import SimpleNamespace
+
+    from fedpeer.jobs import xgboost as xgb
+    from fedpeer.jobs.base import site_seed
+    from fedpeer.ml.data import split_mask, split_train_test
+
+    X = correlated(120, 5)
+    y = np.arange(120) % 2
+    in_test = split_mask(120, (y == 1).astype(np.int8), 0.25, 7)     # as the Dataset's y will split
+    tests, trains = np.flatnonzero(in_test), np.flatnonzero(~in_test)
+    raw = X.copy()
+    for r, c in ((trains[1], 1), (trains[20], 0), (trains[50], 2), (tests[2], 1), (tests[9], 0), (tests[20], 1)):
+        raw[r, c] = np.nan
+
+    def load(rows: np.ndarray):   # noqa: ANN202
+        cells = [["NA" if v != v else repr(v) for v in row] + [lab] for row, lab in zip(rows.tolist(), y.tolist())]
+        return load_csv(DataSpec(write(tmp_path, table(cells)), "y", "1", missing="impute"))
+    ds = load(raw)
+    assert np.array_equal(in_test, split_mask(120, ds.y, 0.25, 7)) and in_test.sum() == 30 and np.isnan(raw[in_test]).any() and np.isnan(raw[~in_test]).any()
+    train, test = split_train_test(ds, 0.25, seed=7)
+    fitted = IterativeImputer(max_iter=10, random_state=0, keep_empty_features=True).fit(raw[~in_test])
+    assert np.array_equal(train.X, fitted.transform(raw[~in_test]))
+    assert np.array_equal(test.X, fitted.transform(raw[in_test]))
+    assert (train.cells_imputed, test.cells_imputed) == (int(np.isnan(raw[~in_test]).sum()),
+                                                         int(np.isnan(raw[in_test]).sum()))
+    assert not np.array_equal(train.X, ds.X[~in_test])   # the load's imputer (all rows) fills otherwise
+
+    # The test rows' values change nothing in the training part.
+    far = raw.copy()
+    far[in_test] *= 100
+    train_far, test_far = split_train_test(load(far), 0.25, seed=7)
+    assert np.array_equal(train_far.X, train.X) and not np.array_equal(test_far.X, test.X)
+
+    # xgboost's split keeps it (it relabels the Dataset before splitting).
+    params = {name: param.default for name, param in xgb.PARAMS.items()}
+    me = b"\x01" * 32
+    site = SimpleNamespace(params=params, ctx=SimpleNamespace(data=ds), me=me)
+    xgb.prepare(site)
+    mask = split_mask(120, ds.y, params["test_fraction"], site_seed(params["seed"], me))
+    fitted = IterativeImputer(max_iter=10, random_state=0, keep_empty_features=True).fit(raw[~mask])
+    assert np.array_equal(site.fit[0], fitted.transform(raw[~mask]))
+    assert np.array_equal(site.test[0], fitted.transform(raw[mask]))
+
+    # A column whose values all fell in the test part cannot be imputed from the training part.
+    lone = raw.copy()
+    lone[:, 2] = np.nan
+    lone[tests[0], 2] = 1.0
+    with pytest.raises(DataError, match="column 'c' has no value in the training part"):
+        split_train_test(load(lone), 0.25, seed=7)
+
+
 def test_load_site_imputes_test_csv_with_the_sites_imputer(tmp_path: Path) -> None:
     X = correlated(40, 4)
     cells = [[repr(v) for v in row] + [i % 2] for i, row in enumerate(X.tolist())]
