@@ -93,6 +93,8 @@ def test_query_gives_the_csv_dataset_of_the_same_rows(postgres_server: PgServer,
         want = load_csv(DataSpec(csv=_rows_csv(tmp_path / f"{k}.csv", k), label="diagnosis", positive="malignant"))
         _same(got, want)
         assert got.rows == want.rows > 180
+    # a query whose last line is a comment (it is put in parentheses by the reader)
+    _same(load_data(_spec(dsn, _select(2) + "  -- the cohort; one row a patient")), want)
     # booleans are 1/0, integers and reals (float4) their exact double; ignored columns are not read
     sql = (f"SELECT id, note, {', '.join(COLS)}, diagnosis, smoker, grade, ratio FROM cancer "
            "WHERE id % 3 = 1 ORDER BY id")
