@@ -94,6 +94,13 @@ def report(data: DataSection, limits: JobLimits) -> dict[str, Any]:
     if data.engine == "dask":
         doc["engine"], doc["scheduler"], doc["partitions"] = "dask", data.scheduler, len(dataset.part_rows)
     doc["missing_policy"] = data.missing
+    if needs_label:       # what a job that needs two classes (stats, bofrf) would say of the label
+        from .jobs.kinds import job_kinds
+        from .ml.data import binary_label_problem
+
+        doc["binary_jobs"] = [name for name, kind in job_kinds().items() if kind.binary_label and kind.needs_data]
+        doc["binary_refusal"] = binary_label_problem(doc["source"], data.label, data.positive or None,
+                                                     sorted(doc["label_counts"]), doc["rows"])
     if test is not None:
         doc["test_csv"] = _describe(test, data.test_csv, count_labels=needs_label)
     return doc
@@ -129,6 +136,8 @@ def format_report(doc: dict[str, Any]) -> str:
     if doc.get("engine") == "dask":
         lines.append(f"engine dask: {doc['partitions']} partitions on {doc['scheduler']}")
     lines += _body(doc)
+    if doc.get("binary_refusal"):
+        lines.append(f"binary jobs ({', '.join(doc['binary_jobs'])}) would refuse it: {doc['binary_refusal']}")
     if "test_csv" in doc:
         test = doc["test_csv"]
         lines.append(f"test_csv {test['source']}: {test['rows']} rows")

@@ -339,17 +339,9 @@ def _finish(spec: DataSpec, binary: bool, features: tuple[str, ...], X: np.ndarr
             gaps = None                  # filled by the training file's imputer: nothing to refit
     present = sorted(uniques[c] for c in np.flatnonzero(np.bincount(codes, minlength=len(uniques))))   # no sort
     if binary:
-        if len(present) != 2:
-            if len(present) == 1:
-                why = (f"has only one value, {present[0]!r} (in all {X.shape[0]} rows): no model can be "
-                       "learned from one class; this site needs rows of both classes")
-            else:
-                why = (f"has {len(present)} distinct values ({_quote_list(present)}), a binary job "
-                       "needs exactly two")
-            raise DataError(f"{path}: label column {spec.label!r} {why}")
-        if spec.positive is None:
-            raise DataError(f"{path}: a binary job needs the positive class: set positive to one of "
-                            f"{_quote_list(present)} (values of column {spec.label!r})")
+        problem = binary_label_problem(path, spec.label, spec.positive, present, X.shape[0])
+        if problem is not None:
+            raise DataError(problem)
     y = None
     if spec.positive is not None:
         if spec.positive not in present:
@@ -363,6 +355,24 @@ def _finish(spec: DataSpec, binary: bool, features: tuple[str, ...], X: np.ndarr
         gaps.setflags(write=False)
     return Dataset(ds.features, ds.X, ds.y, ds.labels, ds.rows_dropped, ds.fingerprint, imputed,
                    tuple(zip(features, map(int, gap_counts))), imputer, gaps)
+
+
+def binary_label_problem(path: object, label: str | None, positive: str | None, present: Sequence[str],
+                         rows: int) -> str | None:
+    """Why a binary job refuses a label column whose distinct values are `present` (sorted), or
+    None: it needs exactly two values and the positive class set (to one of them: _finish)."""
+    if len(present) != 2:
+        if len(present) == 1:
+            why = (f"has only one value, {present[0]!r} (in all {rows} rows): no model can be "
+                   "learned from one class; this site needs rows of both classes")
+        else:
+            why = (f"has {len(present)} distinct values ({_quote_list(present)}), a binary job "
+                   "needs exactly two")
+        return f"{path}: label column {label!r} {why}"
+    if positive is None:
+        return (f"{path}: a binary job needs the positive class: set positive to one of "
+                f"{_quote_list(present)} (values of column {label!r})")
+    return None
 
 
 def _impute(path: Path, features: tuple[str, ...], X: np.ndarray,

@@ -199,6 +199,17 @@ def test_data_check_good_and_bad_files(tmp_path: Path) -> None:
     text = fedpeer("data", "check", "--config", str(conf))
     assert text.returncode == 0 and "2 rows, 2 features" in text.stdout and expected.fingerprint.hex() in text.stdout
     assert "label balance: 'no' 1 (50.0 %), 'yes' 1 (50.0 %)" in text.stdout
+    assert doc["binary_jobs"] == ["stats", "bofrf"] and doc["binary_refusal"] is None
+    assert "would refuse" not in text.stdout
+
+    # A third class: loaded (xgboost, logreg take it), and the line says what stats and bofrf would say.
+    write(conf.parent, "Id,a,b,y\n1,1.5,2,yes\n2,2.5,3,no\n3,3.5,4,maybe\n", "three.csv")
+    conf.write_text(conf.read_text().replace('"rows.csv"', '"three.csv"'))
+    three = fedpeer("data", "check", "--config", str(conf))
+    assert three.returncode == 0, three.stderr
+    assert (f"binary jobs (stats, bofrf) would refuse it: {conf.parent / 'three.csv'}: label column 'y' has 3 "
+            "distinct values ('maybe', 'no', 'yes'), a binary job needs exactly two") in three.stdout
+    conf.write_text(conf.read_text().replace('"three.csv"', '"rows.csv"'))
 
     conf.write_text(conf.read_text().replace('missing = "drop"', 'missing = "error"'))
     bad = fedpeer("data", "check", "--config", str(conf))
