@@ -261,7 +261,7 @@ def _read(spec: DataSpec, reader, rows_max: int):
         if code is None:
             code = label_codes[lab] = len(label_codes)
         codes.append(code)
-    if n == 0:
+    if n == 0 and not spec.empty_ok:
         raise DataError(f"{path}: has a header but no data rows")
     blocks.append(block[:k])
     X = np.concatenate(blocks) if len(blocks) > 1 else blocks[0]

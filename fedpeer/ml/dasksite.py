@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DataError, JobError
-from .data import FEATURE_TYPE_FLOAT, DataSpec, _quote_list, load_data, schema_fingerprint
+from .data import FEATURE_TYPE_FLOAT, DataSpec, _quote_list, binary_label_problem, load_data, schema_fingerprint
 
 __all__ = ["DASK_KINDS", "DaskSite", "dask_refusal", "open_site", "part_files"]
 
@@ -100,7 +100,7 @@ class _Part:
 def _load_part(kind: str, file: str, label: str | None, positive: str | None, ignore: tuple[str, ...],
                missing: str, rows_max: int, bytes_max: int) -> _Part:
     spec = DataSpec(csv=Path(file) if kind == "csv" else None, parquet=Path(file) if kind == "parquet" else None,
-                    label=label, positive=None, ignore=ignore, missing=missing)
+                    label=label, positive=None, ignore=ignore, missing=missing, empty_ok=True)
     ds = load_data(spec, binary=False, rows_max=rows_max, bytes_max=bytes_max)
     y = None if positive is None else (ds.labels == positive).astype(np.int8)
     return _Part(X=ds.X, y=y, labels=ds.labels, features=ds.features, rows_dropped=ds.rows_dropped,
@@ -319,22 +319,23 @@ def _check_parts(site: DaskSite, data: Any, files: list[Path], facts: list[dict]
             labels[k] = labels.get(k, 0) + v
         for k, v in fact["missing"]:
             missing[k] += v
+    dropped = sum(fact["rows_dropped"] for fact in facts)
+    if rows == 0:      # a part may be empty (Spark writes empty parts) or lose every row to missing = "drop"
+        parts = f"its {len(files)} part{'s' * (len(files) != 1)}"
+        raise DataError(f"{where}: all {dropped} data rows of {parts} have a missing or infinite value; nothing "
+                        "is left after dropping them" if dropped else
+                        f"{where}: {parts} {'hold' if len(files) != 1 else 'holds'} no data rows")
     present = sorted(labels)
     if needs_label and binary:
-        if len(present) != 2:
-            why = (f"has only one value, {present[0]!r} (in all {rows} rows): no model can be learned from one "
-                   "class; this site needs rows of both classes") if len(present) == 1 else \
-                  f"has {len(present)} distinct values ({_quote_list(present)}), a binary job needs exactly two"
-            raise DataError(f"{where}: label column {data.label!r} {why}")
-        if not data.positive:
-            raise DataError(f"{where}: a binary job needs the positive class: set positive to one of "
-                            f"{_quote_list(present)} (values of column {data.label!r})")
+        problem = binary_label_problem(where, data.label, data.positive or None, present, rows)
+        if problem is not None:
+            raise DataError(problem)
     if needs_label and data.positive and data.positive not in present:
         raise DataError(f"{where}: positive class {data.positive!r} is not a value of label column "
                         f"{data.label!r}; the values are {_quote_list(present)}")
     site.features = tuple(first)
     site.fingerprint = schema_fingerprint(site.features, [FEATURE_TYPE_FLOAT] * len(site.features))
     site.rows, site.part_rows = rows, [fact["rows"] for fact in facts]
-    site.rows_dropped = sum(fact["rows_dropped"] for fact in facts)
+    site.rows_dropped = dropped
     site.label_counts = labels if needs_label else {}
     site.missing_counts = tuple(missing.items())

@@ -68,6 +68,8 @@ class DataSpec:
     sql: str | None = None         # or: a PostgreSQL query whose result columns are the data (ml/sqlsource.py)
     dsn_file: Path | None = None   # sql: the 0600 file holding the connection string
     sql_timeout_ms: int = 60_000   # sql: the server cancels a statement running longer
+    empty_ok: bool = False         # no data rows (none in the file, or all dropped) is an empty Dataset,
+                                   # not an error: one partition of a Dask site (ml/dasksite.py)
 
     @property
     def source(self) -> Path:
@@ -326,7 +328,7 @@ def _finish(spec: DataSpec, binary: bool, features: tuple[str, ...], X: np.ndarr
         raise DataError(f"{path}: {text}. Missing means empty, NA, N/A, NaN, null or ?. Fill them in, or "
                         f"set missing = \"drop\" to drop the rows that have one ({dropped} of {n})")
     if dropped:
-        if dropped == n:
+        if dropped == n and not spec.empty_ok:
             raise DataError(f"{path}: all {n} data rows have a missing or infinite value; nothing is left "
                             "after dropping them")
         keep = ~bad_rows

@@ -127,7 +127,7 @@ def read_parquet(spec: DataSpec, rows_max: int, bytes_max: int) -> tuple[Any, ..
     if n > rows_max:
         raise DataError(f"{path}: has more than {rows_max} data rows (rows_max); use a sample of the data or "
                          "raise the limit")
-    if n == 0:
+    if n == 0 and not spec.empty_ok:
         raise DataError(f"{path}: has columns but no data rows")
     columns = list(features) + ([spec.label] if spec.label is not None else [])
     # Row group by row group into a matrix allocated once (the row count is in the metadata): memory

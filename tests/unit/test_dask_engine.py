@@ -162,6 +162,59 @@ def test_job_kinds_the_engine_lacks_are_refused_by_name() -> None:
     assert "not bofrf with variant = 'clustered'" in dask_refusal("bofrf", {"variant": "clustered", "baseline": "none"})
 
 
+def test_empty_parts_and_parts_dropped_whole_are_empty_partitions(cluster, tmp_path, cancer, off_loop) -> None:
+    """Spark and Dask write empty part files; with missing = "drop" a part may lose every row. The
+    memory engine reads such a directory; so must the Dask engine (and its jobs run on the empty
+    partitions), while a site left with no row at all is still refused."""
+    X, labels, names = cancer
+    files = write_site(tmp_path, X[:190], labels[:190], names)
+    parts, csvs = files["parts"], files["glob"].parent
+    pq.write_table(_table(X[:0], labels[:0], names), parts / "part-3.parquet")
+    nan = X[190:195].copy()
+    nan[:, 1] = np.nan
+    pq.write_table(_table(nan, labels[190:195], names), parts / "part-4.parquet")
+    _write_csv(csvs / "part-3.csv", X[:0], labels[:0], names)              # a header, no rows
+    memory, _ = load_site(section(None, parquet=str(parts), missing="drop"), LIMITS, needs_label=True, binary=True)
+    assert memory.rows == 190 and memory.rows_dropped == 5
+    for source in ({"parquet": str(parts)}, {"csv": str(files["glob"])}):
+        site, _ = load_site(section(cluster, missing="drop", **source), LIMITS, needs_label=True, binary=True)
+        try:
+            assert site.rows == 190 and site.fingerprint == memory.fingerprint
+            assert site.part_rows == ([90, 10, 90, 0, 0] if "parquet" in source else [90, 10, 90, 0])
+        finally:
+            site.close()
+
+    params = {"mode": "histogram", "rounds": 2, "max_depth": 2, "max_bin": 16, "test_fraction": 0.2,
+              "subsample": 0.8, "nthread": 1, "secure_sum": "ring"}
+    from fedpeer.ml.data import Dataset, schema_fingerprint
+
+    def sites(dask: bool) -> list:
+        first = load_site(section(cluster if dask else None, parquet=str(parts), missing="drop"), LIMITS,
+                          needs_label=True, binary=True)[0]
+        lab = labels[190:380]
+        return [first, Dataset(tuple(names), np.ascontiguousarray(X[190:380]), (lab == "malignant").astype(np.int8),
+                               lab, 0, schema_fingerprint(names, ["float"] * len(names)))]
+    for kind, p in ((stats.KIND, {"bins": 8}), (xj.KIND, params)):
+        want, got = _run(kind, sites(False), p), _run(kind, sites(True), p)
+        for a, b in zip(want, got):
+            assert isinstance(b, dict), b
+            if kind is stats.KIND:
+                assert a["count"] == b["count"] == 380 and a["class_counts"] == b["class_counts"]
+            else:
+                assert a["_model"] == b["_model"] and a["rows"] == b["rows"]
+    assert off_loop == []
+
+    for f in list(parts.iterdir()):
+        f.unlink()
+    pq.write_table(_table(X[:0], labels[:0], names), parts / "part-0.parquet")
+    pq.write_table(_table(nan, labels[190:195], names), parts / "part-1.parquet")
+    with pytest.raises(DataError, match=r"parts: all 5 data rows of its 2 parts have a missing or infinite value"):
+        load_site(section(cluster, parquet=str(parts), missing="drop"), LIMITS, needs_label=True, binary=True)
+    (parts / "part-1.parquet").unlink()
+    with pytest.raises(DataError, match=r"parts: its 1 part holds no data rows"):
+        load_site(section(cluster, parquet=str(parts), missing="drop"), LIMITS, needs_label=True, binary=True)
+
+
 # -- jobs: a dask site among memory sites gives the all-memory result -------------------------------
 
 def _sites(cluster, site_files, cancer, dask: bool, needs_binary: bool = True) -> list:

@@ -111,7 +111,8 @@ def test_a_jobs_own_test_rows_never_take_part_in_fitting_the_imputer(tmp_path: P
         cells = [["NA" if v != v else repr(v) for v in row] + [lab] for row, lab in zip(rows.tolist(), y.tolist())]
         return load_csv(DataSpec(write(tmp_path, table(cells)), "y", "1", missing="impute"))
     ds = load(raw)
-    assert np.array_equal(in_test, split_mask(120, ds.y, 0.25, 7)) and in_test.sum() == 30 and np.isnan(raw[in_test]).any() and np.isnan(raw[~in_test]).any()
+    assert np.array_equal(in_test, split_mask(120, ds.y, 0.25, 7)) and in_test.sum() == 30
+    assert np.isnan(raw[in_test]).any() and np.isnan(raw[~in_test]).any()
     train, test = split_train_test(ds, 0.25, seed=7)
     fitted = IterativeImputer(max_iter=10, random_state=0, keep_empty_features=True).fit(raw[~in_test])
     assert np.array_equal(train.X, fitted.transform(raw[~in_test]))
