@@ -283,6 +283,30 @@ async def test_jobs_on_sql_sites_equal_the_jobs_on_csv_sites(make_federation, po
         assert "s3cret" not in site.log_path.read_text()
     _no_session_left(postgres_server)
 
+    # a query error, a text column, a query past the statement timeout: each a job error naming the
+    # site and its source (one job kind each), the site's config changed by a reload
+    from fedpeer.net.admin import request
+    from fedpeer.sitefiles import add_peers
+
+    _dsn_file(h.sites[2].dir / "pg.dsn", postgres_server.dsn())
+    slow = "SELECT mean_radius, diagnosis FROM cancer WHERE (SELECT pg_sleep(30)::text) IS NOT NULL"
+    for kind, params, sql, words in (
+            ("xgboost", {"mode": "histogram", "rounds": 2}, "SELECT mean_radius, diagnosis FROM cancre",
+             'the query failed: relation "cancre" does not exist'),
+            ("bofrf", {"n_estimators": 5}, "SELECT mean_radius, note, diagnosis FROM cancer",
+             "column 'note' (text) is text in the query result"),
+            ("stats", {}, slow, "ran past the statement timeout of 500 ms")):
+        add_peers(h.sites[2].config_path, [], {"data": {"sql": sql, "sql_timeout_ms": 500}})
+        h.sites[2].config = cfg.load(h.sites[2].config_path)
+        await request(h.sites[2].config, "POST", "/v1/reload")
+        started = time.monotonic()
+        records = await h.wait_job(await h.propose(0, kind, params), timeout_s=60)
+        assert time.monotonic() - started < 30, kind
+        assert {r["state"] for r in records.values()} == {"failed"}, (kind, records)
+        assert words in records[2]["error"] and "[data] sql" in records[2]["error"], records[2]["error"]
+        assert all("site-3" in r["error"] for r in records.values()), [r["error"] for r in records.values()]
+    _no_session_left(postgres_server)
+
 
 def test_data_check_reports_the_sql_source(postgres_server: PgServer, tmp_path: Path) -> None:
     """`fedpeer data check` loads [data] sql exactly as a job does (sitedata.report)."""
