@@ -325,7 +325,8 @@ def _finish(spec: DataSpec, binary: bool, features: tuple[str, ...], X: np.ndarr
                             f"{'s' * (count != 1)} (first at {rows.where(int(np.argmax(label_missing)))})")
         more = len(problems) - _LIST_MAX
         text = "; ".join(problems[:_LIST_MAX]) + (f"; ... and {more} more columns" if more > 0 else "")
-        raise DataError(f"{path}: {text}. Missing means empty, NA, N/A, NaN, null or ?. Fill them in, or "
+        tokens = "empty, NA, N/A, NaN, null or ?" if spec.csv is not None else "null or NaN"
+        raise DataError(f"{path}: {text}. Missing means {tokens}. Fill them in, or "
                         f"set missing = \"drop\" to drop the rows that have one ({dropped} of {n})")
     if dropped:
         if dropped == n and not spec.empty_ok:

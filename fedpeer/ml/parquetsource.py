@@ -9,6 +9,7 @@ text label is read as a dictionary and coded group by group.
 
 from __future__ import annotations
 
+import bisect
 from concurrent.futures import ThreadPoolExecutor
 import os
 from typing import Any
@@ -22,13 +23,18 @@ from .data import DataSpec
 
 class _ParquetRows:
     """Rows of a Parquet source are named by their 1-based position ("row N"); there are no lines.
-    all_finite: every value of X was found finite while filling it."""
+    In a directory of several part files, also the part file and the row in it. all_finite: every
+    value of X was found finite while filling it."""
 
-    def __init__(self, all_finite: bool = False) -> None:
+    def __init__(self, all_finite: bool = False, files: list | None = None, starts: list[int] | None = None) -> None:
         self.all_finite = all_finite
+        self._files, self._starts = files or [], starts or []
 
     def where(self, index: int) -> str:
-        return f"row {index + 1}"
+        if len(self._files) < 2:
+            return f"row {index + 1}"
+        k = bisect.bisect_right(self._starts, index) - 1
+        return f"row {index + 1} (row {index - self._starts[k] + 1} of {self._files[k].name})"
 
 
 def _parquet_files(path) -> list:
@@ -79,18 +85,22 @@ def read_parquet(spec: DataSpec, rows_max: int, bytes_max: int) -> tuple[Any, ..
     if size > bytes_max:
         raise DataError(f"{path}: is {size} bytes, more than the limit of {bytes_max} bytes (bytes_max); "
                          "use a sample of the data or raise the limit")
-    try:
-        metas = [pq.read_metadata(f) for f in files]
-    except PermissionError:
-        raise DataError(f"{path}: cannot be read (permission denied); let the fedpeer user read it") from None
-    except (pa.ArrowException, OSError) as e:
-        raise DataError(f"{path}: is not a readable Parquet file ({e}); write it with pyarrow, pandas "
-                         "(to_parquet) or Spark, or use csv") from None
+    metas = []
+    for f in files:
+        where = path if f == path else f"{path}: part file {f.name}"
+        try:
+            metas.append(pq.read_metadata(f))
+        except PermissionError:
+            raise DataError(f"{where}: cannot be read (permission denied); let the fedpeer user read it") from None
+        except (pa.ArrowException, OSError) as e:
+            raise DataError(f"{where}: is not a readable Parquet file ({e}); write it with pyarrow, pandas "
+                             "(to_parquet) or Spark, or use csv") from None
     schema = metas[0].schema.to_arrow_schema()
     for f, meta in zip(files[1:], metas[1:]):
-        if not meta.schema.to_arrow_schema().equals(schema):
-            raise DataError(f"{path}: part file {f.name} has other columns or types than {files[0].name}; "
-                             "every part file must have the same schema")
+        other = meta.schema.to_arrow_schema()
+        if not other.equals(schema):
+            raise DataError(f"{path}: part file {f.name} has other columns or types than {files[0].name} "
+                             f"({_schema_difference(other, schema)}); every part file must have the same schema")
     header = list(schema.names)
     check_columns(path, header, spec)
     if spec.label is not None and spec.label in spec.ignore:
@@ -137,16 +147,19 @@ def read_parquet(spec: DataSpec, rows_max: int, bytes_max: int) -> tuple[Any, ..
     # a text label is read as a dictionary and coded group by group (see _DictCodes)
     dict_codes = _DictCodes(n, label_text) if label_text is _label_from_text else None
     read_dictionary = [spec.label] if dict_codes is not None else None
-    start, finite, coded = 0, True, 0
+    start, finite, coded, reading = 0, True, 0, files[0]
     try:
-        groups = [(part, g) for part in (pq.ParquetFile(f, read_dictionary=read_dictionary) for f in files)
-                  for g in range(part.num_row_groups)]
+        groups = []
+        for reading in files:
+            part = pq.ParquetFile(reading, read_dictionary=read_dictionary)
+            groups += [(reading, part, g) for g in range(part.num_row_groups)]
         with ThreadPoolExecutor(1, thread_name_prefix="parquet-read") as ahead:   # the next group reads
-            pending = ahead.submit(_read_group, *groups[0], columns) if groups else None   # while this fills
+            pending = ahead.submit(_read_group, *groups[0][1:], columns) if groups else None   # while this fills
             for k in range(len(groups)):
+                reading = groups[k][0]
                 table = pending.result()
                 if k + 1 < len(groups):
-                    pending = ahead.submit(_read_group, *groups[k + 1], columns)
+                    pending = ahead.submit(_read_group, *groups[k + 1][1:], columns)
                 if start + table.num_rows > n:
                     raise DataError(f"{path}: holds more rows than its metadata says; write it again")
                 if spec.label is not None:
@@ -161,7 +174,8 @@ def read_parquet(spec: DataSpec, rows_max: int, bytes_max: int) -> tuple[Any, ..
                 finite = finite and finite_group
                 del table
     except (pa.ArrowException, OSError) as e:
-        raise DataError(f"{path}: reading failed ({e}); write the file again or use csv") from None
+        where = path if reading == path else f"{path}: part file {reading.name}"
+        raise DataError(f"{where}: reading failed ({e}); write the file again or use csv") from None
     if start != n:
         raise DataError(f"{path}: holds fewer rows than its metadata says; write it again")
     if dict_codes is not None:
@@ -171,7 +185,22 @@ def read_parquet(spec: DataSpec, rows_max: int, bytes_max: int) -> tuple[Any, ..
         codes, uniques = _label_codes(column, label_text)
     else:
         uniques, codes = [""], np.zeros(n, dtype=np.int64)
-    return features, X, codes, uniques, _ParquetRows(all_finite=finite)
+    starts = np.cumsum([0] + [meta.num_rows for meta in metas[:-1]]).tolist()
+    return features, X, codes, uniques, _ParquetRows(all_finite=finite, files=files, starts=starts)
+
+
+def _schema_difference(other, schema) -> str:
+    """The first column that differs between two part files' Arrow schemas, in words."""
+    theirs, ours = dict(zip(other.names, other.types)), dict(zip(schema.names, schema.types))
+    for name in schema.names:
+        if name not in theirs:
+            return f"no column {name!r}"
+        if theirs[name] != ours[name]:
+            return f"column {name!r} is {theirs[name]}, not {ours[name]}"
+    for name in other.names:
+        if name not in ours:
+            return f"an extra column {name!r}"
+    return "the same columns in another order"
 
 
 def _read_group(part, group: int, columns: list[str]):

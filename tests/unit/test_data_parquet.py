@@ -121,6 +121,29 @@ def test_parquet_refusals(tmp_path: Path) -> None:
         DataSpec(tmp_path / "a.csv", "y", parquet=path)
 
 
+def test_a_directorys_messages_name_the_part_file(tmp_path: Path) -> None:
+    parts = tmp_path / "extract"
+    parts.mkdir()
+    pq.write_table(pa.table({"a": [1.0, 2.0, 3.0], "y": ["n", "p", "n"]}), parts / "part-0.parquet")
+    pq.write_table(pa.table({"a": [4.0, None, 6.0], "y": ["p", "n", "p"]}), parts / "part-1.parquet")
+
+    def message(**kw) -> str:
+        with pytest.raises(DataError) as err:
+            load_data(DataSpec(None, "y", "p", parquet=parts, **kw))
+        return str(err.value)
+    text = message()
+    assert text.startswith(f"{parts}: column 'a' has 1 missing value (first at row 5 (row 2 of part-1.parquet))")
+    assert "Missing means null or NaN." in text
+    assert load_data(DataSpec(None, "y", "p", parquet=parts, missing="drop")).rows == 5
+    pq.write_table(pa.table({"a": [4, 5, 6], "y": ["p", "n", "p"]}), parts / "part-1.parquet")
+    assert (f"{parts}: part file part-1.parquet has other columns or types than part-0.parquet (column 'a' is "
+            "int64, not double)") in message()
+    pq.write_table(pa.table({"y": ["p", "n", "p"]}), parts / "part-1.parquet")
+    assert "part-1.parquet has other columns or types than part-0.parquet (no column 'a')" in message()
+    (parts / "part-1.parquet").write_bytes(b"PAR1 not really")
+    assert message().startswith(f"{parts}: part file part-1.parquet: is not a readable Parquet file")
+
+
 def test_config_and_load_site_take_parquet(tmp_path: Path) -> None:
     conf, _ = init_site(tmp_path / "s", "s", "127.0.0.1:17433")
     pq.write_table(pa.table(frame()), conf.parent / "rows.parquet")
