@@ -237,6 +237,42 @@ def test_a_quoted_header_alone_lets_pyarrow_split_at_any_line_end(tmp_path: Path
     same_dataset(fast, data._load_csv_python(spec))
 
 
+def test_the_quote_scan_maps_the_file_window_by_window(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """_has_quote maps at most _SCAN_WINDOW_BYTES at a time and finds a quote wherever it is."""
+    import mmap
+
+    window = 2 * mmap.ALLOCATIONGRANULARITY
+    monkeypatch.setattr(_arrow, "_SCAN_WINDOW_BYTES", window)
+    body = bytearray(b"1,2,0\n" * (5 * window // 6))
+    path = tmp_path / "q.csv"
+    for start in (0, 3, window - 5, window + 1):
+        for at in (None, start, window - 1, window, 2 * window + 7, len(body) - 1):
+            if at is not None and at < start:
+                continue
+            data = bytearray(body)
+            if at is not None:
+                data[at] = ord('"')
+            path.write_bytes(bytes(data))
+            with open(path, "rb") as f:
+                assert _arrow._has_quote(f, start) == (bytes(data).find(b'"', start) >= 0), (start, at)
+    with open(path, "rb") as f:
+        assert _arrow._has_quote(f, None)
+
+
+def test_the_fill_of_a_parsed_table_gives_memory_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyarrow as pa
+
+    calls: list[int] = []
+    monkeypatch.setattr(_arrow, "_give_back", lambda: calls.append(1))
+    monkeypatch.setattr(_arrow, "_GIVE_BACK_BYTES", 8 * 1000 * 3 * 4)
+    batches = [pa.record_batch([pa.array(np.arange(1000.0))] * 3, names=["a", "b", "c"]) for _ in range(20)]
+    X, finite = _arrow._matrix_finite(list(batches), 20_000)
+    assert finite and X[:, 0].tolist() == np.tile(np.arange(1000.0), 20).tolist()
+    assert 2 <= len(calls) <= 6           # every 4 batches' worth, in each of the two threads
+    trim = _arrow._malloc_trim()          # glibc's, where there is one
+    assert trim is None or trim(0) in (0, 1)
+
+
 @pytest.mark.parametrize("sizes", [[300_000], [5, 70_000, 3, 120_000, 1], [1], [2, 2]])
 def test_fill_in_one_or_two_threads_gives_the_same_matrix(sizes: list[int]) -> None:
     import pyarrow as pa
