@@ -278,6 +278,7 @@ def _start(args: argparse.Namespace) -> int:
     config = cfg.load(args.config)
     identity = load_key_file(config.node.key_file, config.path)
     cfg.check_own_key_not_peer(config, identity.public_key)
+    cfg.check_secret_files(config)
     logs.setup(args.log_level)
 
     async def serve() -> None:

@@ -581,15 +581,28 @@ def _section(path: Path, name: str, table: object, cls: type[_T], defaults: _T |
 
 def check_key_file_mode(path: Path, key: str = "node.key_file", config_path: Path | None = None) -> None:
     """Refuse a key file that others than its owner can read (or that we cannot)."""
+    _check_private_file(path, key, config_path, "key file", "create it with 'fedpeer init'")
+
+
+def check_secret_files(config: Config) -> None:
+    """The files besides the key that hold a secret, checked like it when the daemon starts and on
+    every reload: [data] dsn_file (the database password; ml/sqlsource.py reads it again, with the
+    same check, each time a job loads the site's rows)."""
+    if config.data.sql:
+        _check_private_file(Path(config.data.dsn_file), "data.dsn_file", config.path, "dsn_file",
+                            "put the PostgreSQL connection string in it, readable by its owner only: chmod 600")
+
+
+def _check_private_file(path: Path, key: str, config_path: Path | None, noun: str, missing_fix: str) -> None:
     where = config_path or path
     try:
         st = path.stat()
     except FileNotFoundError:
-        raise ConfigError(where, key, f"key file {path} does not exist (create it with 'fedpeer init')") from None
+        raise ConfigError(where, key, f"{noun} {path} does not exist ({missing_fix})") from None
     except OSError as exc:
-        raise ConfigError(where, key, f"cannot read key file {path}: {exc}") from None
+        raise ConfigError(where, key, f"cannot read {noun} {path}: {exc}") from None
     if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ConfigError(where, key, f"key file {path} is readable by others "
+        raise ConfigError(where, key, f"{noun} {path} is readable by others "
                           f"(mode {stat.S_IMODE(st.st_mode):04o}); run: chmod 600 {path}")
     if not os.access(path, os.R_OK):
-        raise ConfigError(where, key, f"key file {path} is not readable by this user")
+        raise ConfigError(where, key, f"{noun} {path} is not readable by this user")

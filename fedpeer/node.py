@@ -364,6 +364,7 @@ class Node:
         try:
             new = cfg.load(self.config.path)
             cfg.check_own_key_not_peer(new, self.me)
+            cfg.check_secret_files(new)
         except ConfigError as exc:
             self._last_reload = {"at_ms": self.now_ms(), "error": f"configuration error: {exc}"}
             log.error("reload_refused", extra=fields(error=str(exc), running="the previous configuration"))

@@ -89,6 +89,12 @@ def _bad_config_case(ca: Path, case: str) -> str:
     if case == "world_readable_key":
         os.chmod(key_file, 0o644)
         return "readable by others"
+    if case == "world_readable_dsn_file":
+        dsn = ca.parent / "cohort.dsn"
+        dsn.write_text("postgresql://fedpeer_ro:pw@127.0.0.1/clinic\n")
+        os.chmod(dsn, 0o640)
+        ca.write_text(text + '\n[data]\nsql = "SELECT a, y FROM t"\ndsn_file = "cohort.dsn"\nlabel = "y"\n')
+        return f"data.dsn_file: dsn_file {dsn} is readable by others (mode 0640); run: chmod 600 {dsn}"
     if case == "unreadable_key":
         key_file.unlink()
         return "does not exist"
@@ -108,8 +114,8 @@ def _bad_config_case(ca: Path, case: str) -> str:
     raise AssertionError(case)
 
 
-@pytest.mark.parametrize("case", ["unknown_key", "world_readable_key", "unreadable_key", "duplicate_name",
-                                  "own_key", "bad_address"])
+@pytest.mark.parametrize("case", ["unknown_key", "world_readable_key", "world_readable_dsn_file", "unreadable_key",
+                                  "duplicate_name", "own_key", "bad_address"])
 def test_bad_configuration_exits_2_with_one_line(site_pair: tuple[Path, Path], case: str) -> None:
     ca, _ = site_pair
     expected = _bad_config_case(ca, case)
