@@ -588,7 +588,7 @@ def check_secret_files(config: Config) -> None:
     """The files besides the key that hold a secret, checked like it when the daemon starts and on
     every reload: [data] dsn_file (the database password; ml/sqlsource.py reads it again, with the
     same check, each time a job loads the site's rows)."""
-    if config.data.sql:
+    if config.data is not None and config.data.sql:
         _check_private_file(Path(config.data.dsn_file), "data.dsn_file", config.path, "dsn_file",
                             "put the PostgreSQL connection string in it, readable by its owner only: chmod 600")
 
