@@ -243,3 +243,49 @@ async def _replayed_hellos(port: int, hellos: list[bytes]) -> None:
         if len(held) > 200:
             held.pop(0).close()
         await asyncio.sleep(0.01)
+
+
+async def test_a_host_at_a_peers_address_answering_two_content_lengths_harms_nobody(make_federation) -> None:
+    """The client refuses an answer whose length is ambiguous (two Content-Length headers): a
+    program squatting site-3's address answers every request so, and sites 1 and 2 keep serving
+    each other and their operators; site-3 never becomes alive."""
+    h = make_federation(3, start=False)
+    host, port = h.sites[2].address.rsplit(":", 1)
+    answered = 0
+
+    async def squat(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal answered
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                await reader.readexactly(length)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nContent-Length: 32\r\n\r\n" + b"w" * 32)
+                await writer.drain()
+                answered += 1
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ValueError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(squat, host, int(port))
+    try:
+        h.start(0)
+        h.start(1)
+        await h.wait_all_alive(among=[0, 1])
+        deadline = time.monotonic() + ATTACK_S
+        while time.monotonic() < deadline:
+            for i in (0, 1):
+                started = time.monotonic()
+                doc = await h.status(i, timeout_ms=int(STATUS_S_MAX * 1000))
+                assert time.monotonic() - started < STATUS_S_MAX
+                states = {p["name"]: p["state"] for p in doc["peers"]}
+                assert states[h.sites[1 - i].name] == "alive" and states[h.sites[2].name] != "alive", states
+            await asyncio.sleep(0.5)
+    finally:
+        server.close()
+    assert answered > 0                      # the daemons did reach the squatter
+    for i in (0, 1):
+        assert h.sites[i].process.poll() is None, h.sites[i].log_path.read_text()[-2000:]
+        assert "Traceback" not in h.sites[i].log_path.read_text()
