@@ -122,7 +122,8 @@ def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                       "label balance, missing values per column and the schema fingerprint (no daemon needed)")
     k.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
     k.add_argument("--json", action="store_true", help="print rows, features, schema_fingerprint (hex), "
-                   "label_counts and missing as JSON")
+                   "label_counts, missing and binary_refusal (what stats and bofrf would say of the label, "
+                   "or null) as JSON")
 
     harness = sub.add_parser("harness", help="run a local federation of real daemons")
     if kinds_needed:
