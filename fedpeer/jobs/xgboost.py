@@ -6,10 +6,10 @@ rounds by the federation's elected leader: the protocol is in `xgbsite.py`, its 
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
 import json
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np

@@ -141,10 +141,9 @@ def read_sql(spec: Any, rows_max: int, bytes_max: int) -> tuple[Any, ...]:
     if dsn_path is None:
         raise DataError(f"{SOURCE}: dsn_file is not set; name the file that holds the connection string")
     query = spec.sql.strip().rstrip(";").strip() if isinstance(spec.sql, str) else ""
-    if query:
-        query += "\n"       # it is put in parentheses: a last line that is a -- comment ends before the ")"
     if not query:
         raise DataError(f"{SOURCE}: the query is empty; write the SELECT that returns the site's rows")
+    query += "\n"           # it is put in parentheses: a last line that is a -- comment ends before the ")"
     timeout_ms = int(spec.sql_timeout_ms)
     params, password = _parse_dsn(read_dsn(dsn_path), dsn_path)
     try:
