@@ -2,7 +2,7 @@
 
 4 daemons, 100 trees each, ~5k synthetic rows per site (make_classification, fixed seed): the
 job's wall time (from its start to the last member done, as recorded by the members) against
-`fedpeer.jobs.bofrf.reference` on the same per-site data in this process, measured in the same
+`fedpeer.kinds.forest.bofrf.reference` on the same per-site data in this process, measured in the same
 run. Also each daemon's peak RSS (VmHWM).
 
 Run: .venv/bin/python benchmarks/bench_bofrf.py [--sites 4] [--rows 5000] [--trees 100] [--repeats 2]
@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from fedpeer.harness import Harness  # noqa: E402
+from fedpeer.app.harness.federation import Harness  # noqa: E402
+from fedpeer.data.dataset import DataSpec, load_csv  # noqa: E402
 from fedpeer.identity import parse_public_key  # noqa: E402
-from fedpeer.jobs import bofrf  # noqa: E402
-from fedpeer.ml.data import DataSpec, load_csv  # noqa: E402
+from fedpeer.kinds.forest import bofrf  # noqa: E402
 
 
 def write_sites(out: Path, sites: int, rows: int, seed: int) -> list[Path]:

@@ -1,5 +1,5 @@
 """A site bigger than one machine: histogram XGBoost over rows kept on a Dask cluster
-([data] engine = "dask", fedpeer/ml/dasksite.py; issue 15 part 4).
+([data] engine = "dask", fedpeer/data/dask.py; issue 15 part 4).
 
 Setup: --rows x --features synthetic rows (default 5,000,000 x 50: a 2 GB float64 matrix),
 generated on the fly as --parts Parquet part files (never held whole in this process), read by a
@@ -43,11 +43,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from fedpeer.config import DataSection, JobLimits  # noqa: E402
-from fedpeer.jobs.xgbtarget import site_labels  # noqa: E402
-from fedpeer.ml import histrun  # noqa: E402
-from fedpeer.ml.dasksite import open_site  # noqa: E402
-from fedpeer.ml.histboost import HistParams  # noqa: E402
+from fedpeer.config.load import DataSection, JobLimits  # noqa: E402
+from fedpeer.data.dask import open_site  # noqa: E402
+from fedpeer.kinds.xgboost.target import site_labels  # noqa: E402
+from fedpeer.ml.xgb import histrun  # noqa: E402
+from fedpeer.ml.xgb.histboost import HistParams  # noqa: E402
 
 
 def write_parts(root: Path, rows: int, features: int, parts: int) -> list[Path]:

@@ -42,7 +42,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from fedpeer.ml.data import DataSpec, load_csv, load_data  # noqa: E402
+from fedpeer.data.dataset import DataSpec, load_csv, load_data  # noqa: E402
 
 try:
     import pandas
@@ -87,7 +87,7 @@ MEMORY_CHILD = r"""
 import resource, sys, json
 kind, path = sys.argv[1], sys.argv[2]
 import numpy as np, pyarrow as pa, pyarrow.csv, pyarrow.parquet
-from fedpeer.ml.data import DataSpec, load_csv, load_data
+from fedpeer.data.dataset import DataSpec, load_csv, load_data
 try:
     import pandas
 except ImportError:

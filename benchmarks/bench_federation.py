@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from fedpeer.harness import Harness  # noqa: E402
+from fedpeer.app.harness.federation import Harness  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -1,12 +1,12 @@
 """Histogram mode's per-site hot path and its whole in-process training (issue 14, "How fast").
 
-(1) One level's histograms at one site (fedpeer.ml.hist.level_histograms: the (node, feature,
+(1) One level's histograms at one site (fedpeer.ml.xgb.hist.level_histograms: the (node, feature,
     bin) sums of g, h and rows) against ONE np.bincount over the same cells (precomputed int64
     cell indices, no weights) — the floor for any numpy histogram build. Setup: 20,000 rows (one
     of 5 sites of 100,000) x 50 features, max_bin 256, the rows spread over 1, 8 and 32 nodes of a
     level. Printed: ratio = level_histograms / one bincount (median of --repeats).
 (2) Training, in one process, with plain sums in place of the secure sum
-    (fedpeer.ml.histrun.train_in_process: sketch, binning, every level of every tree) on
+    (fedpeer.ml.xgb.histrun.train_in_process: sketch, binning, every level of every tree) on
     100,000 x 50 synthetic rows over 5 sites, depth 6, max_bin 256 — against xgboost hist on the
     pooled rows with the same parameters (nthread 1 and all CPUs). This excludes the network: the
     job adds one secure sum per level and 33 for the sketch. --trees sets the trees (default 10;
@@ -35,7 +35,8 @@ from sklearn.datasets import make_classification
 from sklearn.metrics import roc_auc_score
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from fedpeer.ml import hist, histrun, xgbmodel
+from fedpeer.ml.xgb import hist, histrun
+from fedpeer.ml.xgb import model as xgbmodel
 
 ROWS = 100_000
 SITES = 5

@@ -3,7 +3,7 @@ time per round and bytes per job, for the xgboost job in bagging mode on scikit-
 cancer data (569 rows, 30 features) split stratified over 5 daemons on loopback.
 
 Every repeat:
-1. cold: starts 5 fresh daemons (`fedpeer.harness.Harness`) and proposes a 30-round job as soon as
+1. cold: starts 5 fresh daemons (`fedpeer.app.harness.federation.Harness`) and proposes a 30-round job as soon as
    every daemon sees every other alive (the daemons' background import of sklearn + xgboost,
    `ml_libraries_loaded` in their logs, may still run); stops them;
 2. preloaded: starts 5 fresh daemons, waits until every one logged `ml_libraries_loaded`, and
@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from fedpeer.harness import Harness, builtin_csv, split_csv  # noqa: E402
+from fedpeer.app.harness.federation import Harness, builtin_csv, split_csv  # noqa: E402
 
 SITES = 5
 PARAMS = {"mode": "bagging", "eta": 0.1, "max_depth": 8, "normalize": "none", "nthread": 1}
@@ -176,7 +176,7 @@ def auc_bin_errors(bins: tuple[int, ...] = (10, 20, 50, 100, 200, 1000), rounds:
     from sklearn.metrics import roc_auc_score
     from sklearn.model_selection import train_test_split
 
-    from fedpeer.ml.evalcounts import auc_from_histograms, score_histograms
+    from fedpeer.ml.evaluation import auc_from_histograms, score_histograms
 
     bc = load_breast_cancer()
     sets = {"breast_cancer": (bc.data, (bc.target == 0).astype(int), range(5)),

@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from fedpeer.harness import Harness  # noqa: E402
-from fedpeer.ml import cluster as cl  # noqa: E402
+from fedpeer.app.harness.federation import Harness  # noqa: E402
+from fedpeer.ml.cluster import kmeans as cl  # noqa: E402
 
 DATA = {"label": "", "positive": "", "ignore": [], "missing": "error"}
 

@@ -35,11 +35,13 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from fedpeer.jobs import logreg, mlp as mlp_job  # noqa: E402
-from fedpeer.jobs.base import JobContext  # noqa: E402
-from fedpeer.ml import linear, mlp  # noqa: E402
-from fedpeer.ml.data import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint  # noqa: E402
-from fedpeer.net.channel import MemoryNetwork  # noqa: E402
+from fedpeer.data.dataset import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint  # noqa: E402
+from fedpeer.jobs.kind import JobContext  # noqa: E402
+from fedpeer.kinds.linear import logreg
+from fedpeer.kinds.linear import mlp as mlp_job  # noqa: E402
+from fedpeer.ml.linear import logistic as linear
+from fedpeer.ml.linear import mlp  # noqa: E402
+from fedpeer.testing.memory import MemoryNetwork  # noqa: E402
 
 SHARES = (0.5, 0.25, 0.15, 0.10)
 

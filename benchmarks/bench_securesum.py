@@ -35,10 +35,10 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from fedpeer.harness import Harness, free_ports  # noqa: E402
-from fedpeer.jobs.registry import PROPOSAL_REFILL_MS, PROPOSALS_BURST_MAX  # noqa: E402
+from fedpeer.app.harness.federation import Harness, free_ports  # noqa: E402
+from fedpeer.jobs.lifecycle.admission import PROPOSAL_REFILL_MS, PROPOSALS_BURST_MAX  # noqa: E402
 from fedpeer.net.looplag import LAG_WINDOW_S  # noqa: E402
-from fedpeer.protocols.securesum import DEFAULT_CHUNK_ENTRIES, SENDS_IN_FLIGHT_MAX  # noqa: E402
+from fedpeer.protocols.securesum.api import DEFAULT_CHUNK_ENTRIES, SENDS_IN_FLIGHT_MAX  # noqa: E402
 
 ENTRIES = 1 << 20
 CHUNK_ENTRIES = DEFAULT_CHUNK_ENTRIES    # the secure sum's default chunk; the relays use the same

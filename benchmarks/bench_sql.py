@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from fedpeer.ml.data import DataSpec, load_data  # noqa: E402
+from fedpeer.data.dataset import DataSpec, load_data  # noqa: E402
 from tests.integration import pg  # noqa: E402
 
 

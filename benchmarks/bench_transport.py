@@ -28,8 +28,8 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from fedpeer.harness import Harness, free_ports  # noqa: E402
-from fedpeer.net import admin  # noqa: E402
+from fedpeer.app.harness.federation import Harness, free_ports  # noqa: E402
+from fedpeer.daemon import admin  # noqa: E402
 
 BARE_SERVER = """
 import sys

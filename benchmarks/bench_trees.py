@@ -1,4 +1,4 @@
-"""Scoring every tree of a BOFRF federation on one site's rows (fedpeer.ml.trees.predict_trees).
+"""Scoring every tree of a BOFRF federation on one site's rows (fedpeer.ml.forest.treepredict.predict_trees).
 
 Setup (the issue's): 4 forests x 100 trees (scikit-learn RandomForestClassifier,
 min_samples_leaf=2), each trained on 5 000 rows of make_classification(n_features=30, seed 0);
@@ -34,7 +34,8 @@ from sklearn.datasets import make_classification
 from sklearn.ensemble import RandomForestClassifier
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from fedpeer.ml import trees  # noqa: E402
+from fedpeer.ml.forest import trees  # noqa: E402
+from fedpeer.ml.forest import treepredict
 
 FORESTS = 4
 TREES = 100
@@ -77,21 +78,21 @@ def main() -> None:
     print(f"{FORESTS} forests x {TREES} trees = {forest.n_trees} trees, {forest.n_nodes} nodes "
           f"({forest.n_nodes / forest.n_trees:.0f} per tree, depth <= {depth}); {len(X)} x {FEATURES} rows; "
           f"scikit-learn {sklearn.__version__}, numpy {np.__version__}, {len(os.sched_getaffinity(0))} CPUs, "
-          f"evaluator {trees.evaluator()}")
+          f"evaluator {treepredict.evaluator()}")
 
     runs: dict[str, list[float]] = {"loop": [], "build": [], "fast": [], "numpy": []}
     for r in range(args.repeats):
         seconds, expected = timed(lambda: np.stack([e.predict_proba(X)[:, 1] for m in models for e in m.estimators_]))
         runs["loop"].append(seconds)
         f = fresh(forest)
-        seconds, _ = timed(lambda f=f: trees._plan(f).sklearn_trees())
+        seconds, _ = timed(lambda f=f: treepredict._plan(f).sklearn_trees())
         runs["build"].append(seconds)
-        seconds, got = timed(lambda f=f: trees.predict_trees(f, X, names, engine="sklearn", threads=args.threads))
+        seconds, got = timed(lambda f=f: treepredict.predict_trees(f, X, names, engine="sklearn", threads=args.threads))
         assert np.array_equal(got, expected), "fast path differs from predict_proba"
         runs["fast"].append(seconds)
         g = fresh(forest)
-        trees._plan(g).numpy_tables()      # its (small) set-up, like the build above, is not evaluation
-        seconds, got = timed(lambda g=g: trees.predict_trees(g, X, names, engine="numpy", threads=args.threads))
+        treepredict._plan(g).numpy_tables()      # its (small) set-up, like the build above, is not evaluation
+        seconds, got = timed(lambda g=g: treepredict.predict_trees(g, X, names, engine="numpy", threads=args.threads))
         assert np.array_equal(got, expected), "numpy path differs from predict_proba"
         runs["numpy"].append(seconds)
         print(f"run {r + 1}: " + "  ".join(f"{k} {v[-1] * 1000:.0f} ms" for k, v in runs.items()))

@@ -33,7 +33,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench_bofrf import peak_rss_mib  # noqa: E402
 
-from fedpeer.harness import Harness  # noqa: E402
+from fedpeer.app.harness.federation import Harness  # noqa: E402
 
 DATA = {"label": "label", "positive": "1", "ignore": [], "missing": "error"}
 COMMON = {"max_depth": 6, "eta": 0.3, "max_bin": 256, "test_fraction": 0.0, "secure_sum": "pairwise",

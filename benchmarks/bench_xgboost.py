@@ -28,10 +28,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench_bofrf import write_sites  # noqa: E402
 
-from fedpeer.harness import Harness, kill_leader_at_round  # noqa: E402
-from fedpeer.jobs import xgboost as xj  # noqa: E402
-from fedpeer.ml import boosting  # noqa: E402
-from fedpeer.ml.data import DataSpec, load_csv  # noqa: E402
+from fedpeer.app.harness.federation import Harness, kill_leader_at_round  # noqa: E402
+from fedpeer.data.dataset import DataSpec, load_csv  # noqa: E402
+from fedpeer.kinds.xgboost import kind as xj  # noqa: E402
+from fedpeer.ml.xgb import boosting  # noqa: E402
 
 PARAMS = {"mode": "bagging", "max_depth": 6, "eta": 0.3, "nthread": 1, "secure_sum": "pairwise", "normalize": "samples"}
 DATA = {"label": "label", "positive": "yes", "ignore": [], "missing": "error"}

@@ -3,7 +3,7 @@
 Each dataset is split into N sites with unequal sizes; one site is small and one is imbalanced
 (most of its positives removed), because the thesis' claim is about such sites: BOFRF should
 raise every site's AUC over its local RF, and the weakest sites should gain most. The runs use
-`fedpeer.jobs.bofrf.reference`, the same steps the decentralized job runs (a test checks the
+`fedpeer.kinds.forest.bofrf.reference`, the same steps the decentralized job runs (a test checks the
 job equals it), so many seeds stay cheap.
 
 Run: .venv/bin/python benchmarks/bofrf_experiment.py [--seeds 10] [--data-dir ../shared/data] [--markdown]
@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from fedpeer.jobs import bofrf  # noqa: E402
-from fedpeer.ml.data import Dataset, DataSpec, load_csv  # noqa: E402
+from fedpeer.data.dataset import Dataset, DataSpec, load_csv  # noqa: E402
+from fedpeer.kinds.forest import bofrf  # noqa: E402
 
 # name -> (file, label, positive, ignore, site fractions, imbalanced site)
 DATASETS = {
@@ -46,7 +46,7 @@ def load(name: str, data_dir: Path) -> Dataset:
 
 
 def _dataset(features: tuple[str, ...], X: np.ndarray, y: np.ndarray) -> Dataset:
-    from fedpeer.ml.data import FEATURE_TYPE_FLOAT, schema_fingerprint
+    from fedpeer.data.dataset import FEATURE_TYPE_FLOAT, schema_fingerprint
     labels = np.where(y == 1, "pos", "neg")
     return Dataset(features, X, y, labels, 0, schema_fingerprint(features, [FEATURE_TYPE_FLOAT] * len(features)))
 

@@ -1,6 +1,6 @@
 """Federated XGBoost (the `xgboost` job) against centralized xgboost, and tree vs tree+.
 
-Runs the job's own code (fedpeer.jobs.xgboost.run_job: leader-run rounds, secure sums, election
+Runs the job's own code (fedpeer.kinds.xgboost.kind.run_job: leader-run rounds, secure sums, election
 view fixed to one leader) for every site in one process over the in-memory network, in virtual
 time, with real xgboost training. Nothing is simulated but the network.
 
@@ -35,11 +35,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedpeer.jobs import xgboost as xj  # noqa: E402
-from fedpeer.jobs.base import JobContext  # noqa: E402
-from fedpeer.ml import boosting  # noqa: E402
-from fedpeer.ml.data import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint  # noqa: E402
-from fedpeer.net.channel import MemoryNetwork  # noqa: E402
+from fedpeer.data.dataset import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint  # noqa: E402
+from fedpeer.jobs.kind import JobContext  # noqa: E402
+from fedpeer.kinds.xgboost import kind as xj  # noqa: E402
+from fedpeer.ml.xgb import boosting  # noqa: E402
+from fedpeer.testing.memory import MemoryNetwork  # noqa: E402
 
 ACCURACY_PARAMS = {"rounds": 30, "eta": 0.3, "max_depth": 3, "normalize": "samples", "nthread": 1,
                    "secure_sum": "ring", "test_fraction": 0.0}

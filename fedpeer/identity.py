@@ -8,8 +8,8 @@
   as a signature of anything else.
 - The pair's static agreement: X25519 keys derived from the Ed25519 identities (one key pair per
   site is enough) give each pair of sites secrets only they can compute (`pairwise_seed`): the
-  hello's tag and the session seed (fedpeer/session.py), refusal tags, pairwise secure-sum masks.
-  Messages themselves are sealed under sessions (fedpeer/session.py, fedpeer/wire.py).
+  hello's tag and the session seed (fedpeer/wire/session.py), refusal tags, pairwise secure-sum masks.
+  Messages themselves are sealed under sessions (fedpeer/wire/session.py, fedpeer/wire/frame.py).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import nacl.bindings
 import nacl.exceptions
 import nacl.signing
 
-from .config import check_key_file_mode
-from .errors import ConfigError
+from fedpeer.base.files import check_key_file_mode
+from fedpeer.errors import ConfigError
 
 PUBLIC_KEY_BYTES = 32
 SIGNATURE_BYTES = 64
@@ -87,7 +87,7 @@ class Identity:
         """32 secret bytes that only this site and `peer` can compute (both sides get the same):
         keyed BLAKE2b of `label` under the pair's X25519 shared key, with its own personalisation
         so the seed is independent of any other use of that key. Used for the hello's tag and the
-        session seed (fedpeer/session.py), refusal tags and pairwise secure-sum masks."""
+        session seed (fedpeer/wire/session.py), refusal tags and pairwise secure-sum masks."""
         return hashlib.blake2b(label, key=self._shared_key(peer), digest_size=32,
                                person=b"fedpeer-pairwise").digest()
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Split one CSV into site shares: one file per site, stratified by the label, seeded.
 
-The same split the harness gives its sites (`fedpeer.harness.split_csv`), for an operator who
+The same split the harness gives its sites (`fedpeer.app.harness.federation.split_csv`), for an operator who
 sets sites up by hand or wants to hand each partner a share of a public data set. Each share
 keeps the header row; every class is spread over the shares in the given fractions.
 
@@ -55,8 +55,8 @@ def _sites(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     # imported here, after sys.path names this clone (and so --help stays quick)
+    from fedpeer.app.harness.federation import BUILTIN, builtin_csv, split_csv
     from fedpeer.errors import FedpeerError
-    from fedpeer.harness import BUILTIN, builtin_csv, split_csv
 
     try:
         sites = _sites(args)

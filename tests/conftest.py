@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from fedpeer.app.sitefiles import add_peers, init_site
 from fedpeer.identity import encode_public_key
-from fedpeer.sitefiles import add_peers, init_site
 
 
 @pytest.fixture

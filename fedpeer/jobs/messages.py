@@ -1,4 +1,4 @@
-"""Job lifecycle messages (DESIGN §4): propose -> accept/reject -> start | abort | cancel.
+"""Job lifecycle messages (docs/design.md, a job's walk): propose -> accept/reject -> start | abort | cancel.
 
 All travel with the job id in the envelope's `job` field too; the registry checks they agree.
 """
@@ -8,8 +8,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .. import wire
-from ..wire import NODE_ID, v_bytes, v_int, v_list, v_str
+from fedpeer.wire import frame as wire
+from fedpeer.wire.frame import NODE_ID, v_bytes, v_int, v_list, v_str
 
 # A job id names a directory under state/jobs: always `fullmatch` (`match` with `$` lets a trailing
 # newline through, and the directory name would then hold it).

@@ -16,15 +16,36 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import FedpeerError
-from ..identity import fingerprint
-from ..logs import fields
-from ..net.channel import Mailbox
-from ..store import read_json, write_json
+from fedpeer.base.logs import fields
+from fedpeer.base.store import read_json, write_json
+from fedpeer.errors import FedpeerError
+from fedpeer.identity import fingerprint
+from fedpeer.runtime.channel import Mailbox
 
 log = logging.getLogger("fedpeer.jobs")
-TERMINAL = ("done", "failed", "cancelled")
+# A job record's states and the moves between them, in one table. A record starts "proposed" (at
+# its proposer, and at a member that heard the proposal); a member that accepts it waits
+# "accepted" for the proposer's start; "running" runs the kind; done, failed and cancelled end it
+# (the first end wins: JobRegistry.finish). `advance` refuses any other move.
+TRANSITIONS: dict[str, tuple[str, ...]] = {
+    "proposed": ("accepted", "running", "failed", "cancelled"),
+    "accepted": ("running", "failed", "cancelled"),
+    "running": ("done", "failed", "cancelled"),
+    "done": (),
+    "failed": (),
+    "cancelled": (),
+}
+STATES = tuple(TRANSITIONS)
+TERMINAL = tuple(state for state, moves in TRANSITIONS.items() if not moves)
+PENDING = ("proposed", "accepted")      # known, not yet running: holds no jobs_concurrent_max slot
 WAITS_SHOWN_MAX = 8             # pending receives `job show` lists per job (oldest first)
+
+
+def advance(record: JobRecord, state: str) -> None:
+    """Move `record` to `state`, a move the table allows (anything else is a bug here)."""
+    if state not in TRANSITIONS[record.state]:
+        raise AssertionError(f"job {record.id}: {record.state} -> {state} is not a move of the record table")
+    record.state = state
 
 
 @dataclass
@@ -94,7 +115,7 @@ class RecordFiles:
         self.root, self.state, self.names, self.now_ms, self.spawn = root, state, names, now_ms, spawn
         self.state_dir = state_dir
         self.unsaved: dict[str, JobRecord] = {}                        # records whose last write failed
-        # writes off the loop (save): only where they fsync (fedpeer.store.StateDir)
+        # writes off the loop (save): only where they fsync (fedpeer.base.store.StateDir)
         self._writes_off_loop = bool(getattr(state, "fsyncs", False))
         self.queued: dict[str, tuple[JobRecord, dict, int, asyncio.Future]] = {}   # job -> latest doc to write
         self.inflight: tuple[str, JobRecord, dict, int, asyncio.Future] | None = None
@@ -119,7 +140,8 @@ class RecordFiles:
             if record.state not in TERMINAL:
                 at = (f" (phase: {record.phase}, step {record.step} of {record.total})" if record.state == "running"
                       else f" (state: {record.state})")
-                record.state, record.error = "failed", f"this daemon stopped while the job was running{at}"
+                advance(record, "failed")
+                record.error = f"this daemon stopped while the job was running{at}"
                 record.finished_ms = record.finished_ms or self.now_ms()
                 self.save(record)
             found.append(record)

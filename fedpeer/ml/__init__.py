@@ -1,0 +1,2 @@
+"""The mathematics, as pure functions on numpy arrays, one family a folder; what families share sits
+here (evaluation, moments)."""

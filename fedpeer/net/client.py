@@ -21,12 +21,21 @@ import socket
 from collections import Counter
 from collections.abc import Awaitable, Callable
 
-from ..config import Limits, parse_address
-from ..session import WELCOME_BYTES
-from .http1 import (
-    END_OF_HEAD, HELLO_PATH, NO_CONTENT, OUTBOUND_CONNECTIONS_MAX, OUTBOUND_PER_PEER_MAX, PATH, REFUSAL_HEADER,
-    SendError, SendRefused, keep_alive, parse_header_lines,
+from fedpeer.config.load import Limits, parse_address
+from fedpeer.net.http1 import (
+    END_OF_HEAD,
+    HELLO_PATH,
+    NO_CONTENT,
+    OUTBOUND_CONNECTIONS_MAX,
+    OUTBOUND_PER_PEER_MAX,
+    PATH,
+    REFUSAL_HEADER,
+    SendError,
+    SendRefused,
+    keep_alive,
+    parse_header_lines,
 )
+from fedpeer.wire.session import WELCOME_BYTES
 
 KEEPALIVE_S = 30.0                  # an idle connection is closed after this long (the server waits 60 s)
 IDLE_SWEEP_S = KEEPALIVE_S / 2      # how often idle connections are looked for (one lives at most 1.5x KEEPALIVE_S)
@@ -79,7 +88,7 @@ class PeerClient:
 
     def use_limits(self, limits: Limits) -> None:
         """A reloaded [limits]: timeouts, retries and backoff apply to the next send; what was
-        sized at start (fedpeer/reload.py LIMITS_AT_START) waits for a restart."""
+        sized at start (fedpeer/daemon/reload.py LIMITS_AT_START) waits for a restart."""
         self._limits = limits
 
     async def start(self) -> None:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import logging
 import resource
 
-from ..logs import fields
+from fedpeer.base.logs import fields
 
 PATH = "/fedpeer/v1/frame"
-HELLO_PATH = "/fedpeer/v1/hello"      # a session's handshake: a hello in, a welcome out (fedpeer/session.py)
+HELLO_PATH = "/fedpeer/v1/hello"      # a session's handshake: a hello in, a welcome out (fedpeer/wire/session.py)
 REFUSAL_HEADER = "X-Fedpeer-Refusal"
 HTTP_HEAD_BYTES_MAX = 8 * 1024          # request line + headers; our client sends ~90 bytes
 FDS_RESERVED = 320                      # descriptors kept for outbound connections, state files, admin

@@ -1,7 +1,7 @@
 """Sending to peers under sessions: open (and reopen) a session per peer, seal, deliver.
 
 The node hands a typed message and its recipient to `Links`; `Links` finds the session to that
-peer (or runs the handshake of fedpeer/session.py, one at a time per peer, shared by every send
+peer (or runs the handshake of fedpeer/wire/session.py, one at a time per peer, shared by every send
 waiting for it), seals the frame (in a worker thread when it is large) and gives it to the
 transport's client. When the peer answers that it does not know the session — it restarted, or
 forgot a session that went quiet — the session is dropped and a reliable send opens a new one and
@@ -16,13 +16,13 @@ import os
 from collections import Counter
 from collections.abc import Callable
 
-from .. import wire
-from ..identity import Identity
-from ..session import OutSession, Sessions
-from . import streams
-from .pool import FramePool
-from .streams import StreamChunk, StreamOpen
-from .transport import PeerClient, SendError, SendRefused
+from fedpeer.identity import Identity
+from fedpeer.net import streams
+from fedpeer.net.pool import FramePool
+from fedpeer.net.streams import StreamChunk, StreamOpen
+from fedpeer.net.transport import PeerClient, SendError, SendRefused
+from fedpeer.wire import frame as wire
+from fedpeer.wire.session import OutSession, Sessions
 
 OFF_LOOP_BYTES_MIN = 4 * 1024 * 1024    # messages larger than this are sealed in a worker thread
 HANDSHAKE_TIMEOUT_MS = 5_000           # one hello's round trip (then the client's retries, with backoff)

@@ -1,7 +1,7 @@
 """Event-loop lag: how late a periodic wake-up runs — the time every message, heartbeat and
 `fedpeer status` waited behind whatever held the loop (crypto, numpy, fsync). Shown in `status`
 (`loop_lag_ms`: p50, p99, max over the last LAG_WINDOW_S) and as /metrics'
-fedpeer_loop_lag_seconds, so an operator (and the benchmarks) can see it (issue 13: p99 < 20 ms
+fedpeer_loop_lag_seconds, so an operator (and the benchmarks) can see it (p99 < 20 ms
 while a 64 MiB secure sum runs)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The peer port's server: a small HTTP/1.1 server of our own for one POST per frame (and one per
-session handshake), written for strangers as much as for peers (DESIGN §5).
+session handshake), written for strangers as much as for peers (docs/security.md).
 
 It reads a request's head and the frame's 72-byte header (`wire.HEADER_BYTES`) under a deadline,
 has the header authenticated (`admit`: who sent it, how long it is), and only then takes a read
@@ -28,16 +28,23 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
-from ..config import Address, Limits
-from ..errors import RemoteProtocolError
-from ..logs import fields
-from ..session import HELLO_BYTES
-from ..wire import HEADER_BYTES, FrameHeader
-from .http1 import (
-    END_OF_HEAD, FDS_RESERVED, HELLO_PATH, HTTP_HEAD_BYTES_MAX, NO_CONTENT, PATH, REFUSAL_HEADER, keep_alive,
+from fedpeer.base.logs import fields
+from fedpeer.config.load import Address, Limits
+from fedpeer.errors import RemoteProtocolError
+from fedpeer.net.http1 import (
+    END_OF_HEAD,
+    FDS_RESERVED,
+    HELLO_PATH,
+    HTTP_HEAD_BYTES_MAX,
+    NO_CONTENT,
+    PATH,
+    REFUSAL_HEADER,
+    keep_alive,
     parse_header_lines,
 )
-from .pool import FramePool
+from fedpeer.net.pool import FramePool
+from fedpeer.wire.frame import HEADER_BYTES, FrameHeader
+from fedpeer.wire.session import HELLO_BYTES
 
 HEAD_BUFFER_BYTES = 2 * HTTP_HEAD_BYTES_MAX   # per connection: a request's head, the frame header after it
 LARGE_FRAME_BYTES_MIN = 1024 * 1024    # frames this large also take bytes from the inbound byte budget
@@ -333,7 +340,7 @@ class PeerServer:
 
     def use_limits(self, limits: Limits) -> None:
         """A reloaded [limits]: timeouts apply to the next request; the budgets sized here at
-        start (fedpeer/reload.py LIMITS_AT_START) wait for a restart."""
+        start (fedpeer/daemon/reload.py LIMITS_AT_START) wait for a restart."""
         self._limits = limits
 
     async def start(self) -> None:

@@ -11,7 +11,7 @@ control: a chunk's send returns once the peer accepted it). The receiver checks 
 within `[limits] payload_bytes_max`, at most STREAMS_PER_PEER_MAX open streams per peer and
 `payload_bytes_max` bytes of open streams in all), writes each chunk at its offset into one buffer
 of `total` bytes, and when the last byte arrives checks the digest over the whole and hands the
-plaintext to the gate's strict decode (fedpeer/wire.py `Gate.open_plaintext`), exactly as if it had
+plaintext to the gate's strict decode (fedpeer/wire/frame.py `Gate.open_plaintext`), exactly as if it had
 come in one frame. So memory per transfer is the payload itself plus the chunks in flight: the
 sender never seals the whole payload into one frame, and the receiver never holds a frame of it.
 A chunk out of range, overlapping one already written, or a digest that does not match refuses the
@@ -26,8 +26,8 @@ import hashlib
 import threading
 from dataclasses import dataclass, field
 
-from ..errors import RemoteProtocolError
-from ..schema import register, v_bytes, v_int
+from fedpeer.errors import RemoteProtocolError
+from fedpeer.wire.schema import register, v_bytes, v_int
 
 STREAM_ABOVE_BYTES = 16 * 1024 * 1024     # messages larger than this (sealed) go as a stream
 STREAM_CHUNK_BYTES = 4 * 1024 * 1024      # payload bytes per chunk frame

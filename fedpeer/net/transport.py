@@ -10,12 +10,19 @@ fedpeer/net/http1.py; this module is where the rest of the daemon finds them.
 
 from __future__ import annotations
 
-from .client import PeerClient
-from .http1 import (
-    FDS_RESERVED, HELLO_PATH, HTTP_HEAD_BYTES_MAX, OUTBOUND_CONNECTIONS_MAX, PATH, REFUSAL_HEADER, SendError,
-    SendRefused, raise_open_files_limit,
+from fedpeer.net.client import PeerClient
+from fedpeer.net.http1 import (
+    FDS_RESERVED,
+    HELLO_PATH,
+    HTTP_HEAD_BYTES_MAX,
+    OUTBOUND_CONNECTIONS_MAX,
+    PATH,
+    REFUSAL_HEADER,
+    SendError,
+    SendRefused,
+    raise_open_files_limit,
 )
-from .server import LARGE_FRAME_BYTES_MIN, ByteBudget, PeerServer
+from fedpeer.net.server import LARGE_FRAME_BYTES_MIN, ByteBudget, PeerServer
 
 __all__ = ["FDS_RESERVED", "HELLO_PATH", "HTTP_HEAD_BYTES_MAX", "LARGE_FRAME_BYTES_MIN", "OUTBOUND_CONNECTIONS_MAX",
            "PATH", "REFUSAL_HEADER", "ByteBudget", "PeerClient", "PeerServer", "SendError", "SendRefused",

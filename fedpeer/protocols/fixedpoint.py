@@ -1,4 +1,4 @@
-"""Exact fixed-point encodings of floats and counts for the secure sum (DESIGN §6).
+"""Exact fixed-point encodings of floats and counts for the secure sum (docs/security.md, secure sum).
 
 The secure sum adds vectors of uint64 modulo 2^64. To add floats exactly, each value x becomes
 the integer q = round(x * 2^frac_bits) (round half to even), taken modulo 2^(32*limbs) and split
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import DataError
+from fedpeer.errors import DataError
 
 LIMB_BITS = 32
 _LIMB_MASK = np.uint64((1 << LIMB_BITS) - 1)

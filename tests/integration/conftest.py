@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import csv
 import subprocess
-import time
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
 
 import numpy as np
 import pytest
 
-from fedpeer.harness import Harness
+from fedpeer.app.harness.federation import Harness
 
 pytestmark = pytest.mark.integration
 

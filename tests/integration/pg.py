@@ -1,4 +1,4 @@
-"""A throwaway PostgreSQL server for the tests of `[data] sql` (fedpeer/ml/sqlsource.py).
+"""A throwaway PostgreSQL server for the tests of `[data] sql` (fedpeer/data/sources/sql.py).
 
 `postgres_server` (session-scoped; import `postgres_fixture`) runs initdb + pg_ctl from the first
 PostgreSQL found: on PATH, Debian's /usr/lib/postgresql/N/bin, or the binaries bundled by pip's

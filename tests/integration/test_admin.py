@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from fedpeer import config as cfg
+from fedpeer.app.harness.federation import Harness, free_ports
+from fedpeer.app.sitefiles import init_site
+from fedpeer.config import load as cfg
+from fedpeer.daemon.admin import AdminServer, request
 from fedpeer.errors import FedpeerError
-from fedpeer.harness import Harness, free_ports
-from fedpeer.net.admin import AdminServer, request
-from fedpeer.sitefiles import init_site
 
 pytestmark = pytest.mark.integration
 
@@ -229,7 +229,7 @@ def test_a_request_racing_a_start_retries_once_with_the_new_token(tmp_path: Path
     (port,) = free_ports(1)
     path, _ = init_site(tmp_path, "x", f"127.0.0.1:{free_ports(1)[0]}", admin=f"127.0.0.1:{port}")
     config = cfg.load(path)
-    import fedpeer.net.admin as admin_module
+    import fedpeer.daemon.admin as admin_module
     real_read, reads = admin_module.read_token, []
 
     def read_token_at_the_wrong_moment(c: cfg.Config) -> str | None:

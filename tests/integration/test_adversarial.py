@@ -11,11 +11,11 @@ import socket
 import aiohttp
 import pytest
 
-from fedpeer.harness import Harness
+from fedpeer.app.harness.federation import Harness
 from fedpeer.identity import Identity, load_key_file
 from fedpeer.net.transport import HELLO_PATH, PATH
-from fedpeer.session import HELLO_BYTES
-from tests import frames
+from fedpeer.wire.session import HELLO_BYTES
+from fedpeer.testing import frames
 from tests.integration.conftest import ml_loaded, rss_kib
 
 pytestmark = pytest.mark.integration
@@ -116,7 +116,7 @@ async def test_hostile_frames_are_rejected_counted_and_harmless(make_federation)
 
 
 def _ping(h: Harness):
-    from fedpeer.core import membership as mb
+    from fedpeer.core.membership import swim as mb
     return mb.Ping(probe_id=1, incarnation=1, address=h.sites[2].address, updates=())
 
 

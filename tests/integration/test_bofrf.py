@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fedpeer.data.dataset import DataSpec, load_csv
 from fedpeer.identity import parse_public_key
-from fedpeer.jobs import bofrf
-from fedpeer.ml.data import DataSpec, load_csv
+from fedpeer.kinds.forest import bofrf
 from tests.integration.conftest import predict_scores
 from tests.integration.test_jobs import breast_cancer_federation
 
@@ -54,9 +54,10 @@ async def test_forest_a_member_refuses_is_left_out_at_once(make_federation, tmp_
     does not wait out 4 hop timeouts (80 s by default) for them; every site ends with site-2's
     trees only, and the result names the forests left out and why."""
     import time
-    from fedpeer import config as cfg
-    from fedpeer.harness import Harness, split_csv
-    from fedpeer.sitefiles import add_peers
+
+    from fedpeer.app.harness.federation import Harness, split_csv
+    from fedpeer.app.sitefiles import add_peers
+    from fedpeer.config import load as cfg
     from tests.integration.test_jobs import _attach_data, breast_cancer_csv
 
     full = breast_cancer_csv(tmp_path / "bc.csv")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fedpeer.harness import free_ports
+from fedpeer.app.harness.federation import free_ports
 
 pytestmark = pytest.mark.integration
 
@@ -171,7 +171,7 @@ def test_systemd_readiness_notification(site_pair: tuple[Path, Path], tmp_path: 
 
 def test_output_pipe_closed_by_the_reader_is_not_a_traceback(tmp_path: Path) -> None:
     """`fedpeer key show | head -c1`: the reader leaving early is no error worth a traceback."""
-    from fedpeer.sitefiles import init_site
+    from fedpeer.app.sitefiles import init_site
 
     path, _ = init_site(tmp_path, "x", "127.0.0.1:7400")
     proc = subprocess.Popen([sys.executable, "-m", "fedpeer", "key", "show", "--config", str(path)],

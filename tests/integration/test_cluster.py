@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedpeer.ml import cluster as cl
-from fedpeer.ml import mixture as mx
+from fedpeer.ml.cluster import kmeans as cl
+from fedpeer.ml.cluster import mixture as mx
 from tests.integration.test_jobs import _attach_data
 
 pytestmark = pytest.mark.integration
@@ -87,7 +87,7 @@ async def test_gmm_between_daemons_equals_the_pooled_reference(make_federation, 
     assert {r["state"] for r in records.values()} == {"done"}, [r["error"] for r in records.values()]
     results = [r["result"] for r in records.values()]
 
-    from fedpeer.jobs import gmm
+    from fedpeer.kinds.cluster import gmm
     p = gmm.KIND.check_params(params)
     space, lloyd, _ = cl.reference_kmeans(X, **gmm._kmeans_params(p) | {"init": None})
     C = lloyd.restarts[lloyd.best()].centers

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedpeer import config as cfg
+from fedpeer.config import load as cfg
+from fedpeer.data.dataset import DataSpec, load_csv, load_data
 from fedpeer.errors import ConfigError, DataError
-from fedpeer.ml.data import DataSpec, load_csv, load_data
 from tests.integration.pg import PASSWORD, PgServer, breast_cancer_columns, postgres_fixture  # noqa: F401
 
 pytestmark = pytest.mark.integration
@@ -85,7 +85,7 @@ def _no_session_left(server: PgServer) -> None:
 
 def test_query_gives_the_csv_dataset_of_the_same_rows(postgres_server: PgServer, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from fedpeer.ml import sqlsource
+    from fedpeer.data.sources import sql as sqlsource
 
     dsn = _dsn_file(tmp_path / "pg.dsn", postgres_server.dsn())
     for k in range(3):
@@ -181,7 +181,7 @@ def test_every_failure_names_the_source_never_the_password_and_leaves_nothing_ru
 
 
 def test_config_takes_sql_with_a_dsn_file_only(tmp_path: Path) -> None:
-    from fedpeer.sitedata import spec_for
+    from fedpeer.data.site import spec_for
 
     def load(data: str):
         path = tmp_path / "peers.toml"
@@ -204,7 +204,7 @@ def test_config_takes_sql_with_a_dsn_file_only(tmp_path: Path) -> None:
 # Jobs over three daemons reading their rows from the server.
 
 def _attach(h, server: PgServer, tmp_path: Path) -> list[Path]:
-    from fedpeer.sitefiles import add_peers
+    from fedpeer.app.sitefiles import add_peers
 
     csvs = []
     for k, site in enumerate(h.sites):
@@ -221,8 +221,8 @@ def _attach(h, server: PgServer, tmp_path: Path) -> list[Path]:
 async def test_jobs_on_sql_sites_equal_the_jobs_on_csv_sites(make_federation, postgres_server: PgServer,
                                                              tmp_path: Path) -> None:
     from fedpeer.identity import parse_public_key
-    from fedpeer.jobs import bofrf
-    from fedpeer.ml import histrun
+    from fedpeer.kinds.forest import bofrf
+    from fedpeer.ml.xgb import histrun
     from tests.integration.test_jobs import _attach_data
 
     h = make_federation(3, start=False)
@@ -285,8 +285,8 @@ async def test_jobs_on_sql_sites_equal_the_jobs_on_csv_sites(make_federation, po
 
     # a query error, a text column, a query past the statement timeout: each a job error naming the
     # site and its source (one job kind each), the site's config changed by a reload
-    from fedpeer.net.admin import request
-    from fedpeer.sitefiles import add_peers
+    from fedpeer.app.sitefiles import add_peers
+    from fedpeer.daemon.admin import request
 
     _dsn_file(h.sites[2].dir / "pg.dsn", postgres_server.dsn())
     slow = "SELECT mean_radius, diagnosis FROM cancer WHERE (SELECT pg_sleep(30)::text) IS NOT NULL"
@@ -310,7 +310,7 @@ async def test_jobs_on_sql_sites_equal_the_jobs_on_csv_sites(make_federation, po
 
 def test_data_check_reports_the_sql_source(postgres_server: PgServer, tmp_path: Path) -> None:
     """`fedpeer data check` loads [data] sql exactly as a job does (sitedata.report)."""
-    from fedpeer.sitedata import format_report, report
+    from fedpeer.app.datacheck import format_report, report
 
     _dsn_file(tmp_path / "pg.dsn", postgres_server.dsn())
     path = tmp_path / "peers.toml"

@@ -17,13 +17,12 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from collections.abc import Callable
 
 import pytest
 
-from fedpeer.harness import Harness, builtin_csv, split_csv
+from fedpeer.app.harness.federation import Harness, builtin_csv, split_csv
 
 pytestmark = pytest.mark.integration
 FS_BYTES = 1024 * 1024          # the small filesystem under site-1's state_dir

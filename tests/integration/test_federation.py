@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from fedpeer.harness import Harness
-from tests import frames
+from fedpeer.app.harness.federation import Harness
+from fedpeer.testing import frames
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +41,7 @@ async def test_wrong_public_key_never_becomes_alive(make_federation) -> None:
     text = text.replace(f'public_key = "{h.sites[1].public_key}"', 'public_key = "WRONG"')
     text = text.replace('public_key = "WRONG"', f'public_key = "{_other_key()}"')
     conf.write_text(text)
-    from fedpeer import config as cfg
+    from fedpeer.config import load as cfg
     h.sites[0].config = cfg.load(conf)
     h.start()
     await h.wait_all_alive(timeout_s=10.0, among=[1, 2])
@@ -99,7 +99,7 @@ async def test_a_members_heartbeat_claiming_the_next_term_is_not_followed(make_f
     its xgboost directives); now every status keeps the real leader and term."""
     import aiohttp
 
-    from fedpeer.core import election as el
+    from fedpeer.core.election import raft as el
     from fedpeer.identity import load_key_file
     from fedpeer.net.transport import PATH
 

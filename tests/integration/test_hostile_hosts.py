@@ -16,9 +16,9 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import pytest
 
-from fedpeer import wire
-from fedpeer.harness import Harness
+from fedpeer.app.harness.federation import Harness
 from fedpeer.net.transport import HELLO_PATH, PATH
+from fedpeer.wire import frame as wire
 from tests.integration.conftest import rss_kib
 
 pytestmark = pytest.mark.integration
@@ -216,7 +216,7 @@ async def test_replayed_hellos_buy_no_connection_a_stranger_could_not(make_feder
     no freshness, so each is answered; its connection must stay with the strangers' budgets and be
     shed like theirs (per IP), not be counted as site-2's and kept."""
     from fedpeer.identity import load_key_file
-    from tests.frames import Forger
+    from fedpeer.testing.frames import Forger
 
     h: Harness = make_federation(3)
     await h.wait_all_alive(timeout_s=10)

@@ -1,7 +1,7 @@
 """A member's key against real daemons (issue 11): one site's frames cannot crash, flood or stall
 another's job registry. The attacker is site-3's allow-listed key, held by the test (site-3's
 daemon is never started), and frames are sealed under sessions it opens as any member's daemon
-does (tests/frames.py)."""
+does (fedpeer/testing/frames.py)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ import aiohttp
 import pytest
 import tomlkit
 
-from tests import frames
-from fedpeer import config as cfg
-from fedpeer.harness import Harness, split_csv
+from fedpeer.app.harness.federation import Harness, split_csv
+from fedpeer.config import load as cfg
 from fedpeer.identity import Identity, fingerprint, load_key_file, parse_public_key
 from fedpeer.jobs import messages as m
 from fedpeer.net.transport import PATH
+from fedpeer.testing import frames
 from tests.integration.conftest import ml_loaded, rss_kib
 from tests.integration.test_jobs import _attach_data, _fedpeer, breast_cancer_csv
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedpeer.harness import Harness, split_csv
+from fedpeer.app.harness.federation import Harness, split_csv
 
 pytestmark = pytest.mark.integration
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
@@ -20,7 +20,7 @@ SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 
 def breast_cancer_csv(path: Path) -> Path:
     """scikit-learn's bundled Wisconsin data as a CSV (no download, no ../shared)."""
-    from fedpeer.harness import builtin_csv
+    from fedpeer.app.harness.federation import builtin_csv
     return builtin_csv("builtin:breast_cancer", path)
 
 
@@ -144,9 +144,10 @@ async def test_cli_run_wait_jobs_show(make_federation, tmp_path: Path) -> None:
 
 
 def _attach_data(h: Harness, paths: list[Path], **data: object) -> None:
-    from fedpeer import config as cfg
-    from fedpeer.sitefiles import add_peers
     import shutil
+
+    from fedpeer.app.sitefiles import add_peers
+    from fedpeer.config import load as cfg
     for site, path in zip(h.sites, paths):
         shutil.copyfile(path, site.dir / "data.csv")
         add_peers(site.config_path, [], {"data": {"csv": "data.csv", **data}})

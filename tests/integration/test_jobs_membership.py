@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from fedpeer.daemon import admin
 from fedpeer.identity import parse_public_key
-from fedpeer.net import admin
 from tests.integration.test_jobs import breast_cancer_federation
 
 pytestmark = pytest.mark.integration

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedpeer.harness import split_csv
-from fedpeer.jobs import logreg
-from fedpeer.ml.data import DataSpec, load_csv
+from fedpeer.app.harness.federation import split_csv
+from fedpeer.data.dataset import DataSpec, load_csv
+from fedpeer.kinds.linear import logreg
 from tests.integration.conftest import predict_scores
 from tests.integration.test_jobs import breast_cancer_csv
 
@@ -76,7 +76,7 @@ def test_harness_fits_the_pooled_rows_model_and_predict_and_export_use_it(tmp_pa
 
 async def test_an_mlp_member_killed_mid_job_leaves_the_survivors_done_with_one_model(make_federation,
                                                                                   tmp_path: Path) -> None:
-    """FedAvg rounds go on over the survivors (fedpeer/jobs/fedavg.py): groups "ring 1st, ring 2nd;
+    """FedAvg rounds go on over the survivors (fedpeer/kinds/linear/fedavg.py): groups "ring 1st, ring 2nd;
     ring 3rd", the ring's second member (its group mate sees it lost at once, the third site at the
     next federation-wide round) killed -9 after a few rounds."""
     from fedpeer.identity import load_key_file

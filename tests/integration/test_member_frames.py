@@ -14,13 +14,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fedpeer.core import election as el
-from fedpeer.core import membership as mb
-from fedpeer.harness import Harness
+from fedpeer.app.harness.federation import Harness
+from fedpeer.core.election import raft as el
+from fedpeer.core.membership import swim as mb
 from fedpeer.identity import Identity, load_key_file
 from fedpeer.jobs import messages as m
 from fedpeer.net.transport import PATH
-from tests import frames
+from fedpeer.testing import frames
 from tests.integration.conftest import ml_loaded, rss_kib
 
 pytestmark = pytest.mark.integration
@@ -104,8 +104,8 @@ def _strategies(keys: dict[str, bytes], job_ids: list[str]) -> st.SearchStrategy
 def test_random_member_messages_never_take_a_site_down(make_federation, tmp_path) -> None:
     """Hypothesis drives random membership, election and job-lifecycle messages, sealed with a
     member's key, at a live daemon while the honest sites run stats jobs."""
+    from fedpeer.app.harness.federation import split_csv
     from tests.integration.test_jobs import _attach_data, breast_cancer_csv
-    from fedpeer.harness import split_csv
 
     full = breast_cancer_csv(tmp_path / "bc.csv")
     parts = split_csv(full, "diagnosis", 3, "stratified", seed=3, out_dir=tmp_path / "parts")

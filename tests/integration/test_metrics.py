@@ -2,7 +2,7 @@
 unix socket, and over the optional loopback listener `[node] metrics`), parsed with Prometheus's
 own parser.
 
-These need fedpeer/node.py and fedpeer/config.py to wire fedpeer/metrics.py (the admin route, the
+These need fedpeer/daemon/node.py and fedpeer/config/load.py to wire fedpeer/daemon/metrics.py (the admin route, the
 `[node] metrics` key and its listener); until then they fail, on purpose.
 """
 
@@ -16,9 +16,9 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fedpeer import config as cfg
-from fedpeer.harness import Harness, free_ports
-from fedpeer.sitefiles import add_peers
+from fedpeer.app.harness.federation import Harness, free_ports
+from fedpeer.app.sitefiles import add_peers
+from fedpeer.config import load as cfg
 from tests.integration.test_jobs import breast_cancer_federation
 
 pytestmark = pytest.mark.integration

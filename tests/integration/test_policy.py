@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from fedpeer import config as cfg
+from fedpeer.app.harness.federation import Harness, builtin_csv, split_csv
+from fedpeer.app.sitefiles import add_peers
+from fedpeer.config import load as cfg
+from fedpeer.daemon import admin
 from fedpeer.errors import FedpeerError
-from fedpeer.harness import Harness, builtin_csv, split_csv
-from fedpeer.net import admin
-from fedpeer.sitefiles import add_peers
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +29,7 @@ async def test_a_members_policy_refuses_and_the_proposer_says_why(make_federatio
         add_peers(site.config_path, [], {"data": {"csv": "data.csv", "label": "diagnosis", "positive": "malignant"},
                                          "policy": policy})
         site.config = cfg.load(site.config_path)
-    assert h.sites[1].config.policy.xgboost.rounds_max == 200 and h.sites[2].config.policy.rows_min == 100
+    assert h.sites[1].config.policy.limits["xgboost"]["rounds_max"] == 200 and h.sites[2].config.policy.rows_min == 100
     h.start()
     await h.wait_all_alive(timeout_s=15)
 

@@ -18,15 +18,15 @@ import aiohttp
 import pytest
 import tomlkit
 
-from fedpeer import config as cfg
-from fedpeer import wire
+from fedpeer.app.harness.federation import Harness, split_csv
+from fedpeer.app.sitefiles import remove_peer
+from fedpeer.config import load as cfg
+from fedpeer.daemon.admin import request
 from fedpeer.errors import FedpeerError
-from fedpeer.harness import Harness, split_csv
 from fedpeer.identity import Identity, encode_public_key, load_key_file
-from fedpeer.net.admin import request
 from fedpeer.net.transport import PATH
-from fedpeer.sitefiles import remove_peer
-from tests import frames
+from fedpeer.wire import frame as wire
+from fedpeer.testing import frames
 from tests.integration.test_jobs import _attach_data, _fedpeer, breast_cancer_csv
 
 pytestmark = pytest.mark.integration
@@ -211,7 +211,7 @@ async def test_a_second_process_with_a_peers_key_is_reported(make_federation, tm
 
 
 def _free_port() -> int:
-    from fedpeer.harness import free_ports
+    from fedpeer.app.harness.federation import free_ports
     return free_ports(1)[0]
 
 

@@ -20,11 +20,11 @@ import aiohttp
 import numpy as np
 import pytest
 
-from tests import frames
-from fedpeer.harness import Harness
+from fedpeer.app.harness.federation import Harness
 from fedpeer.identity import load_key_file
 from fedpeer.net.transport import PATH
-from fedpeer.protocols.securesum import SumChunk
+from fedpeer.protocols.securesum.api import SumChunk
+from fedpeer.testing import frames
 
 pytestmark = pytest.mark.integration
 ENTRIES = 2 * 1024 * 1024           # 16 MiB per site in 32 chunks: the ring runs for a while

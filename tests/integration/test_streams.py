@@ -12,13 +12,13 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from fedpeer import wire
-from fedpeer.harness import Harness
+from fedpeer.app.harness.federation import Harness
+from fedpeer.daemon import admin
 from fedpeer.identity import load_key_file
-from fedpeer.net import admin
 from fedpeer.net.streams import STREAM_CHUNK_BYTES, StreamChunk, StreamOpen, digest
 from fedpeer.net.transport import PATH
-from tests import frames
+from fedpeer.wire import frame as wire
+from fedpeer.testing import frames
 from tests.integration.conftest import ml_loaded
 
 pytestmark = pytest.mark.integration
@@ -101,8 +101,8 @@ async def test_a_members_bad_streams_are_refused_and_harmless(make_federation) -
 
 
 def test_a_stream_reassembles_out_of_order_and_checks_its_digest() -> None:
-    from fedpeer.net.streams import InboundStreams
     from fedpeer.errors import RemoteProtocolError
+    from fedpeer.net.streams import InboundStreams
     streams = InboundStreams(payload_bytes_max=10_000)
     whole = os.urandom(2500)
     streams.open(b"p" * 32, StreamOpen(b"s" * 8, len(whole), digest(whole)), 0)

@@ -1,4 +1,4 @@
-"""Histogram-mode XGBoost (`--mode histogram`, fedpeer/jobs/xgbhist.py) between real daemons:
+"""Histogram-mode XGBoost (`--mode histogram`, fedpeer/kinds/xgboost/hist.py) between real daemons:
 every member ends with the same model, byte for byte the model the same pure functions give on
 the pooled rows, which `fedpeer predict` scores; a member killed mid-job leaves the survivors
 done with one model."""
@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedpeer.harness import split_csv
-from fedpeer.ml import boosting, histrun
-from fedpeer.ml.data import DataSpec, load_csv
+from fedpeer.app.harness.federation import split_csv
+from fedpeer.data.dataset import DataSpec, load_csv
+from fedpeer.ml.xgb import boosting, histrun
 from tests.integration.conftest import predict_scores
 from tests.integration.test_jobs import _attach_data, breast_cancer_csv
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests import frames
-from fedpeer.harness import kill_leader_at_round, split_csv
-from fedpeer.ml import boosting
+from fedpeer.app.harness.federation import kill_leader_at_round, split_csv
+from fedpeer.ml.xgb import boosting
+from fedpeer.testing import frames
 from tests.integration.conftest import predict_scores
 from tests.integration.test_jobs import _attach_data, breast_cancer_csv
 
@@ -56,7 +56,7 @@ async def test_leader_killed_mid_round_survivors_finish_with_identical_models(ma
     import xgboost as xgb
     booster = xgb.Booster()
     booster.load_model(str(model_path))
-    from fedpeer.ml.data import DataSpec, load_csv
+    from fedpeer.data.dataset import DataSpec, load_csv
     rows = load_csv(DataSpec(csv=test, label="diagnosis", positive="malignant"))
     want = booster.predict(xgb.DMatrix(rows.X))
 
@@ -115,7 +115,7 @@ async def test_a_members_forged_commit_with_a_high_term_is_refused(make_federati
     import aiohttp
 
     from fedpeer.identity import load_key_file
-    from fedpeer.jobs import xgboost as xj
+    from fedpeer.kinds.xgboost import kind as xj
     from fedpeer.net.transport import PATH
     from tests.integration.test_jobs import breast_cancer_federation
     from tests.sim.test_xgboost_sim import poisoned_doc
@@ -164,7 +164,7 @@ async def _committed_model(h, i: int, job_id: str, at_least: int) -> bytes:
     names the round file; the file of an older round is removed when the next one lands: retry)."""
     import asyncio
 
-    from fedpeer.store import read_json
+    from fedpeer.base.store import read_json
 
     workdir = h.sites[i].config.node.state_dir / "jobs" / job_id
     for _ in range(600):

@@ -1,4 +1,4 @@
-"""The decentralized BOFRF job (`fedpeer.jobs.bofrf.run`) over the in-memory network.
+"""The decentralized BOFRF job (`fedpeer.kinds.forest.bofrf.run`) over the in-memory network.
 
 Every member's coroutine runs in this one process over a `MemoryNetwork`, with real time (the
 forests are trained in `asyncio.to_thread`, so virtual time would fire timeouts while threads
@@ -19,12 +19,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedpeer.jobs import bofrf
-from fedpeer.jobs.base import JobContext
-from fedpeer.ml import trees
-from fedpeer.ml.data import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint
-from fedpeer.net.channel import MemoryChannel, MemoryNetwork
-from fedpeer.protocols.securesum import SumChunk, SumRestart
+from fedpeer.data.dataset import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint
+from fedpeer.jobs.kind import JobContext
+from fedpeer.kinds.forest import bofrf
+from fedpeer.ml.forest import trees
+from fedpeer.ml.forest import treepredict
+from fedpeer.protocols.securesum.api import SumChunk, SumRestart
+from fedpeer.testing.memory import MemoryChannel, MemoryNetwork
 
 HOP_MS = 1_000
 N_EST = 10
@@ -357,12 +358,12 @@ def exact_auc(y: np.ndarray, score: np.ndarray) -> Fraction:
 
 def independent_tau(parts: Sequence[Any], me: int) -> tuple[float, int]:
     """The tau of the grid whose ensemble over every tree has the best validation AUC at site
-    `me`, ties going to the smaller tau (fedpeer.ml.bofrf.choose_tau's documented rule), and how
+    `me`, ties going to the smaller tau (fedpeer.ml.forest.bofrf.choose_tau's documented rule), and how
     many trees it weights; from the sites' prepared parts, with plain numpy and exact AUCs."""
     forest = trees.concat([p.forest for p in parts])
     total = np.zeros((forest.n_trees, 4), dtype=np.int64)
     for p in parts:
-        pred = trees.predict_trees(forest, p.fit.X, p.fit.features) > 0.5
+        pred = treepredict.predict_trees(forest, p.fit.X, p.fit.features) > 0.5
         pos = p.fit.y == 1
         total += np.stack([(pred & pos).sum(1), (~pred & ~pos).sum(1), (pred & ~pos).sum(1),
                            (~pred & pos).sum(1)], axis=1)
@@ -370,7 +371,7 @@ def independent_tau(parts: Sequence[Any], me: int) -> tuple[float, int]:
     den = np.sqrt((tp + fp) * (tp + fn)) * np.sqrt((tn + fp) * (tn + fn))
     mcc = np.divide(tp * tn - fp * fn, den, out=np.zeros_like(den), where=den > 0)
     val = parts[me].validation
-    votes = 2.0 * trees.predict_trees(forest, val.X, val.features) - 1.0
+    votes = 2.0 * treepredict.predict_trees(forest, val.X, val.features) - 1.0
     best, best_auc = None, None
     for tau in sorted(bofrf.TAU_GRID):
         alpha = np.where(mcc > tau, mcc, 0.0)
@@ -381,7 +382,7 @@ def independent_tau(parts: Sequence[Any], me: int) -> tuple[float, int]:
 
 
 CHOOSE_TAU_FLOAT_TIES = (
-    "fedpeer/ml/bofrf.py choose_tau compares sklearn's float AUCs with `>`: exactly tied AUCs that "
+    "fedpeer/ml/forest/bofrf.py choose_tau compares sklearn's float AUCs with `>`: exactly tied AUCs that "
     "differ in the last bit (here site 2: tau 0.25 and 0.35 both give AUC 13/18, sklearn returns "
     "0.7222222222222222 and 0.7222222222222223) go to the LARGER tau, against its documented tie rule")
 
@@ -527,7 +528,7 @@ class StumpsOnMissingFeature:
         return getattr(self.inner, name)
 
     async def send(self, dst: bytes, msg: Any) -> None:
-        from fedpeer.jobs.boppid import StumpsMsg
+        from fedpeer.kinds.forest.boppid import StumpsMsg
         if isinstance(msg, StumpsMsg):
             msg = StumpsMsg(tag=msg.tag, feature=np.full_like(msg.feature, len(FEATURES)), threshold=msg.threshold,
                             polarity=msg.polarity, alpha=msg.alpha, rows=msg.rows)
@@ -567,7 +568,7 @@ class OversizeTo:
 
     async def send(self, dst: bytes, msg: Any) -> None:
         if isinstance(msg, bofrf.ForestMsg) and dst == self.receiver:
-            from fedpeer.net.channel import PeerUnreachable
+            from fedpeer.runtime.channel import PeerUnreachable
             raise PeerUnreachable(dst, "HTTP 413 oversize")
         await self.inner.send(dst, msg)
 
@@ -608,7 +609,7 @@ class NanVector:
 async def test_clustered_with_a_nan_vector_fails_blaming_its_sender() -> None:
     """Every site must cluster the same vectors, so a bad one ends the job, and the failure names
     the member that sent it (MalformedFrom, which the registry turns into blame on that member)."""
-    from fedpeer.net.channel import MalformedFrom
+    from fedpeer.runtime.channel import MalformedFrom
     n = 3
     params = make_params(seed=13, tau=0.3, variant="clustered", clusters=2)
     keys = make_keys(n, "nan-vector")

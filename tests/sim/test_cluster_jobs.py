@@ -1,22 +1,21 @@
-"""The `kmeans` and `gmm` jobs (fedpeer/jobs/kmeans.py, gmm.py), every member in one process over
+"""The `kmeans` and `gmm` jobs (fedpeer/kinds/cluster/kmeans.py, gmm.py), every member in one process over
 the in-memory network in virtual time: the federated result equals the in-process reference (the
 same pure functions on the pooled rows) to 1e-9 relative, and k-means equals scikit-learn's
 KMeans started from the same centres on non-IID make_blobs (each site holds most of one blob)."""
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
+from fedpeer.data.dataset import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint
 from fedpeer.errors import JobError
-from fedpeer.jobs import gmm as gj
-from fedpeer.jobs import kmeans as kj
-from fedpeer.jobs.base import JobContext
-from fedpeer.ml import cluster as cl
-from fedpeer.ml import mixture as mx
-from fedpeer.ml.data import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint
-from tests.sim.members import member_keys, run_members
+from fedpeer.jobs.kind import JobContext
+from fedpeer.kinds.cluster import gmm as gj
+from fedpeer.kinds.cluster import kmeans as kj
+from fedpeer.ml.cluster import kmeans as cl
+from fedpeer.ml.cluster import mixture as mx
+from fedpeer.testing.members import member_keys, run_members
 
 RTOL = 1e-9
 
@@ -196,7 +195,7 @@ def test_federated_dbscan_agrees_with_centralized_dbscan() -> None:
     from sklearn.cluster import DBSCAN
     from sklearn.metrics import adjusted_rand_score
 
-    from fedpeer.jobs import dbscan as dj
+    from fedpeer.kinds.cluster import dbscan as dj
 
     X, parts = moons_and_blobs()
     results = run(dj, parts, {"eps": 0.2, "min_samples": 5, "components": 6, "seed": 1})
@@ -212,7 +211,7 @@ def test_federated_dbscan_agrees_with_centralized_dbscan() -> None:
 
 
 def test_dbscan_refuses_more_local_clusters_than_allowed_naming_the_parameter() -> None:
-    from fedpeer.jobs import dbscan as dj
+    from fedpeer.kinds.cluster import dbscan as dj
 
     _, parts = moons_and_blobs()
     results = run(dj, parts, {"eps": 0.2, "min_samples": 5, "components": 3, "local_clusters_max": 1})

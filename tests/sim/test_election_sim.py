@@ -1,4 +1,4 @@
-"""Seeded simulations of the Raft election (fedpeer/core/election.py) over tests/sim/simnet.py.
+"""Seeded simulations of the Raft election (fedpeer/core/election/raft.py) over fedpeer/testing/simnet.py.
 
 Each node is an `Election` wrapped in a small shell (`ElectionNode`) that does what the
 daemon must: store `Ready.persist` before handing the sends to the network, and rebuild a
@@ -40,7 +40,7 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 
-from fedpeer.core.election import (
+from fedpeer.core.election.raft import (
     TERM_MAX,
     Commit,
     Election,
@@ -57,10 +57,10 @@ from fedpeer.core.election import (
     VoteSig,
     vote_statement,
 )
-from fedpeer.core.membership import NodeId
-from tests.fakesig import FakeKeyring
+from fedpeer.core.membership.swim import NodeId
+from fedpeer.testing.fakesig import FakeKeyring
 
-from .simnet import NodeSpec, SimNet
+from fedpeer.testing.simnet import NodeSpec, SimNet
 
 CFG = ElectionConfig()
 TICK_MS = 50
@@ -79,7 +79,7 @@ class World:
     """What survives crashes (each node's disk) plus the global record the checks need."""
 
     n: int
-    keyring: FakeKeyring   # every member's vote signatures (tests/fakesig.py)
+    keyring: FakeKeyring   # every member's vote signatures (fedpeer/testing/fakesig.py)
     forget_votes: bool = False  # a deliberately broken shell, to prove the checks can fail
     trusting: bool = False  # a deliberately broken verify (every signature passes), likewise
     rounds: bool = True  # run the commit oracle (False: every commit point stays equal)

@@ -1,4 +1,4 @@
-"""FedAvg over secure sums (fedpeer/jobs/fedavg.py): `logreg` mode `fedavg` and the `mlp` job,
+"""FedAvg over secure sums (fedpeer/kinds/linear/fedavg.py): `logreg` mode `fedavg` and the `mlp` job,
 every member in one process over the in-memory network in virtual time. Every member ends with
 the same weights; two-level groups average inside groups and save federation-wide averages; a
 diverging learning rate ends the job naming learning_rate; the MLP's weights are MLPClassifier's;
@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 
 from fedpeer.errors import JobError
-from fedpeer.jobs import logreg
-from fedpeer.jobs import mlp as mlp_job
-from fedpeer.jobs.base import site_seed
-from fedpeer.jobs.fedavg import sgd_epochs
-from fedpeer.ml import linear, mlp
+from fedpeer.jobs.kind import site_seed
+from fedpeer.kinds.linear import logreg
+from fedpeer.kinds.linear import mlp as mlp_job
+from fedpeer.kinds.linear.fedavg import sgd_epochs
+from fedpeer.ml.linear import logistic as linear
+from fedpeer.ml.linear import mlp
 from tests.sim.test_logreg_job import dataset, fixed_point_sum, run, split
 
 
@@ -57,8 +58,8 @@ def test_logreg_fedavg_approaches_the_exact_model_and_groups_save_global_average
 
 def show(kind: str, result: dict) -> str:
     """`fedpeer job` and the harness table for one member's result."""
-    from fedpeer.cli import format_job
-    from fedpeer.harness_report import logreg_table
+    from fedpeer.app.cli import format_job
+    from fedpeer.kinds.linear.text import site_table as logreg_table
 
     result = {k: v for k, v in result.items() if k != "_model"}
     table = logreg_table([{"name": "site-1", "rows": 10, "state": "done", "result": result}])
@@ -133,7 +134,7 @@ def test_the_mlp_model_file_round_trips_and_refuses_what_fedpeer_did_not_store(t
 
 def reference(trainers: list, rows: list[int], initial: np.ndarray, rounds: int, groups: list[list[int]],
               every: int, lost_at: dict[int, int]) -> np.ndarray:
-    """FedAvg in one process, as fedpeer/jobs/fedavg.py defines it after a loss: `trainers[i](w)`
+    """FedAvg in one process, as fedpeer/kinds/linear/fedavg.py defines it after a loss: `trainers[i](w)`
     is site i's local training (its own seeded state, called once per round), the averages are
     summed as the secure sum sums (fixed point, modulo 2^64), and site i's rows count in every
     average before round lost_at[i]."""

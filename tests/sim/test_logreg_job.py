@@ -1,4 +1,4 @@
-"""The `logreg` job (fedpeer/jobs/logreg.py), every member in one process over the in-memory network
+"""The `logreg` job (fedpeer/kinds/linear/logreg.py), every member in one process over the in-memory network
 in virtual time: every member ends with the same coefficients, bit for bit those of the same pure
 functions on the sites' rows in one process, and equal to scikit-learn's LogisticRegression on the
 pooled standardised rows to 1e-5 relative; a site lacking a class is reported; extreme values and
@@ -13,13 +13,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fedpeer.data.dataset import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint
 from fedpeer.errors import JobError
-from fedpeer.jobs import logreg
-from fedpeer.jobs.base import JobContext
-from fedpeer.ml import linear
-from fedpeer.ml.data import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint
-from fedpeer.net.channel import MemoryNetwork
-from tests.sim.members import after_step, member_keys, run_members
+from fedpeer.jobs.kind import JobContext
+from fedpeer.kinds.linear import logreg
+from fedpeer.ml.linear import logistic as linear
+from fedpeer.testing.memory import MemoryNetwork
+from fedpeer.testing.members import after_step, member_keys, run_members
 
 
 def dataset(X: np.ndarray, labels: np.ndarray, positive: str | None = "1") -> Dataset:

@@ -1,4 +1,4 @@
-"""Seeded simulations of the SWIM membership protocol (tests/sim/simnet.py).
+"""Seeded simulations of the SWIM membership protocol (fedpeer/testing/simnet.py).
 
 Every scenario runs over many seeds; a failure message lists the failing seeds,
 and `SimNet(seed, ...)` replays one exactly. FEDPEER_SIM_SEEDS overrides the
@@ -11,9 +11,9 @@ import os
 import random
 import statistics
 
-from fedpeer.core.membership import Membership, MembershipConfig, MemberState
+from fedpeer.core.membership.swim import Membership, MembershipConfig, MemberState
 
-from .simnet import NodeSpec, SimNet, membership_factory
+from fedpeer.testing.simnet import NodeSpec, SimNet, membership_factory
 
 A, S, D = MemberState.ALIVE, MemberState.SUSPECT, MemberState.DEAD
 CFG = MembershipConfig()

@@ -1,6 +1,6 @@
 """A site behind a slow link is slow, not dead (issue 12 item 3: a site on a 64 kbit/s link with
 an 8 KB queue flapped alive/suspect/dead ~100 times in 5.5 min at every peer). Seeded runs of
-the SWIM core (tests/sim/simnet.py) with one node whose every message takes 0.5-1.2 s more each
+the SWIM core (fedpeer/testing/simnet.py) with one node whose every message takes 0.5-1.2 s more each
 way: probes and suspicions adapt to its measured RTT (and to each node's own health), so after
 its first late answers nobody suspects it, nobody ever declares it dead, and it still dies
 promptly when it really crashes."""
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 
-from fedpeer.core.membership import MemberState
+from fedpeer.core.membership.swim import MemberState
 
-from .simnet import SimNet
+from fedpeer.testing.simnet import SimNet
 
 N_SEEDS = int(os.environ.get("FEDPEER_SIM_SEEDS", "200")) // 10 or 1
 SLOW_MS = (500, 1_200)          # extra delay each way: RTT 1-2.4 s against a 500 ms probe period

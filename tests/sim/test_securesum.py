@@ -1,4 +1,4 @@
-"""The ring secure sum (fedpeer/protocols/securesum.py) over the in-memory network.
+"""The ring secure sum (fedpeer/protocols/securesum/api.py) over the in-memory network.
 
 Everything runs in virtual time (looptime), seeded: a failing seed is printed and replays
 exactly with `MemoryNetwork(keys, seed=...)`. Hypothesis tests build their own looptime loop
@@ -8,8 +8,8 @@ per example (`run_virtual`), the others are marked `looptime`.
 from __future__ import annotations
 
 import asyncio
-import os
 import hashlib
+import os
 import random
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
@@ -23,17 +23,26 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from scipy import stats
 
-from fedpeer import wire
-from tests import frames
 from fedpeer.errors import JobError, LocalProtocolError, RemoteProtocolError
 from fedpeer.identity import Identity
-from fedpeer.net.channel import MemoryChannel, MemoryNetwork, PeerUnreachable, RecvTimeout
-from fedpeer.protocols import securesum as ss
-from fedpeer.session import Sessions
-from fedpeer.protocols.securesum import (
-    RingBroken, SeedReveal, SeedRequest, SumChunk, SumHere, SumOutcome, SumRestart, SumResult, SumWhere,
+from fedpeer.protocols.securesum import api as ss
+from fedpeer.protocols.securesum.api import (
+    RingBroken,
+    SeedRequest,
+    SeedReveal,
+    SumChunk,
+    SumHere,
+    SumOutcome,
+    SumRestart,
+    SumResult,
+    SumWhere,
     secure_sum,
 )
+from fedpeer.runtime.channel import PeerUnreachable, RecvTimeout
+from fedpeer.testing.memory import MemoryChannel, MemoryNetwork
+from fedpeer.wire import frame as wire
+from fedpeer.wire.session import Sessions
+from fedpeer.testing import frames
 
 TAG = "t"
 HOP_MS = 1_000                 # short hops: virtual time, but keeps the bounds readable
@@ -924,7 +933,7 @@ async def test_only_chunks_of_2_mib_or_more_are_masked_in_a_thread(monkeypatch, 
     2 MiB chunks by default, a 31-entry vector (a logistic regression's sums) went to a thread per
     chunk, and the in-memory FedAvg crash test then failed 4 times in 12 (thread completions race
     virtual time)."""
-    from fedpeer.protocols import securesum_core as core
+    from fedpeer.protocols.securesum import core
 
     calls = []
 

@@ -1,4 +1,4 @@
-"""The `xgboost` job in histogram mode (fedpeer/jobs/xgbhist.py), every member in one process over
+"""The `xgboost` job in histogram mode (fedpeer/kinds/xgboost/hist.py), every member in one process over
 the in-memory network in virtual time: the federated model is byte for byte the model the same
 pure functions give on the pooled rows, and a member crashed mid-job leaves the survivors with one
 model, grown on from the last finished tree."""
@@ -16,12 +16,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import xgboost_experiment as exp  # noqa: E402
 
 from fedpeer.errors import JobError  # noqa: E402
-from fedpeer.jobs import xgbhist  # noqa: E402
-from fedpeer.jobs import xgboost as xj  # noqa: E402
-from fedpeer.jobs.base import JobContext  # noqa: E402
-from fedpeer.ml import boosting, histrun  # noqa: E402
-from fedpeer.net.channel import MemoryNetwork  # noqa: E402
-from tests.sim.members import after_step, member_keys, run_members  # noqa: E402
+from fedpeer.jobs.kind import JobContext  # noqa: E402
+from fedpeer.kinds.xgboost import hist as xgbhist  # noqa: E402
+from fedpeer.kinds.xgboost import kind as xj  # noqa: E402
+from fedpeer.ml.xgb import (
+    boosting,
+    histrun,  # noqa: E402
+)
+from fedpeer.testing.memory import MemoryNetwork  # noqa: E402
+from fedpeer.testing.members import after_step, member_keys, run_members  # noqa: E402
 
 PARAMS = {"mode": "histogram", "rounds": 4, "max_depth": 3, "eta": 0.3, "secure_sum": "ring", "test_fraction": 0.0,
           "max_bin": 32, "nthread": 1}
@@ -85,7 +88,7 @@ def test_a_member_crashed_mid_job_leaves_the_survivors_with_one_model() -> None:
     assert len(survivors) == 2, results
     assert len({r["model_sha256"] for r in survivors}) == 1
     assert all(r["lost"] == ["site-2"] and r["members"] == ["site-1", "site-3"] for r in survivors)
-    from fedpeer.cli import format_job
+    from fedpeer.app.cli import format_job
 
     shown = format_job({"id": "j", "kind": "xgboost", "state": "done", "proposer": "site-1", "members": [],
                         "phase": "done", "progress": {"step": 6, "total": 6}, "params": {},
@@ -122,7 +125,7 @@ def test_subsample_and_colsample_give_the_reference_model_with_the_same_seeds() 
     """Item 3: the features of each tree come from the job seed (the same everywhere), each
     member's rows from its own seed (site_seed(job seed, its key)): the federated model equals
     the in-process reference run with those seeds — and differs from the unsampled model."""
-    from fedpeer.jobs.base import site_seed
+    from fedpeer.jobs.kind import site_seed
 
     sites, _, _ = breast_cancer_sites(3)
     params = {**PARAMS, "subsample": 0.6, "colsample_bytree": 0.5, "seed": 11}
@@ -136,7 +139,7 @@ def test_subsample_and_colsample_give_the_reference_model_with_the_same_seeds() 
     assert model == want.model
     plain = histrun.train_in_process([(s.X, s.y) for s in sites], {**ref, "subsample": 1.0, "colsample_bytree": 1.0})
     assert model != plain.model
-    from fedpeer.ml.histboost import HistParams, tree_features
+    from fedpeer.ml.xgb.histboost import HistParams, tree_features
     hp = HistParams.from_mapping(ref)
     for t, tree in enumerate(boosting.model_info(model).trees):      # each tree splits on its 15 of 30 only
         allowed = tree_features(hp, t, 30)
@@ -146,8 +149,8 @@ def test_subsample_and_colsample_give_the_reference_model_with_the_same_seeds() 
 
 def test_bounds_and_impossible_sums_end_the_job_everywhere_naming_what() -> None:
     from fedpeer.errors import DataError
-    from fedpeer.jobs.base import JobFailsEverywhere
-    from fedpeer.ml.hist import decode_histograms
+    from fedpeer.jobs.kind import JobFailsEverywhere
+    from fedpeer.ml.xgb.hist import decode_histograms
 
     with pytest.raises(xgbhist.ImpossibleSum, match="protocol error: secure sum 'xgbh/e0/r1/c0/d2'"):
         xgbhist._checked("xgbh/e0/r1/c0/d2", decode_histograms, np.zeros(5, dtype=np.uint64), 1, 2, 3)
@@ -167,7 +170,7 @@ def test_bounds_and_impossible_sums_end_the_job_everywhere_naming_what() -> None
 def test_multiclass_model_is_the_pooled_reference() -> None:
     from sklearn.datasets import load_wine
 
-    from fedpeer.ml.data import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint
+    from fedpeer.data.dataset import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint
 
     raw = load_wine()
     names = np.array(["barolo", "grignolino", "barbera"])
@@ -192,7 +195,7 @@ def diabetes_sites(n: int) -> tuple[list, list[np.ndarray]]:
     """scikit-learn's diabetes regression data over n sites; labels as the CSV reader gives them."""
     from sklearn.datasets import load_diabetes
 
-    from fedpeer.ml.data import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint
+    from fedpeer.data.dataset import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint
 
     raw = load_diabetes()
     features = tuple(raw.feature_names)

@@ -19,8 +19,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import xgboost_experiment as exp  # noqa: E402
 
-from fedpeer.ml import boosting  # noqa: E402
-from fedpeer.ml.data import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint  # noqa: E402
+from fedpeer.data.dataset import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint  # noqa: E402
+from fedpeer.ml.xgb import boosting  # noqa: E402
 
 
 @pytest.mark.parametrize("sites", [2, 5, 10])

@@ -1,7 +1,7 @@
-"""The leader-run `xgboost` job (fedpeer/jobs/xgboost.py) under seeded chaos, in virtual time.
+"""The leader-run `xgboost` job (fedpeer/kinds/xgboost/kind.py) under seeded chaos, in virtual time.
 
 Every member runs the real job coroutine over a `MemoryNetwork`; every member also runs the real
-election core (fedpeer/core/election.py), ticked every TICK_MS, its messages delayed and dropped
+election core (fedpeer/core/election/raft.py), ticked every TICK_MS, its messages delayed and dropped
 by the seed, and the job asks it who leads (`net.leadership`). Faults, drawn per seed: kill the
 leader in the middle of a round (once or twice), cut the leader off in a minority and heal later
 (it keeps leading its old term for a while: its directives must be fenced), kill a follower.
@@ -37,14 +37,15 @@ import looptime
 import numpy as np
 import pytest
 
-from fedpeer.core.election import Election, ElectionConfig, HardState, Role
+from fedpeer.core.election.raft import Election, ElectionConfig, HardState, Role
+from fedpeer.data.dataset import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint
 from fedpeer.errors import JobError
-from fedpeer.jobs import xgboost as xj
-from fedpeer.jobs.base import JobContext
-from fedpeer.ml import boosting
-from fedpeer.ml.data import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint
-from fedpeer.net.channel import MemoryNetwork, RecvTimeout
-from tests.fakesig import FakeKeyring
+from fedpeer.jobs.kind import JobContext
+from fedpeer.kinds.xgboost import kind as xj
+from fedpeer.ml.xgb import boosting
+from fedpeer.runtime.channel import RecvTimeout
+from fedpeer.testing.memory import MemoryNetwork
+from fedpeer.testing.fakesig import FakeKeyring
 
 from .test_securesum import SteadyChannel
 
@@ -538,7 +539,7 @@ async def forger(w: World, k: bytes, p: dict, data: Dataset) -> None:
     election messages of term 2**62 or heartbeats claiming the next term (issue 11: without a
     certificate of signed votes they make nobody leader). It never runs an election core, so it
     never leads."""
-    from fedpeer.protocols.securesum import secure_sum
+    from fedpeer.protocols.securesum.api import secure_sum
 
     ch = SteadyChannel(w.net.channel(k))
     out = await secure_sum(ch, "xgb/labels", xj.label_vector(np.asarray(data.y, dtype=np.int64), p, len(ch.members)),
@@ -557,7 +558,7 @@ async def forger(w: World, k: bytes, p: dict, data: Dataset) -> None:
 
 
 async def forge(w: World, k: bytes, ch: Any, p: dict, poison: bytes, plausible: bytes) -> None:
-    from fedpeer.core.election import Heartbeat, PreVote, RequestVote, VoteSig
+    from fedpeer.core.election.raft import Heartbeat, PreVote, RequestVote, VoteSig
 
     rng = random.Random(w.seed * 7 + 1)
     honest = [m for m in w.keys if m != k]

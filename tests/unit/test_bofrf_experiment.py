@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bofrf_experiment as exp  # noqa: E402
 
-from fedpeer.jobs import bofrf  # noqa: E402
+from fedpeer.kinds.forest import bofrf  # noqa: E402
 
 PARAMS = {k: p.default for k, p in bofrf.PARAMS.items()} | {"n_estimators": 40}
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"

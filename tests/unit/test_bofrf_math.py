@@ -1,4 +1,4 @@
-"""fedpeer.ml.bofrf: BOFRF's arithmetic (thesis seeds/001 ch. 3–5) and the BOPPID baseline
+"""fedpeer.ml.forest.bofrf: BOFRF's arithmetic (thesis seeds/001 ch. 3–5) and the BOPPID baseline
 (§2.3.1.3), checked against scikit-learn and against hand-computed cases."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from sklearn.ensemble import RandomForestClassifier
 from sklearn.metrics import matthews_corrcoef
 from sklearn.tree import DecisionTreeClassifier
 
-from fedpeer.ml import bofrf as b
+from fedpeer.ml.forest import bofrf as b
 
 NAN = np.nan
 

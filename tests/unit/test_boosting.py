@@ -1,4 +1,4 @@
-"""Federated XGBoost by tree bagging (fedpeer.ml.boosting): agreement with centralized xgboost,
+"""Federated XGBoost by tree bagging (fedpeer.ml.xgb.boosting): agreement with centralized xgboost,
 tree+, multi-class grouping, deterministic models, the gate for members' trees, and the
 federated evaluation counts."""
 
@@ -15,7 +15,7 @@ from sklearn.metrics import log_loss, roc_auc_score
 from sklearn.model_selection import train_test_split
 
 from fedpeer.errors import RemoteProtocolError
-from fedpeer.ml import boosting as B
+from fedpeer.ml.xgb import boosting as B
 from fedpeer.protocols.fixedpoint import decode_counts, encode_counts
 
 BINARY = "binary:logistic"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from fedpeer import cli
-from fedpeer.sitefiles import init_site
+from fedpeer.app import cli
+from fedpeer.app.sitefiles import init_site
 
 
 def walk(parser: argparse.ArgumentParser, path: str = "fedpeer"):
@@ -85,10 +85,10 @@ def test_commands_other_than_run_and_harness_do_not_import_the_job_modules() -> 
     import subprocess
     import sys
 
-    code = ("import sys; from fedpeer import cli; "
+    code = ("import sys; from fedpeer.app import cli; "
             "a = cli._parser(['status', '--config', 'x']).parse_args(['status', '--config', 'x']); "
-            "print(sorted(m for m in sys.modules if m.startswith('fedpeer.jobs.') and m != 'fedpeer.jobs.kinds'"
-            " and m != 'fedpeer.jobs.base'), 'numpy' in sys.modules)")
+            "print(sorted(m for m in sys.modules if m.startswith('fedpeer.kinds.') and m != 'fedpeer.kinds.catalog'), "
+            "'numpy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[] False", out
     for argv in (["jobs", "--config", "x", "--json"], ["job", "show", "j1", "--config", "x"],

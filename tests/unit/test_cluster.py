@@ -1,4 +1,4 @@
-"""The pure clustering steps (fedpeer/ml/cluster.py, mixture.py) and the kmeans / gmm jobs' stored
+"""The pure clustering steps (fedpeer/ml/cluster/kmeans.py, mixture.py) and the kmeans / gmm jobs' stored
 models: parameters that cannot work fail with the parameter to change, the empty-cluster rule is
 deterministic, a stored model that is not a valid one is refused, and `job show` describes them."""
 
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from fedpeer.errors import DataError, JobError
-from fedpeer.jobs import gmm as gj
-from fedpeer.jobs import kmeans as kj
-from fedpeer.ml import cluster as cl
-from fedpeer.ml import mixture as mx
+from fedpeer.kinds.cluster import gmm as gj
+from fedpeer.kinds.cluster import kmeans as kj
+from fedpeer.ml.cluster import kmeans as cl
+from fedpeer.ml.cluster import mixture as mx
 
 
 @pytest.mark.parametrize("text, words", [
@@ -106,7 +106,7 @@ def test_job_show_describes_the_rounds_the_fit_and_the_sizes() -> None:
     ("kmeans", None, None), ("gmm", None, None), ("xgboost", None, "--label is required with --job xgboost")])
 def test_the_harness_needs_a_label_only_for_kinds_that_learn_one(job: str, label: str | None,
                                                                  problem: str | None, tmp_path) -> None:
-    from fedpeer import harness_cli as harness
+    from fedpeer.app.harness import cli as harness
     p = argparse.ArgumentParser()
     harness.add_arguments(p)
     args = p.parse_args(["--sites", "3", "--job", job, "--site-data", *[str(tmp_path / f"{i}.csv") for i in range(3)],
@@ -115,7 +115,7 @@ def test_the_harness_needs_a_label_only_for_kinds_that_learn_one(job: str, label
 
 
 def test_a_stored_dbscan_model_round_trips_and_a_bad_one_is_refused(tmp_path) -> None:
-    from fedpeer.jobs import dbscan as dj
+    from fedpeer.kinds.cluster import dbscan as dj
     model = {"kind": "dbscan", "features": ["a"], "points": np.array([[0.0], [0.1], [5.0]]),
              "labels": np.array([0.0, 0.0, -1.0]), "eps": 0.5}
     kj.save_model(tmp_path / "d.npz", model)
@@ -148,10 +148,10 @@ async def test_clustering_kinds_need_no_label_and_the_others_say_it_is_missing(t
     import asyncio
     import dataclasses
 
-    from fedpeer import config as cfg
+    from fedpeer.config import load as cfg
     from fedpeer.jobs import messages as m
-    from fedpeer.jobs.kinds import job_kinds
-    from fedpeer.jobs.registry import JobRegistry
+    from fedpeer.jobs.lifecycle.registry import JobRegistry
+    from fedpeer.kinds.catalog import job_kinds
     from tests.unit.test_policy import ALICE, NAMES, FakeTransport, make_config, proposal, small_csv
 
     transport = FakeTransport()
@@ -175,7 +175,7 @@ async def test_clustering_kinds_need_no_label_and_the_others_say_it_is_missing(t
 
 
 def test_shared_cluster_descriptions_that_no_honest_site_sends_are_refused() -> None:
-    from fedpeer.ml import dbscan as db
+    from fedpeer.ml.cluster import dbscan as db
     honest = [(7, np.array([0.5, 0.5]), np.array([[0.0, 0.0], [1.0, 1.0]]), np.array([np.eye(2), np.eye(2)]))]
     vector = db.pack(honest, 1, 2, 2, 2, 2)
     shared = db.unpack(vector, 2, 2, 2, 2)

@@ -1,4 +1,4 @@
-"""[data] engine = "dask" (fedpeer/ml/dasksite.py, dask_hist.py) on a real LocalCluster of 2 worker
+"""[data] engine = "dask" (fedpeer/data/dask.py, dask_hist.py) on a real LocalCluster of 2 worker
 processes (one per module): a site's rows read on the cluster are the memory engine's rows, and
 the stats and histogram-XGBoost jobs give the memory engine's results — the same model byte for
 byte — while only totals reach the daemon; an unreachable scheduler, a bad part file, a lost worker
@@ -17,15 +17,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from fedpeer.config import DataSection, JobLimits
+from fedpeer.config.load import DataSection, JobLimits
+from fedpeer.data.dask import open_site
+from fedpeer.app.datacheck import format_report, report
+from fedpeer.data.site import load_site
 from fedpeer.errors import DataError, JobError
-from fedpeer.jobs import stats
-from fedpeer.jobs import xgboost as xj
-from fedpeer.jobs.base import JobContext
-from fedpeer.ml.dasksite import dask_refusal, open_site
-from fedpeer.net.channel import MemoryNetwork
-from fedpeer.sitedata import format_report, load_site, report
-from tests.sim.members import member_keys
+from fedpeer.jobs.kind import JobContext
+from fedpeer.jobs.kind import dask_refusal as refusal_of
+from fedpeer.kinds.catalog import job_kinds
+from fedpeer.kinds import stats
+from fedpeer.kinds.xgboost import kind as xj
+from fedpeer.testing.memory import MemoryNetwork
+from fedpeer.testing.members import member_keys
 
 LIMITS = JobLimits()
 PARTS = ((0, 90), (90, 100), (100, 190))        # a small middle part: partitions of unequal size
@@ -149,6 +152,11 @@ def test_an_unreachable_scheduler_fails_fast_naming_it() -> None:
         open_site(dataclasses.replace(data, parquet=str(Path(__file__))), LIMITS, needs_label=True, binary=True)
 
 
+def dask_refusal(kind: str, params: dict) -> str | None:
+    kinds = job_kinds()
+    return refusal_of(kinds[kind], params, kinds)
+
+
 def test_job_kinds_the_engine_lacks_are_refused_by_name() -> None:
     assert dask_refusal("stats", {}) is None and dask_refusal("xgboost", {"mode": "histogram"}) is None
     assert dask_refusal("bofrf", {"variant": "base", "baseline": "none"}) is None
@@ -157,8 +165,8 @@ def test_job_kinds_the_engine_lacks_are_refused_by_name() -> None:
                          ("bofrf", {"variant": "base", "baseline": "boppid"}), ("xgboost", {"mode": "bagging"}),
                          ("logreg", {}), ("kmeans", {})):
         reason = dask_refusal(kind, params)
-        assert reason is not None and 'engine = "dask" supports stats, xgboost with mode = "histogram" and bofrf' \
-            in reason, reason
+        assert reason is not None and ('engine = "dask" supports stats, bofrf (variant "base" or "personalized", '
+                                     'baseline "none") and xgboost with mode = "histogram" jobs, not') in reason, reason
     assert "not bofrf with variant = 'clustered'" in dask_refusal("bofrf", {"variant": "clustered", "baseline": "none"})
 
 
@@ -186,7 +194,7 @@ def test_empty_parts_and_parts_dropped_whole_are_empty_partitions(cluster, tmp_p
 
     params = {"mode": "histogram", "rounds": 2, "max_depth": 2, "max_bin": 16, "test_fraction": 0.2,
               "subsample": 0.8, "nthread": 1, "secure_sum": "ring"}
-    from fedpeer.ml.data import Dataset, schema_fingerprint
+    from fedpeer.data.dataset import Dataset, schema_fingerprint
 
     def sites(dask: bool) -> list:
         first = load_site(section(cluster if dask else None, parquet=str(parts), missing="drop"), LIMITS,
@@ -223,7 +231,7 @@ def _sites(cluster, site_files, cancer, dask: bool, needs_binary: bool = True) -
                        binary=needs_binary)[0] if dask else
              load_site(section(None, parquet=str(site_files["whole_parquet"])), LIMITS, needs_label=True,
                        binary=needs_binary)[0])
-    from fedpeer.ml.data import Dataset, schema_fingerprint
+    from fedpeer.data.dataset import Dataset, schema_fingerprint
 
     def memory(a: int, b: int) -> Dataset:
         lab = labels[a:b]
@@ -236,7 +244,7 @@ def _sites(cluster, site_files, cancer, dask: bool, needs_binary: bool = True) -
 def off_loop(monkeypatch) -> list[str]:
     """Every call to the cluster (DaskSite._guarded) is checked to run off the event loop: the
     names of the calls made on a thread running a loop (which would stall the daemon)."""
-    from fedpeer.ml.dasksite import DaskSite
+    from fedpeer.data.dask import DaskSite
 
     on_loop: list[str] = []
     guarded = DaskSite._guarded
@@ -307,8 +315,8 @@ def test_bofrf_on_a_dask_site_gives_the_memory_engines_forest_weights_and_metric
     """The Dask site (3 partitions of unequal size) trains its forest on a worker, scores every
     tree per partition and reports its test metrics from a worker: every site's kept forest,
     weights and metrics are the memory engine's, bit for bit."""
-    from fedpeer.jobs import bofrf
-    from fedpeer.ml import trees
+    from fedpeer.kinds.forest import bofrf
+    from fedpeer.ml.forest import trees
 
     params = {"n_estimators": 6, "max_depth": 6, "variant": variant, "seed": 3, "secure_sum": "pairwise"}
     want = _run(bofrf.KIND, _sites(cluster, site_files, cancer, dask=False), params)
@@ -324,8 +332,8 @@ def test_bofrf_on_a_dask_site_gives_the_memory_engines_forest_weights_and_metric
 
 
 def test_bofrf_training_rows_are_bounded_on_a_dask_site(cluster, site_files, monkeypatch) -> None:
-    from fedpeer.jobs import bofrf
-    from fedpeer.ml import dask_bofrf
+    from fedpeer.kinds.forest import bofrf
+    from fedpeer.kinds.forest import dask as dask_bofrf
 
     monkeypatch.setattr(dask_bofrf, "GATHERED_ROWS_MAX", 100)
     site, _ = load_site(section(cluster, parquet=str(site_files["parts"])), LIMITS, needs_label=True, binary=True)
@@ -342,9 +350,9 @@ def test_a_worker_lost_mid_job_is_recomputed_to_the_same_model(cluster, site_fil
     deterministic), so the model is still the memory engine's."""
     from functools import partial
 
-    from fedpeer.jobs.xgbtarget import site_labels
-    from fedpeer.ml.histboost import HistParams
-    from fedpeer.ml.histrun import HistSite, train_members
+    from fedpeer.kinds.xgboost.target import site_labels
+    from fedpeer.ml.xgb.histboost import HistParams
+    from fedpeer.ml.xgb.histrun import HistSite, train_members
 
     p = HistParams(num_round=2, max_depth=2, max_bin=8)
     labeller = partial(site_labels, params={"objective": "binary:logistic"})
@@ -352,7 +360,9 @@ def test_a_worker_lost_mid_job_is_recomputed_to_the_same_model(cluster, site_fil
     memory, _ = load_site(section(None, parquet=str(site_files["whole_parquet"])), LIMITS, needs_label=True,
                           binary=True)
     try:
-        member = site.hist_site(p, 2, 0, labeller, None)
+        from fedpeer.kinds.xgboost.dask import DaskHistSite
+
+        member = DaskHistSite(site, p, 2, 0, labeller, None)
         start_tree = member.start_tree
 
         def killing_start_tree(k: int, tree: int = 0) -> None:
@@ -402,9 +412,9 @@ def _kill(client, worker: str) -> None:
     ('engine = "dask"\nscheduler = "local"\ndask_step_timeout_ms = 0', "data.dask_step_timeout_ms", "positive"),
 ])
 def test_config_engine_and_scheduler_are_checked(tmp_path: Path, data: str, key: str, words: str) -> None:
-    from fedpeer import config as cfg
+    from fedpeer.app.sitefiles import init_site
+    from fedpeer.config import load as cfg
     from fedpeer.errors import ConfigError
-    from fedpeer.sitefiles import init_site
 
     path, _ = init_site(tmp_path / "site", "a", "127.0.0.1:7400")
     path.write_text(path.read_text() + f'\n[data]\nparquet = "parts"\nlabel = "y"\n{data}\n')
@@ -414,8 +424,8 @@ def test_config_engine_and_scheduler_are_checked(tmp_path: Path, data: str, key:
 
 
 def test_config_engine_dask_loads(tmp_path: Path) -> None:
-    from fedpeer import config as cfg
-    from fedpeer.sitefiles import init_site
+    from fedpeer.app.sitefiles import init_site
+    from fedpeer.config import load as cfg
 
     path, _ = init_site(tmp_path / "site", "a", "127.0.0.1:7400")
     path.write_text(path.read_text() + '\n[data]\ncsv = "parts/*.csv"\nlabel = "y"\nengine = "dask"\n'

@@ -15,9 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fedpeer.data import dataset as data
+from fedpeer.data import spec
+from fedpeer.data.dataset import Dataset, DataSpec, load_csv, schema_fingerprint, split_train_test
 from fedpeer.errors import DataError
-from fedpeer.ml import data
-from fedpeer.ml.data import DataSpec, Dataset, load_csv, schema_fingerprint, split_train_test
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 
@@ -232,7 +233,7 @@ def test_missing_file_directory_and_unreadable(tmp_path: Path, monkeypatch: pyte
 
     def denied(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
-    monkeypatch.setattr(data, "open", denied, raising=False)
+    monkeypatch.setattr(spec, "open", denied, raising=False)   # data/spec.py opens every source file
     assert "permission denied" in error(write(tmp_path, "a,y\n1,0\n2,1\n"))
 
 
@@ -488,7 +489,7 @@ def test_invalid_utf8_is_located_exactly(tmp_path: Path, text: str, draw: st.Dat
 
 def test_bundled_demo_data_loads(tmp_path) -> None:
     """`make demo` uses the Sonar CSV shipped inside the package (no ../shared needed)."""
-    from fedpeer.harness import builtin_csv
-    from fedpeer.ml.data import DataSpec, load_csv
+    from fedpeer.app.harness.federation import builtin_csv
+    from fedpeer.data.dataset import DataSpec, load_csv
     ds = load_csv(DataSpec(csv=builtin_csv("builtin:sonar", tmp_path / "s.csv"), label="Class", positive="M"))
     assert ds.X.shape == (208, 60) and int(ds.y.sum()) == 111

@@ -11,9 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fedpeer.data import dataset as data
+from fedpeer.data.dataset import DataSpec, load_csv
+from fedpeer.data.sources import csv_arrow as _arrow
 from fedpeer.errors import DataError
-from fedpeer.ml import _arrow, data
-from fedpeer.ml.data import DataSpec, load_csv
 
 
 def write(tmp_path: Path, content: str | bytes, name: str = "site.csv") -> Path:

@@ -14,11 +14,11 @@ import pytest
 from sklearn.experimental import enable_iterative_imputer  # noqa: F401
 from sklearn.impute import IterativeImputer
 
-from fedpeer import config as cfg
+from fedpeer.app.sitefiles import init_site
+from fedpeer.config import load as cfg
+from fedpeer.data.dataset import DataSpec, load_csv
+from fedpeer.data.site import load_site
 from fedpeer.errors import ConfigError, DataError
-from fedpeer.ml.data import DataSpec, load_csv
-from fedpeer.sitedata import load_site
-from fedpeer.sitefiles import init_site
 
 
 def write(tmp_path: Path, text: str, name: str = "site.csv") -> Path:
@@ -95,9 +95,9 @@ def test_a_jobs_own_test_rows_never_take_part_in_fitting_the_imputer(tmp_path: P
     training part; the load's imputer, fitted on all rows, is not the one that fills the parts."""
     from types import SimpleNamespace
 
-    from fedpeer.jobs import xgboost as xgb
-    from fedpeer.jobs.base import site_seed
-    from fedpeer.ml.data import split_mask, split_train_test
+    from fedpeer.data.dataset import split_mask, split_train_test
+    from fedpeer.jobs.kind import site_seed
+    from fedpeer.kinds.xgboost import kind as xgb
 
     X = correlated(120, 5)
     y = np.arange(120) % 2
@@ -182,7 +182,7 @@ def test_config_takes_impute(tmp_path: Path) -> None:
 # fedpeer data check, as a subprocess.
 
 def fedpeer(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fedpeer.cli", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "fedpeer.app.cli", *args], capture_output=True, text=True, timeout=60)
 
 
 def test_data_check_good_and_bad_files(tmp_path: Path) -> None:

@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedpeer import config as cfg
+from fedpeer.app.sitefiles import init_site
+from fedpeer.config import load as cfg
+from fedpeer.data.dataset import DataSpec, load_csv, load_data
+from fedpeer.data.site import load_site
 from fedpeer.errors import ConfigError, DataError
-from fedpeer.ml.data import DataSpec, load_csv, load_data
-from fedpeer.sitedata import load_site
-from fedpeer.sitefiles import init_site
 
 
 def frame(n: int = 50, seed: int = 0) -> dict:
@@ -162,7 +162,7 @@ def test_large_row_groups_fill_the_matrix_as_the_csv_does(tmp_path: Path) -> Non
     """Row groups of STAGE_ROWS_MIN rows or more go through the staged fill:
     the same matrix, bit for bit, as the CSV of the same values, with nulls, NaN and infinities
     found and counted as in CSV (missing = "drop"), and as numpy's own column stack."""
-    from fedpeer.ml import _arrow
+    from fedpeer.data.sources import csv_arrow as _arrow
 
     n = 2 * _arrow._STAGE_ROWS_MIN + 1_234
     cols = frame(n, seed=5)
@@ -192,7 +192,8 @@ def test_dictionary_label_codes_are_the_decoded_columns(groups: list[list]) -> N
     """A text label read as a dictionary is coded group by group (_DictCodes): the codes and
     values in order of first appearance that `_label_codes` gives for the decoded column — with
     nulls, values equal once stripped, and more distinct values than a scan each (np.unique)."""
-    from fedpeer.ml import _arrow, parquetsource
+    from fedpeer.data.sources import csv_arrow as _arrow
+    from fedpeer.data.sources import parquet as parquetsource
 
     chunks = []
     for g in groups:      # a dictionary in another order than first appearance, with an unused value
@@ -213,7 +214,7 @@ def test_dictionary_label_codes_are_the_decoded_columns(groups: list[list]) -> N
 
 def test_a_label_of_many_values_read_as_a_dictionary(tmp_path: Path) -> None:
     """More label values per row group than _FIRST_SCANS_MAX, over several row groups, some null."""
-    from fedpeer.ml import _arrow
+    from fedpeer.data.sources import csv_arrow as _arrow
 
     n = 5_000
     rng = np.random.default_rng(3)

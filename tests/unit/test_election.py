@@ -12,7 +12,7 @@ from collections import deque
 
 import pytest
 
-from fedpeer.core.election import (
+from fedpeer.core.election.raft import (
     MEMBERS_MAX,
     TERM_STEP_MAX,
     VOTE_DOMAIN,
@@ -32,14 +32,14 @@ from fedpeer.core.election import (
     VoteSig,
     vote_statement,
 )
-from tests.fakesig import FakeKeyring
+from fedpeer.testing.fakesig import FakeKeyring
 
 CFG = ElectionConfig()
 STEP_MS = 50
 IDS = [bytes([i + 1]) * 32 for i in range(9)]
 STRANGER = bytes([0xEE]) * 32
 F, P, C, L = Role.FOLLOWER, Role.PRE_CANDIDATE, Role.CANDIDATE, Role.LEADER
-KEYS = FakeKeyring(IDS)  # each member's vote signatures; see tests/fakesig.py
+KEYS = FakeKeyring(IDS)  # each member's vote signatures; see fedpeer/testing/fakesig.py
 NO_COMMIT = Commit()     # nothing committed yet (Commit is frozen: one shared default is safe)
 
 
@@ -677,11 +677,11 @@ def test_a_restarted_follower_learns_the_leader_from_the_certificate():
 def test_real_keys_through_the_wire_gate(tmp_path):
     """What the node wires: Ed25519 identities sign votes (identity.sign adds SIGN_DOMAIN) and
     identity.verify checks them; every message crosses the real gate (schema and limits)."""
-    from fedpeer import wire
     from fedpeer.errors import RemoteProtocolError
     from fedpeer.identity import Identity, verify
-    from fedpeer.session import Sessions
-    from tests.frames import Forger
+    from fedpeer.wire import frame as wire
+    from fedpeer.wire.session import Sessions
+    from fedpeer.testing.frames import Forger
 
     who = {i.public_key: i for i in (Identity.generate() for _ in range(3))}
     keys = sorted(who)

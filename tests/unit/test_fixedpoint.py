@@ -12,7 +12,10 @@ from hypothesis import strategies as st
 
 from fedpeer.errors import DataError
 from fedpeer.protocols.fixedpoint import (
-    PARTIES_MAX, FixedPoint, decode_counts, encode_counts,
+    PARTIES_MAX,
+    FixedPoint,
+    decode_counts,
+    encode_counts,
 )
 
 FORMATS = [FixedPoint(), FixedPoint(32, 3), FixedPoint(16, 2), FixedPoint(0, 1), FixedPoint(20, 1),

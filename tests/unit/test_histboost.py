@@ -14,18 +14,13 @@ from sklearn.metrics import roc_auc_score
 from sklearn.model_selection import train_test_split
 
 from fedpeer.errors import DataError
-from fedpeer.ml import (
-    bagging,
-    boosting,
-    evalcounts,
-    histboost,
-    histrun,
-    xgbmodel,
-    xgbtree,
-)
-from fedpeer.ml import hist as H
-from fedpeer.ml import histtree as T
-from fedpeer.ml import sketch as S
+from fedpeer.ml import evaluation as evalcounts
+from fedpeer.ml.xgb import bagging, boosting, histboost, histrun
+from fedpeer.ml.xgb import model as xgbmodel
+from fedpeer.ml.xgb import tree as xgbtree
+from fedpeer.ml.xgb import hist as H
+from fedpeer.ml.xgb import histtree as T
+from fedpeer.ml.xgb import sketch as S
 
 
 def iid_sites(X, y, n):
@@ -286,7 +281,7 @@ def test_resuming_from_committed_trees_gives_the_same_model(cut_after):
 def test_rows_left_out_by_subsample_count_in_no_channel():
     """A member's unsampled rows add nothing to a tree's histograms — not even to the row counts
     the min_leaf_rows floor reads — yet keep their place in the tree for their margins."""
-    from fedpeer.ml.histrun import HistSite
+    from fedpeer.ml.xgb.histrun import HistSite
 
     rng = np.random.default_rng(0)
     X, y = rng.normal(size=(500, 4)), rng.integers(0, 2, 500)

@@ -13,8 +13,8 @@ from typing import Any
 
 from fedpeer.errors import JobError
 from fedpeer.jobs import messages as m
-from fedpeer.jobs.base import JobKind
-from fedpeer.jobs.registry import JobRegistry
+from fedpeer.jobs.kind import JobKind
+from fedpeer.jobs.lifecycle.registry import JobRegistry
 
 from .test_job_registry import ALICE, BOB, ME, NAMES, FakeTransport, make_config, proposal, settle, start
 

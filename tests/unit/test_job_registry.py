@@ -16,15 +16,15 @@ from typing import Any
 
 import pytest
 
-from fedpeer import wire
-from fedpeer.config import Address, Config, JobLimits, NodeSection, Policy
+from fedpeer.config.load import Address, Config, JobLimits, NodeSection, Policy
 from fedpeer.errors import JobError, RemoteProtocolError
 from fedpeer.identity import fingerprint
-from fedpeer.jobs import admission, runner
 from fedpeer.jobs import messages as m
-from fedpeer.jobs import registry as reg
-from fedpeer.jobs.base import JobKind
-from fedpeer.jobs.registry import JobRegistry
+from fedpeer.jobs.kind import JobKind
+from fedpeer.jobs.lifecycle import admission, runner
+from fedpeer.jobs.lifecycle import registry as reg
+from fedpeer.jobs.lifecycle.registry import JobRegistry
+from fedpeer.wire import frame as wire
 
 
 def key(name: str) -> bytes:
@@ -66,7 +66,7 @@ class FakeTransport:
 
 @dataclass
 class FakeState:
-    """fedpeer.store.StateDir's job-record surface: write_record and health."""
+    """fedpeer.base.store.StateDir's job-record surface: write_record and health."""
 
     root: Path
     full: bool = False
@@ -331,7 +331,7 @@ async def test_refused_frame_from_a_member_ends_its_wait_at_once_naming_it(tmp_p
 
 
 async def test_a_refused_proposal_is_a_reject_naming_the_refuser(tmp_path: Path) -> None:
-    from fedpeer.net.channel import PeerRefused
+    from fedpeer.runtime.channel import PeerRefused
     transport = FakeTransport(fail_with=PeerRefused(ALICE, "job_limit"))
     async with asyncio.TaskGroup() as tg:
         registry = JobRegistry(make_config(tmp_path), transport, NAMES, KINDS, tg.create_task)
@@ -475,7 +475,7 @@ def NodeSectionAt(node: NodeSection, state_dir: Path) -> NodeSection:
 
 
 def test_job_show_prints_what_a_running_job_waits_for() -> None:
-    from fedpeer.cli import format_job
+    from fedpeer.app.cli import format_job
     record = {"id": "j-1", "kind": "bofrf", "state": "running", "proposer": "alice",
               "members": [{"name": "alice"}, {"name": "site-me"}], "phase": "exchanging forests",
               "progress": {"step": 2, "total": 5}, "params": {}, "elapsed_s": 20.0, "rows": 10,

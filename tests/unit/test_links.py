@@ -8,14 +8,14 @@ import asyncio
 
 import pytest
 
-from fedpeer import wire
 from fedpeer.errors import RemoteProtocolError
 from fedpeer.identity import Identity
 from fedpeer.net.links import Links
 from fedpeer.net.pool import FramePool
 from fedpeer.net.streams import STREAM_ABOVE_BYTES, InboundStreams, StreamChunk, StreamOpen
 from fedpeer.net.transport import SendRefused
-from fedpeer.session import SESSION_REKEY_AFTER_MS, Sessions
+from fedpeer.wire import frame as wire
+from fedpeer.wire.session import SESSION_REKEY_AFTER_MS, Sessions
 
 
 class Peer:

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from fedpeer.errors import JobError
-from fedpeer.jobs import logreg
-from fedpeer.ml import linear
+from fedpeer.kinds.linear import logreg
+from fedpeer.ml.linear import logistic as linear
 
 MODEL = {"coef": np.array([[0.5, -1.0, 2.0]]), "intercept": np.array([0.25]), "features": ["a", "b", "c"],
          "classes": []}
@@ -70,8 +70,8 @@ def test_non_finite_totals_raise_non_finite() -> None:
 
 
 def test_job_and_harness_show_a_logreg_result() -> None:
-    from fedpeer.cli import format_job
-    from fedpeer.harness_report import logreg_table
+    from fedpeer.app.cli import format_job
+    from fedpeer.kinds.linear.text import site_table as logreg_table
 
     result = {"mode": "exact", "solver": "newton", "C": 1.0, "status": "converged", "iterations": 2,
               "secure_sums": 6, "members": ["site-1", "site-2"], "lost": [], "auc": 0.98, "auc_source": "x",

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 from aiohttp.http_exceptions import BadStatusLine
 
-from fedpeer import logs
-from fedpeer.logs import LOG_REPEAT_INTERVAL_MS, LogfmtFormatter, RepeatFilter, fields
+from fedpeer.base import logs
+from fedpeer.base.logs import LOG_REPEAT_INTERVAL_MS, LogfmtFormatter, RepeatFilter, fields
 
 
 class FakeClock:
@@ -84,7 +84,7 @@ def test_a_kind_quiet_for_an_interval_is_written_in_full_again(logged) -> None:
 
 def test_kinds_are_limited_separately_and_info_is_never_limited(logged) -> None:
     logger, out, _ = logged
-    for reason in ("signature", "replay", "oversize"):     # node.py's `rejected`, one per reason
+    for reason in ("signature", "replay", "oversize"):     # daemon/node.py's `rejected`, one per reason
         for _ in range(10):
             logger.warning("rejected", extra=fields(reason=reason))
     for i in range(50):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from fedpeer.net.channel import Mailbox, RecvTimeout
+from fedpeer.runtime.channel import Mailbox, RecvTimeout
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ two processes with one key are noticed. No event loop, no sockets."""
 
 from __future__ import annotations
 
-from fedpeer.core.election import Heartbeat, HeartbeatReply, RequestVote, Role
-from fedpeer.core.membership import MembershipConfig, Ping, PingReq, Update
+from fedpeer.core.election.raft import Heartbeat, HeartbeatReply, RequestVote, Role
+from fedpeer.core.membership.swim import MembershipConfig, Ping, PingReq, Update
 from tests.unit.test_election import IDS as EIDS
 from tests.unit.test_election import Cluster as ElectionCluster
 from tests.unit.test_election import beat, msgs

@@ -14,13 +14,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedpeer.core.membership import (
+from fedpeer.core.membership.swim import (
     INCARNATION_MAX,
     INCARNATION_STEP_MAX,
     Ack,
     IndirectAck,
-    MembershipConfig,
     Membership,
+    MembershipConfig,
     MemberState,
     Ping,
     PingReq,
@@ -36,7 +36,7 @@ IDS = [bytes([i + 1]) * 32 for i in range(10)]
 ADDRS = [f"10.0.0.{i + 1}:7000" for i in range(10)]
 STRANGER = bytes([0xEE]) * 32
 FAKE = "127.0.0.1:9"
-WIRE_INCARNATION_MAX = 2**63 - 1  # the largest the wire lets through (fedpeer/wire.py)
+WIRE_INCARNATION_MAX = 2**63 - 1  # the largest the wire lets through (fedpeer/wire/frame.py)
 
 
 def make(i: int, n: int, *, incarnation: int = 0, now_ms: int = 0, address: str | None = None,

@@ -1,4 +1,4 @@
-"""fedpeer.metrics against a small fake node: every series is read from `status()` at scrape time,
+"""fedpeer.daemon.metrics against a small fake node: every series is read from `status()` at scrape time,
 the registry is the node's own, jobs observe durations through their channel, and the optional
 TCP listener answers the 0.0.4 text format on loopback only."""
 
@@ -12,14 +12,14 @@ import prometheus_client
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fedpeer.config import Address
-from fedpeer.errors import ConfigError
-from fedpeer.metrics import (
+from fedpeer.config.load import Address
+from fedpeer.daemon.metrics import (
     PATH,
     MetricsListener,
     NodeMetrics,
-    observe_round,
 )
+from fedpeer.errors import ConfigError
+from fedpeer.runtime.channel import observe_round
 
 STATUS: dict[str, Any] = {
     "node": {"name": "site-1", "fingerprint": "ab12cd34", "uptime_s": 12.5, "incarnation": 3},
@@ -165,7 +165,7 @@ def test_per_peer_traffic_only_once_the_node_counts_it() -> None:
 def test_each_node_has_its_own_registry_never_the_global_one() -> None:
     a, b = FakeNode(), FakeNode()
     b.doc["node"]["name"] = "site-9"
-    ma, mb = NodeMetrics(a, process=False), NodeMetrics(b, process=False)
+    ma, mb = (NodeMetrics(node, process=False, round_kinds=["xgboost"]) for node in (a, b))
     ma.round_done("xgboost", 1.0)
     assert value(samples(ma), "fedpeer_round_duration_seconds_count", kind="xgboost") == 1
     assert value(samples(mb), "fedpeer_round_duration_seconds_count", kind="xgboost") == 0

@@ -17,11 +17,13 @@ from typing import Any
 
 import pytest
 
-from fedpeer import config as cfg
+from fedpeer.config import load as cfg
 from fedpeer.errors import ConfigError, JobError
 from fedpeer.jobs import messages as m
-from fedpeer.jobs.kinds import KIND_NAMES, job_kinds
-from fedpeer.jobs.registry import JobRegistry
+from fedpeer.jobs.lifecycle.registry import JobRegistry
+from fedpeer.kinds.catalog import job_kinds, load_config
+
+KIND_NAMES = tuple(job_kinds())
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "peers.toml"
 
@@ -44,7 +46,7 @@ def test_a_typo_in_allowed_jobs_names_the_key_and_the_known_kinds(two_sites: tup
     a, _ = two_sites
     _replace(a, f"allowed_jobs = {json.dumps(list(KIND_NAMES))}", 'allowed_jobs = ["stat", "bofrf"]')
     with pytest.raises(ConfigError) as err:
-        cfg.load(a)
+        load_config(a)
     assert err.value.key == "policy.allowed_jobs"
     assert "'stat'" in err.value.problem and "stats, sumcheck, bofrf, xgboost" in err.value.problem
     assert str(a) in str(err.value) and "\n" not in str(err.value)
@@ -71,7 +73,7 @@ def test_bad_policy_values_name_the_key(two_sites: tuple[Path, Path], text: str,
     else:
         _replace(a, "[policy]\n", "[policy]\n" + text + "\n")
     with pytest.raises(ConfigError) as err:
-        cfg.load(a)
+        load_config(a)
     assert err.value.key == key, err.value
     assert problem in err.value.problem, err.value
 
@@ -80,48 +82,50 @@ def test_policy_values_load(two_sites: tuple[Path, Path]) -> None:
     a, _ = two_sites
     _replace(a, "[policy]\n", '[policy]\nproposers = ["b"]\nrows_min = 50\n')
     _append(a, "[policy.xgboost]\nrounds_max = 200\ndepth_max = 8\n\n[policy.stats]\nbins_max = 12")
-    policy = cfg.load(a).policy
+    policy = load_config(a).policy
     assert policy.proposers == ("b",) and policy.rows_min == 50
     assert policy.may_propose("b") and not policy.may_propose("c")
-    assert policy.xgboost == cfg.XgboostPolicy(rounds_max=200, depth_max=8)   # the others keep their defaults
-    assert policy.stats.bins_max == 12 and policy.bofrf == cfg.BofrfPolicy()
+    kinds = job_kinds()
+    xgb = kinds["xgboost"].policy_limits(policy.limits["xgboost"])   # the others keep their defaults
+    assert xgb == {**kinds["xgboost"].policy_limits({}), "rounds_max": 200, "depth_max": 8}
+    assert policy.limits["stats"] == {"bins_max": 12} and "bofrf" not in policy.limits
     _replace(a, 'proposers = ["b"]', "proposers = []")
-    assert not cfg.load(a).policy.may_propose("b"), "an empty list: no peer proposes here"
+    assert not load_config(a).policy.may_propose("b"), "an empty list: no peer proposes here"
 
 
 def test_the_example_documents_every_kind_limit_with_its_default() -> None:
     text = EXAMPLE.read_text()
-    for kind, cls in cfg.KIND_POLICIES.items():
+    for kind, job in job_kinds().items():
         assert f"\n[policy.{kind}]\n" in text, f"peers.toml has no [policy.{kind}]"
         section = text.split(f"\n[policy.{kind}]\n", 1)[1].split("\n[", 1)[0]
-        for f in dataclasses.fields(cls):
-            assert f"\n{f.name} = {f.default} " in "\n" + section, f"[policy.{kind}] {f.name} not documented"
-    assert cfg.load(EXAMPLE).policy == cfg.Policy()
+        for name, limit in job.limits.items():
+            assert f"\n{name} = {limit.default} " in "\n" + section, f"[policy.{kind}] {name} not documented"
+    policy = load_config(EXAMPLE).policy
+    assert all(policy.allows(kind) for kind in KIND_NAMES)
+    assert policy.limits == {kind: job.policy_limits({}) for kind, job in job_kinds().items() if job.limits}
+    assert dataclasses.replace(policy, allowed_jobs=cfg.Policy().allowed_jobs, limits={}) == cfg.Policy()
 
 
 # ---------------------------------------------------------------------------------------------
-# 2. The names config.py checks against are the registry's, and the defaults refuse nothing
+# 2. The names config/load.py checks against are the registry's, and the defaults refuse nothing
 # ---------------------------------------------------------------------------------------------
 
 def test_kind_names_and_limits_match_the_job_kinds() -> None:
-    kinds = job_kinds()
-    assert KIND_NAMES == tuple(kinds) == tuple(cfg.KIND_POLICIES) == cfg.Policy().allowed_jobs
-    for name, kind in kinds.items():
-        limits = {f.name: f.default for f in dataclasses.fields(cfg.KIND_POLICIES[name])}
-        assert set(kind.limited) == set(limits), f"{name}: [policy.{name}] and JobKind.limited differ"
-        for limit, param in kind.limited.items():
-            bound = kind.params[param].high if limit.endswith("_max") else kind.params[param].low
-            assert limits[limit] == bound, f"[policy.{name}] {limit} default is not {param}'s own bound"
+    for name, kind in job_kinds().items():
+        assert kind.name == name
+        for limit_name, limit in kind.limits.items():
+            param = kind.params[limit.param]
+            bound = param.high if limit_name.endswith("_max") else param.low
+            assert limit.default == bound, f"[policy.{name}] {limit_name} default is not {limit.param}'s own bound"
 
 
 @pytest.mark.parametrize("kind", KIND_NAMES)
 def test_default_limits_accept_every_parameter_at_its_bound(kind: str) -> None:
     job = job_kinds()[kind]
-    limits = cfg.KIND_POLICIES[kind]()
-    for limit, param in job.limited.items():
-        p = job.params[param]
-        extreme = p.high if limit.endswith("_max") else p.low
-        job.check_policy(job.check_params({param: extreme}), limits)   # raises if refused
+    for name, limit in job.limits.items():
+        p = job.params[limit.param]
+        extreme = p.high if name.endswith("_max") else p.low
+        job.check_policy(job.check_params({limit.param: extreme}), {})   # raises if refused
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,8 +172,7 @@ def make_config(tmp_path: Path, policy: cfg.Policy, data: cfg.DataSection | None
 
 
 def with_limit(kind: str, limit: str, value: int) -> cfg.Policy:
-    limits = dataclasses.replace(getattr(cfg.Policy(), kind), **{limit: value})
-    return dataclasses.replace(cfg.Policy(), **{kind: limits})
+    return dataclasses.replace(cfg.Policy(), limits={kind: {limit: value}})
 
 
 def proposal(src: bytes, job_id: str, kind: str, params: dict) -> m.JobPropose:
@@ -226,7 +229,7 @@ REFUSALS = [
 
 def test_every_limit_has_a_refusal_case() -> None:
     covered = {(kind, limit) for kind, limit, *_ in REFUSALS}
-    assert covered == {(k, f.name) for k, c in cfg.KIND_POLICIES.items() for f in dataclasses.fields(c)}
+    assert covered == {(k, name) for k, job in job_kinds().items() for name in job.limits}
 
 
 @pytest.mark.parametrize("kind,limit,value,params,reason", REFUSALS)
@@ -259,12 +262,12 @@ async def test_each_limit_refuses_this_sites_own_proposal(tmp_path: Path, kind: 
 @pytest.mark.parametrize("kind,limit,value,params,reason", REFUSALS)
 def test_a_value_at_the_limit_passes(kind: str, limit: str, value: int, params: dict, reason: str) -> None:
     job = job_kinds()[kind]
-    limits = dataclasses.replace(cfg.KIND_POLICIES[kind](), **{limit: value})
+    limits = {limit: value}
     asked = job.check_params(params)
     with pytest.raises(JobError):
         job.check_policy(asked, limits)
     at = {**params}
-    param = job.limited[limit]
+    param = job.limits[limit].param
     if "grid_search" not in params and params.get(param) != 0:    # the "in effect" cases have no boundary here
         at[param] = value
         job.check_policy(job.check_params(at), limits)
@@ -272,7 +275,7 @@ def test_a_value_at_the_limit_passes(kind: str, limit: str, value: int, params: 
 
 def test_boppid_rounds_do_not_count_without_the_baseline() -> None:
     job = job_kinds()["bofrf"]
-    job.check_policy(job.check_params({"boppid_rounds": 500}), cfg.BofrfPolicy(boppid_rounds_max=10))
+    job.check_policy(job.check_params({"boppid_rounds": 500}), {"boppid_rounds_max": 10})
 
 
 async def test_proposers_refuses_a_peer_not_listed_and_accepts_one_listed(tmp_path: Path) -> None:

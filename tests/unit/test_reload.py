@@ -1,4 +1,4 @@
-"""A re-read peers.toml: what fedpeer/reload.py says changed, and what the job registry does
+"""A re-read peers.toml: what fedpeer/daemon/reload.py says changed, and what the job registry does
 with a removed member's jobs and with the proposer's map of missing pairs (no daemon)."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import asyncio
 import dataclasses
 from pathlib import Path
 
-from fedpeer.config import Address, Config, Limits, MembershipTiming, PeerEntry, Policy
+from fedpeer.config.load import Address, Config, Limits, MembershipTiming, PeerEntry, Policy
+from fedpeer.daemon.reload import applicable, compare, one_line
 from fedpeer.jobs import messages as m
-from fedpeer.jobs.registry import JobRegistry
-from fedpeer.reload import applicable, compare, one_line
+from fedpeer.jobs.lifecycle.registry import JobRegistry
 from tests.unit.test_job_registry import (
     ALICE,
     BOB,

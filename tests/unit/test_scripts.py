@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from fedpeer import config as cfg
-from fedpeer.harness import split_csv
+from fedpeer.app.harness.federation import split_csv
+from fedpeer.config import load as cfg
 from fedpeer.identity import encode_public_key, load_key_file
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts"
-SONAR = REPO / "fedpeer" / "data" / "sonar.csv"      # 208 rows: 111 M (mines), 97 R (rocks)
+SONAR = REPO / "fedpeer" / "app" / "harness" / "data" / "sonar.csv"      # 208 rows: 111 M (mines), 97 R (rocks)
 FEDPEER = Path(sys.executable).with_name("fedpeer")
 TOOLS = ["split_csv.py", "sites_by_hand.sh", "run_benchmarks.sh", "lint.sh"]
 

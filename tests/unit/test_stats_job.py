@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fedpeer.errors import JobError
-from fedpeer.jobs import stats
+from fedpeer.kinds import stats
 
 
 def honest(seed: int = 0) -> tuple[int, int, np.ndarray, np.ndarray]:

@@ -9,9 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from fedpeer.base.store import (
+    STATE_ERROR_LOG_INTERVAL_MS,
+    STATE_PROBE_INTERVAL_MS,
+    StateDir,
+    atomic_write,
+    read_json,
+    write_json,
+)
 from fedpeer.errors import ConfigError, StateError, StateWriteError
-from fedpeer.store import (STATE_ERROR_LOG_INTERVAL_MS, STATE_PROBE_INTERVAL_MS, StateDir,
-                           atomic_write, read_json, write_json)
 
 
 class FakeClock:

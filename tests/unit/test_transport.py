@@ -10,14 +10,14 @@ import socket
 
 import pytest
 
-from fedpeer import wire
-from fedpeer.config import Address, Limits
+from fedpeer.config.load import Address, Limits
 from fedpeer.errors import RemoteProtocolError
 from fedpeer.identity import Identity
 from fedpeer.net import client as client_module
 from fedpeer.net.transport import HELLO_PATH, PATH, PeerClient, PeerServer, SendError, SendRefused
-from fedpeer.session import Sessions
-from tests import frames
+from fedpeer.wire import frame as wire
+from fedpeer.wire.session import Sessions
+from fedpeer.testing import frames
 
 NOW_MS = 1_000
 

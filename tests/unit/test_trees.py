@@ -15,10 +15,11 @@ from sklearn.datasets import make_classification
 from sklearn.ensemble import RandomForestClassifier
 from sklearn.tree import DecisionTreeClassifier
 
-from tests import frames
-from fedpeer import wire
 from fedpeer.errors import DataError, LocalProtocolError, RemoteProtocolError
-from fedpeer.ml import treepredict, trees
+from fedpeer.ml.forest import treepredict, trees
+from fedpeer.ml.forest.treepredict import predict_trees
+from fedpeer.wire import frame as wire
+from fedpeer.testing import frames
 
 ENGINES = ("sklearn", "numpy")
 
@@ -123,13 +124,13 @@ def test_equals_predict_proba_of_every_tree(data: tuple, seed: int) -> None:
     X_test = on_thresholds(forest, X_test, np.random.default_rng(seed))
     expected = per_tree_proba(model, X_test)
     for engine in ENGINES:
-        got = trees.predict_trees(forest, X_test, names(X.shape[1]), engine=engine)
+        got = predict_trees(forest, X_test, names(X.shape[1]), engine=engine)
         assert got.dtype == np.float64 and got.shape == (16, len(X_test))
         np.testing.assert_array_equal(got, expected)
     # few rows (no row sorting, no threads) and one thread give the same
     for engine in ENGINES:
-        np.testing.assert_array_equal(trees.predict_trees(forest, X_test[:7], names(9), engine=engine), expected[:, :7])
-        np.testing.assert_array_equal(trees.predict_trees(forest, X_test, names(9), engine=engine, threads=1), expected)
+        np.testing.assert_array_equal(predict_trees(forest, X_test[:7], names(9), engine=engine), expected[:, :7])
+        np.testing.assert_array_equal(predict_trees(forest, X_test, names(9), engine=engine, threads=1), expected)
 
 
 def test_negative_class_and_string_labels(data: tuple) -> None:
@@ -139,7 +140,7 @@ def test_negative_class_and_string_labels(data: tuple) -> None:
     assert list(model.classes_) == ["sick", "well"]
     for index in (0, 1):
         forest = trees.from_sklearn(model, names(9), positive_index=index)
-        np.testing.assert_array_equal(trees.predict_trees(forest, X_test, names(9)),
+        np.testing.assert_array_equal(predict_trees(forest, X_test, names(9)),
                                       per_tree_proba(model, X_test, index))
 
 
@@ -152,7 +153,7 @@ def test_a_tree_whose_bootstrap_held_one_class() -> None:
     stumps = np.diff(forest.tree_offsets) == 1
     assert stumps.any() and (~stumps).any()             # the case under test does occur
     X_test = rng.random((300, 3))
-    got = trees.predict_trees(forest, X_test, ["p", "q", "r"])
+    got = predict_trees(forest, X_test, ["p", "q", "r"])
     np.testing.assert_array_equal(got, per_tree_proba(model, X_test))
     assert (got[stumps] == 0.0).all()
 
@@ -166,10 +167,10 @@ def test_list_of_trees_some_lacking_a_class() -> None:
     positives_only = DecisionTreeClassifier(random_state=0).fit(X[y == 1], y[y == 1])
     assert list(negatives_only.classes_) == [0] and list(positives_only.classes_) == [1]
     forest = trees.from_sklearn([both, negatives_only, positives_only], ["u", "v"])
-    got = trees.predict_trees(forest, X, ["u", "v"])
+    got = predict_trees(forest, X, ["u", "v"])
     np.testing.assert_array_equal(got[0], both.predict_proba(X)[:, 1])
     assert (got[1] == 0.0).all() and (got[2] == 1.0).all()
-    got0 = trees.predict_trees(trees.from_sklearn([both, negatives_only], ["u", "v"], positive_index=0), X, ["u", "v"])
+    got0 = predict_trees(trees.from_sklearn([both, negatives_only], ["u", "v"], positive_index=0), X, ["u", "v"])
     np.testing.assert_array_equal(got0[0], both.predict_proba(X)[:, 0])
     assert (got0[1] == 1.0).all()
 
@@ -192,7 +193,7 @@ def test_thresholds_beyond_float32_and_infinite_inputs() -> None:
     expected = reference_walk(forest, X)
     assert set(expected[0]) == {0.1, 0.2, 0.3}
     for engine in ENGINES:
-        np.testing.assert_array_equal(trees.predict_trees(forest, X, ["a", "b"], engine=engine), expected)
+        np.testing.assert_array_equal(predict_trees(forest, X, ["a", "b"], engine=engine), expected)
 
 
 def _grow(rng: np.random.Generator, columns: dict[str, list], start: int, n_features: int, depth: int) -> int:
@@ -232,7 +233,7 @@ def test_both_engines_follow_the_reference_walk(case: tuple[trees.Forest, np.nda
     trees.validate(forest)
     expected = reference_walk(forest, X)
     for engine in ENGINES:
-        np.testing.assert_array_equal(trees.predict_trees(forest, X, forest.features, engine=engine), expected)
+        np.testing.assert_array_equal(predict_trees(forest, X, forest.features, engine=engine), expected)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,39 +249,39 @@ def test_a_tree_using_a_missing_feature_abstains(data: tuple) -> None:
     keep = [i for i in range(9) if i != 4]
     expected = per_tree_proba(model, X_test)
     for engine in ENGINES:
-        got = trees.predict_trees(forest, X_test[:, keep], [f"f{i}" for i in keep], engine=engine)
+        got = predict_trees(forest, X_test[:, keep], [f"f{i}" for i in keep], engine=engine)
         assert np.isnan(got[uses_f4]).all()
         np.testing.assert_array_equal(got[~uses_f4], expected[~uses_f4])
     # a site lacking a feature no tree uses (the constant one) scores everything
     keep = list(range(8))
-    np.testing.assert_array_equal(trees.predict_trees(forest, X_test[:, keep], names(8)), expected)
+    np.testing.assert_array_equal(predict_trees(forest, X_test[:, keep], names(8)), expected)
     # a site with none of the features: every tree (none is a stump) abstains
-    got = trees.predict_trees(forest, np.zeros((3, 1)), ["other"])
+    got = predict_trees(forest, np.zeros((3, 1)), ["other"])
     assert np.isnan(got).all()
 
 
 def test_columns_are_matched_by_name(rf: RandomForestClassifier, data: tuple) -> None:
     _, _, X_test = data
     forest = trees.from_sklearn(rf, names(9))
-    expected = trees.predict_trees(forest, X_test, names(9))
+    expected = predict_trees(forest, X_test, names(9))
     perm = np.random.default_rng(5).permutation(9)
     extra = np.random.default_rng(6).random((len(X_test), 2))
     shuffled = np.column_stack([extra[:, :1], X_test[:, perm], extra[:, 1:]])
     columns = ["zzz"] + [f"f{i}" for i in perm] + ["f9"]
     for engine in ENGINES:
-        np.testing.assert_array_equal(trees.predict_trees(forest, shuffled, columns, engine=engine), expected)
+        np.testing.assert_array_equal(predict_trees(forest, shuffled, columns, engine=engine), expected)
 
 
 def test_bad_inputs_to_predict(rf: RandomForestClassifier, data: tuple) -> None:
     forest = trees.from_sklearn(rf, names(9))
     X = data[2][:5].copy()
     with pytest.raises(ValueError, match="numeric"):
-        trees.predict_trees(forest, X, names(8))
+        predict_trees(forest, X, names(8))
     with pytest.raises(ValueError, match="duplicate"):
-        trees.predict_trees(forest, X, names(8) + ["f0"])
+        predict_trees(forest, X, names(8) + ["f0"])
     X[2, 3] = np.nan
     with pytest.raises(ValueError, match="NaN"):
-        trees.predict_trees(forest, X, names(9))
+        predict_trees(forest, X, names(9))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -294,15 +295,15 @@ def test_concat_and_take(rf: RandomForestClassifier, data: tuple) -> None:
     both = trees.concat([a, b])
     assert both.n_trees == 29
     expected = np.concatenate([per_tree_proba(rf, X_test), per_tree_proba(other, X_test)])
-    np.testing.assert_array_equal(trees.predict_trees(both, X_test, names(9)), expected)
+    np.testing.assert_array_equal(predict_trees(both, X_test, names(9)), expected)
     picked = trees.take(both, [28, 0, 3, 3])
-    np.testing.assert_array_equal(trees.predict_trees(picked, X_test, names(9)), expected[[28, 0, 3, 3]])
+    np.testing.assert_array_equal(predict_trees(picked, X_test, names(9)), expected[[28, 0, 3, 3]])
     mask = np.zeros(29, dtype=bool)
     mask[[2, 25]] = True
-    np.testing.assert_array_equal(trees.predict_trees(trees.take(both, mask), X_test, names(9)), expected[[2, 25]])
+    np.testing.assert_array_equal(predict_trees(trees.take(both, mask), X_test, names(9)), expected[[2, 25]])
     empty = trees.take(both, [])
     trees.validate(empty)
-    assert empty.n_trees == 0 and trees.predict_trees(empty, X_test, names(9)).shape == (0, len(X_test))
+    assert empty.n_trees == 0 and predict_trees(empty, X_test, names(9)).shape == (0, len(X_test))
     with pytest.raises(ValueError):
         trees.take(both, [29])
     with pytest.raises(ValueError):
@@ -313,12 +314,12 @@ def test_forest_is_read_only_and_built_once(rf: RandomForestClassifier, data: tu
     forest = trees.from_sklearn(rf, names(9))
     with pytest.raises(ValueError):
         forest.threshold[0] = 1.0
-    trees.predict_trees(forest, data[2], names(9))
-    plan = trees._plan(forest)
+    predict_trees(forest, data[2], names(9))
+    plan = treepredict._plan(forest)
     built = plan.sklearn_trees()
     assert built is not None and len(built) == forest.n_trees
-    trees.predict_trees(forest, data[2][:100], names(9))
-    assert trees._plan(forest) is plan and plan.sklearn_trees() is built
+    predict_trees(forest, data[2][:100], names(9))
+    assert treepredict._plan(forest) is plan and plan.sklearn_trees() is built
 
 
 def test_numpy_takes_over_when_sklearn_trees_cannot_be_built(rf: RandomForestClassifier, data: tuple,
@@ -330,15 +331,15 @@ def test_numpy_takes_over_when_sklearn_trees_cannot_be_built(rf: RandomForestCla
     def broken(*args: object) -> None:
         raise TypeError("Tree() changed")
 
-    assert trees.evaluator() == "sklearn"
+    assert treepredict.evaluator() == "sklearn"
     monkeypatch.setattr(sktree, "Tree", broken)
     forest = trees.from_sklearn(rf, names(9))
-    np.testing.assert_array_equal(trees.predict_trees(forest, data[2], names(9)), expected)
-    assert "Tree() changed" in trees._plan(forest).sklearn_error
+    np.testing.assert_array_equal(predict_trees(forest, data[2], names(9)), expected)
+    assert "Tree() changed" in treepredict._plan(forest).sklearn_error
     with pytest.raises(RuntimeError, match="cannot be rebuilt"):
-        trees.predict_trees(forest, data[2], names(9), engine="sklearn")
+        predict_trees(forest, data[2], names(9), engine="sklearn")
     monkeypatch.setattr(treepredict, "_node_dtype_cache", [None])  # the layout check failed
-    assert trees.evaluator() == "numpy"
+    assert treepredict.evaluator() == "numpy"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -400,7 +401,7 @@ def test_validate_rejects(case: str) -> None:
         trees.validate(forest)
     assert info.value.reason == "tree"
     with pytest.raises(RemoteProtocolError):      # and the evaluator never walks it
-        trees.predict_trees(forest, np.zeros((2, 3)), ["a", "b", "c"])
+        predict_trees(forest, np.zeros((2, 3)), ["a", "b", "c"])
 
 
 def test_validate_limits() -> None:
@@ -438,7 +439,7 @@ def test_wire_round_trip(rf: RandomForestClassifier, data: tuple) -> None:
     for k in ("tree_offsets", "left", "right", "feature", "threshold", "value"):
         assert getattr(back, k).dtype == getattr(forest, k).dtype
         np.testing.assert_array_equal(getattr(back, k), getattr(forest, k))
-    np.testing.assert_array_equal(trees.predict_trees(back, data[2], names(9)), per_tree_proba(rf, data[2]))
+    np.testing.assert_array_equal(predict_trees(back, data[2], names(9)), per_tree_proba(rf, data[2]))
 
 
 def test_to_wire_refuses_an_invalid_forest() -> None:
@@ -549,7 +550,7 @@ def test_mutated_wire_docs_raise_only_remote_protocol_errors(mutations: list) ->
     trees.validate(got)
     X = np.random.default_rng(0).normal(size=(6, len(got.features)))
     for engine in ENGINES:
-        np.testing.assert_array_equal(trees.predict_trees(got, X, got.features, engine=engine), reference_walk(got, X))
+        np.testing.assert_array_equal(predict_trees(got, X, got.features, engine=engine), reference_walk(got, X))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -565,7 +566,7 @@ def test_save_load_round_trip(tmp_path: Path, rf: RandomForestClassifier, data: 
     back, arrays = trees.load(path)
     assert back.features == forest.features and set(arrays) == {"weights"}
     np.testing.assert_array_equal(arrays["weights"], weights)
-    np.testing.assert_array_equal(trees.predict_trees(back, data[2], names(9)), per_tree_proba(rf, data[2]))
+    np.testing.assert_array_equal(predict_trees(back, data[2], names(9)), per_tree_proba(rf, data[2]))
     with pytest.raises(ValueError, match="reserved"):
         trees.save(path, forest, value=weights)
 

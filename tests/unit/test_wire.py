@@ -10,15 +10,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedpeer import wire
-from fedpeer.core import membership as mb
+from fedpeer.core.membership import swim as mb
 from fedpeer.errors import RemoteProtocolError
 from fedpeer.identity import Identity
-from fedpeer.session import (
-    INBOUND_SESSIONS_PER_PEER_MAX, REPLAY_WINDOW_FRAMES, SESSION_REJECT_AFTER_MS, SESSION_REKEY_AFTER_BYTES,
-    SESSION_REKEY_AFTER_MS, SUITE_CHACHA, Handshakes, ReplayWindow, Sessions,
+from fedpeer.wire import frame as wire
+from fedpeer.wire.session import (
+    INBOUND_SESSIONS_PER_PEER_MAX,
+    REPLAY_WINDOW_FRAMES,
+    SESSION_REJECT_AFTER_MS,
+    SESSION_REKEY_AFTER_BYTES,
+    SESSION_REKEY_AFTER_MS,
+    SUITE_CHACHA,
+    Handshakes,
+    ReplayWindow,
+    Sessions,
 )
-from tests import frames
+from fedpeer.testing import frames
 
 NOW_MS = 1_700_000_000     # monotonic milliseconds (sessions never read the wall clock)
 
@@ -373,7 +380,7 @@ def test_large_arrays_and_bytes_travel_after_the_msgpack_part(peers: Peers) -> N
     """Arrays and byte strings of RawBytes.BYTES_MIN or more are not copied into msgpack; they
     come back whole (arrays as writable views of the decrypted frame), and a tail that does not
     match its references exactly is refused."""
-    from fedpeer.protocols.securesum import SumChunk
+    from fedpeer.protocols.securesum.api import SumChunk
     data = np.arange(1 << 15, dtype=np.uint64)          # 256 KiB
     plaintext = wire.pack(SumChunk("t", data))
     head = int.from_bytes(plaintext[:4], "little")

@@ -1,4 +1,4 @@
-"""Pure parts of the xgboost job (fedpeer/jobs/xgboost.py): labels, base score, evaluation counts,
+"""Pure parts of the xgboost job (fedpeer/kinds/xgboost/kind.py): labels, base score, evaluation counts,
 history adoption, parameters; the protocol itself runs in tests/sim/test_xgboost_sim.py."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import json
 import numpy as np
 import pytest
 
-from fedpeer import wire
+from fedpeer.data.dataset import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint
 from fedpeer.errors import DataError, JobError
-from fedpeer.jobs import xgboost as xj
-from fedpeer.jobs.base import JobContext
-from fedpeer.ml import boosting
-from fedpeer.ml.data import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint
+from fedpeer.jobs.kind import JobContext
+from fedpeer.kinds.xgboost import kind as xj
+from fedpeer.ml.xgb import boosting
+from fedpeer.wire import frame as wire
 
 
 def ds(labels: list[str], positive: str | None = None) -> Dataset:
@@ -125,7 +125,7 @@ def stored_job(tmp_path):
     model.json; returns (config-like object, job id, model path, CSV of rows to score)."""
     from types import SimpleNamespace
 
-    from fedpeer.store import write_json
+    from fedpeer.base.store import write_json
 
     rng = np.random.default_rng(0)
     X = rng.normal(size=(60, 3))
@@ -147,7 +147,7 @@ def stored_job(tmp_path):
 def test_predict_refuses_a_model_file_modified_after_it_was_stored(tmp_path):
     """issue 10: one split feature changed, still canonical JSON (model_info accepts it), yet the job
     record holds the original SHA-256: predict must refuse it, naming the file."""
-    from fedpeer.jobs.predict import predict_csv
+    from fedpeer.app.predict import predict_csv
 
     config, job_id, path, csv = stored_job(tmp_path)
     assert len(predict_csv(config, job_id, csv)) == 60              # the stored model scores

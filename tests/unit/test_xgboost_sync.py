@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fedpeer.jobs import xgboost as xgb
-from fedpeer.jobs.base import Finished
-from fedpeer.ml import boosting
+from fedpeer.jobs.kind import Finished
+from fedpeer.kinds.xgboost import kind as xgb
+from fedpeer.ml.xgb import boosting
 
 ME, OTHER = b"m" * 32, b"o" * 32
 MODEL = b'{"learner": "a stored model"}'
@@ -61,7 +61,7 @@ class _EvalChannel:
         return int((asyncio.get_running_loop().time() - self.t0) * 1000) + 60_000
 
     async def recv(self, kind: type, tag: str, src: bytes | None = None, timeout_ms: int = 0) -> tuple:
-        from fedpeer.net.channel import RecvTimeout
+        from fedpeer.runtime.channel import RecvTimeout
 
         if not self.mailbox:
             raise RecvTimeout("empty")

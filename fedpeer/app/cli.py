@@ -1,0 +1,507 @@
+"""Command line: parse arguments, call the package, print. No logic lives here.
+
+Exit codes (the README's table): 0 success; 1 something asked for failed (a job, a harness run,
+a ping, an unknown job); 2 bad configuration or a usage error (an option or job parameter out of
+range) — never anything else, because systemd does not restart after 2 and an operator reads it as
+"fix what you typed"; 3 no daemon answers on the admin endpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+from fedpeer.config import load as cfg
+from fedpeer.jobs.report import raw, table
+from fedpeer.errors import ConfigError, FedpeerError, JobError, NoDaemonError
+
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_NO_DAEMON = 0, 1, 2, 3
+EXIT_USAGE = EXIT_CONFIG   # argparse exits 2 for what it rejects; our own usage checks agree
+CONFIG_HELP = "the site's peers.toml"
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fedpeer")
+    except PackageNotFoundError:   # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def _count(low: int):
+    """An argparse type: an integer of at least `low`, so a nonsense count is a usage error (2)."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+    parse.__name__ = "integer"   # argparse names the type in its message
+    return parse
+
+
+# Commands whose parsers need every job kind's parameters (importing the job modules and numpy,
+# ~0.4 s): built only when the command line asks for one of them, or for the top-level help.
+_KIND_COMMANDS = ("run", "harness")
+
+
+def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fedpeer", description="Peer-to-peer federated learning daemon.")
+    p.add_argument("--version", action="version", version=f"fedpeer {_version()}",
+                   help="print the installed fedpeer version and exit")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("init", help="create a site: peers.toml and identity key")
+    s.add_argument("--dir", required=True, type=Path, help="directory for peers.toml and identity.key")
+    s.add_argument("--name", required=True, help="this site's name")
+    s.add_argument("--listen", required=True, help="HOST:PORT the daemon listens on for peers")
+    s.add_argument("--advertise", help="HOST:PORT other sites use (default: --listen)")
+    s.add_argument("--admin", help="admin endpoint: unix:PATH (default unix:state/admin.sock) or 127.0.0.1:PORT")
+
+    s = sub.add_parser("key", help="identity key commands")
+    ks = s.add_subparsers(dest="key_command", required=True, metavar="SUBCOMMAND")
+    k = ks.add_parser("show", help="print this site's public key and fingerprint")
+    k.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
+
+    s = sub.add_parser("peer", help="federation membership commands")
+    ps = s.add_subparsers(dest="peer_command", required=True, metavar="SUBCOMMAND")
+    k = ps.add_parser("add", help="add another site to peers.toml")
+    k.add_argument("--config", required=True, type=Path, help=CONFIG_HELP + " to add the peer to")
+    k.add_argument("--name", required=True, help="this site's name for the other site (a local label)")
+    k.add_argument("--address", required=True, help="HOST:PORT the other site advertises")
+    k.add_argument("--public-key", required=True, help="the site's key, from its 'fedpeer key show'")
+    k = ps.add_parser("remove", help="remove a site from peers.toml (the running daemon refuses it at once)")
+    k.add_argument("--config", required=True, type=Path, help=CONFIG_HELP + " to remove the peer from")
+    k.add_argument("name", help="the peer's name in peers.toml")
+    k = ps.add_parser("list", help="the sites in peers.toml (with their state, if the daemon answers)")
+    k.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
+
+    s = sub.add_parser("reload", help="make the running daemon re-read peers.toml (as SIGHUP does)")
+    s.add_argument("--config", required=True, type=Path, help=CONFIG_HELP + " (checked here first)")
+    s.add_argument("--json", action="store_true", help="print what changed as JSON")
+
+    s = sub.add_parser("start", help="run the daemon in the foreground")
+    s.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="least severe log lines written to stderr (default: info)")
+
+    s = sub.add_parser("status", help="ask the running local daemon for the federation's health")
+    s.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+
+    s = sub.add_parser("ping", help="time sealed messages from the local daemon to a peer")
+    s.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
+    s.add_argument("peer", help="the peer's name in peers.toml")
+    s.add_argument("--count", type=_count(1), default=10, help="messages to send (default: 10)")
+    s.add_argument("--size", type=_count(0), default=64, help="payload bytes per message (default: 64)")
+    s.add_argument("--json", action="store_true", help="print the delivery times as JSON")
+
+    first = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
+    kinds_needed = first is None or first in _KIND_COMMANDS
+    _add_job_commands(sub, kinds_needed)
+
+    s = sub.add_parser("predict", help="score new rows with a job's stored model (no daemon needed)")
+    s.add_argument("--config", required=True, type=Path, help=CONFIG_HELP + " (its state_dir holds the model)")
+    s.add_argument("--job", required=True, help="the job id whose model to use")
+    s.add_argument("--data", required=True, type=Path, help="CSV with the model's feature columns (others are ignored)")
+    s.add_argument("--out", type=Path, help="write the scores here as CSV (default: standard output)")
+
+    s = sub.add_parser("export", help="write a logreg job's model as scikit-learn LogisticRegression coefficients, "
+                       "or an mlp job's weights as arrays (JSON; no daemon needed)")
+    s.add_argument("--config", required=True, type=Path, help=CONFIG_HELP + " (its state_dir holds the model)")
+    s.add_argument("--job", required=True, help="the logreg or mlp job id whose model to export")
+    s.add_argument("--out", type=Path, help="write the JSON here (default: standard output)")
+
+    s = sub.add_parser("data", help="this site's [data]: check it before a job does")
+    ds = s.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
+    k = ds.add_parser("check", help="load the site's data exactly as a job would and print rows, features, "
+                      "label balance, missing values per column and the schema fingerprint (no daemon needed)")
+    k.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
+    k.add_argument("--json", action="store_true", help="print rows, features, schema_fingerprint (hex), "
+                   "label_counts, missing and binary_refusal (what stats and bofrf would say of the label, "
+                   "or null) as JSON")
+
+    harness = sub.add_parser("harness", help="run a local federation of real daemons")
+    if kinds_needed:
+        from fedpeer.app.harness.cli import add_arguments as add_harness_arguments
+        add_harness_arguments(harness)
+    return p
+
+
+def _add_job_commands(sub: argparse._SubParsersAction, with_kinds: bool) -> None:
+    """run (with every kind's parameters only when `with_kinds`: else it is listed, never parsed),
+    jobs, job."""
+    from fedpeer.kinds.catalog import job_kinds
+
+    s = sub.add_parser("run", help="propose a federated job from this site")
+    kinds = s.add_subparsers(dest="kind", required=True, metavar="KIND")
+    for kind in job_kinds().values() if with_kinds else ():
+        k = kinds.add_parser(kind.name, help=kind.help)
+        k.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
+        k.add_argument("--members", help="comma-separated member names (default: this site and every alive peer)")
+        k.add_argument("--wait", action="store_true", help="wait for the result, showing progress")
+        k.add_argument("--json", action="store_true", help="print the job record as JSON")
+        for name, param in kind.params.items():
+            flag = "--" + name.replace("_", "-")
+            if param.type is bool:
+                k.add_argument(flag, dest=f"param_{name}", action=argparse.BooleanOptionalAction,
+                               default=param.default, help=param.help)
+            else:
+                k.add_argument(flag, dest=f"param_{name}", type=param.type, default=param.default,
+                               choices=param.choices, metavar=None if param.choices else name.upper(),
+                               help=f"{param.help} (default: {param.default})")
+
+    s = sub.add_parser("jobs", help="list this site's jobs")
+    s.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
+    s.add_argument("--json", action="store_true", help="print the list as JSON")
+
+    s = sub.add_parser("job", help="one job: show or cancel")
+    js = s.add_subparsers(dest="job_command", required=True, metavar="SUBCOMMAND")
+    for name, text in (("show", "spec, members, phase, progress, timings, errors and this site's result"),
+                       ("cancel", "cancel a running job on every member")):
+        k = js.add_parser(name, help=text)
+        k.add_argument("id", help="the job id, as 'fedpeer jobs' lists it")
+        k.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
+        k.add_argument("--json", action="store_true", help="print the job record as JSON")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser(argv).parse_args(argv)
+    try:
+        code = _COMMANDS[args.command](args)
+        sys.stdout.flush()   # a reader that went away (`| head`) surfaces here, not at exit
+        return code
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # the exit flush must not fail again
+        return EXIT_FAILED
+    except ConfigError as exc:
+        print(f"fedpeer: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except NoDaemonError as exc:
+        print(f"fedpeer: {exc}", file=sys.stderr)
+        return EXIT_NO_DAEMON
+    except FedpeerError as exc:
+        print(f"fedpeer: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+
+
+def _init(args: argparse.Namespace) -> int:
+    from fedpeer.app.sitefiles import init_site
+    from fedpeer.identity import encode_public_key
+
+    path, identity = init_site(args.dir, args.name, args.listen, args.advertise, args.admin)
+    print(f"created {path} and {path.parent / 'identity.key'} (mode 0600)")
+    print(f"public key:  {encode_public_key(identity.public_key)}")
+    print(f"fingerprint: {identity.fingerprint}")
+    print("Give the public key and your advertised address to the other sites; add theirs with "
+          f"'fedpeer peer add --config {path} ...'.")
+    return EXIT_OK
+
+
+def _key(args: argparse.Namespace) -> int:
+    from fedpeer.identity import encode_public_key, load_key_file
+
+    from fedpeer.kinds.catalog import load_config
+
+    config = load_config(args.config)
+    identity = load_key_file(config.node.key_file, config.path)
+    print(encode_public_key(identity.public_key))
+    print(f"fingerprint: {identity.fingerprint}")
+    return EXIT_OK
+
+
+def _peer(args: argparse.Namespace) -> int:
+    from fedpeer.app.sitefiles import add_peer, remove_peer
+
+    if args.peer_command == "list":
+        return _peer_list(args)
+    if args.peer_command == "add":
+        add_peer(args.config, args.name, args.address, args.public_key)
+        print(f"added peer {args.name} ({args.address}) to {args.config}")
+    else:
+        remove_peer(args.config, args.name)
+        print(f"removed peer {args.name} from {args.config}")
+    return _tell_daemon(args.config)
+
+
+def _tell_daemon(config_path: Path) -> int:
+    """After an edit of peers.toml: reload the running daemon, and say whether it took the edit."""
+    from fedpeer.daemon.admin import request
+    from fedpeer.daemon.reload import one_line
+
+    config = cfg.load(config_path)
+    try:
+        doc = asyncio.run(request(config, "POST", "/v1/reload"))
+    except NoDaemonError:
+        print("no daemon answers on this site's admin endpoint: it reads the change when it starts")
+        return EXIT_OK
+    except FedpeerError as exc:
+        print(f"fedpeer: the running daemon did not take the change: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"the running daemon picked it up: {one_line(doc['changes'])}")
+    return EXIT_OK
+
+
+def _peer_list(args: argparse.Namespace) -> int:
+    from fedpeer.daemon.admin import request
+    from fedpeer.identity import fingerprint
+
+    config = cfg.load(args.config)
+    try:
+        states = {p["name"]: p["state"] for p in asyncio.run(request(config, "GET", "/v1/status"))["peers"]}
+    except NoDaemonError:
+        states = {}
+    rows = [("PEER", "ADDRESS", "FINGERPRINT", "STATE")]
+    rows += [(p.name, str(p.address), fingerprint(p.public_key), states.get(p.name, "-")) for p in config.peers]
+    print(table(rows) if config.peers else f"no [[peer]] in {config.path}")
+    return EXIT_OK
+
+
+def _reload(args: argparse.Namespace) -> int:
+    from fedpeer.daemon.admin import request
+    from fedpeer.daemon.reload import one_line
+
+    from fedpeer.kinds.catalog import load_config
+
+    config = load_config(args.config)   # a file that does not validate is refused here, as by `start`
+    doc = asyncio.run(request(config, "POST", "/v1/reload"))
+    print(json.dumps(doc, indent=2) if args.json else f"reloaded {doc['path']}: {one_line(doc['changes'])}")
+    return EXIT_OK
+
+
+def _start(args: argparse.Namespace) -> int:
+    from fedpeer.base import logs
+    from fedpeer.daemon.node import Node
+    from fedpeer.identity import load_key_file
+
+    config = cfg.load(args.config)
+    identity = load_key_file(config.node.key_file, config.path)
+    cfg.check_own_key_not_peer(config, identity.public_key)
+    cfg.check_secret_files(config)
+    logs.setup(args.log_level)
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        node = Node(config, identity)
+        loop.add_signal_handler(signal.SIGHUP, node.reload_on_signal)   # systemd's ExecReload
+        # Writes the counts of log floods that stopped; lives exactly as long as the node.
+        flusher = asyncio.create_task(logs.flush_repeats_forever())
+        try:
+            await node.run(stop)
+        finally:
+            flusher.cancel()
+
+    asyncio.run(serve())
+    return EXIT_OK
+
+
+def _status(args: argparse.Namespace) -> int:
+    from fedpeer.daemon.admin import request
+
+    config = cfg.load(args.config)
+    doc = asyncio.run(request(config, "GET", "/v1/status"))
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print(format_status(doc))
+    return EXIT_OK
+
+
+def format_status(doc: dict) -> str:
+    node = doc["node"]
+    lines = [(f"node {node['name']}  {node['address']}  fingerprint {node['fingerprint']}  "
+              f"up {node['uptime_s']:.0f} s  incarnation {node['incarnation']}"),
+             (f"leader: {doc.get('leader') or 'none yet'} (term {doc.get('term', 0)}; "
+              f"this node is {doc.get('role', '-')})"), ""]
+    rows = [("PEER", "STATE", "ADDRESS", "LAST SEEN", "RTT")]
+    for p in doc["peers"]:
+        seen = "never" if p["last_seen_s"] is None else f"{p['last_seen_s']:.1f} s ago"
+        rtt = "-" if p["rtt_ms"] is None else f"{p['rtt_ms']:.1f} ms"
+        rows.append((p["name"], p["state"], p["address"], seen, rtt))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    alive = sum(p["state"] == "alive" for p in doc["peers"])
+    lines.append(f"\n{alive} of {len(doc['peers'])} peers alive")
+    lines += [f"  hint: {p['hint']}" for p in doc["peers"] if p.get("hint")]
+    loaded = doc.get("config")
+    if loaded:
+        lines.append(f"config {loaded['path']} loaded at {loaded['loaded_at']}")
+        error = (loaded.get("last_reload") or {}).get("error")
+        if error:
+            lines.append(f"last reload refused ({loaded['last_reload']['at']}): {error}")
+    if doc.get("rejected"):
+        lines.append("rejected frames: " + ", ".join(f"{k}={v}" for k, v in doc["rejected"].items()))
+    lag = doc.get("loop_lag_ms") or {}
+    if lag.get("samples"):
+        lines.append(f"event-loop lag (last minute): p50 {lag['p50']} ms, p99 {lag['p99']} ms, max {lag['max']} ms")
+    return "\n".join(lines)
+
+
+def _ping(args: argparse.Namespace) -> int:
+    from fedpeer.daemon.admin import request
+
+    config = cfg.load(args.config)
+    payload = {"peer": args.peer, "count": args.count, "payload_bytes": args.size}
+    timeout_ms = 60_000 + 100 * args.count
+    doc = asyncio.run(request(config, "POST", "/v1/diag/ping", payload, timeout_ms=timeout_ms))
+    if args.json:
+        print(json.dumps(doc))
+        return EXIT_OK
+    times = sorted(doc["delivery_ms"])
+    p50, p99 = (times[min(len(times) - 1, int(q * len(times)))] for q in (0.5, 0.99))
+    print(f"{len(times)} messages of {args.size} bytes to {args.peer}: "
+          f"p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {times[-1]:.2f} ms")
+    return EXIT_OK
+
+
+def _run(args: argparse.Namespace) -> int:
+    from fedpeer.daemon.admin import request
+    from fedpeer.kinds.catalog import job_kinds
+
+    params = {k[len("param_"):]: v for k, v in vars(args).items() if k.startswith("param_")}
+    try:   # a parameter out of range is a usage error: say so before asking any daemon
+        job_kinds()[args.kind].check_params(params)
+    except JobError as exc:
+        print(f"fedpeer run {args.kind}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    config = cfg.load(args.config)
+    members = [m.strip() for m in args.members.split(",")] if args.members else None
+    job_id = asyncio.run(request(config, "POST", "/v1/jobs", {"kind": args.kind, "params": params,
+                                                              "members": members}))["id"]
+    if not args.wait:
+        print(job_id)
+        return EXIT_OK
+    record = asyncio.run(_wait_for_job(config, job_id, live=sys.stderr.isatty()))
+    print(json.dumps(record, indent=2) if args.json else format_job(record))
+    return EXIT_OK if record["state"] == "done" else EXIT_FAILED
+
+
+async def _wait_for_job(config: cfg.Config, job_id: str, live: bool, poll_s: float = 0.5) -> dict:
+    from fedpeer.daemon.admin import request
+
+    while True:
+        record = await request(config, "GET", f"/v1/jobs/{job_id}")
+        if live:
+            p = record["progress"]
+            step = f" step {p['step']} of {p['total']}" if p["total"] else ""
+            print(f"\r{job_id}: {record['state']} — {record['phase']}{step}".ljust(100)[:100], end="",
+                  file=sys.stderr, flush=True)
+        if record["state"] in ("done", "failed", "cancelled"):
+            if live:
+                print(file=sys.stderr)
+            return record
+        await asyncio.sleep(poll_s)
+
+
+def _jobs(args: argparse.Namespace) -> int:
+    from fedpeer.daemon.admin import request
+
+    doc = asyncio.run(request(cfg.load(args.config), "GET", "/v1/jobs"))
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return EXIT_OK
+    rows = [("JOB", "KIND", "STATE", "PHASE", "ELAPSED")]
+    rows += [(j["id"], j["kind"], j["state"], j["phase"], "-" if j["elapsed_s"] is None else f"{j['elapsed_s']:.1f} s")
+             for j in doc["jobs"]]
+    print(table(rows) if doc["jobs"] else "no jobs")
+    return EXIT_OK
+
+
+def _job(args: argparse.Namespace) -> int:
+    from fedpeer.daemon.admin import request
+
+    config = cfg.load(args.config)
+    if args.job_command == "cancel":
+        record = asyncio.run(request(config, "POST", f"/v1/jobs/{args.id}/cancel"))
+    else:
+        record = asyncio.run(request(config, "GET", f"/v1/jobs/{args.id}"))
+    print(json.dumps(record, indent=2) if args.json else format_job(record))
+    return EXIT_OK
+
+
+def format_job(record: dict) -> str:
+    p = record["progress"]
+    lines = [f"job {record['id']} ({record['kind']}): {record['state']}",
+             f"  proposed by {record['proposer']}; members: {', '.join(m['name'] for m in record['members'])}",
+             f"  phase: {record['phase']}" + (f" (step {p['step']} of {p['total']})" if p["total"] else ""),
+             f"  parameters: {json.dumps(record['params'], sort_keys=True)}"]
+    lines += [f"  waiting for {wait}" for wait in record.get("waiting_for") or ()]   # "forest from site-3 since 12.4 s"
+    if record.get("elapsed_s") is not None:
+        lines.append(f"  elapsed: {record['elapsed_s']:.1f} s; rows at this site: {record.get('rows')}")
+    if record.get("error"):
+        lines.append(f"  error: {record['error']}")
+    result = record.get("result")
+    if result:
+        from fedpeer.kinds.catalog import job_kinds
+
+        kind = job_kinds().get(record["kind"])
+        lines += kind.describe(result) if kind is not None else raw(result)
+    return "\n".join(lines)
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from fedpeer.app.predict import predict_csv
+
+    rows = predict_csv(cfg.load(args.config), args.job, args.data)
+    if not args.out:
+        _write_csv(sys.stdout, rows)
+        return EXIT_OK
+    with open(args.out, "w", newline="", encoding="utf-8") as out:
+        _write_csv(out, rows)
+    print(f"scored {len(rows)} rows into {args.out}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _export(args: argparse.Namespace) -> int:
+    from fedpeer.app.predict import export_sklearn
+
+    text = json.dumps(export_sklearn(cfg.load(args.config), args.job), indent=2)
+    if not args.out:
+        print(text)
+        return EXIT_OK
+    args.out.write_text(text + "\n", encoding="utf-8")
+    print(f"wrote the model's scikit-learn coefficients to {args.out}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _write_csv(out, rows: list[dict]) -> None:
+    import csv
+
+    writer = csv.writer(out)
+    writer.writerow(list(rows[0]))
+    writer.writerows([list(r.values()) for r in rows])
+
+
+def _harness(args: argparse.Namespace) -> int:
+    from fedpeer.app.harness.cli import main as harness_main
+
+    return harness_main(args)
+
+
+def _data(args: argparse.Namespace) -> int:
+    from fedpeer.app.datacheck import format_report, report
+
+    config = cfg.load(args.config)
+    if config.data is None:
+        raise ConfigError(config.path, "[data]", "missing section: this site has no data to check")
+    doc = report(config.data, config.jobs)      # a DataError (file, column, row, fix) exits 1
+    print(json.dumps(doc, indent=2) if args.json else format_report(doc))
+    return EXIT_OK
+
+
+_COMMANDS = {"init": _init, "key": _key, "peer": _peer, "reload": _reload, "start": _start, "status": _status,
+             "ping": _ping, "run": _run, "jobs": _jobs, "job": _job, "predict": _predict, "harness": _harness,
+             "export": _export, "data": _data}
+
+if __name__ == "__main__":
+    sys.exit(main())

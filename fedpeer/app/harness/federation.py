@@ -1,0 +1,399 @@
+"""A local federation of real daemon processes on loopback, for demos, tests and benchmarks.
+
+`Harness` creates N sites in a work directory (keys, peers.toml listing each other on free
+loopback ports), starts one `fedpeer start` process per site, waits until every node sees every
+other alive, and stops every process it started — on success, on errors and on Ctrl-C (it is a
+context manager; the CLI wraps it in try/finally). Faults for tests and demos: `kill9`,
+`restart`, `pause` (SIGSTOP) and `resume` (SIGCONT).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedpeer.app.sitefiles import add_peers, init_site
+from fedpeer.config import load as cfg
+from fedpeer.daemon import admin
+from fedpeer.errors import FedpeerError, NoDaemonError
+from fedpeer.identity import encode_public_key
+from fedpeer.kinds.catalog import load_config
+
+HOST = "127.0.0.1"
+POLL_MS = 100
+STOP_GRACE_S = 5.0
+START_TIMEOUT_S = 20.0
+TERMINAL = ("done", "failed", "cancelled")
+UNHEARD_GRACE_S = 5.0   # how long a site may take to learn of a proposed job
+
+
+class HarnessError(FedpeerError):
+    pass
+
+
+@dataclass
+class Site:
+    name: str
+    dir: Path
+    port: int
+    public_key: str = ""
+    process: subprocess.Popen | None = None
+    config: cfg.Config | None = None
+    paused: bool = False
+    starts: int = 0
+
+    @property
+    def config_path(self) -> Path:
+        return self.dir / "peers.toml"
+
+    @property
+    def log_path(self) -> Path:
+        return self.dir / "daemon.log"
+
+    @property
+    def address(self) -> str:
+        return f"{HOST}:{self.port}"
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct free loopback ports (held open together so they differ; a small race remains)."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((HOST, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@dataclass
+class Harness:
+    workdir: Path
+    n_sites: int
+    settings: dict[str, dict[str, Any]] = field(default_factory=dict)   # {section: {key: value}} for every site
+    log_level: str = "info"
+    site_data: list[Path] | None = None      # one CSV per site, copied into the site as data.csv
+    data_settings: dict[str, Any] = field(default_factory=dict)          # [data] keys other than csv
+    test_data: Path | None = None            # a held-out CSV copied into every site as test.csv
+    sites: list[Site] = field(default_factory=list)
+
+    def create(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        ports = free_ports(self.n_sites)
+        width = len(str(self.n_sites))
+        for i, port in enumerate(ports):
+            site = Site(name=f"site-{i + 1:0{width}d}", dir=self.workdir / f"site-{i + 1:0{width}d}", port=port)
+            if site.dir.exists():
+                shutil.rmtree(site.dir)
+            _, identity = init_site(site.dir, site.name, site.address)
+            site.public_key = encode_public_key(identity.public_key)
+            self.sites.append(site)
+        if self.site_data is not None and len(self.site_data) != self.n_sites:
+            raise HarnessError(f"{len(self.site_data)} data files for {self.n_sites} sites")
+        for i, site in enumerate(self.sites):
+            others = [(o.name, o.address, o.public_key) for o in self.sites if o is not site]
+            settings = dict(self.settings)
+            if self.site_data is not None:
+                shutil.copyfile(self.site_data[i], site.dir / "data.csv")
+                settings["data"] = {**self.data_settings, "csv": "data.csv"}
+                if self.test_data is not None:
+                    shutil.copyfile(self.test_data, site.dir / "test.csv")
+                    settings["data"]["test_csv"] = "test.csv"
+            add_peers(site.config_path, others, settings)
+            site.config = load_config(site.config_path)
+
+    # -- processes --------------------------------------------------------------------------
+
+    def start(self, i: int | None = None) -> None:
+        for site in self._select(i):
+            assert site.process is None or site.process.poll() is not None, f"{site.name} already running"
+            log = open(site.log_path, "ab")
+            site.process = subprocess.Popen(
+                [sys.executable, "-m", "fedpeer", "start", "--config", str(site.config_path),
+                 "--log-level", self.log_level],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+            log.close()
+            site.paused, site.starts = False, site.starts + 1
+
+    def stop(self, i: int | None = None) -> None:
+        """SIGTERM (after SIGCONT if paused), wait for a clean exit, SIGKILL after the grace."""
+        sites = [s for s in self._select(i) if s.process is not None and s.process.poll() is None]
+        for site in sites:
+            if site.paused:
+                site.process.send_signal(signal.SIGCONT)
+            site.process.terminate()
+        deadline = time.monotonic() + STOP_GRACE_S
+        for site in sites:
+            try:
+                site.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                site.process.kill()
+                site.process.wait()
+            site.paused = False
+
+    def kill9(self, i: int) -> None:
+        site = self.sites[i]
+        assert site.process is not None
+        site.process.kill()
+        site.process.wait()
+
+    def restart(self, i: int) -> None:
+        self.stop(i)
+        self.start(i)
+
+    def pause(self, i: int) -> None:
+        site = self.sites[i]
+        assert site.process is not None and not site.paused
+        site.process.send_signal(signal.SIGSTOP)
+        site.paused = True
+
+    def resume(self, i: int) -> None:
+        site = self.sites[i]
+        assert site.process is not None and site.paused
+        site.process.send_signal(signal.SIGCONT)
+        site.paused = False
+
+    def exit_codes(self) -> dict[str, int | None]:
+        return {s.name: (s.process.poll() if s.process else None) for s in self.sites}
+
+    def _select(self, i: int | None) -> list[Site]:
+        return self.sites if i is None else [self.sites[i]]
+
+    def __enter__(self) -> Harness:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- observation ------------------------------------------------------------------------
+
+    async def status(self, i: int, timeout_ms: int = 2_000) -> dict:
+        site = self.sites[i]
+        assert site.config is not None
+        return await admin.request(site.config, "GET", "/v1/status", timeout_ms=timeout_ms)
+
+    async def statuses(self, among: list[int] | None = None) -> dict[int, dict | None]:
+        among = list(range(self.n_sites)) if among is None else among
+
+        async def one(i: int) -> dict | None:
+            try:
+                return await self.status(i)
+            except NoDaemonError:
+                return None
+        results = await asyncio.gather(*(one(i) for i in among))
+        return dict(zip(among, results))
+
+    async def wait_until(self, predicate: Any, timeout_s: float, what: str,
+                         among: list[int] | None = None) -> float:
+        """Poll statuses until predicate(statuses) is true; returns the seconds it took."""
+        started = time.monotonic()
+        while True:
+            self._check_not_crashed()
+            if predicate(await self.statuses(among)):
+                return time.monotonic() - started
+            if time.monotonic() - started > timeout_s:
+                raise HarnessError(f"timed out after {timeout_s:.0f} s waiting until {what}; "
+                                   f"daemon logs are in {self.workdir}")
+            await asyncio.sleep(POLL_MS / 1000)
+
+    def _check_not_crashed(self) -> None:
+        for site in self.sites:
+            code = site.process.poll() if site.process else None
+            if code not in (None, -signal.SIGKILL, 0):
+                tail = site.log_path.read_text(errors="replace").splitlines()[-5:]
+                raise HarnessError(f"{site.name} exited with code {code}: " + " | ".join(tail))
+
+    async def propose(self, i: int, kind: str, params: dict[str, Any]) -> str:
+        doc = await admin.request(self.sites[i].config, "POST", "/v1/jobs", {"kind": kind, "params": params})
+        return doc["id"]
+
+    async def job(self, i: int, job_id: str) -> dict | None:
+        try:
+            return await admin.request(self.sites[i].config, "GET", f"/v1/jobs/{job_id}", timeout_ms=5_000)
+        except NoDaemonError:
+            return None
+        except FedpeerError:
+            return None    # not (yet) known at that site
+
+    async def wait_step(self, i: int, job_id: str, step: int, timeout_s: float) -> None:
+        """Poll site i's record of the job until it runs with progress step >= `step` (to kill a
+        member mid-job); HarnessError if the job ends first or the time runs out."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            record = await self.job(i, job_id)
+            if record is not None and record["state"] == "running" and record["progress"]["step"] >= step:
+                return
+            if record is not None and record["state"] in TERMINAL:
+                raise HarnessError(f"job {job_id} ended ({record['state']}) before step {step}: {record.get('error')}")
+            if time.monotonic() > deadline:
+                raise HarnessError(f"job {job_id} did not reach step {step} at {self.sites[i].name} "
+                                   f"in {timeout_s:.0f} s")
+            await asyncio.sleep(POLL_MS / 1000)
+
+    async def wait_job(self, job_id: str, timeout_s: float, among: list[int] | None = None) -> dict[int, dict | None]:
+        """Poll every site's record of the job until each is terminal (or its daemon is gone)."""
+        among = list(range(self.n_sites)) if among is None else among
+        started = time.monotonic()
+        while True:
+            records = dict(zip(among, await asyncio.gather(*(self.job(i, job_id) for i in among))))
+            unfinished = [i for i, r in records.items() if r is not None and r["state"] not in TERMINAL]
+            # a live site that never heard of the job only counts while some site still runs it
+            running = unfinished or [i for i, r in records.items() if r is None and self._running(i)
+                                     and time.monotonic() - started < UNHEARD_GRACE_S]
+            if not running:
+                return records
+            if time.monotonic() - started > timeout_s:
+                raise HarnessError(f"job {job_id} still running at {[self.sites[i].name for i in running]} "
+                                   f"after {timeout_s:.0f} s; logs in {self.workdir}")
+            await asyncio.sleep(POLL_MS / 1000)
+
+    def _running(self, i: int) -> bool:
+        p = self.sites[i].process
+        return p is not None and p.poll() is None
+
+    async def wait_all_alive(self, timeout_s: float = START_TIMEOUT_S, among: list[int] | None = None) -> float:
+        among = list(range(self.n_sites)) if among is None else among
+        names = {self.sites[i].name for i in among}
+
+        def ok(statuses: dict[int, dict | None]) -> bool:
+            return all(doc is not None and all(p["state"] == "alive" for p in doc["peers"] if p["name"] in names)
+                       for doc in statuses.values())
+        return await self.wait_until(ok, timeout_s, f"{len(among)} nodes see each other alive", among)
+
+    async def wait_peer_state(self, target: int, state: str, timeout_s: float) -> float:
+        name = self.sites[target].name
+        others = [i for i in range(self.n_sites) if i != target]
+
+        def ok(statuses: dict[int, dict | None]) -> bool:
+            return all(doc is not None and any(p["name"] == name and p["state"] == state for p in doc["peers"])
+                       for doc in statuses.values())
+        return await self.wait_until(ok, timeout_s, f"every other node sees {name} {state}", others)
+
+
+# -- command line ---------------------------------------------------------------------------
+
+
+BUILTIN = {"builtin:breast_cancer": ("diagnosis", "malignant"), "builtin:sonar": ("Class", "M")}
+
+
+def builtin_csv(name: str, path: Path) -> Path:
+    """Write a bundled dataset as a CSV (no download): scikit-learn's breast cancer, or the UCI
+    Sonar data (208 rows, 60 features; mines vs rocks) shipped in fedpeer/data."""
+    import csv
+
+    from sklearn.datasets import load_breast_cancer
+
+    if name == "builtin:sonar":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(Path(__file__).parent / "data" / "sonar.csv", path)
+        return path
+    assert name == "builtin:breast_cancer", name
+    ds = load_breast_cancer()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow([n.replace(" ", "_") for n in ds.feature_names] + ["diagnosis"])
+        for row, target in zip(ds.data, ds.target):
+            writer.writerow([repr(float(v)) for v in row] + ["malignant" if target == 0 else "benign"])
+    return path
+
+
+async def kill_leader_at_round(harness: Harness, job_id: str, rnd: int, timeout_s: float) -> dict:
+    """kill -9 the federation's leader while round `rnd` of an xgboost job runs (its record shows
+    rnd - 1 rounds committed); then time how long the survivors take to commit the next round."""
+    started = time.monotonic()
+    leader, term = None, 0
+    while True:
+        if time.monotonic() - started > timeout_s:
+            raise HarnessError(f"round {rnd} never started")
+        if leader is None:       # find the leader once; then watch only its record (rounds can be fast)
+            statuses = await harness.statuses()
+            leader = next((i for i, doc in statuses.items() if doc and doc["role"] == "leader"), None)
+            term = statuses[leader]["term"] if leader is not None else 0
+        record = await harness.job(leader, job_id) if leader is not None else None
+        if record is not None and record["state"] in TERMINAL:
+            raise HarnessError(f"the job ended ({record['state']}) before round {rnd}")
+        if record is not None and record["state"] == "running" and record["progress"]["step"] >= rnd - 1:
+            break
+        if record is None or record["state"] != "running":
+            leader = None
+        await asyncio.sleep(0.01)
+    harness.kill9(leader)
+    killed_at = time.monotonic()
+    committed = record["progress"]["step"]
+    survivors = [i for i in range(harness.n_sites) if i != leader]
+    new_leader, elected_s = None, None
+    while time.monotonic() - killed_at < timeout_s:
+        if new_leader is None:
+            docs = await harness.statuses(survivors)
+            found = next((i for i, d in docs.items() if d and d["role"] == "leader" and d["term"] > term), None)
+            if found is not None:
+                new_leader, elected_s = found, time.monotonic() - killed_at
+        records = await asyncio.gather(*(harness.job(i, job_id) for i in survivors))
+        if any(r is not None and (r["progress"]["step"] > committed or r["state"] == "done") for r in records):
+            return {"killed": harness.sites[leader].name, "at_round": committed + 1,
+                    "new_leader": harness.sites[new_leader].name if new_leader is not None else None,
+                    "elected_after_s": None if elected_s is None else round(elected_s, 3),
+                    "next_commit_after_s": round(time.monotonic() - killed_at, 3)}
+        await asyncio.sleep(0.02)
+    raise HarnessError(f"no round committed within {timeout_s:.0f} s after the leader was killed")
+
+
+def split_fractions(split: str, parts: int) -> list[float]:
+    """--split as one fraction per part: "stratified" (equal parts) or "0.5,0.3,0.2"."""
+    try:
+        fractions = [1 / parts] * parts if split == "stratified" else [float(x) for x in split.split(",")]
+    except ValueError:
+        fractions = []
+    if len(fractions) != parts or any(not x > 0 for x in fractions) or abs(sum(fractions) - 1) > 1e-6:
+        raise HarnessError(f"--split {split!r}: need {parts} positive fractions that add up to 1")
+    return fractions
+
+
+def split_csv(path: Path, label: str | None, parts: int, split: str, seed: int, out_dir: Path) -> list[Path]:
+    """Split one CSV into `parts` files, stratified by `label` (None: shuffled only), seeded; returns the paths.
+
+    split: "stratified" (equal parts) or comma-separated fractions (one per part)."""
+    import csv
+    import random
+
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))
+    if len(rows) < 2:
+        raise HarnessError(f"{path}: no data rows")
+    header, body = rows[0], rows[1:]
+    if label is not None and label not in header:
+        raise HarnessError(f"{path}: no column {label!r}; columns: {header}")
+    fractions = split_fractions(split, parts)
+    rng = random.Random(seed)
+    col = header.index(label) if label is not None else -1
+    by_class: dict[str, list[list[str]]] = {}
+    for row in body:
+        by_class.setdefault(row[col] if 0 <= col < len(row) else "", []).append(row)
+    out: list[list[list[str]]] = [[] for _ in range(parts)]
+    for cls in sorted(by_class):
+        members = by_class[cls]
+        rng.shuffle(members)
+        bounds = [round(sum(fractions[:k]) * len(members)) for k in range(parts + 1)]
+        for k in range(parts):
+            out[k].extend(members[bounds[k]:bounds[k + 1]])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for k, part in enumerate(out):
+        rng.shuffle(part)
+        target = out_dir / f"part-{k + 1}.csv"
+        with open(target, "w", newline="", encoding="utf-8") as f:
+            csv.writer(f).writerows([header, *part])
+        paths.append(target)
+    return paths

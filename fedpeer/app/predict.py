@@ -1,0 +1,114 @@
+"""`fedpeer predict`: score new rows with a job's stored model, locally (no daemon needed).
+
+The model is read from this site's state directory, never unpickled: BOFRF's validated tree arrays,
+logreg's and mlp's validated arrays (.npz, loaded without pickle), or xgboost's JSON model
+(checked to be one fedpeer built before xgboost loads it). A model is used
+only if its file's bytes hash to the SHA-256 the job record holds (xgboost: `model_sha256`; any
+kind: `model_file_sha256` when the record has it): a file modified or corrupted after the job
+stored it is refused with a one-line message naming it. The CSV is
+read by the same checked reader as job data, keeping only the model's feature columns. Binary
+models give a score (BOFRF: the weighted vote, positive = positive class; xgboost, logreg, mlp:
+P(positive)) and a 0/1 prediction (logreg / mlp trained with two named classes: the class);
+multi-class xgboost, logreg and mlp give the predicted class and one probability per class; a reg:squarederror
+xgboost model gives the predicted value.
+k-means gives each row's cluster (the index in the job's canonical order: centres sorted by
+first coordinate) and its distance to that centre (fuzzy: one membership per cluster); a
+Gaussian mixture gives the most probable component and every component's probability; dbscan the
+cluster of the nearest clustered synthetic point within eps, or -1 (noise).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedpeer.base.store import read_json
+from fedpeer.config.load import Config
+from fedpeer.data.dataset import DataSpec, load_csv
+from fedpeer.errors import DataError, JobError
+
+
+def predict_csv(config: Config, job_id: str, data: Path) -> list[dict]:
+    """Score `data` with job `job_id`'s stored model (the kind's `predict`), after the checks every
+    kind shares: the job is done, its model file is there and its bytes are the stored ones."""
+    record_path, record, kind = _stored(config, job_id)
+    result = record.get("result") or {}
+    if record["state"] != "done" or not result.get("model_file") or kind.predict is None:
+        raise JobError(f"job {job_id} has no stored model (state {record['state']})")
+    model_path = record_path.parent / kind.model_file
+    recorded = result.get("model_file_sha256")
+    if recorded is not None:
+        _check_file_sha256(model_path, recorded)
+    header = _header(data)
+    return kind.predict(model_path, result, lambda features: _rows(data, header, tuple(features)))
+
+
+def export_sklearn(config: Config, job_id: str) -> dict:
+    """`fedpeer export`: a job's stored model as JSON-able arrays (the kind's `export`: logreg as
+    scikit-learn LogisticRegression's attributes, mlp as MLPClassifier's weights with the mean and
+    scale its inputs are standardised with), after the same checks as predict (the record says
+    done, the file's SHA-256 is the record's, the arrays are valid)."""
+    from fedpeer.kinds.catalog import job_kinds
+
+    record_path, record, kind = _stored(config, job_id)
+    if kind.export is None:
+        exporting = [name for name, k in job_kinds().items() if k.export is not None]
+        raise JobError(f"job {job_id} is a {record['kind']} job; only {' and '.join(exporting)} models export")
+    result = record.get("result") or {}
+    if record["state"] != "done" or not result.get("model_file"):
+        raise JobError(f"job {job_id} has no stored model (state {record['state']})")
+    model_path = record_path.parent / kind.model_file
+    if not isinstance(result.get("model_file_sha256"), str):
+        raise JobError(f"{record_path}: the job record holds no model_file_sha256 to check {model_path} against")
+    _check_file_sha256(model_path, result["model_file_sha256"])
+    return kind.export(model_path, result)
+
+
+def _stored(config: Config, job_id: str) -> tuple[Path, dict, Any]:
+    """A job's record file, its record, and its kind."""
+    from fedpeer.kinds.catalog import job_kinds
+
+    record_path = config.node.state_dir / "jobs" / job_id / "job.json"
+    record = read_json(record_path)
+    if record is None:
+        raise JobError(f"no job {job_id!r} in {config.node.state_dir / 'jobs'}")
+    kind = job_kinds().get(record.get("kind"))
+    if kind is None:
+        raise JobError(f"job {job_id} is of kind {record.get('kind')!r}, which this build of fedpeer does not know")
+    return record_path, record, kind
+
+
+def _check_file_sha256(path: Path, expect: object) -> None:
+    """Refuse a model file whose bytes are not the ones the job stored."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as exc:
+        raise JobError(f"{path}: cannot read the stored model: {exc.strerror or exc}") from None
+    if digest.hexdigest() != expect:
+        raise JobError(f"{path}: the model file was modified or corrupted after it was stored (its SHA-256 "
+                       "differs from the job record's); restore it from a backup or run the job again")
+
+
+def _rows(data: Path, header: list[str], features: tuple[str, ...]) -> np.ndarray:
+    """The CSV's values of the model's feature columns, in the model's column order."""
+    missing = [f for f in features if f not in header]
+    if missing:
+        raise DataError(f"{data}: lacks the model's feature column(s) {missing[:10]}")
+    ignore = tuple(c for c in header if c not in features)
+    dataset = load_csv(DataSpec(csv=data, label=None, ignore=ignore), binary=False)
+    return dataset.X[:, [dataset.features.index(f) for f in features]]
+
+
+def _header(path: Path) -> list[str]:
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            return [c.strip() for c in next(csv.reader(f), [])]
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise DataError(f"{path}: cannot read the header: {exc}") from None

@@ -1,0 +1,34 @@
+"""Files that hold a secret (the key file, a database password file): readable by their owner only.
+
+One check for all of them, at start and on every reload, so a daemon never runs for hours with a
+secret that other local users can read. Errors are `ConfigError(path, key, problem)` naming the
+peers.toml key that points at the file and the command that fixes it.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from fedpeer.errors import ConfigError
+
+
+def check_key_file_mode(path: Path, key: str = "node.key_file", config_path: Path | None = None) -> None:
+    """Refuse a key file that others than its owner can read (or that we cannot)."""
+    check_private_file(path, key, config_path, "key file", "create it with 'fedpeer init'")
+
+
+def check_private_file(path: Path, key: str, config_path: Path | None, noun: str, missing_fix: str) -> None:
+    where = config_path or path
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise ConfigError(where, key, f"{noun} {path} does not exist ({missing_fix})") from None
+    except OSError as exc:
+        raise ConfigError(where, key, f"cannot read {noun} {path}: {exc}") from None
+    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(where, key, f"{noun} {path} is readable by others "
+                          f"(mode {stat.S_IMODE(st.st_mode):04o}); run: chmod 600 {path}")
+    if not os.access(path, os.R_OK):
+        raise ConfigError(where, key, f"{noun} {path} is not readable by this user")

@@ -1,0 +1,2 @@
+"""SWIM membership and failure detection (with Lifeguard's 'slow is not dead') as a pure state
+machine."""

@@ -1,0 +1,176 @@
+"""What every source of a site's rows shares: where the data is and how to read it (`DataSpec`),
+the missing-value tokens, opening a file, and the checks and wording of a header's columns.
+
+The sources (fedpeer/data/sources/) and the layer that finishes their output
+(fedpeer/data/dataset.py) both build on this module; it imports neither.
+"""
+
+from __future__ import annotations
+
+import codecs
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+from fedpeer.errors import DataError
+
+
+MISSING_POLICIES = ("error", "drop", "impute")
+
+
+# Cell texts (stripped, lower-cased) that mean "no value".
+MISSING_TOKENS = frozenset({"", "na", "n/a", "nan", "null", "?"})
+
+
+_BOM = codecs.BOM_UTF8
+
+
+_LIST_MAX = 12              # names/values quoted in one message before "... and N more"
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Where a site's data is and how to read it (from the job's configuration)."""
+
+    csv: Path | None               # the CSV file (None when the data is a Parquet source)
+    label: str | None              # None: the file has no label column (scoring new rows)
+    positive: str | None = None    # the positive class value (as text in the CSV); required for binary jobs
+    ignore: tuple[str, ...] = ()   # columns that are not features (identifiers like "Id")
+    missing: str = "error"         # "error": a missing value or +/-Inf stops the job;
+                                   # "drop": rows with one are dropped (and counted);
+                                   # "impute": missing feature values are filled site-locally (MICE)
+    parquet: Path | None = None    # a Parquet file or a directory of part files, instead of csv
+    sql: str | None = None         # or: a PostgreSQL query whose result columns are the data (data/sources/sql.py)
+    dsn_file: Path | None = None   # sql: the 0600 file holding the connection string
+    sql_timeout_ms: int = 60_000   # sql: the server cancels a statement running longer
+    empty_ok: bool = False         # no data rows (none in the file, or all dropped) is an empty Dataset,
+                                   # not an error: one partition of a Dask site (data/dask.py)
+
+    @property
+    def source(self) -> Path:
+        """The file (or Parquet directory) messages name."""
+        if self.sql is not None:
+            return "[data] sql"     # type: ignore[return-value]
+        return self.csv if self.csv is not None else self.parquet   # type: ignore[return-value]
+
+    def __post_init__(self) -> None:
+        if [self.csv, self.parquet, self.sql].count(None) != 2:
+            raise DataError(f"{self.csv or self.parquet or '[data] sql'}: data spec: give exactly one of csv, "
+                            "parquet and sql")
+        for name in ("csv", "parquet"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, Path(getattr(self, name)))
+        where = f"{self.source}: data spec"
+        if self.label is not None and (not isinstance(self.label, str) or not self.label.strip()):
+            raise DataError(f"{where}: label must be the name of a column, got {self.label!r}")
+        if self.positive is not None and not isinstance(self.positive, str):
+            raise DataError(f"{where}: positive must be the positive class as text, got {self.positive!r}")
+        if isinstance(self.ignore, str) or not all(isinstance(c, str) for c in self.ignore):
+            raise DataError(f"{where}: ignore must be a list of column names, got {self.ignore!r}")
+        object.__setattr__(self, "ignore", tuple(self.ignore))
+        if self.missing not in MISSING_POLICIES:
+            raise DataError(f"{where}: missing must be \"error\", \"drop\" or \"impute\", got {self.missing!r}")
+
+
+def _quote_list(values: Sequence[str]) -> str:
+    shown = ", ".join(repr(v) for v in values[:_LIST_MAX])
+    more = len(values) - _LIST_MAX
+    return shown + (f", ... and {more} more" if more > 0 else "")
+
+
+def _example(text: str) -> str:
+    return repr(text if len(text) <= 40 else text[:37] + "...")
+
+
+def _near(name: str, columns: Sequence[str]) -> str:
+    close = [c for c in columns if c.strip().lower() == name.strip().lower()]
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _parse_float(text: str) -> float | None:
+    """float(text) for plain ASCII decimal notation; None if it is not a number."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    if not text.isascii() or "_" in text:      # float() also takes "1_000" and non-ASCII digits
+        return None
+    return value
+
+
+def _is_missing_label(value: str) -> bool:
+    if value.lower() in MISSING_TOKENS:
+        return True
+    number = _parse_float(value)
+    return number is not None and not math.isfinite(number)
+
+
+def _open(path: Path) -> BinaryIO:
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found; check the data path in the job or site "
+                        "configuration") from None
+    except IsADirectoryError:
+        raise DataError(f"{path}: is a directory, not a CSV file") from None
+    except PermissionError:
+        raise DataError(f"{path}: cannot be read (permission denied); let the fedpeer user read it") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read: {e.strerror or e}") from None
+    return f
+
+
+class RowPlaces(Protocol):
+    """How a reader names a data row in messages: "data row N, line L" (CSV), "row N" (Parquet)."""
+
+    def where(self, index: int) -> str: ...
+
+
+class _NeedLines(Exception):
+    """A message needs the line of a row, which only the Python parser knows."""
+
+
+class _NoLines:
+    """`_Rows` of the pyarrow path: it has no lines; asking for one sends the file to the Python parser.
+    all_finite: the reader found every value of X finite while filling it (saves `_finish` a pass)."""
+
+    def __init__(self, all_finite: bool = False) -> None:
+        self.all_finite = all_finite
+
+    def where(self, index: int) -> str:
+        raise _NeedLines()
+
+
+def check_columns(where: object, header: Sequence[str], spec: DataSpec,
+                  unique_fix: str = "column names must be unique") -> dict[str, int]:
+    """Every source's column checks (CSV, Parquet, sql): unique names, the label and every ignored
+    column present (with "did you mean"); returns name -> position. The label also listed in
+    ignore is each caller's own message."""
+    seen: dict[str, int] = {}
+    for i, name in enumerate(header):
+        if name in seen:
+            raise DataError(f"{where}: column name {name!r} appears twice (columns {seen[name] + 1} and "
+                            f"{i + 1}); {unique_fix}")
+        seen[name] = i
+    if spec.label is not None and spec.label not in seen:
+        raise DataError(f"{where}: label column {spec.label!r} not found{_near(spec.label, header)}; "
+                        f"the columns are {_quote_list(header)}")
+    for name in spec.ignore:
+        if name not in seen:
+            raise DataError(f"{where}: column {name!r} listed in ignore not found{_near(name, header)}; "
+                            f"the columns are {_quote_list(header)}")
+    return seen
+
+
+def schema_difference(mine: tuple[str, ...], theirs: list[str], their_name: str, my_name: str) -> str:
+    """What differs between two schemas whose fingerprints differ, and how to align them."""
+    missing = [c for c in mine if c not in theirs]
+    extra = [c for c in theirs if c not in mine]
+    if missing or extra:
+        return (f"columns differ from {my_name}'s: {their_name} lacks {missing[:10]} and has extra {extra[:10]}; "
+                "align the CSV columns or use [data] ignore")
+    if list(mine) != list(theirs):
+        return f"same columns as {my_name} but in another order; reorder the CSV columns"
+    return f"schema fingerprint differs from {my_name}'s (column types differ)"

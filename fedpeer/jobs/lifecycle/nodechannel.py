@@ -1,0 +1,115 @@
+"""A job's messages over the daemon: the Channel (fedpeer/runtime/channel.py) a job member runs over
+it (`NodeChannel`), and the watch that ends a send to a member as soon as membership declares it
+dead (`DeathWatch`). What the node gives the registry is `Transport` (fedpeer/jobs/lifecycle/host.py).
+
+- A send to a member declared dead fails at once (PeerUnreachable), in flight or not, instead of
+  retrying for a whole hop timeout; the registry hears the declaration (`on_peer_state`).
+- A running job's phase is written when it changes (`progress`), so a site restarted after a
+  crash says which phase its interrupted job was in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+from fedpeer.jobs.records import JobRecord
+from fedpeer.runtime.channel import PeerUnreachable
+from fedpeer.jobs.lifecycle.host import Host
+
+
+DEAD_DETAIL = "declared dead by membership"
+
+
+class DeathWatch:
+    """The peers membership declared dead, and the sends in flight to each, which end when it is."""
+
+    def __init__(self) -> None:
+        self.dead: set[bytes] = set()                                  # peers membership declared dead
+        self._watches: dict[bytes, set[asyncio.Future]] = {}           # peer -> sends to it in flight
+
+    def declare_dead(self, peer: bytes) -> bool:
+        """`peer` was declared dead: its sends in flight end. Whether that is news."""
+        if peer in self.dead:
+            return False
+        self.dead.add(peer)
+        for death in self._watches.pop(peer, set()):
+            if not death.done():
+                death.set_result(None)
+        return True
+
+    def declare_alive(self, peer: bytes) -> bool:
+        """`peer` is alive again: whether it was declared dead."""
+        if peer not in self.dead:
+            return False
+        self.dead.discard(peer)
+        return True
+
+    async def unless_dead(self, peer: bytes, work: Any) -> Any:
+        """Await `work` (a send to `peer`), but raise PeerUnreachable at once if membership has
+        declared `peer` dead, or as soon as it does: a send to a dead peer would retry for a
+        whole hop timeout."""
+        if peer in self.dead:
+            work.close()
+            raise PeerUnreachable(peer, DEAD_DETAIL)
+        death = asyncio.get_running_loop().create_future()
+        self._watches.setdefault(peer, set()).add(death)
+        task = asyncio.ensure_future(work)
+        try:
+            await asyncio.wait({task, death}, return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                return task.result()
+            raise PeerUnreachable(peer, DEAD_DETAIL)
+        finally:
+            self._watches.get(peer, set()).discard(death)
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+
+class NodeChannel:
+    """The Channel (fedpeer/runtime/channel.py) of one job member, over the daemon's transport."""
+
+    def __init__(self, registry: Host, record: JobRecord) -> None:
+        self._registry, self._record = registry, record
+        self.me = registry.transport.me
+        self.members = record.members
+        self.job_id = record.id
+        self.metrics = getattr(registry.transport, "metrics", None)   # fedpeer/daemon/metrics.py observe_*
+
+    def now_ms(self) -> int:
+        return self._registry.transport.now_ms()
+
+    def random_bytes(self, n: int) -> bytes:
+        return os.urandom(n)
+
+    def pairwise_seed(self, peer: bytes, label: bytes) -> bytes:
+        return self._registry.transport.pairwise_seed(peer, label)
+
+    def alive(self, peer: bytes) -> bool:
+        return peer == self.me or self._registry.transport.alive(peer)
+
+    def leadership(self) -> tuple[int, bytes | None]:
+        return self._registry.transport.leadership()
+
+    async def sleep_ms(self, ms: int) -> None:
+        await asyncio.sleep(ms / 1000)
+
+    def progress(self, phase: str, step: int, total: int) -> None:
+        record = self._record
+        changed = phase != record.phase
+        record.phase, record.step, record.total = phase, step, total
+        if changed and record.state == "running":   # on disk: a crash leaves the phase it was in
+            self._registry.records.save(record)
+
+    async def send(self, dst: bytes, msg: object) -> None:
+        assert dst in self.members and dst != self.me, "send to a non-member or to self"
+        sending = self._registry.transport.send(dst, msg, self.job_id, self._registry.config.jobs.hop_timeout_ms)
+        await self._registry.deaths.unless_dead(dst, sending)
+
+    async def recv(self, kind: type, tag: str, src: bytes | None = None, timeout_ms: int = 30_000) -> tuple[bytes, Any]:
+        return await self._record.mailbox.get(kind, tag, src, timeout_ms)
+
+    def discard(self, tag_prefix: str) -> None:
+        self._record.mailbox.discard(tag_prefix)

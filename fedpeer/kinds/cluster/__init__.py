@@ -1,0 +1,2 @@
+"""Clustering jobs: exact k-means / fuzzy c-means, exact Gaussian mixtures, DBSCAN from shared
+cluster descriptions."""

@@ -1,0 +1,1 @@
+"""The decentralized BOFRF job (federated random forests) and its BOPPID baseline."""

@@ -1,0 +1,1 @@
+"""Logistic regression (exact Newton / L-BFGS, or FedAvg) and small neural networks by FedAvg."""

@@ -1,0 +1,168 @@
+"""`stats`: federation-wide descriptive statistics from secure sums only (docs/algorithms.md).
+
+Every member ends with the same result: row count, label prior, per-column mean and sample
+standard deviation, and per-column histograms on bins every member derives identically.
+
+Two secure sums, so that no site ever sees another's values:
+1. moments: [n, n_positive, Σx per column, Σx² per column] (fixed point, 96-bit limbs). From them
+   every member computes the same mean and a first spread, and from those the histogram bins:
+   `bins` equal bins over mean ± 3 σ per column, plus one bin below and one above, so the bins
+   are agreed without any site revealing its minimum or maximum.
+2. spread: [Σ(x - mean)² per column, histogram counts]. The centred sum gives a standard deviation
+   free of the cancellation of Σx² - n·mean² on large values.
+A member lost between the two sums would make them cover different sites: the job then fails
+with that reason rather than mixing populations. A member lost inside a sum is handled by the
+secure sum itself (re-run over the survivors); `participants` in the result names who is in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from fedpeer.data.rows import rows_of
+from fedpeer.errors import JobError
+from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param
+from fedpeer.jobs.params import SECURE_SUM
+from fedpeer.jobs.report import table
+from fedpeer.ml.moments import FIXED, local_moments  # noqa: F401  (importable from here)
+from fedpeer.protocols.fixedpoint import decode_counts, encode_counts
+from fedpeer.protocols.securesum.api import secure_sum
+
+SPREAD_SIGMAS = 3.0
+STD_KIND = "sample standard deviation (denominator n - 1)"
+
+PARAMS = {
+    "bins": Param(int, 10, "histogram bins per column between mean-3sd and mean+3sd (plus one below, one above)",
+                  low=1, high=1000),
+    "secure_sum": dataclasses.replace(SECURE_SUM, help="secure-sum mode: 'ring' (neighbours together could learn "
+                                      "a site's value) or 'pairwise' (only all other sites together could)"),
+}
+
+
+def bin_edges(mean: np.ndarray, std: np.ndarray, bins: int) -> np.ndarray:
+    """(columns, bins + 1) edges over mean ± 3 std; a constant column gets mean ± 0.5."""
+    half = np.where(std > 0, SPREAD_SIGMAS * std, 0.5)
+    steps = np.linspace(-1.0, 1.0, bins + 1)
+    return mean[:, None] + half[:, None] * steps[None, :]
+
+
+def local_histograms(X: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """(columns, bins + 2) counts: below the first edge, each bin (right edge open, last closed), above."""
+    counts = np.empty((X.shape[1], edges.shape[1] + 1), dtype=np.int64)
+    for j in range(X.shape[1]):
+        inner, _ = np.histogram(X[:, j], bins=edges[j])
+        counts[j, 0] = int((X[:, j] < edges[j, 0]).sum())
+        counts[j, 1:-1] = inner
+        counts[j, -1] = int((X[:, j] > edges[j, -1]).sum())
+    return counts
+
+
+def check_totals(n: int, n_pos: int, centred: np.ndarray, counts: np.ndarray) -> None:
+    """What honest sites' sums always satisfy: every column's histogram holds every row once,
+    positives are between 0 and n, squared deviations are not negative. A member whose
+    contribution breaks this (a bug, or a lie) fails the job with this reason rather than
+    leaving every site with numbers that cannot be true. (A consistent lie cannot be caught.)"""
+    problems = []
+    if not 0 <= n_pos <= n:
+        problems.append(f"{n_pos} positives among {n} rows")
+    rows = counts.sum(axis=1)
+    if (counts < 0).any() or (rows != n).any():
+        j = int(np.flatnonzero((rows != n) | (counts < 0).any(axis=1))[0])
+        problems.append(f"column {j}'s histogram holds {int(rows[j])} rows, the moments {n}")
+    if (centred < 0).any():
+        problems.append("a negative sum of squared deviations")
+    if problems:
+        raise JobError("the secure sums cannot come from honest sites (" + "; ".join(problems)
+                       + "): a member sent a wrong contribution; no statistics are reported")
+
+
+def local_spread(X: np.ndarray, y: Any, mean: np.ndarray, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(Σ (x - mean)² per column, local_histograms): the second sum's site-local part."""
+    return ((X - mean) ** 2).sum(axis=0), local_histograms(X, edges)
+
+
+async def run(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
+    data = ctx.data
+    rows, d = rows_of(data), len(data.features)
+    parties = len(ch.members)
+    mode, hop = params["secure_sum"], ctx.hop_timeout_ms
+
+    ch.progress("moments (secure sum 1 of 2)", 1, 2)
+    first = await secure_sum(ch, "stats/moments", FIXED.encode(await rows.additive(local_moments), parties),
+                             mode=mode, hop_timeout_ms=hop)
+    totals = FIXED.decode(first.total)
+    n, n_pos = round(totals[0]), round(totals[1])
+    if n < 2:
+        raise JobError(f"the federation has {n} rows; statistics need at least 2")
+    mean = totals[2:2 + d] / n
+    rough_var = np.maximum(totals[2 + d:] / n - mean * mean, 0.0) * n / (n - 1)
+    edges = bin_edges(mean, np.sqrt(rough_var), params["bins"])
+
+    ch.progress("spread and histograms (secure sum 2 of 2)", 2, 2)
+    centred, hist = await rows.additive(local_spread, mean, edges)
+    vector = np.concatenate([FIXED.encode(centred, parties), encode_counts(hist.ravel(), parties, count_max=2**40)])
+    second = await secure_sum(ch, "stats/spread", vector, mode=mode, hop_timeout_ms=hop)
+    if second.participants != first.participants:
+        raise JobError("a member dropped out between the two secure sums; the sums would cover different sites")
+    split = d * FIXED.limbs
+    centred_total = FIXED.decode(second.total[:split])
+    counts = decode_counts(second.total[split:]).reshape(d, -1)
+    check_totals(n, n_pos, centred_total, counts)
+    std = np.sqrt(centred_total / (n - 1))
+    return _result(data, n, n_pos, mean, std, edges, counts, first.participants, ctx, mode)
+
+
+def _result(data: Any, n: int, n_pos: int, mean: np.ndarray, std: np.ndarray, edges: np.ndarray,
+            counts: np.ndarray, participants: tuple[bytes, ...], ctx: JobContext, mode: str) -> dict:
+    cols = data.features
+    return {
+        "count": n,
+        "participants": [ctx.names.get(k, k.hex()[:16]) for k in participants],
+        "class_counts": {"positive": n_pos, "negative": n - n_pos},
+        "positive_share": n_pos / n,
+        "mean": {c: float(v) for c, v in zip(cols, mean)},
+        "std": {c: float(v) for c, v in zip(cols, std)},
+        "std_kind": STD_KIND,
+        "histograms": {c: {"edges": [float(e) for e in edges[j]], "below": int(counts[j, 0]),
+                           "counts": [int(v) for v in counts[j, 1:-1]], "above": int(counts[j, -1])}
+                       for j, c in enumerate(cols)},
+        "secure_sum": mode,
+    }
+
+
+def describe(result: Mapping[str, Any]) -> list[str]:
+    """`fedpeer job show` lines: the federation's rows and every column's mean and spread."""
+    lines: list[str] = []
+    lines.append(f"  federation: {result['count']} rows over {', '.join(result['participants'])}; "
+                 f"positive share {result['positive_share']:.3f}; std = {result['std_kind']}")
+    rows = [("COLUMN", "MEAN", "STD")] + [(c, f"{result['mean'][c]:.6g}", f"{result['std'][c]:.6g}")
+                                          for c in result["mean"]]
+    lines.append(table(rows, indent="  "))
+    return lines
+
+
+def site_table(sites: Sequence[Mapping[str, Any]]) -> str:
+    rows = [("SITE", "STATE", "LOCAL ROWS", "FEDERATION ROWS", "POSITIVE SHARE", "FIRST COLUMN MEAN ± STD")]
+    for s in sites:
+        r = s.get("result") or {}
+        first = next(iter(r.get("mean", {})), None)
+        spread = f"{first}: {r['mean'][first]:.4g} ± {r['std'][first]:.4g}" if first else "-"
+        rows.append((s["name"], s.get("state", "-"), s.get("rows") if s.get("rows") is not None else "-",
+                     r.get("count", "-"), f"{r['positive_share']:.3f}" if r else "-", spread))
+    return table(rows)
+
+
+# [policy.stats]: the largest (or smallest) parameters of a job this site agrees to run; each bounds
+# one parameter, and the defaults are the kind's own bounds, so an unset limit refuses nothing.
+LIMITS = {
+    "bins_max": Limit("bins", 1000, "histogram bins per column (fewer: coarser views of few rows)"),
+}
+
+
+KIND = JobKind(name="stats", help="federation-wide count, mean, std, label prior and histograms (secure sums only)",
+               params=PARAMS, run=run, needs_data=True, binary_label=True, limits=LIMITS,
+               dask_support="stats", describe=describe, site_table=site_table)

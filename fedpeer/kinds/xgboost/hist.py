@@ -1,0 +1,321 @@
+"""`xgboost` with `mode = "histogram"`: exact federated XGBoost on secure-summed gradient
+histograms (docs/algorithms.md, "Lossless histogram federated XGBoost"). The arithmetic
+is fedpeer.ml.xgb.histrun's `HistSite` (one member's side) and the pure step machines of
+fedpeer.ml.xgb.sketch / fedpeer.ml.xgb.histtree; this module only moves their vectors through secure sums.
+
+No leader: every member runs the same deterministic sequence of secure sums and computes the
+same cut points and trees from the same totals (one sum per arrow, tags unique per sum and epoch):
+    xgbh/e<E>/labels                 label statistics -> base score
+    xgbh/e<E>/sketch/<s>, s < 33     counts "rows <= threshold" -> cut points (fedpeer.ml.xgb.sketch)
+    xgbh/e<E>/r<R>/c<K>/d<D>         the (node, feature, bin) sums of g, h, rows of level D of the
+                                     tree of round R, class K -> that level's splits
+then model = histboost.model_bytes(trees, base, F, p), the canonical xgboost JSON model, stored by
+every member as bagging mode stores its model (so `fedpeer predict` works unchanged). With a
+test part (`test_fraction` > 0) one last sum, xgbh/e<E>/eval, gives the federated AUC, log-loss
+and accuracy of the final model on the sites' test parts.
+
+A member lost (why the model is still well defined): a sum completes over fewer members when one
+drops out, and every survivor gets the same `participants`. When they are not the current member
+set, every survivor drops what the lost member's rows were in, starts a new epoch E + 1 (fresh
+tags, so no mask is ever reused) and goes on over the survivors only:
+* lost before the cut points are agreed (label or sketch sums): everything restarts over the
+  survivors; the final model is exactly the pooled-rows model of the survivors' rows.
+* lost later: the unfinished tree is dropped; the finished trees, the base score and the cut
+  points are kept; every survivor rebuilds its margins from the finished trees (`HistSite.resume`)
+  and grows the remaining trees over the survivors. The final model then equals
+  `histrun.train_in_process(survivors' rows, start_trees=<the trees finished before the loss>)`
+  except that base score and cut points are those of all the original members' rows: the first
+  trees are the pooled model of every member's rows, the rest boost them on the survivors' rows.
+A member left out of a sum (slow, cut off) fails alone (`member_failure_aborts=False`); with
+fewer than two members left, the secure sum fails and so does the job. The secure sum decides
+who is lost and how fast (fedpeer/protocols/securesum/api.py): a chunk lost with a killed member costs
+the initiator (members + 1) hops before it re-runs the sum. Where the sum gives up instead — with
+three members, a crash reported by one member against its ring successor is a dispute no ring
+order can route around — every member waits up to DEAD_WAIT_MS for its failure detector: the
+members it declares dead are lost as above (every survivor's detector declares the crashed one),
+else the job fails with the sum's reason (this bookkeeping is fedpeer/protocols/epochs.py, shared
+with logreg and FedAvg). Not covered: an initiator that dies while delivering a
+total can leave the members that got it waiting for a takeover by one that did not (it fails).
+
+Who learns what: every member learns the federation-wide totals of each sum (label counts, the
+sketch's counts, every level's histograms) and hence the cut points (each one a pooled row's
+exact value) and the trees; no member sees another site's vector (the secure sum's guarantee:
+ring mode unless a site's two ring neighbours collude, pairwise mode unless all others collude).
+
+Errors: a site whose gradients leave the declared fixed-point bounds, or whose counts could wrap
+the sum, raises DataError naming the bound -> the job fails everywhere with that message
+(JobFailsEverywhere), never a silent wrap-around. A total the core refuses (ValueError: a sum no
+honest members can give) fails the job everywhere as a protocol error naming the sum.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from fedpeer.errors import DataError, JobError
+from fedpeer.jobs.kind import JobContext, JobFailsEverywhere, site_seed
+from fedpeer.kinds.xgboost.target import (
+    class_names,
+    encode_eval,
+    eval_metrics,
+    eval_sums,
+    eval_vector,
+    groups_of,
+    is_regression,
+    model_score,
+    site_labels,
+)
+from fedpeer.ml.xgb import boosting
+from fedpeer.ml.xgb.hist import decode_histograms
+from fedpeer.ml.xgb.histboost import HistParams, base_score_from_stats, decode_ints, model_bytes, tree_features
+from fedpeer.ml.xgb.histrun import HistSite
+from fedpeer.ml.xgb.histtree import Growth, finish_tree, grow_level, start_tree
+from fedpeer.ml.xgb.sketch import Cuts, sketch_advance, sketch_cuts, sketch_start
+from fedpeer.ml.xgb.tree import _Tree
+from fedpeer.protocols.epochs import DEAD_WAIT_MS, POLL_MS, Epochs  # noqa: F401  (the loss logic, shared: fedpeer/protocols/epochs.py)
+from fedpeer.protocols.epochs import Lost as _Lost
+
+TAG = "xgbh"
+EVAL_HOP_TIMEOUT_MS = 5_000      # the final evaluation sum is small
+
+
+class ImpossibleSum(JobFailsEverywhere):
+    """A secure sum's total that the core refuses: every member got it, so every member fails."""
+
+
+def hist_params(params: Mapping[str, Any], groups: int) -> HistParams:
+    """The job's parameters as the core's HistParams; JobError for what histogram mode lacks."""
+    if params["num_local_round"] != 1:
+        raise JobError(f"histogram mode grows one tree per round and class (num_local_round must be 1, "
+                       f"got {params['num_local_round']})")
+    mapping = {"objective": params["objective"], "num_class": groups if groups > 1 else 0,
+               "num_round": params["rounds"], "eta": params["eta"], "max_depth": params["max_depth"],
+               "reg_lambda": params["reg_lambda"], "gamma": params["gamma"],
+               "min_child_weight": params["min_child_weight"], "max_delta_step": params["max_delta_step"],
+               "min_leaf_rows": params["min_leaf_rows"], "max_bin": params["max_bin"],
+               "grad_abs_max": params["grad_abs_max"],
+               "subsample": params["subsample"], "colsample_bytree": params["colsample_bytree"],
+               "seed": params["seed"]}
+    try:
+        return HistParams.from_mapping(mapping)
+    except ValueError as exc:
+        raise JobError(f"histogram mode: {exc}") from None
+
+
+async def _inline(fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
+
+
+class HistJob:
+    """One member's run of histogram mode (module docstring)."""
+
+    def __init__(self, ch: Any, params: Mapping[str, Any], ctx: JobContext, fit: tuple[np.ndarray, np.ndarray],
+                 groups: int, offload: Callable[..., Any] = asyncio.to_thread, site: Any = None) -> None:
+        """`site`: this member's rows and state, built already (the Dask engine's DaskHistSite);
+        else a HistSite over the rows `fit`."""
+        self.ch, self.params, self.ctx, self.offload = ch, params, ctx, offload
+        self.p = hist_params(params, groups)
+        self.epochs = Epochs(ch, TAG, params["secure_sum"], ctx.hop_timeout_ms)
+        try:
+            self.site = site or HistSite(fit[0], fit[1], self.p, len(self.members), site_seed(params["seed"], ch.me))
+        except DataError as exc:
+            raise JobError(f"histogram mode: {exc}") from None
+        self.n_features = self.site.n_features
+        self.base: tuple[float, ...] | None = None
+        self.cuts: Cuts | None = None
+        self.trees: list[_Tree] = []
+
+    @property
+    def members(self) -> tuple[bytes, ...]:
+        return self.epochs.members
+
+    @property
+    def lost(self) -> list[bytes]:
+        return self.epochs.lost
+
+    @property
+    def sums(self) -> int:
+        return self.epochs.sums
+
+    async def sum(self, name: str, vector: np.ndarray, hop_timeout_ms: int | None = None) -> tuple[str, np.ndarray]:
+        """One secure sum over the current members: (its tag, its total). _Lost if some member
+        is not among its participants (every survivor sees the same participants), or if the sum
+        failed and the failure detector declared some dead within DEAD_WAIT_MS (fedpeer/protocols/epochs.py)."""
+        out = await self.epochs.sum(name, vector, hop_timeout_ms=hop_timeout_ms)
+        if out.lost:
+            self.epochs.new_epoch(out.lost)
+            raise _Lost(out.lost)
+        assert out.total is not None
+        return out.tag, out.total
+
+    async def compute(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a core step (off the event loop): a site's DataError (a declared bound) ends the job
+        everywhere naming the bound."""
+        try:
+            return await self.offload(fn, *args)
+        except DataError as exc:
+            raise JobFailsEverywhere(str(exc)) from None
+
+    async def run(self) -> bytes:
+        """Every tree, through as many epochs as members are lost; the model's bytes."""
+        while True:
+            try:
+                if self.cuts is None:
+                    await self.agree()
+                await self.boost()
+                break
+            except _Lost:
+                if self.cuts is None:
+                    self.base = None          # restart over the survivors from the first sum
+                continue
+        assert self.base is not None
+        return model_bytes(self.trees, self.base, self.n_features, self.p)
+
+    async def agree(self) -> None:
+        """The base score and the cut points (1 + 33 sums)."""
+        self.ch.progress("histogram mode: label counts and cut points", 0, self.total_trees)
+        tag, total = await self.sum("labels", await self.compute(self.site.label_vector))
+        base = _checked(tag, base_score_from_stats, decode_ints(total), self.p)
+        sk, step = sketch_start(self.n_features, self.p.max_bin), 0
+        while not sk.done:
+            keys = sk.request()
+            tag, total = await self.sum(f"sketch/{step}", await self.compute(self.site.sketch_vector, keys))
+            sk = _checked(tag, sketch_advance, sk, decode_ints(total).reshape(keys.shape))
+            step += 1
+        cuts = sketch_cuts(sk)
+        await self.compute(self.site.set_cuts, cuts)
+        self.base, self.cuts = base, cuts
+
+    @property
+    def total_trees(self) -> int:
+        return self.p.num_round * self.p.groups
+
+    async def boost(self) -> None:
+        """Grow the trees not finished yet, from the margins of the finished ones."""
+        assert self.base is not None and self.cuts is not None
+        first_k = await self.compute(self.site.resume, self.base, list(self.trees))
+        first_round = len(self.trees) // self.p.groups
+        for r in range(first_round, self.p.num_round):
+            if r > first_round or first_k == 0:      # resume() took a partial round's g, h already
+                await self.compute(self.site.start_round)
+            for k in range(first_k if r == first_round else 0, self.p.groups):
+                await self.compute(self.site.start_tree, k, len(self.trees))
+                tree = await self.grow(r, k)
+                await self.compute(self.site.add_tree, tree, k)
+                self.trees.append(tree)
+                self.ch.progress(f"histogram mode: round {r + 1} of {self.p.num_round}", len(self.trees),
+                                 self.total_trees)
+
+    async def grow(self, r: int, k: int) -> _Tree:
+        """One tree: one secure sum per level."""
+        cuts = self.cuts
+        assert cuts is not None
+        growth = start_tree(cuts.counts(), self.p.split_params(),
+                            tree_features(self.p, len(self.trees), cuts.n_features))
+        depth = 0
+        while not growth.done:
+            tag, total = await self.sum(f"r{r}/c{k}/d{depth}", await self.compute(self.site.level_vector, growth))
+            growth = await self.compute(self._advance, tag, growth, total)
+            depth += 1
+        return finish_tree(growth, cuts)
+
+    def _advance(self, tag: str, growth: Growth, total: np.ndarray) -> Growth:
+        cuts = self.cuts
+        assert cuts is not None
+        hist = _checked(tag, decode_histograms, total, len(growth.build), cuts.n_features, cuts.n_slots)
+        grown = _checked(tag, grow_level, growth, hist)
+        self.site.after_level(grown)
+        return grown
+
+    async def evaluate(self, model: bytes, test: tuple[np.ndarray, np.ndarray] | Callable[..., Any]) -> dict | None:
+        """The final model on the sites' test parts: one secure sum; None if it fails. `test`: the
+        rows, or (Dask engine) a function of (model, parties) giving this site's vector."""
+        if callable(test):
+            vector = await self.offload(test, model, len(self.members))
+        else:
+            pred = await self.offload(boosting.predict_proba, model, test[0], self.params["nthread"] or None)
+            vector = eval_vector(test[1], pred, self.params, len(self.members))
+        try:
+            _, total = await self.sum("eval", vector, min(self.ctx.hop_timeout_ms, EVAL_HOP_TIMEOUT_MS))
+        except (JobError, _Lost):
+            return None            # the model is final either way; only its federated score is missing
+        return eval_metrics(total, self.params)
+
+
+def _checked(tag: str, step: Callable[..., Any], *args: Any) -> Any:
+    """step(*args) on a sum's total; the core's ValueError (an impossible total) ends the job everywhere."""
+    try:
+        return step(*args)
+    except ValueError as exc:
+        raise ImpossibleSum(f"protocol error: secure sum '{tag}' gave a total no honest members can give: "
+                            f"{exc}") from None
+
+
+async def run_hist(ch: Any, params: Mapping[str, Any], ctx: JobContext,
+                   offload: Callable[..., Any] | None = None) -> dict:
+    """The xgboost kind's run() for mode = "histogram"; `offload` runs the core's steps
+    (asyncio.to_thread in the daemon; inline in simulations under virtual time)."""
+    from fedpeer.kinds.xgboost.messages import Tools
+    from fedpeer.kinds.xgboost.site import Site, score_result
+    from fedpeer.kinds.xgboost.target import prepare
+
+    site = Site(ch=ch, params=params, ctx=ctx, tools=Tools())
+    if getattr(ctx.data, "engine", "memory") == "dask":
+        job, rows, test = await _dask_job(ch, params, ctx, site, offload or asyncio.to_thread)
+    else:
+        prepare(site)              # the same seeded train/test split as bagging mode
+        job = HistJob(ch, params, ctx, site.fit, site.groups, offload or asyncio.to_thread)
+        rows = {"train": int(len(site.fit[1])), "test": int(len(site.test[1])) if params["test_fraction"] else 0}
+        test = site.test
+    model = await job.run()
+    info = boosting.model_info(model)          # canonical and well-formed, as any stored model
+    p, names = params, ctx.names
+    out: dict[str, Any] = {
+        "mode": "histogram", "rounds": p["rounds"], "trees": info.n_trees,
+        "model_sha256": boosting.model_sha256(model), "history": [],
+        "base_score": job.base[0] if site.groups == 1 else list(job.base or ()),
+        "features": list(ctx.data.features), "objective": p["objective"], "classes": class_names(p),
+        "rows": rows,
+        "members": [names.get(m, m.hex()[:16]) for m in job.members],
+        "lost": [names.get(m, m.hex()[:16]) for m in job.lost], "secure_sums": job.sums,
+    }
+    fed = await job.evaluate(model, test) if p["test_fraction"] > 0 else None
+    score_result(out, p, fed, "the sites' test parts")
+    if ctx.test_data is not None:
+        X, y = ctx.test_data.X, site_labels(ctx.test_data, p)
+        score_result(out, p, None, "", await job.offload(model_score, model, X, y, p, p["nthread"] or None))
+    out["_model"] = model
+    return out
+
+
+async def _dask_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, site: Any,
+                    offload: Callable[..., Any]) -> tuple[HistJob, dict, Callable[..., Any]]:
+    """HistJob over the site's rows on its Dask cluster ([data] engine = "dask"): the same
+    seeded split and row draws as `prepare` and HistSite, made where the rows are."""
+    site.groups = groups_of(params)
+    p, seed = hist_params(params, site.groups), site_seed(params["seed"], ch.me)
+    split = (params["test_fraction"], seed, not is_regression(params)) if params["test_fraction"] > 0 else None
+    try:
+        from fedpeer.kinds.xgboost.dask import DaskHistSite
+
+        member = await asyncio.to_thread(DaskHistSite, ctx.data, p, len(ch.members), seed,
+                                         partial(site_labels, params=dict(params)), split)
+    except DataError as exc:
+        raise JobError(f"histogram mode: {exc}") from None
+    job = HistJob(ch, params, ctx, None, site.groups, offload, site=member)
+
+    def test_vector(model: bytes, parties: int) -> np.ndarray:
+        total = member.test_total(_eval_rows, model, dict(params))
+        assert total is not None, "split_mask keeps at least one test row"
+        return encode_eval(*total, parties)
+    return job, {"train": member.rows, "test": member.test_rows if split else 0}, test_vector
+
+
+def _eval_rows(X: np.ndarray, y: np.ndarray, model: bytes, params: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """A test partition's additive evaluation (on its worker): the memory engine's eval_vector before encoding."""
+    return eval_sums(y, boosting.predict_proba(model, X, params["nthread"] or None), params)

@@ -1,0 +1,153 @@
+"""Pure steps of federated DBSCAN via Gaussian-mixture descriptions (Vasilopoulou's thesis §5.2).
+
+1. Each site runs DBSCAN(eps, min_samples) on its own rows and describes every local cluster by a
+   small Gaussian mixture (`components` Gaussians, full covariance; fewer when the cluster has
+   fewer rows) fitted with scikit-learn: `describe_site`.
+2. The descriptions travel in *slots*: the job's vector holds `local_clusters_max` slots per member,
+   a site fills its own and leaves the others at zero, so the secure sum of all vectors is every
+   site's descriptions side by side (`pack` / `unpack`). This shares each local cluster's row
+   count and mixture with every member — more than the kmeans and gmm jobs share.
+3. Every member samples the same synthetic points from all descriptions (generator seeded by the
+   job seed, the member's position and the slot; a cluster of n rows gives n points, split over
+   its Gaussians by a multinomial draw on their weights, as Vasilopoulou's thesis, Table 5.2) and runs
+   DBSCAN(eps, min_samples) on them: `synthesize`, `cluster_synthetic`.
+4. Each site labels its own rows: the cluster of the nearest synthetic point that DBSCAN did not
+   call noise, if that point is within eps, else noise (-1): `assign`.
+Clusters are numbered in a canonical order: by the first coordinate of their synthetic points'
+mean (ties by the next coordinates).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedpeer.errors import JobError
+
+
+def slot_size(components: int, d: int) -> int:
+    """Floats per slot: rows, weights, means, covariance upper triangles."""
+    return 1 + components * (1 + d + d * (d + 1) // 2)
+
+
+def describe_site(X: np.ndarray, eps: float, min_samples: int, components: int, seed: int,
+                  reg_covar: float) -> list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+    """(rows, weights, means, covariances) of each local DBSCAN cluster, largest first."""
+    from sklearn.cluster import DBSCAN
+    from sklearn.mixture import GaussianMixture
+
+    if X.shape[0] == 0:
+        return []
+    labels = DBSCAN(eps=eps, min_samples=min_samples).fit_predict(X)
+    found = [c for c in np.unique(labels) if c >= 0]
+    found.sort(key=lambda c: (-int((labels == c).sum()), int(c)))
+    out = []
+    for c in found:
+        rows = X[labels == c]
+        n_comp = min(components, len(rows))
+        gm = GaussianMixture(n_comp, covariance_type="full", reg_covar=reg_covar, random_state=seed).fit(rows)
+        out.append((len(rows), gm.weights_, gm.means_, gm.covariances_))
+    return out
+
+
+def pack(descriptions: list, position: int, members: int, slots: int, components: int, d: int) -> np.ndarray:
+    """This site's descriptions in its own slots (position in member order); zeros elsewhere."""
+    if len(descriptions) > slots:
+        raise JobError(f"this site found {len(descriptions)} local clusters, more than local_clusters_max "
+                       f"{slots}; raise local_clusters_max (or eps / min_samples)")
+    size = slot_size(components, d)
+    vector = np.zeros(members * slots * size)
+    iu = np.triu_indices(d)
+    for s, (rows, weights, means, covs) in enumerate(descriptions):
+        at = (position * slots + s) * size
+        block = np.zeros(size)
+        block[0] = rows
+        m = len(weights)
+        block[1:1 + m] = weights
+        base = 1 + components
+        block[base:base + m * d] = means.ravel()
+        base += components * d
+        tri = d * (d + 1) // 2
+        block[base:base + m * tri] = np.concatenate([c[iu] for c in covs])
+        vector[at:at + size] = block
+    return vector
+
+
+def unpack(total: np.ndarray, members: int, slots: int, components: int,
+           d: int) -> list[tuple[int, int, int, np.ndarray, np.ndarray, np.ndarray]]:
+    """(member position, slot, rows, weights, means, covariances) of every filled slot, in order.
+    JobError when a slot cannot be a description an honest site sent."""
+    size, tri = slot_size(components, d), d * (d + 1) // 2
+    iu = np.triu_indices(d)
+    out = []
+    for p in range(members):
+        for s in range(slots):
+            block = total[(p * slots + s) * size:(p * slots + s + 1) * size]
+            rows = block[0]
+            if rows == 0 and not block.any():
+                continue
+            weights = block[1:1 + components]
+            means = block[1 + components:1 + components + components * d].reshape(components, d)
+            covs = np.zeros((components, d, d))
+            flat = block[1 + components + components * d:].reshape(components, tri)
+            for c in range(components):
+                covs[c][iu] = flat[c]
+                covs[c] = covs[c] + np.triu(covs[c], 1).T
+            keep = weights > 0
+            if (rows < 1 or rows != round(rows) or (weights < 0).any() or abs(weights.sum() - 1) > 1e-6
+                    or not np.isfinite(block).all()):
+                raise JobError(f"the shared cluster descriptions cannot come from an honest site (member "
+                               f"{p + 1}, slot {s + 1}): a member sent a wrong contribution")
+            out.append((p, s, int(round(rows)), weights[keep], means[keep], covs[keep]))
+    return out
+
+
+def synthesize(described: list, seed: int) -> np.ndarray:
+    """The synthetic points every member draws identically (module docstring, step 3)."""
+    parts = []
+    for p, s, rows, weights, means, covs in described:
+        rng = np.random.default_rng([seed, p, s])
+        counts = rng.multinomial(rows, weights / weights.sum())
+        for n, mean, cov in zip(counts, means, covs):
+            if n == 0:
+                continue
+            try:
+                chol = np.linalg.cholesky(cov)
+            except np.linalg.LinAlgError:
+                raise JobError(f"the shared description of member {p + 1}'s cluster {s + 1} has a covariance that "
+                               "is not positive definite; raise reg_covar") from None
+            parts.append(mean + rng.standard_normal((n, len(mean))) @ chol.T)
+    d = described[0][4].shape[1] if described else 0
+    S = np.vstack(parts) if parts else np.zeros((0, d))
+    if not np.isfinite(S).all():
+        raise JobError("synthetic points that are not finite: a shared description cannot come from an honest "
+                       "site (a member sent a wrong contribution)")
+    return S
+
+
+def cluster_synthetic(S: np.ndarray, eps: float, min_samples: int) -> np.ndarray:
+    """DBSCAN labels of the synthetic points, renumbered in the canonical order (noise: -1)."""
+    from sklearn.cluster import DBSCAN
+
+    if len(S) == 0:
+        return np.zeros(0, dtype=np.int64)
+    labels = DBSCAN(eps=eps, min_samples=min_samples).fit_predict(S)
+    found = [c for c in np.unique(labels) if c >= 0]
+    if not found:
+        return labels.astype(np.int64)
+    means = np.array([S[labels == c].mean(axis=0) for c in found])
+    order = np.lexsort(means.T[::-1])
+    renumber = {int(found[i]): rank for rank, i in enumerate(order)}
+    return np.array([renumber.get(int(v), -1) for v in labels], dtype=np.int64)
+
+
+def assign(X: np.ndarray, S: np.ndarray, labels: np.ndarray, eps: float) -> np.ndarray:
+    """Each row: the cluster of its nearest non-noise synthetic point within eps, else -1."""
+    from sklearn.neighbors import NearestNeighbors
+
+    core = labels >= 0
+    if not core.any() or len(X) == 0:
+        return np.full(len(X), -1, dtype=np.int64)
+    nn = NearestNeighbors(n_neighbors=1).fit(S[core])
+    dist, idx = nn.kneighbors(X)
+    out = labels[core][idx[:, 0]]
+    return np.where(dist[:, 0] <= eps, out, -1).astype(np.int64)

@@ -1,0 +1,361 @@
+"""Pure k-means / fuzzy c-means steps on arrays (docs/algorithms.md; Bárcena et al.'s LLF-CM, eq. 2).
+
+Rules of this module:
+- Pure: numpy in, numpy out. No channel, no clock, no randomness except generators seeded from the
+  job seed. The `kmeans` and `gmm` jobs (fedpeer/kinds/cluster/kmeans.py, gmm.py) and the in-process
+  reference (`reference_kmeans`) call the same functions, so the federated run and the run on the
+  pooled rows differ only by the fixed-point rounding of the summed values.
+- Every site computes a *local block* per k-means restart from its own rows; the secure sum adds
+  the blocks; `Lloyd.advance` turns the totals into the next centres, identically at every site.
+
+A block (one restart, k clusters, d features), in clustering space (standardised or not):
+  floats: Σ w x per cluster (k·d), Σ w per cluster (k), Σ w · ‖x - c‖² (1)
+  counts: rows nearest each centre (k), rows whose nearest centre changed since the last round (1)
+with w = 1 for the nearest centre and 0 otherwise (hard k-means, `fuzziness` 1), or w = u^m, the
+fuzzy c-means membership u raised to m = `fuzziness` > 1 (Marcelloni's federated-learning lecture; Bezdek's update).
+
+Lloyd iterations follow scikit-learn's `KMeans(algorithm="lloyd")`: a restart stops when no row
+changed its nearest centre (strict convergence: the new centres are the old ones), or when the
+squared centre shift Σ‖c' - c‖² is at most tol · mean per-feature variance, or after max_iter
+rounds. After a stop that is not strict, one more round only evaluates the final centres (inertia
+and cluster sizes at those centres), as scikit-learn re-assigns labels before its inertia.
+
+Empty clusters (the documented rule): a cluster that receives no rows (Σ w = 0) gets a new centre
+drawn from the federation-wide per-feature normal N(mean, std²) with a generator seeded by
+(job seed, restart, round, cluster). It reveals nothing about any row (scikit-learn instead moves
+it to the row farthest from its centre, which would expose that row). A restart that ends with an
+empty cluster keeps it; its inertia decides whether it is kept.
+
+Initial centres: for restart r, k draws from N(mean, std²) per feature with the generator seeded
+by (job seed, r): the federation-wide mean and std come from one secure sum; no row is used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fedpeer.errors import JobError
+
+ROWS_PER_CHUNK_CELLS = 1 << 22        # rows x clusters distances held at once (32 MiB of float64)
+STATES = ("running", "evaluating", "done")
+
+
+# ---------------------------------------------------------------------------------------------
+# Moments and the clustering space
+# ---------------------------------------------------------------------------------------------
+
+def local_moments(X: np.ndarray) -> np.ndarray:
+    """[Σx per feature, Σx² per feature] of a site's rows (the row count travels as a count)."""
+    return np.concatenate([X.sum(axis=0), (X * X).sum(axis=0)])
+
+
+def finish_moments(n: int, sums: np.ndarray, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """Federation-wide mean and population std (denominator n, as numpy's and scikit-learn's
+    StandardScaler) from the summed moments."""
+    mean = sums[:d] / n
+    var = np.maximum(sums[d:2 * d] / n - mean * mean, 0.0)
+    return mean, np.sqrt(var)
+
+
+@dataclass(frozen=True)
+class Space:
+    """Where clustering happens: z = (x - shift) / scale. Identity unless standardised."""
+
+    shift: np.ndarray
+    scale: np.ndarray
+
+    def to(self, X: np.ndarray) -> np.ndarray:
+        return (X - self.shift) / self.scale
+
+    def back(self, C: np.ndarray) -> np.ndarray:
+        return C * self.scale + self.shift
+
+    @property
+    def standardized(self) -> bool:
+        return bool((self.shift != 0).any() or (self.scale != 1).any())
+
+
+def make_space(mean: np.ndarray, std: np.ndarray, standardize: bool) -> Space:
+    """Standardise with the federated mean and std; a constant feature (std 0) keeps scale 1."""
+    if not standardize:
+        return Space(np.zeros_like(mean), np.ones_like(mean))
+    return Space(mean.copy(), np.where(std > 0, std, 1.0))
+
+
+def initial_centers(mean: np.ndarray, std: np.ndarray, k: int, seed: int, restart: int) -> np.ndarray:
+    """k centres drawn from N(mean, std²) per feature (clustering space), seeded by (seed, restart)."""
+    rng = np.random.default_rng([seed, restart])
+    return mean + std * rng.standard_normal((k, len(mean)))
+
+
+def parse_centers(text: str, k: int, d: int) -> np.ndarray:
+    """`init` = "x1,x2;y1,y2": one centre per ';'-separated group, d numbers each (original units)."""
+    rows = [r for r in text.split(";") if r.strip()]
+    try:
+        values = [[float(v) for v in r.split(",")] for r in rows]
+    except ValueError:
+        raise JobError(f"parameter init: {text[:80]!r} is not centres like \"1.0,2.0;3.5,-1\"") from None
+    lengths = {len(v) for v in values}
+    if len(rows) != k or lengths != {d}:
+        got = f"{len(rows)} centre(s)" + (f" of {lengths.pop()} values" if len(lengths) == 1 else " of unequal lengths")
+        raise JobError(f"parameter init: {got}; this job needs k = {k} centres of {d} values (one per feature)")
+    C = np.array(values, dtype=np.float64)
+    if not np.isfinite(C).all():
+        raise JobError("parameter init: every value must be finite")
+    return C
+
+
+# ---------------------------------------------------------------------------------------------
+# Distances and a site's block
+# ---------------------------------------------------------------------------------------------
+
+def sq_distances(X: np.ndarray, C: np.ndarray) -> np.ndarray:
+    """(rows, k) squared Euclidean distances, ‖x‖² - 2 x·c + ‖c‖² clipped at 0 (as scikit-learn)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        d2 = (X * X).sum(axis=1)[:, None] - 2.0 * (X @ C.T) + (C * C).sum(axis=1)[None, :]
+    np.maximum(d2, 0.0, out=d2)
+    if not np.isfinite(d2).all():
+        raise JobError("squared distances overflow float64 (features of magnitude ~1e154 or more): "
+                       "set standardize=true or rescale the features")
+    return d2
+
+
+def memberships(d2: np.ndarray, fuzziness: float) -> np.ndarray:
+    """Fuzzy c-means memberships u_ic = 1 / Σ_j (d_ic / d_ij)^(2/(m-1)), in log space so that large
+    exponents neither overflow nor divide by zero (a row on a centre gets membership ~1 there)."""
+    tiny = np.finfo(np.float64).tiny
+    logw = -np.log(np.maximum(d2, tiny)) / (fuzziness - 1.0)
+    logw -= logw.max(axis=1, keepdims=True)
+    w = np.exp(logw)
+    return w / w.sum(axis=1, keepdims=True)
+
+
+def _chunks(n: int, k: int) -> range:
+    return range(0, n, max(1, ROWS_PER_CHUNK_CELLS // max(k, 1)))
+
+
+def _nearest_part(X: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's Lloyd assignment: the argmin over centres of ‖c‖² - 2 x·c (‖x‖² is the same
+    for every centre; lowest index on ties), and the squared distance to the chosen centre taken
+    directly, Σ (x - c)², free of the expansion's cancellation far from the origin."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        partial = (C * C).sum(axis=1)[None, :] - 2.0 * (X @ C.T)
+        labels = partial.argmin(axis=1)
+        diff = X - C[labels]
+        best = (diff * diff).sum(axis=1)
+    if not (np.isfinite(partial).all() and np.isfinite(best).all()):
+        raise JobError("squared distances overflow float64 (features of magnitude ~1e154 or more): "
+                       "set standardize=true or rescale the features")
+    return labels, best
+
+
+def nearest(X: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's nearest centre (lowest index on ties) and its squared distance."""
+    labels = np.empty(X.shape[0], dtype=np.int64)
+    best = np.empty(X.shape[0], dtype=np.float64)
+    step = _chunks(X.shape[0], C.shape[0]).step
+    for a in range(0, X.shape[0], step):
+        labels[a:a + step], best[a:a + step] = _nearest_part(X[a:a + step], C)
+    return labels, best
+
+
+def local_block(X: np.ndarray, C: np.ndarray, fuzziness: float,
+                previous: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One restart's block at centres C: (floats, counts, labels); see the module docstring."""
+    k, d = C.shape
+    sums, weights, objective = np.zeros((k, d)), np.zeros(k), 0.0
+    labels = np.empty(X.shape[0], dtype=np.int64)
+    step = _chunks(X.shape[0], k).step
+    for a in range(0, X.shape[0], step):
+        part = X[a:a + step]
+        if fuzziness == 1.0:
+            lab, best = _nearest_part(part, C)
+            onehot = np.zeros((len(lab), k))
+            onehot[np.arange(len(lab)), lab] = 1.0
+            sums += onehot.T @ part
+            weights += onehot.sum(axis=0)
+            objective += float(best.sum())
+        else:
+            d2 = sq_distances(part, C)
+            lab = d2.argmin(axis=1)
+            w = memberships(d2, fuzziness) ** fuzziness
+            sums += w.T @ part
+            weights += w.sum(axis=0)
+            objective += float((w * d2).sum())
+        labels[a:a + step] = lab
+    counts = np.bincount(labels, minlength=k).astype(np.int64)
+    changed = X.shape[0] if previous is None else int((labels != previous).sum())
+    floats = np.concatenate([sums.ravel(), weights, [objective]])
+    return floats, np.concatenate([counts, [changed]]).astype(np.int64), labels
+
+
+def block_sizes(k: int, d: int) -> tuple[int, int]:
+    """(floats, counts) per restart block."""
+    return k * d + k + 1, k + 1
+
+
+# ---------------------------------------------------------------------------------------------
+# The Lloyd driver: identical at every member, fed with the summed blocks
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Restart:
+    centers: np.ndarray                     # current (final once done), clustering space
+    state: str = "running"
+    iterations: int = 0                     # centre updates made
+    history: list[float] = field(default_factory=list)   # objective at each round's centres
+    inertia: float | None = None            # objective at the final centres
+    counts: np.ndarray | None = None        # rows nearest each final centre, federation-wide
+    reseeded: int = 0                       # empty clusters re-seeded
+    converged: bool = False                 # stopped on strict convergence or tol, not max_iter
+
+
+@dataclass
+class Lloyd:
+    inits: list[np.ndarray]
+    fuzziness: float
+    tol_abs: float                          # bound on Σ‖c' - c‖² (tol · mean variance)
+    max_iter: int
+    seed: int
+    mean: np.ndarray                        # federation-wide, clustering space (for re-seeding)
+    std: np.ndarray
+    restarts: list[Restart] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.restarts = [Restart(np.array(c, dtype=np.float64)) for c in self.inits]
+
+    @property
+    def k(self) -> int:
+        return self.restarts[0].centers.shape[0]
+
+    @property
+    def d(self) -> int:
+        return self.restarts[0].centers.shape[1]
+
+    def active(self) -> list[int]:
+        return [i for i, r in enumerate(self.restarts) if r.state != "done"]
+
+    @property
+    def finished(self) -> bool:
+        return not self.active()
+
+    def local(self, X: np.ndarray, labels: dict[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """This site's blocks for the active restarts, concatenated; `labels` (restart -> last
+        labels) is the site's own memory for the 'changed' count, updated in place."""
+        floats, counts = [], []
+        for i in self.active():
+            f, c, labels[i] = local_block(X, self.restarts[i].centers, self.fuzziness, labels.get(i))
+            floats.append(f)
+            counts.append(c)
+        return np.concatenate(floats), np.concatenate(counts)
+
+    def advance(self, floats: np.ndarray, counts: np.ndarray, n: int) -> None:
+        """Apply the summed blocks of the active restarts (in `active()` order)."""
+        nf, nc = block_sizes(self.k, self.d)
+        active = self.active()
+        if floats.shape != (nf * len(active),) or counts.shape != (nc * len(active),):
+            raise JobError(f"k-means: summed blocks of shape {floats.shape}/{counts.shape} for "
+                           f"{len(active)} restarts of k={self.k}, d={self.d}")
+        for b, i in enumerate(active):
+            self._step(i, floats[b * nf:(b + 1) * nf], counts[b * nc:(b + 1) * nc], n)
+
+    def _step(self, i: int, f: np.ndarray, c: np.ndarray, n: int) -> None:
+        k, d = self.k, self.d
+        r = self.restarts[i]
+        sums, weights, objective = f[:k * d].reshape(k, d), f[k * d:k * d + k], float(f[-1])
+        sizes, changed = c[:k], int(c[k])
+        check_block(sums, weights, objective, sizes, changed, n)
+        r.history.append(objective)
+        if r.state == "evaluating":
+            r.inertia, r.counts, r.state = objective, sizes.copy(), "done"
+            return
+        r.iterations += 1
+        new, empty = self._update(i, sums, weights)
+        if self.fuzziness == 1.0 and changed == 0 and not empty.any():   # strict convergence
+            r.inertia, r.counts, r.state, r.converged = objective, sizes.copy(), "done", True
+            return
+        shift = float(((new - r.centers) ** 2).sum())
+        r.centers = new
+        r.converged = shift <= self.tol_abs
+        if r.converged or r.iterations >= self.max_iter:
+            r.state = "evaluating"
+
+    def _update(self, i: int, sums: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """New centres Σ w x / Σ w (eq. 2); empty clusters re-seeded (module docstring)."""
+        r = self.restarts[i]
+        empty = weights <= 0
+        new = np.empty_like(r.centers)
+        new[~empty] = sums[~empty] / weights[~empty, None]
+        if empty.any():
+            rng = np.random.default_rng([self.seed, i, r.iterations, 1])
+            draws = self.mean + self.std * rng.standard_normal((self.k, self.d))
+            new[empty] = draws[empty]
+            r.reseeded += int(empty.sum())
+        if not np.isfinite(new).all():
+            raise JobError("k-means: a centre is not finite; set standardize=true or rescale the features")
+        return new, empty
+
+    def best(self) -> int:
+        """The restart with the lowest final objective (the first of equals)."""
+        assert self.finished
+        return min(range(len(self.restarts)), key=lambda i: (self.restarts[i].inertia, i))
+
+
+def check_block(sums: np.ndarray, weights: np.ndarray, objective: float, sizes: np.ndarray,
+                changed: int, n: int) -> None:
+    """What honest sites' sums always satisfy; otherwise a member sent a wrong contribution and
+    the job fails with the reason rather than handing every site centres that cannot be true."""
+    problems = []
+    if not (np.isfinite(sums).all() and np.isfinite(weights).all() and np.isfinite(objective)):
+        problems.append("a sum that is not finite")
+    if (weights < -1e-6).any() or objective < -1e-6:
+        problems.append("a negative weight or inertia")
+    if (sizes < 0).any() or int(sizes.sum()) != n:
+        problems.append(f"cluster sizes adding up to {int(sizes.sum())}, not the {n} rows")
+    if not 0 <= changed <= n:
+        problems.append(f"{changed} changed rows of {n}")
+    if problems:
+        raise JobError("the secure sums cannot come from honest sites (" + "; ".join(problems)
+                       + "): a member sent a wrong contribution; no clustering is reported")
+
+
+def tolerance(std: np.ndarray, tol: float) -> float:
+    """scikit-learn's absolute tolerance: tol times the mean per-feature variance."""
+    return float(np.mean(std * std)) * tol
+
+
+def canonical_order(C: np.ndarray) -> np.ndarray:
+    """Indices sorting centres by first coordinate, ties by the next ones (original units)."""
+    return np.lexsort(C.T[::-1])
+
+
+# ---------------------------------------------------------------------------------------------
+# In-process reference: the same steps on pooled rows, with plain sums
+# ---------------------------------------------------------------------------------------------
+
+def plan(X_moments: tuple[int, np.ndarray], d: int, *, k: int, seed: int, n_init: int, standardize: bool,
+         tol: float, max_iter: int, fuzziness: float, init: np.ndarray | None) -> tuple[Space, Lloyd]:
+    """From the summed moments (n, [Σx, Σx²]) to the clustering space and the Lloyd driver."""
+    n, sums = X_moments
+    mean, std = finish_moments(n, sums, d)
+    space = make_space(mean, std, standardize)
+    mean_c, std_c = (mean - space.shift) / space.scale, std / space.scale
+    if init is not None:
+        inits = [space.to(init)]
+    else:
+        inits = [initial_centers(mean_c, std_c, k, seed, r) for r in range(n_init)]
+    return space, Lloyd(inits, fuzziness, tolerance(std_c, tol), max_iter, seed, mean_c, std_c)
+
+
+def reference_kmeans(X: np.ndarray, **params: object) -> tuple[Space, Lloyd, int]:
+    """What the federation computes, run on the pooled rows: (space, finished driver, rounds)."""
+    d = X.shape[1]
+    space, lloyd = plan((X.shape[0], local_moments(X)), d, **params)   # type: ignore[arg-type]
+    Z, labels, rounds = space.to(X), {}, 0
+    while not lloyd.finished:
+        floats, counts = lloyd.local(Z, labels)
+        lloyd.advance(floats, counts, X.shape[0])
+        rounds += 1
+    return space, lloyd, rounds

@@ -1,0 +1,137 @@
+"""Federated evaluation without sharing predictions (docs/algorithms.md): additive counts —
+pure functions on arrays.
+
+Federated evaluation (§3): `score_histograms`, `auc_from_histograms`, `logloss_sums`,
+`accuracy_counts` return non-negative integer counts (or a float sum with an integer count), so
+sites can secure-sum them: counts with `fixedpoint.encode_counts`, the log-loss sum with
+`FixedPoint.encode` (its per-row loss is at most -log(LOGLOSS_EPS) ≈ 34.5). `site_counts` packs
+them for one secure sum and `metrics` reads the federation's figures from the summed packs (the
+xgboost, logreg and mlp jobs all evaluate this way).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+__all__ = ["LOGLOSS_EPS", "accuracy_counts", "auc_from_histograms", "logloss_sums", "metrics", "score_histograms",
+           "site_counts"]
+
+LOGLOSS_EPS = 1e-15           # probabilities are clipped to [eps, 1 - eps] before the log
+
+
+def _proba(y: Any, proba: Any) -> tuple[np.ndarray, np.ndarray, int]:
+    """(labels int64 (rows,), proba float64 (rows,) or (rows, K), K) with checks."""
+    p = np.asarray(proba, dtype=np.float64)
+    if p.ndim == 1:
+        groups = 1
+    elif p.ndim == 2 and p.shape[1] >= 2:
+        groups = p.shape[1]
+    else:
+        raise ValueError(f"proba must be (rows,) for binary or (rows, K>=2), got shape {p.shape}")
+    if not np.isfinite(p).all() or (p < 0).any() or (p > 1).any():
+        raise ValueError("probabilities must be finite and in [0, 1]")
+    y_arr = np.asarray(y)
+    if y_arr.shape != (p.shape[0],) or y_arr.dtype.kind not in "biu":
+        raise ValueError(f"y must be integer labels of shape ({p.shape[0]},), got {y_arr.dtype} {y_arr.shape}")
+    labels = y_arr.astype(np.int64)
+    top = 1 if groups == 1 else groups - 1
+    if len(labels) and (labels.min() < 0 or labels.max() > top):
+        raise ValueError(f"labels must be in [0, {top}]")
+    return labels, p, groups
+
+
+def _bins(p: np.ndarray, bins: int) -> np.ndarray:
+    return np.minimum(np.floor(p * bins).astype(np.int64), bins - 1)
+
+
+def score_histograms(y: Any, proba: Any, bins: int = 1000) -> np.ndarray:
+    """Counts of predicted scores per bin, negatives and positives apart — additive over sites.
+
+    Binary (proba (rows,) = P(positive)): int64 (2, bins); row 0 counts negatives, row 1
+    positives; bin b holds scores in [b/bins, (b+1)/bins) (1.0 in the last bin).
+    Multi-class (proba (rows, K)): one-vs-rest, int64 (K, 2, bins): entry k is the binary
+    histogram of P(class k) with class k as the positive. Secure-sum with
+    `encode_counts(h.ravel(), n_parties, count_max=rows)`."""
+    if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or not 1 <= bins <= 1 << 24:
+        raise ValueError(f"bins must be an integer in [1, 2^24], got {bins!r}")
+    labels, p, groups = _proba(y, proba)
+    if groups == 1:
+        return _binary_histogram(labels, p, bins)
+    return np.stack([_binary_histogram((labels == k).astype(np.int64), p[:, k], bins) for k in range(groups)])
+
+
+def _binary_histogram(labels: np.ndarray, p: np.ndarray, bins: int) -> np.ndarray:
+    return np.bincount(labels * bins + _bins(p, bins), minlength=2 * bins).reshape(2, bins).astype(np.int64)
+
+
+def auc_from_histograms(hist: Any) -> Any:
+    """AUC from (summed) score histograms: exact up to ties inside a bin, which count 1/2 (as
+    ties do in the AUC). (2, bins) -> float; (K, 2, bins) -> float64 (K,) one-vs-rest AUCs (their
+    mean is scikit-learn's macro "ovr" AUC). NaN where a class has no positives or no negatives.
+    Integer arithmetic throughout, one correctly rounded division at the end."""
+    h = np.asarray(hist)
+    if h.dtype.kind not in "iu" or h.ndim not in (2, 3) or h.shape[-2] != 2 or h.shape[-1] < 1:
+        raise ValueError(f"hist must be integer counts of shape (2, bins) or (K, 2, bins), got {h.dtype} {h.shape}")
+    if (h < 0).any():
+        raise ValueError("hist holds negative counts")
+    if h.ndim == 3:
+        return np.array([_auc(h[k]) for k in range(h.shape[0])])
+    return _auc(h)
+
+
+def _auc(h: np.ndarray) -> float:
+    neg, pos = [int(v) for v in h[0]], [int(v) for v in h[1]]
+    n_neg, n_pos = sum(neg), sum(pos)
+    if n_neg == 0 or n_pos == 0:
+        return math.nan
+    below, twice = 0, 0
+    for n_b, p_b in zip(neg, pos):
+        twice += p_b * (2 * below + n_b)        # pairs with the negative lower: 1, in the same bin: 1/2
+        below += n_b
+    return twice / (2 * n_pos * n_neg)
+
+
+def logloss_sums(y: Any, proba: Any, eps: float = LOGLOSS_EPS) -> tuple[float, int]:
+    """(Σ -log p(true class), rows) — additive; mean log-loss = Σ sums / Σ rows. Probabilities
+    are clipped to [eps, 1 - eps] first."""
+    labels, p, groups = _proba(y, proba)
+    if groups == 1:
+        p_true = np.where(labels == 1, p, 1.0 - p)
+    else:
+        p_true = p[np.arange(len(labels)), labels]
+    return float(-np.log(np.clip(p_true, eps, 1.0 - eps)).sum()), len(labels)
+
+
+def accuracy_counts(y: Any, proba: Any) -> tuple[int, int]:
+    """(correct, rows) — additive. Binary predicts positive iff P > 0.5 (XGBClassifier's rule);
+    multi-class predicts the argmax (the lowest class on a tie)."""
+    labels, p, groups = _proba(y, proba)
+    predicted = (p > 0.5).astype(np.int64) if groups == 1 else np.argmax(p, axis=1)
+    return int((predicted == labels).sum()), len(labels)
+
+
+def site_counts(y: Any, proba: Any, bins: int) -> tuple[np.ndarray, float]:
+    """One site's additive evaluation of a classifier: (int64 counts = the score histograms
+    raveled ++ [correct, rows], the log-loss sum)."""
+    hist = score_histograms(y, proba, bins)
+    correct, rows = accuracy_counts(y, proba)
+    loss, _ = logloss_sums(y, proba)
+    return np.concatenate([hist.ravel(), [correct, rows]]).astype(np.int64), loss
+
+
+def metrics(counts: Any, loss: float, groups: int, bins: int) -> dict:
+    """The federation's AUC (exact up to ties inside a bin; macro one-vs-rest over the classes
+    with both labels present for multi-class), log-loss and accuracy from summed `site_counts`
+    (`counts`) and log-loss sums (`loss`): {"auc", "logloss", "accuracy", "rows"}."""
+    counts = np.asarray(counts)
+    hist = counts[:-2].reshape((2, bins) if groups == 1 else (groups, 2, bins))
+    correct, rows = int(counts[-2]), int(counts[-1])
+    auc = auc_from_histograms(hist)
+    if groups > 1:
+        finite = auc[np.isfinite(auc)]
+        auc = float(finite.mean()) if len(finite) else math.nan
+    return {"auc": None if math.isnan(auc) else round(float(auc), 6), "logloss": round(loss / rows, 6),
+            "accuracy": round(correct / rows, 6), "rows": rows}

@@ -1,0 +1,2 @@
+"""Pure forest arithmetic: trees as validated arrays, their evaluator, BOFRF, AdaBoost stumps,
+BOPPID."""

@@ -1,0 +1,275 @@
+"""Growing one tree from summed histograms, level by level, exactly as xgboost's hist updater
+does (docs/algorithms.md, "Exact histogram mode, the formulas"; xgboost src/tree/param.h and
+hist/evaluate_splits.h) — pure functions: every member runs them on the same summed histograms
+and derives the same tree.
+
+Per node with sums G, H (xgboost's CalcWeight / CalcGain, reg_alpha = 0):
+  weight w = -G / (H + lambda), clipped to [-max_delta_step, max_delta_step] if that is > 0;
+  gain(G, H) = G^2 / (H + lambda), or -(2 G w + (H + lambda) w^2) with max_delta_step > 0;
+  both are 0 when H < min_child_weight or H <= 0.
+A split's loss_chg = gain(left) + gain(right) - gain(node) (xgboost stores it so, without the
+1/2 of the paper's eq. 7; gamma = min_split_loss is compared with this same number). A split is
+made iff loss_chg > 1e-6 (xgboost's kRtEps), loss_chg >= gamma, both sides have H >=
+min_child_weight and H > 0, both sides have >= `min_leaf_rows` rows federation-wide (fedpeer's
+privacy floor: no leaf describes one person), and the node's depth < max_depth.
+Candidates: every cut k of every feature (left iff bin < k), missing values right, then missing
+values left (xgboost's learned default direction). Ties: the lowest feature, then the lowest
+cut, then missing-right — one fixed rule, so every member picks the same split. Leaf value =
+eta * w as float32.
+
+Level order (depthwise, xgboost's default grow_policy): `start_tree` asks for the root's
+histogram; `grow_level(growth, summed)` takes the summed histograms of `growth.build` (the
+smaller child of every pair, by federation-wide rows, the left one on a tie; the sibling is
+parent - built, exactly, since histograms are integers), decides every frontier node, and asks
+for the next level — or is done. Nodes are numbered breadth-first as the trees document wants
+(the k-th internal node has children 2k+1, 2k+2). At most max_depth sums per tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from fedpeer.ml.xgb.hist import CHANNELS
+from fedpeer.ml.xgb.sketch import Cuts
+from fedpeer.ml.xgb.tree import _f32, _Tree
+
+__all__ = ["Growth", "SplitParams", "best_splits", "finish_tree", "grow_level", "route_rows", "start_tree",
+           "tree_leaf_values"]
+
+RT_EPS = 1e-6     # xgboost's kRtEps: a split must gain more than this
+
+
+@dataclass(frozen=True)
+class SplitParams:
+    """xgboost's tree parameters (same names) plus fedpeer's min_leaf_rows and the fixed-point
+    scales of the summed g and h (hist.scale_bits of the declared bounds)."""
+
+    grad_bits: int
+    hess_bits: int
+    eta: float = 0.3
+    max_depth: int = 6
+    reg_lambda: float = 1.0
+    gamma: float = 0.0
+    min_child_weight: float = 1.0
+    max_delta_step: float = 0.0
+    min_leaf_rows: int = 2
+
+    def sums(self, totals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Integer channel sums (..., 3) -> float64 G, H (exact while below 2^53)."""
+        return (np.ldexp(totals[..., 0].astype(np.float64), -self.grad_bits),
+                np.ldexp(totals[..., 1].astype(np.float64), -self.hess_bits))
+
+    def weight(self, G: np.ndarray, H: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            w = -G / (H + self.reg_lambda)
+        if self.max_delta_step > 0:
+            w = np.clip(w, -self.max_delta_step, self.max_delta_step)
+        return np.where((H < self.min_child_weight) | (H <= 0), 0.0, w)
+
+    def gain(self, G: np.ndarray, H: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if self.max_delta_step > 0:
+                w = self.weight(G, H)
+                g = -(2.0 * G * w + (H + self.reg_lambda) * w * w)
+            else:
+                g = G * G / (H + self.reg_lambda)
+        return np.where((H < self.min_child_weight) | (H <= 0), 0.0, g)
+
+
+@dataclass(frozen=True, eq=False)
+class Splits:
+    """The best split of each node (arrays over nodes); `made` False where none is allowed."""
+
+    made: np.ndarray          # bool
+    feature: np.ndarray       # int64
+    cut: np.ndarray           # int64 k >= 1: left iff bin < k
+    default_left: np.ndarray  # int64 0/1
+    loss_chg: np.ndarray      # float64
+    left: np.ndarray          # int64 (n, 3) left child's sums
+    right: np.ndarray         # int64 (n, 3)
+
+
+def best_splits(hist: np.ndarray, cut_counts: np.ndarray, p: SplitParams) -> Splits:
+    """xgboost's split enumeration over summed histograms int64 (n, F, S, 3), vectorised over
+    nodes, features, cuts and both missing directions."""
+    n, n_features, n_slots, _ = hist.shape
+    n_cuts = n_slots - 2                                   # cuts k = 1..max_bin-1
+    total = hist[:, 0].sum(axis=1)                         # (n, 3): every feature holds every row once
+    below = np.cumsum(hist[:, :, :n_cuts], axis=2)         # (n, F, K, 3): sums over bins < k, k = 1..K
+    missing = hist[:, :, n_slots - 1]                      # (n, F, 3)
+    G, H = p.sums(total)
+    g_below, h_below = p.sums(below)                       # float64 of integers: exact below 2^53
+    g_miss, h_miss = p.sums(missing)
+    cut_ok = (np.arange(1, n_cuts + 1)[None, :] <= cut_counts[:, None])[None]
+    node = (slice(None), None, None)
+    scored = []
+    n_below, n_miss = below[..., 2], missing[..., None, 2]
+    for gl, hl, nl in ((g_below, h_below, n_below),                                              # missing right
+                       (g_below + g_miss[..., None], h_below + h_miss[..., None], n_below + n_miss)):   # left
+        gr, hr, nr = G[node] - gl, H[node] - hl, total[:, 2][node] - nl
+        chg = p.gain(gl, hl) + p.gain(gr, hr) - p.gain(G, H)[node]
+        ok = (cut_ok & (hl >= p.min_child_weight) & (hr >= p.min_child_weight) & (hl > 0) & (hr > 0)
+              & (nl >= p.min_leaf_rows) & (nr >= p.min_leaf_rows))
+        scored.append(np.where(ok, chg, -np.inf))
+    flat = np.stack(scored, axis=-1).reshape(n, -1)        # order (feature, cut, direction)
+    best = np.argmax(flat, axis=1)                         # first maximum: the fixed tie rule
+    best_chg = flat[np.arange(n), best]
+    f, kk, d = np.unravel_index(best, (n_features, n_cuts, 2))
+    made = (best_chg > RT_EPS) & (best_chg >= p.gamma)
+    left = below[np.arange(n), f, kk] + d[:, None] * missing[np.arange(n), f]             # exact integers
+    return Splits(made=made, feature=f.astype(np.int64), cut=kk.astype(np.int64) + 1, default_left=d.astype(np.int64),
+                  loss_chg=np.where(made, best_chg, 0.0), left=left, right=total - left)
+
+
+@dataclass(frozen=True, eq=False)
+class Growth:
+    """One tree being grown; identical at every member. Node arrays grow breadth-first."""
+
+    params: SplitParams
+    cut_counts: np.ndarray       # int64 (F,)
+    left: np.ndarray             # int64 (nodes,), -1 at a leaf or an undecided node
+    feature: np.ndarray          # int64
+    cut: np.ndarray              # int64 (0 at a leaf)
+    default_left: np.ndarray     # int64
+    loss_chg: np.ndarray         # float64
+    sums: np.ndarray             # int64 (nodes, 3) Σ gq, Σ hq, rows
+    depth: np.ndarray            # int64
+    frontier: np.ndarray         # node ids decided by the next grow_level
+    build: np.ndarray            # the frontier nodes whose histograms the sites build and sum
+    parent_hist: np.ndarray      # int64 (pairs, F, S, 3): the histograms of the frontier's parents
+    done: bool
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.left)
+
+
+def start_tree(cut_counts: np.ndarray, params: SplitParams, features: np.ndarray | None = None) -> Growth:
+    """A tree with one undecided root: the first level asks for the root's histogram. `features`
+    (bool (F,), histboost.tree_features): only these may be split on (the others' cuts are no
+    candidates; their histograms still travel, so every level has one shape)."""
+    one = np.zeros(1, dtype=np.int64)
+    counts = np.asarray(cut_counts, dtype=np.int64)
+    if features is not None:
+        counts = np.where(np.asarray(features, dtype=bool), counts, 0)
+    return Growth(params=params, cut_counts=counts, left=one - 1, feature=one,
+                  cut=one, default_left=one, loss_chg=np.zeros(1), sums=np.zeros((1, CHANNELS), dtype=np.int64),
+                  depth=one, frontier=one, build=one, parent_hist=np.zeros((0,), dtype=np.int64),
+                  done=params.max_depth == 0)
+
+
+def _frontier_hists(g: Growth, summed: np.ndarray) -> np.ndarray:
+    """Histograms of every frontier node: the built ones as summed, each sibling = parent - built."""
+    if len(g.frontier) == 1:
+        return summed
+    pair = (g.frontier - g.frontier[0]) // 2                 # the frontier is pairs of siblings, in order
+    is_built = np.isin(g.frontier, g.build)
+    sibling = np.where(g.frontier % 2 == 1, g.frontier + 1, g.frontier - 1)      # left ids are odd
+    out = np.empty((len(g.frontier),) + summed.shape[1:], dtype=np.int64)
+    out[is_built] = summed[np.searchsorted(g.build, g.frontier[is_built])]
+    derived = ~is_built
+    out[derived] = g.parent_hist[pair[derived]] - summed[np.searchsorted(g.build, sibling[derived])]
+    return out
+
+
+def _check_hists(hist: np.ndarray, expected: np.ndarray | None) -> None:
+    """Summed histograms a member can prove wrong: negative rows or hessians, features that
+    disagree on a node's totals, or totals that differ from what the parent's split said."""
+    totals = hist.sum(axis=2)                                    # (n, F, 3)
+    if (hist[..., 1:] < 0).any():
+        raise ValueError("summed histograms hold a negative hessian or row count")
+    if (totals != totals[:, :1]).any():
+        raise ValueError("summed histograms: features disagree on a node's totals")
+    if expected is not None and (totals[:, 0] != expected).any():
+        raise ValueError("summed histograms: a node's totals differ from its parent's split")
+
+
+def grow_level(g: Growth, summed: np.ndarray) -> Growth:
+    """Decide every frontier node from the summed histograms of `g.build` (int64
+    (len(build), F, S, 3), from hist.decode_histograms) and ask for the next level."""
+    if g.done:
+        raise ValueError("the tree is done")
+    summed = np.asarray(summed)
+    if summed.ndim != 4 or summed.shape[0] != len(g.build) or summed.shape[1] != len(g.cut_counts):
+        raise ValueError(f"summed histograms must be ({len(g.build)}, {len(g.cut_counts)}, S, 3), got {summed.shape}")
+    hist = _frontier_hists(g, summed.astype(np.int64))
+    root = len(g.frontier) == 1 and g.frontier[0] == 0
+    _check_hists(hist, None if root else g.sums[g.frontier])
+    sums = g.sums.copy()
+    if root:
+        sums[0] = hist[0, 0].sum(axis=0)
+    s = best_splits(hist, g.cut_counts, g.params)
+    split = np.flatnonzero(s.made & (g.depth[g.frontier] < g.params.max_depth))
+    nodes = g.frontier[split]
+    first = g.n_nodes
+    children = first + 2 * np.arange(len(split), dtype=np.int64)        # left ids; right = left + 1
+    left, feature, cut, dleft, chg = (a.copy() for a in (g.left, g.feature, g.cut, g.default_left, g.loss_chg))
+    left[nodes], feature[nodes], cut[nodes] = children, s.feature[split], s.cut[split]
+    dleft[nodes], chg[nodes] = s.default_left[split], s.loss_chg[split]
+    new = 2 * len(split)
+    child_sums = np.stack([s.left[split], s.right[split]], axis=1).reshape(new, CHANNELS)
+    child_depth = np.repeat(g.depth[nodes] + 1, 2)
+    pad = np.zeros(new, dtype=np.int64)
+    frontier = np.arange(first, first + new, dtype=np.int64)
+    done = new == 0 or int(child_depth[0]) >= g.params.max_depth
+    smaller_right = child_sums[1::2, 2] < child_sums[0::2, 2]           # tie: build the left one
+    build = children + smaller_right.astype(np.int64)
+    return replace(g, left=np.concatenate((left, pad - 1)), feature=np.concatenate((feature, pad)),
+                   cut=np.concatenate((cut, pad)), default_left=np.concatenate((dleft, pad)),
+                   loss_chg=np.concatenate((chg, pad.astype(np.float64))), sums=np.concatenate((sums, child_sums)),
+                   depth=np.concatenate((g.depth, child_depth)), frontier=frontier if not done else pad[:0],
+                   build=build if not done else pad[:0], parent_hist=hist[split], done=done)
+
+
+def route_rows(g: Growth, bins: np.ndarray, positions: np.ndarray, missing_bin: int) -> np.ndarray:
+    """Each row's node after the splits made so far (rows at a split node move down, repeatedly:
+    at most depth steps, each vectorised over rows)."""
+    pos = np.asarray(positions, dtype=np.int64).copy()
+    for _ in range(int(g.depth.max()) + 1):
+        node_left = g.left[pos]
+        moving = np.flatnonzero(node_left >= 0)
+        if len(moving) == 0:
+            break
+        at = pos[moving]
+        b = bins[moving, g.feature[at]].astype(np.int64)
+        go_left = np.where(b == missing_bin, g.default_left[at] == 1, b < g.cut[at])
+        pos[moving] = np.where(go_left, node_left[moving], node_left[moving] + 1)
+    return pos
+
+
+def finish_tree(g: Growth, cuts: Cuts) -> _Tree:
+    """The grown tree as the trees document's canonical arrays (fedpeer.ml.xgb.tree): split
+    condition = the cut value (left iff x < it), leaf value = eta * weight as float32,
+    loss_changes = loss_chg, sum_hessian = H."""
+    if not g.done:
+        raise ValueError("the tree is not done")
+    leaf = g.left < 0
+    G, H = g.params.sums(g.sums)
+    leaf_value = _f32(g.params.eta * g.params.weight(G, H))
+    threshold = np.zeros(g.n_nodes)
+    internal = ~leaf
+    threshold[internal] = cuts.values[cuts.ptr[g.feature[internal]] + g.cut[internal] - 1]
+    right = np.where(leaf, -1, g.left + 1)
+    return _Tree(left=g.left.copy(), right=right, feature=np.where(leaf, 0, g.feature),
+                 value=np.where(leaf, leaf_value, threshold), default_left=np.where(leaf, 0, g.default_left),
+                 gain=np.where(leaf, 0.0, _f32(g.loss_chg)), cover=_f32(H), depth=int(g.depth.max()))
+
+
+def tree_leaf_values(tree: _Tree, X: np.ndarray) -> np.ndarray:
+    """Each row's leaf value in a finished tree, from raw features as xgboost reads them (float32
+    x < split_condition goes left, NaN follows default_left): float64 (rows,). Routing by bins
+    gives the same leaves (sketch module docstring); this one needs no cuts, so a member can
+    rebuild its margins from committed trees alone."""
+    X32 = np.asarray(X, dtype=np.float32)
+    pos = np.zeros(X32.shape[0], dtype=np.int64)
+    for _ in range(tree.depth):
+        moving = np.flatnonzero(tree.left[pos] >= 0)
+        if len(moving) == 0:
+            break
+        at = pos[moving]
+        x = X32[moving, tree.feature[at]]
+        go_left = np.where(np.isnan(x), tree.default_left[at] == 1, x < tree.value[at].astype(np.float32))
+        pos[moving] = np.where(go_left, tree.left[at], tree.right[at])
+    return tree.value[pos]

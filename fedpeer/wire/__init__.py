@@ -1,0 +1,1 @@
+"""The one gate for untrusted bytes: sessions, the frame, the message schema."""
