@@ -8,10 +8,13 @@ import dataclasses
 
 from fedpeer.jobs.kind import Param
 
-SECURE_SUM_MODES = ("ring", "pairwise")
+SECURE_SUM_MODES = ("ring", "pairwise", "allreduce")
 SEED_MAX = 2**31 - 1
 
 SECURE_SUM = Param(str, "pairwise", "secure-sum mode", choices=SECURE_SUM_MODES)
+# Large vectors (histogram XGBoost's levels): the all-reduce, whose members each move ~2(n-1)/n of
+# the vector (fedpeer/protocols/securesum/allreduce.py); the pairwise ring below its size line
+SECURE_SUM_LARGE = dataclasses.replace(SECURE_SUM, default="allreduce")
 # The same, with who could learn what in each mode, for the kinds whose sums are a site's own values
 SECURE_SUM_EXPLAINED = dataclasses.replace(
     SECURE_SUM, help="secure-sum mode: 'ring' (neighbours together could learn a site's sums) "

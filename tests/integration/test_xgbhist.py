@@ -98,6 +98,37 @@ async def test_a_member_killed_mid_job_leaves_the_survivors_done_with_one_model(
     assert len(models) == 1
 
 
+# Levels large enough for the all-reduce (deeper levels' histograms pass ALLREDUCE_ENTRIES_MIN)
+ALLREDUCE = {**PARAMS, "secure_sum": "allreduce", "max_depth": 4, "max_bin": 256}
+
+
+async def test_the_all_reduce_gives_the_pooled_rows_model_over_real_daemons(make_federation, tmp_path: Path):
+    """The default secure sum of histogram mode (fedpeer/protocols/securesum/allreduce.py) on 4
+    daemons: every member stores the in-process reference's model byte for byte."""
+    h, parts, _ = await _federation(make_federation, tmp_path, 4)
+    job_id = await h.propose(0, "xgboost", ALLREDUCE)
+    records = await h.wait_job(job_id, timeout_s=120)
+    assert {r["state"] for r in records.values()} == {"done"}, [r["error"] for r in records.values()]
+    sites = [_rows(p) for p in parts]
+    want = histrun.train_reference([s.X for s in sites], [s.y for s in sites],
+                                   {"num_round": 4, "max_depth": 4, "eta": 0.3, "max_bin": 256})
+    assert {Path(r["result"]["model_file"]).read_bytes() for r in records.values()} == {want}
+
+
+async def test_a_member_killed_during_all_reduce_sums_leaves_the_survivors_done(make_federation, tmp_path: Path):
+    """A member lost mid-job under the all-reduce: the sum fails at the others, their failure
+    detector names the dead member, and they redo the sum over the survivors (epochs.py)."""
+    h, _, _ = await _federation(make_federation, tmp_path, 3, {"jobs": {"hop_timeout_ms": 2_000}})
+    job_id = await h.propose(0, "xgboost", {**ALLREDUCE, "rounds": ROUNDS_KILLED})
+    await h.wait_step(0, job_id, 3, timeout_s=30)
+    h.kill9(2)
+    records = await h.wait_job(job_id, timeout_s=180, among=[0, 1])
+    assert {r["state"] for r in records.values()} == {"done"}, [r["error"] for r in records.values()]
+    results = [r["result"] for r in records.values()]
+    assert len({r["model_sha256"] for r in results}) == 1
+    assert all(r["lost"] == [h.sites[2].name] and r["trees"] == ROUNDS_KILLED for r in results), results
+
+
 def test_cli_and_harness_take_the_mode(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "fedpeer", "run", "xgboost", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "--mode" in r.stdout and "histogram" in r.stdout

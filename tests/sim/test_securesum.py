@@ -244,7 +244,7 @@ EXTREME = st.one_of(st.integers(U64 - 8, U64 - 1), st.integers(0, U64 - 1), st.s
 
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(n=st.integers(2, 9), length=st.integers(0, 24), chunk=st.integers(1, 7),
-       mode=st.sampled_from(ss.MODES), seed=st.integers(0, 2**32 - 1), data=st.data())
+       mode=st.sampled_from(ss.RING_MODES), seed=st.integers(0, 2**32 - 1), data=st.data())
 def test_exact_sum_every_member_same_outcome(n: int, length: int, chunk: int, mode: str, seed: int,
                                              data: st.DataObject) -> None:
     members = keys(n)
@@ -260,7 +260,7 @@ def test_exact_sum_every_member_same_outcome(n: int, length: int, chunk: int, mo
 
 
 @pytest.mark.looptime
-@pytest.mark.parametrize("mode", ss.MODES)
+@pytest.mark.parametrize("mode", ss.RING_MODES)
 async def test_large_vector_default_chunks_and_progress(mode: str) -> None:
     members = keys(3)
     net = MemoryNetwork(members, seed=11)
@@ -292,7 +292,7 @@ async def test_chunks_are_pipelined_within_a_bounded_window() -> None:
 
 
 @pytest.mark.looptime
-@pytest.mark.parametrize("mode", ss.MODES)
+@pytest.mark.parametrize("mode", ss.RING_MODES)
 async def test_members_pass_chunks_on_without_waiting_for_each_acknowledgement(mode: str) -> None:
     """Pipelined (issue 13): every member has several chunks in flight to its successor at once,
     never more than SENDS_IN_FLIGHT_MAX, and the initiator several results to each member."""
@@ -347,7 +347,7 @@ async def received_values(mode: str, kind: str, runs: int, n: int = 4, length: i
 
 
 @pytest.mark.looptime
-@pytest.mark.parametrize("mode", ss.MODES)
+@pytest.mark.parametrize("mode", ss.RING_MODES)
 async def test_what_a_member_receives_is_uniform_whatever_the_inputs(mode: str) -> None:
     runs = 150
     zeros = await received_values(mode, "zeros", runs)
@@ -421,7 +421,7 @@ async def test_ring_mode_neighbours_learn_the_vector_as_documented() -> None:
 # -- dropouts ----------------------------------------------------------------------------------
 
 @pytest.mark.looptime
-@pytest.mark.parametrize("mode", ss.MODES)
+@pytest.mark.parametrize("mode", ss.RING_MODES)
 async def test_member_crashed_before_the_ring(mode: str) -> None:
     n = 5
     members = keys(n)
@@ -443,7 +443,7 @@ def first_hop(net: MemoryNetwork, mode: str, attempt: int) -> np.ndarray:
 
 
 @pytest.mark.looptime
-@pytest.mark.parametrize("mode", ss.MODES)
+@pytest.mark.parametrize("mode", ss.RING_MODES)
 async def test_member_crashed_mid_ring_is_excluded_and_masks_are_fresh(mode: str) -> None:
     n = 6
     members = keys(n)
@@ -479,7 +479,7 @@ async def test_member_crashed_before_revealing_its_seed_is_excluded() -> None:
 
 
 @pytest.mark.looptime
-@pytest.mark.parametrize("mode", ss.MODES)
+@pytest.mark.parametrize("mode", ss.RING_MODES)
 async def test_a_crashed_initiator_is_replaced_by_the_next_in_ring_order(mode: str) -> None:
     """The initiator dies at any point of the ring: once the failure detector declares it dead,
     the next member in ring order runs the sum anew over the survivors, under its own tags and
@@ -525,7 +525,7 @@ async def test_when_the_next_initiator_is_dead_too_the_one_after_it_takes_over()
 
 
 @pytest.mark.looptime
-@pytest.mark.parametrize("mode", ss.MODES)
+@pytest.mark.parametrize("mode", ss.RING_MODES)
 async def test_initiator_crash_without_a_failure_detector_fails_every_member_within_bounded_time(mode: str) -> None:
     """Nobody declares the initiator dead (detection off): nobody takes over, and every member
     still ends, with JobError, within its patience."""
@@ -556,7 +556,7 @@ PARTITIONS = [({0, 1, 2}, {3, 4}), ({0, 3}, {1, 2, 4}), ({0}, {1, 2, 3, 4}), ({0
 
 
 @pytest.mark.looptime
-@pytest.mark.parametrize("mode", ss.MODES)
+@pytest.mark.parametrize("mode", ss.RING_MODES)
 @pytest.mark.parametrize("groups", PARTITIONS, ids=str)
 async def test_partition_gives_survivors_sum_or_clean_failure(mode: str, groups: tuple[set[int], ...]) -> None:
     n = 5
@@ -591,7 +591,7 @@ async def test_excluded_but_reachable_member_is_told() -> None:
 
 
 @pytest.mark.looptime
-@pytest.mark.parametrize("mode", ss.MODES)
+@pytest.mark.parametrize("mode", ss.RING_MODES)
 async def test_participant_the_initiator_cannot_reach(mode: str) -> None:
     """The ring needs only neighbours to reach each other; the result goes straight from the
     initiator. In ring mode a participant it cannot reach misses only the result: it fails
@@ -613,7 +613,7 @@ async def test_participant_the_initiator_cannot_reach(mode: str) -> None:
 
 
 @pytest.mark.looptime
-@pytest.mark.parametrize("mode", ss.MODES)
+@pytest.mark.parametrize("mode", ss.RING_MODES)
 async def test_attempts_exhausted_fails_everyone(mode: str) -> None:
     members = keys(5)
     net = MemoryNetwork(members, seed=2)
@@ -659,7 +659,7 @@ async def test_a_member_running_another_mode_is_the_one_left_out() -> None:
 
 
 @pytest.mark.looptime
-@pytest.mark.parametrize("mode", ss.MODES)
+@pytest.mark.parametrize("mode", ss.RING_MODES)
 async def test_a_member_with_another_vector_length_is_the_one_left_out(mode: str) -> None:
     """Its chunks have the wrong length for both neighbours it gets in turn (and theirs for it):
     two disputes, so it is the culprit; the others sum without it."""
@@ -774,7 +774,7 @@ def byzantine_setup(seed: int) -> tuple[list[bytes], bytes, MemoryNetwork, dict[
     rate = rng.choice([0.2, 0.5, 1.0])
     net = MemoryNetwork(members, seed=seed)
     net.refuse = gate_refuses(liar, rng, rate if "refuse" in attacks else 0.0)
-    kwargs = dict(mode=rng.choice(ss.MODES), chunk_entries=rng.randint(1, 3))
+    kwargs = dict(mode=rng.choice(ss.RING_MODES), chunk_entries=rng.randint(1, 3))
     return members, liar, net, {"attacks": attacks, "rate": rate, **kwargs}
 
 
@@ -845,7 +845,7 @@ async def run_with_liar(n: int, liar_at: int, attacks: Sequence[str], mode: str,
 
 
 @pytest.mark.looptime
-@pytest.mark.parametrize("mode", ss.MODES)
+@pytest.mark.parametrize("mode", ss.RING_MODES)
 @pytest.mark.parametrize("attack", ["malformed", "short", "claim_unreachable", "refuse", "silent"])
 async def test_the_member_at_fault_is_dropped_not_its_neighbour(mode: str, attack: str) -> None:
     """The finding of issue 11: site 2 sends malformed chunks (or short ones, or claims its live
@@ -865,7 +865,7 @@ async def test_the_member_at_fault_is_dropped_not_its_neighbour(mode: str, attac
 
 
 @pytest.mark.looptime
-@pytest.mark.parametrize("mode", ss.MODES)
+@pytest.mark.parametrize("mode", ss.RING_MODES)
 async def test_a_false_report_about_a_non_neighbour_drops_the_reporter_at_once(mode: str) -> None:
     members = keys(5)
     liar, victim = members[1], members[3]          # 3 is neither of 1's neighbours
@@ -886,7 +886,7 @@ async def test_a_false_report_about_a_non_neighbour_drops_the_reporter_at_once(m
 
 
 @pytest.mark.looptime
-@pytest.mark.parametrize("mode", ss.MODES)
+@pytest.mark.parametrize("mode", ss.RING_MODES)
 async def test_two_disputing_members_of_three_fail_the_sum_naming_both(mode: str) -> None:
     """With one member besides the initiator, nobody can stand between the two: the initiator
     cannot tell which one lies, so it drops neither and fails, naming both."""
@@ -914,7 +914,7 @@ async def test_a_lagging_failure_detector_costs_no_attempt_and_no_honest_member(
 
 
 @pytest.mark.looptime
-@pytest.mark.parametrize("mode", ss.MODES)
+@pytest.mark.parametrize("mode", ss.RING_MODES)
 async def test_a_member_that_stops_without_a_word_is_found_and_dropped(mode: str) -> None:
     """Site 2 stops (its code hangs: alive for the failure detector, silent on the ring). The
     chunk does not come back; asked where it is, site 1 says it passed it on and site 2 says

@@ -17,7 +17,7 @@ import numpy as np
 from fedpeer.base.store import atomic_write
 from fedpeer.errors import JobError
 from fedpeer.jobs.kind import Finished, JobContext, JobKind, Limit, Param
-from fedpeer.jobs.params import SECURE_SUM, seed, test_fraction
+from fedpeer.jobs.params import SECURE_SUM_LARGE, seed, test_fraction
 from fedpeer.kinds.scoring import binary_rows, class_rows
 from fedpeer.kinds.xgboost import text
 from fedpeer.kinds.xgboost.messages import (
@@ -122,7 +122,7 @@ PARAMS = {
     "member_timeout_ms": Param(int, 600_000, "the leader waits this long for a site's trees", low=1_000,
                                high=86_400_000),
     "seed": seed("seed of the splits and of xgboost's sampling"),
-    "secure_sum": SECURE_SUM,
+    "secure_sum": SECURE_SUM_LARGE,   # histogram levels: the all-reduce; small sums (bagging's) take the ring
 }
 
 

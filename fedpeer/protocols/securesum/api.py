@@ -199,6 +199,7 @@ from fedpeer.protocols.securesum.core import (  # noqa: F401  (the protocol's li
     DEFAULT_CHUNK_ENTRIES,
     HOP_TIMEOUT_MS_MAX,
     MODES,
+    RING_MODES,
     OFF_LOOP_BYTES_MIN,
     PHASE,
     SEND_BYTES_IN_FLIGHT_MAX,
@@ -210,6 +211,8 @@ from fedpeer.protocols.securesum.core import (  # noqa: F401  (the protocol's li
     _Plan,
     _plan,
 )
+from fedpeer.protocols.securesum.allreduce import ALLREDUCE_ENTRIES_MIN, all_reduce
+from fedpeer.protocols.securesum.allreduce import MODE as ALLREDUCE
 from fedpeer.protocols.securesum.follow import _follow
 from fedpeer.protocols.securesum.lead import _lead
 from fedpeer.protocols.securesum.masks import PAIR_DOMAIN as _PAIR_DOMAIN  # noqa: F401  (tests reconstruct masks)
@@ -248,10 +251,14 @@ async def secure_sum(ch: Channel, tag: str, vector: np.ndarray, *, mode: str = "
 
     `tag` must be unique per sum within the job (masks derive from it). Raises JobError when the
     sum fails or this member is left out, LocalProtocolError on bad arguments."""
+    if mode == ALLREDUCE and np.asarray(vector).shape[-1:] < (ALLREDUCE_ENTRIES_MIN,):
+        mode = "pairwise"          # small vectors: the ring's fixed cost is lower (allreduce.py)
     plan = _plan(ch, tag, vector, mode, hop_timeout_ms, chunk_entries, attempts_max)
     started_ms = ch.now_ms()
     try:
-        if ch.me == ch.members[0]:
+        if mode == ALLREDUCE:
+            outcome = await all_reduce(ch, plan)
+        elif ch.me == ch.members[0]:
             outcome = await _lead(ch, plan, _Attempt(1, tuple(ch.members)))
         else:
             outcome = await _follow(ch, plan)

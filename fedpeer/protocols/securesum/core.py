@@ -16,7 +16,8 @@ from fedpeer.protocols.securesum import masks as sm
 from fedpeer.protocols.securesum.wire import ATTEMPTS_MAX, CHUNK_ENTRIES_MAX, VECTOR_ENTRIES_MAX
 from fedpeer.runtime.channel import Channel, NodeId, PeerUnreachable, RecvTimeout
 
-MODES = ("ring", "pairwise")
+RING_MODES = ("ring", "pairwise")
+MODES = (*RING_MODES, "allreduce")   # allreduce: allreduce.py
 # 2 MiB of uint64 per message: every frame costs fixed Python work at each end (framing, session,
 # gate, mailbox, HTTP), so fewer, larger frames cost less CPU per MiB. 8 MiB ring sums over 5
 # daemons, sums' CPU of all daemons (ms per MiB of vector, two runs): 512 KiB chunks 46 / 43,

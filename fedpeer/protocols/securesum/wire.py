@@ -92,6 +92,23 @@ class SumResult:
     WAITING_FOR: ClassVar[str] = "secure-sum total"
 
 
+@dataclass(frozen=True)
+class ArReady:
+    """All-reduce (allreduce.py): the sender holds every member's contribution to its segment."""
+
+    tag: str
+    WAITING_FOR: ClassVar[str] = "all-reduce readiness"
+
+
+@dataclass(frozen=True)
+class ArDigest:
+    """All-reduce: the SHA-256 of each segment of the total the sender assembled."""
+
+    tag: str
+    digests: list
+    WAITING_FOR: ClassVar[str] = "all-reduce digest"
+
+
 def _register() -> None:
     tag = v_str(WIRE_TAG_BYTES_MAX)
     chunk = v_array(max_elements=CHUNK_ENTRIES_MAX, dtypes=frozenset({"<u8"}))
@@ -125,7 +142,9 @@ def _register() -> None:
             ("ss_result", SumResult, {"tag": tag, "data": chunk}),
             ("ss_where", SumWhere, {"tag": tag, "chunk": v_int(0, VECTOR_ENTRIES_MAX)}),
             ("ss_here", SumHere, {"tag": tag, "chunk": v_int(0, VECTOR_ENTRIES_MAX),
-                                  "got": v_bool, "passed": v_bool})):
+                                  "got": v_bool, "passed": v_bool}),
+            ("ss_ar_ready", ArReady, {"tag": tag}),
+            ("ss_ar_digest", ArDigest, {"tag": tag, "digests": v_list(v_bytes(exact=32), PARTICIPANTS_MAX)})):
         wire.register(kind, cls, fields, to_body=to_body, from_body=from_body(cls))
 
 

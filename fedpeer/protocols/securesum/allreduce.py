@@ -1,0 +1,209 @@
+"""Secure sum by all-reduce (mode "allreduce"): no member carries more than its share.
+
+The ring (api.py) sends every chunk through every member and the initiator delivers the whole
+total to each member: it carries n times the bytes of the others and the chunks go round in n
+sequential hops. Here, as in NCCL's and Horovod's all-reduce, the vector is cut into one segment
+per participant and every member both sends and receives about 2(n-1)/n of the vector:
+
+1. Mask: every member adds to its whole vector its pairwise masks (one per other participant,
+   +mask by the smaller key, -mask by the other: they cancel in every entry of the total) and a
+   self mask from a fresh secret seed (masks.py; the same AES-256-CTR streams as pairwise mode,
+   addressed by entry, so any slice is masked with its own part of the stream).
+2. Reduce-scatter: member k owns segment k; every member sends its masked segment k to member k,
+   in pieces of at most `chunk_entries`. Member k adds the n masked segments.
+3. Ready: each owner tells everyone it holds all n contributions of its segment.
+4. Reveal: once every owner is ready, every member reveals its self-mask seed to everyone, and
+   each owner removes the n self masks from its segment: the segment's total.
+5. All-gather: each owner sends its segment's total to everyone; every member assembles the
+   total.
+6. Digest: every member sends everyone the SHA-256 of each segment of the total it assembled;
+   a member whose digest of segment k differs from another's fails the sum naming segment k's
+   owner, who sent them different totals.
+Five one-way legs, against the ring's n + 3 (n hops, seed request and reveal, delivery).
+
+Who learns what: an owner sees, of each member, its segment plus pairwise masks shared with the
+others and its self mask: uniformly distributed whatever the inputs, so a coalition of any size
+short of all other participants learns nothing of a member's segment beyond the total (as in
+pairwise mode). Every participant learns the total. A self mask is revealed only once every
+owner holds every contribution, so the segment sums an owner holds when an attempt fails before
+the reveal still carry self masks it cannot remove: a re-run over the survivors (fresh masks: a
+new tag) cannot be compared with them. The exception is pairwise mode's: a failure after the
+reveal (an owner lost during the all-gather) leaves the owners that unmasked their segments
+holding those segments' totals over the old participants, which the re-run's total over fewer
+sites, once compared, turns into the lost sites' summed entries of those segments.
+
+Integrity: an owner could alter its segment's total; if it sends everyone the same altered total,
+nobody can tell it from a member that contributed other values (every kind checks totals
+against what honest members could give); if it sends different totals to different members, the
+digests disagree and the sum fails naming it.
+
+Failures: any member lost, silent beyond a hop, or sending what its gate or this module refuses
+fails the sum at the members that notice (JobError; PeerDead when the failure detector declared
+the member dead). There is no initiator to re-run it: the caller does, over the survivors its
+failure detector names, under a fresh tag (fedpeer/protocols/epochs.py). Members that got every
+segment before another failed may have returned already; the others fail the sum.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from fedpeer.errors import JobError
+from fedpeer.protocols.securesum import masks as sm
+from fedpeer.protocols.securesum.core import OFF_LOOP_BYTES_MIN, SumOutcome, _Plan, _send
+from fedpeer.protocols.securesum.wire import ArDigest, ArReady, SeedReveal, SumChunk
+from fedpeer.runtime.channel import Channel, MalformedFrom, PeerUnreachable, RecvTimeout
+
+MODE = "allreduce"
+# Below this many entries the ring measures faster (its fixed per-sum cost is lower: fewer
+# messages, no barrier); `secure_sum(mode="allreduce")` runs the pairwise ring for such vectors.
+ALLREDUCE_ENTRIES_MIN = 1 << 14          # 128 KiB of uint64
+
+
+def segments(length: int, n: int) -> list[slice]:
+    """n contiguous segments of [0, length), as equal as whole AES blocks (2 entries) allow."""
+    blocks = -(-length // 2)
+    bounds = [min(length, 2 * (blocks * k // n)) for k in range(n)] + [length]
+    return [slice(bounds[k], bounds[k + 1]) for k in range(n)]
+
+
+def pieces(seg: slice, chunk_entries: int) -> list[slice]:
+    """`seg` in pieces of at most chunk_entries entries (even, so each starts on an AES block)."""
+    step = max(2, chunk_entries - chunk_entries % 2)
+    return [slice(s, min(s + step, seg.stop)) for s in range(seg.start, seg.stop, step)] or [seg]
+
+
+def masked(vector: np.ndarray, me: bytes, pair_seeds: dict[bytes, bytes], self_seed: bytes) -> np.ndarray:
+    """vector + my pairwise masks + my self mask (mod 2^64), in a fresh array."""
+    out = vector.astype(np.uint64)          # a copy
+    for peer, seed in pair_seeds.items():
+        sm.apply_mask(np.add if me < peer else np.subtract, out, sm.PAIR_DOMAIN, seed, 0)
+    sm.apply_mask(np.add, out, sm.SELF_DOMAIN, self_seed, 0)
+    return out
+
+
+def unmask_selves(segment: np.ndarray, start: int, seeds: Sequence[bytes]) -> None:
+    """Remove every member's self mask from `segment` (entries start.. of the vector), in place."""
+    for seed in seeds:
+        sm.apply_mask(np.subtract, segment, sm.SELF_DOMAIN, seed, 0, offset=start)
+
+
+def digests(total: np.ndarray, segs: Sequence[slice]) -> list[bytes]:
+    return [hashlib.sha256(total[s].tobytes()).digest() for s in segs]
+
+
+class _Run:
+    """One member's all-reduce: the plan, the participants, the segments and what it holds."""
+
+    def __init__(self, ch: Channel, plan: _Plan) -> None:
+        self.ch, self.plan = ch, plan
+        self.members = tuple(ch.members)
+        self.others = [m for m in self.members if m != ch.me]
+        self.mine = self.members.index(ch.me)
+        self.segs = segments(len(plan.vector), len(self.members))
+        self.prefix = plan.prefix(1)
+
+    def name(self, member: bytes) -> str:
+        return member.hex()[:16]
+
+    def fail(self, what: str) -> JobError:
+        return JobError(f"secure sum '{self.plan.tag}' (all-reduce): {what}")
+
+    async def compute(self, fn: Any, *args: Any) -> Any:
+        if 8 * len(self.plan.vector) >= OFF_LOOP_BYTES_MIN:
+            return await asyncio.to_thread(fn, *args)
+        return fn(*args)
+
+    async def recv(self, kind: type, tag: str, src: bytes, what: str) -> Any:
+        try:
+            _, msg = await self.ch.recv(kind, tag, src=src, timeout_ms=self.plan.hop_timeout_ms * 2)
+        except RecvTimeout:
+            raise self.fail(f"no {what} from {self.name(src)} within {self.plan.hop_timeout_ms * 2} ms") from None
+        except MalformedFrom as exc:
+            raise self.fail(f"{self.name(src)} sent a {what} its gate refused: {exc}") from None
+        return msg
+
+    async def send_all(self, dst: bytes, msgs: Sequence[object]) -> None:
+        """Send `msgs` to dst in order, at most the plan's window unacknowledged at once."""
+        window = asyncio.Semaphore(self.plan.send_window(max(1, len(self.others))))
+
+        async def one(msg: object) -> None:
+            async with window:
+                await _send(self.ch, self.plan, dst, msg)
+        try:
+            await asyncio.gather(*(one(m) for m in msgs))
+        except PeerUnreachable as exc:
+            raise self.fail(f"{self.name(dst)} did not take what it was sent: {exc}") from None
+
+    async def recv_pieces(self, seg: slice, src: bytes, kind: str) -> list[np.ndarray]:
+        """src's pieces of segment `seg` ("p": masked contributions, "t": totals), checked."""
+        owner = self.segs.index(seg)
+        out = []
+        for j, piece in enumerate(pieces(seg, self.plan.chunk_entries)):
+            msg = await self.recv(SumChunk, f"{self.prefix}{kind}{owner}/{j}", src, f"piece {j} of segment {owner}")
+            if msg.data.shape != (piece.stop - piece.start,):
+                raise self.fail(f"{self.name(src)} sent piece {j} of segment {owner} with {msg.data.shape[0]} "
+                                f"entries, expected {piece.stop - piece.start}: members disagree on the vector")
+            out.append(msg.data)
+        return out
+
+    def messages(self, data: np.ndarray, seg: slice, kind: str) -> list[SumChunk]:
+        owner = self.segs.index(seg)
+        return [SumChunk(f"{self.prefix}{kind}{owner}/{j}", data[p.start - seg.start:p.stop - seg.start])
+                for j, p in enumerate(pieces(seg, self.plan.chunk_entries))]
+
+    async def barrier(self, kind: type, suffix: str, msg: object, what: str) -> list[Any]:
+        """Send msg to every other member and take theirs (tag <prefix><suffix>)."""
+        sends = asyncio.gather(*(self.send_all(p, [msg]) for p in self.others))
+        got = asyncio.gather(*(self.recv(kind, f"{self.prefix}{suffix}", p, what) for p in self.others))
+        results = await asyncio.gather(sends, got)
+        return results[1]
+
+
+async def all_reduce(ch: Channel, plan: _Plan) -> SumOutcome:
+    """The all-reduce of `plan.vector` over ch.members (module docstring); JobError on failure."""
+    run = _Run(ch, plan)
+    label = sm.pairwise_label(plan, 1)
+    pair_seeds = {p: ch.pairwise_seed(p, label) for p in run.others}
+    self_seed = ch.random_bytes(sm.SEED_BYTES)
+    y = await run.compute(masked, plan.vector, ch.me, pair_seeds, self_seed)
+    own = run.segs[run.mine]
+
+    async def scatter() -> None:       # my masked segment k to owner k
+        await asyncio.gather(*(run.send_all(p, run.messages(y[run.segs[k]], run.segs[k], "p"))
+                               for k, p in enumerate(run.members) if p != ch.me))
+
+    async def reduce() -> np.ndarray:  # the n masked contributions of my segment
+        acc = y[own].copy()
+        for parts in await asyncio.gather(*(run.recv_pieces(own, p, "p") for p in run.others)):
+            if len(acc):
+                np.add(acc, np.concatenate(parts), out=acc)
+        return acc
+
+    _, acc = await asyncio.gather(scatter(), reduce())
+    await run.barrier(ArReady, "ready", ArReady(f"{run.prefix}ready"), "word that its segment is complete")
+    reveals = await run.barrier(SeedReveal, "seed", SeedReveal(f"{run.prefix}seed", self_seed), "self-mask seed")
+    await run.compute(unmask_selves, acc, own.start, [self_seed, *(r.seed for r in reveals)])
+    total = np.empty(len(plan.vector), dtype=np.uint64)
+    total[own] = acc
+
+    async def gather_from(k: int, src: bytes) -> None:
+        seg = run.segs[k]
+        parts = await run.recv_pieces(seg, src, "t")
+        total[seg] = np.concatenate(parts) if parts else total[seg]
+    await asyncio.gather(*(run.send_all(p, run.messages(acc, own, "t")) for p in run.others),
+                         *(gather_from(k, p) for k, p in enumerate(run.members) if p != ch.me))
+    mine = await run.compute(digests, total, run.segs)
+    theirs = await run.barrier(ArDigest, "digest", ArDigest(f"{run.prefix}digest", mine), "digest of the total")
+    for src, other in zip(run.others, theirs):
+        differ = [k for k in range(len(run.members)) if k >= len(other.digests) or other.digests[k] != mine[k]]
+        if differ:
+            owner = run.members[differ[0]]
+            raise run.fail(f"{run.name(src)} holds another total of segment {differ[0]} than this member: its "
+                           f"owner {run.name(owner)} sent them different totals")
+    return SumOutcome(total, run.members, 1)

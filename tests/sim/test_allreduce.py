@@ -1,0 +1,141 @@
+"""The secure all-reduce (fedpeer/protocols/securesum/allreduce.py) over the in-memory network, in
+virtual time: exact totals for any member count and vector length (segments and pieces of every
+shape), every member moving about 2(n-1)/n of the vector and no member more than 1.25x the mean,
+what an owner receives is masked, a lost member fails the sum at the others (never a hang), and an
+owner that sends members different totals is named."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedpeer.errors import JobError
+from fedpeer.protocols.securesum import allreduce as ar
+from fedpeer.protocols.securesum.api import SumChunk
+from fedpeer.testing.memory import MemoryNetwork
+from tests.sim.test_securesum import check_consistent, keys, random_vectors, run_sum, run_virtual
+
+MIN = ar.ALLREDUCE_ENTRIES_MIN
+
+
+def test_segments_cover_the_vector_on_whole_aes_blocks() -> None:
+    for length in (0, 1, 2, 3, 17, 1000, 1001):
+        for n in (2, 3, 5, 10):
+            segs = ar.segments(length, n)
+            assert len(segs) == n and segs[0].start == 0 and segs[-1].stop == length
+            assert all(a.stop == b.start for a, b in zip(segs, segs[1:]))
+            assert all(s.start % 2 == 0 for s in segs)
+            sizes = [s.stop - s.start for s in segs]
+            assert max(sizes) - min(sizes) <= 2 + (2 if length % 2 else 0)
+            for s in segs:
+                parts = ar.pieces(s, 7)
+                assert parts[0].start == s.start and parts[-1].stop == s.stop
+                assert all(p.stop - p.start <= 6 for p in parts)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(2, 6), extra=st.integers(0, 3000), chunk=st.sampled_from([4096, 10_000, 1 << 18]),
+       seed=st.integers(0, 2**16))
+def test_exact_total_at_every_member(n: int, extra: int, chunk: int, seed: int) -> None:
+    members = keys(n)
+    vectors = random_vectors(members, MIN + extra, seed)
+    net = MemoryNetwork(members, seed=seed)
+    results, _ = run_virtual(run_sum(net, vectors, mode="allreduce", chunk_entries=chunk))
+    outcome = check_consistent(results, vectors, seed)
+    assert outcome is not None and outcome.participants == tuple(members)
+
+
+@pytest.mark.looptime
+async def test_small_vectors_take_the_pairwise_ring() -> None:
+    members = keys(3)
+    vectors = random_vectors(members, MIN - 1, 1)
+    net = MemoryNetwork(members, seed=1)
+    seen: list[str] = []
+    net.refuse = lambda src, dst, msg: seen.append(getattr(msg, "tag", "")) and None
+    results, _ = await run_sum(net, vectors, mode="allreduce")
+    check_consistent(results, vectors, 1)
+    assert seen and all("/ss-pairwise/" in tag for tag in seen)
+
+
+@pytest.mark.looptime
+async def test_each_member_moves_its_share_and_none_more_than_125_percent_of_the_mean() -> None:
+    n, length = 5, 1 << 16
+    members = keys(n)
+    vectors = random_vectors(members, length, 2)
+    net = MemoryNetwork(members, seed=2)
+    sent = dict.fromkeys(members, 0)
+
+    def count(src: bytes, dst: bytes, msg: Any) -> None:
+        if isinstance(msg, SumChunk):
+            sent[src] += msg.data.nbytes
+        return None
+    net.refuse = count
+    results, _ = await run_sum(net, vectors, mode="allreduce")
+    check_consistent(results, vectors, 2)
+    share = 2 * (n - 1) / n * 8 * length
+    assert all(abs(b - share) <= 0.02 * share for b in sent.values()), (sent, share)
+    assert max(sent.values()) <= 1.25 * (sum(sent.values()) / n)
+
+
+@pytest.mark.looptime
+async def test_what_an_owner_receives_is_masked() -> None:
+    members = keys(3)
+    vectors = {m: np.zeros(MIN, dtype=np.uint64) for m in members}   # all zeros: any zero seen leaks
+    net = MemoryNetwork(members, seed=3)
+    parts: list[np.ndarray] = []
+    net.refuse = lambda src, dst, msg: parts.append(msg.data) if isinstance(msg, SumChunk) and "/p" in msg.tag else None
+    results, _ = await run_sum(net, vectors, mode="allreduce")
+    assert all(not isinstance(r, Exception) and not r.total.any() for r in results.values())
+    seen = np.concatenate(parts)
+    assert len(seen) and (seen == 0).mean() < 0.001
+
+
+@pytest.mark.looptime
+async def test_a_member_lost_mid_sum_fails_it_at_the_others_without_hanging() -> None:
+    members = keys(4)
+    vectors = random_vectors(members, 4 * MIN, 4)
+    net = MemoryNetwork(members, seed=4)
+    crashed = []
+
+    def crash_after_first_part(src: bytes, dst: bytes, msg: Any) -> None:
+        if not crashed and isinstance(msg, SumChunk) and src == members[2]:
+            crashed.append(src)
+            net.crash(src)
+        return None
+    net.refuse = crash_after_first_part
+    results, ended = await run_sum(net, vectors, mode="allreduce", bound_s=300)
+    others = [m for m in members if m != members[2]]
+    assert all(isinstance(results[m], JobError) for m in others), results
+    assert max(ended[m] for m in others) < 300
+
+
+class TwoFaced:
+    """An owner's channel that sends one member (`victim`) another total of its segment."""
+
+    def __init__(self, inner: Any, victim: bytes) -> None:
+        self.inner, self.victim = inner, victim
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def send(self, dst: bytes, msg: object) -> None:
+        if dst == self.victim and isinstance(msg, SumChunk) and "/t" in msg.tag:
+            data = msg.data.copy()
+            data[0] += np.uint64(1)
+            msg = SumChunk(msg.tag, data)
+        return await self.inner.send(dst, msg)
+
+
+@pytest.mark.looptime
+async def test_an_owner_sending_different_totals_is_named() -> None:
+    members = keys(3)
+    vectors = random_vectors(members, MIN, 5)
+    net = MemoryNetwork(members, seed=5)
+    cheat = members[1]
+    results, _ = await run_sum(net, vectors, mode="allreduce", wrap={cheat: lambda ch: TwoFaced(ch, members[2])})
+    errors = [str(r) for m, r in results.items() if isinstance(r, JobError) and m != cheat]
+    assert errors and all(f"owner {cheat.hex()[:16]}" in e for e in errors), results
