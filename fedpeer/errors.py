@@ -21,7 +21,34 @@ class ConfigError(FedpeerError):
 
 
 class DataError(FedpeerError):
-    """A site's local data cannot be used for the job asked for."""
+    """A site's local data cannot be used for the job asked for.
+
+    Its message is for this site's operator: the file, the column, the row, the value, the fix.
+    `public` is what the other sites of a job may be told instead: what failed and how to fix
+    it, naming at most a column or a setting, never a path, a cell's value, a row number or a
+    count (their data is theirs; a small cohort's size is private too). Without one, the other
+    sites hear PUBLIC_DEFAULT."""
+
+    PUBLIC_DEFAULT = ("its data failed a check; its operator sees which and how to fix it in "
+                      "`fedpeer job show` and the daemon's log there")
+
+    def __init__(self, message: str, public: str | None = None) -> None:
+        super().__init__(message)
+        self.public = public or self.PUBLIC_DEFAULT
+
+
+def public_reason(exc: BaseException) -> str:
+    """What other sites may be told of a failure at this site: the public text of the DataError
+    behind it, if one is (raised, or caught and re-raised as another error, even `from None`),
+    else the failure's own words (a job error that holds no data of this site)."""
+    seen: BaseException | None = exc
+    for _ in range(16):        # a chain of causes is short; never loop on a cycle
+        if seen is None:
+            break
+        if isinstance(seen, DataError):
+            return seen.public
+        seen = seen.__cause__ or seen.__context__
+    return str(exc)
 
 
 class JobError(FedpeerError):

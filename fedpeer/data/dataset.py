@@ -195,15 +195,22 @@ def _finish(spec: DataSpec, binary: bool, features: tuple[str, ...], X: np.ndarr
         if count:
             problems.append(f"label column {spec.label!r} has {count} missing or infinite value"
                             f"{'s' * (count != 1)} (first at {rows.where(int(np.argmax(label_missing)))})")
+        named = [f"column {name!r}" for j, name in enumerate(features)
+                 if nan_cells[:, j].any() or inf_cells[:, j].any()]
+        named += [f"label column {spec.label!r}"] if label_missing.any() else []
+        gaps_named = ", ".join(named[:_LIST_MAX]) + (" and more" if len(named) > _LIST_MAX else "")
         more = len(problems) - _LIST_MAX
         text = "; ".join(problems[:_LIST_MAX]) + (f"; ... and {more} more columns" if more > 0 else "")
         tokens = "empty, NA, N/A, NaN, null or ?" if spec.csv is not None else "null or NaN"
         raise DataError(f"{path}: {text}. Missing means {tokens}. Fill them in, or "
-                        f"set missing = \"drop\" to drop the rows that have one ({dropped} of {n})")
+                        f"set missing = \"drop\" to drop the rows that have one ({dropped} of {n})",
+                        public=f"its data has missing or infinite values in {gaps_named}; fill them in there, or "
+                        "set [data] missing = \"drop\" or \"impute\"")
     if dropped:
         if dropped == n and not spec.empty_ok:
             raise DataError(f"{path}: all {n} data rows have a missing or infinite value; nothing is left "
-                            "after dropping them")
+                            "after dropping them",
+                            public="every data row of it has a missing or infinite value; nothing is left")
         keep = ~bad_rows
         X, codes = X[keep], codes[keep]
     imputed, imputer, gaps = 0, None, None
@@ -216,12 +223,15 @@ def _finish(spec: DataSpec, binary: bool, features: tuple[str, ...], X: np.ndarr
     if binary:
         problem = binary_label_problem(path, spec.label, spec.positive, present, X.shape[0])
         if problem is not None:
-            raise DataError(problem)
+            raise DataError(problem, public=f"its label column {spec.label!r} does not hold the two classes a "
+                                            "binary job needs (or [data] positive is not set)")
     y = None
     if spec.positive is not None:
         if spec.positive not in present:
             raise DataError(f"{path}: positive class {spec.positive!r} is not a value of label column "
-                            f"{spec.label!r}; the values are {_quote_list(present)}")
+                            f"{spec.label!r}; the values are {_quote_list(present)}",
+                            public=f"[data] positive {spec.positive!r} is not a class of its label column "
+                            f"{spec.label!r}; fix [data] positive")
         y = (codes == uniques.index(spec.positive)).astype(np.int8)
     labels = np.array(uniques, dtype=str)[codes]
     X = np.ascontiguousarray(X, dtype=np.float64)

@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-
 from fedpeer.config.load import DataSection, JobLimits
 from fedpeer.data.dataset import Dataset, DataSpec, load_data
 from fedpeer.data.spec import schema_difference

@@ -16,7 +16,6 @@ from typing import BinaryIO, Protocol
 
 from fedpeer.errors import DataError
 
-
 MISSING_POLICIES = ("error", "drop", "impute")
 
 
@@ -107,18 +106,22 @@ def _is_missing_label(value: str) -> bool:
     return number is not None and not math.isfinite(number)
 
 
+UNREADABLE = "its [data] file cannot be read; fix [data] in its peers.toml or the file's permissions"
+
+
 def _open(path: Path) -> BinaryIO:
     try:
         f = open(path, "rb")
     except FileNotFoundError:
-        raise DataError(f"{path}: file not found; check the data path in the job or site "
+        raise DataError(public=UNREADABLE, message=f"{path}: file not found; check the data path in the job or site "
                         "configuration") from None
     except IsADirectoryError:
-        raise DataError(f"{path}: is a directory, not a CSV file") from None
+        raise DataError(f"{path}: is a directory, not a CSV file", UNREADABLE) from None
     except PermissionError:
-        raise DataError(f"{path}: cannot be read (permission denied); let the fedpeer user read it") from None
+        raise DataError(f"{path}: cannot be read (permission denied); let the fedpeer user read it",
+                        UNREADABLE) from None
     except OSError as e:
-        raise DataError(f"{path}: cannot be read: {e.strerror or e}") from None
+        raise DataError(f"{path}: cannot be read: {e.strerror or e}", UNREADABLE) from None
     return f
 
 
@@ -152,15 +155,18 @@ def check_columns(where: object, header: Sequence[str], spec: DataSpec,
     for i, name in enumerate(header):
         if name in seen:
             raise DataError(f"{where}: column name {name!r} appears twice (columns {seen[name] + 1} and "
-                            f"{i + 1}); {unique_fix}")
+                            f"{i + 1}); {unique_fix}",
+                            public=f"column {name!r} appears twice in its data's header; rename one")
         seen[name] = i
     if spec.label is not None and spec.label not in seen:
         raise DataError(f"{where}: label column {spec.label!r} not found{_near(spec.label, header)}; "
-                        f"the columns are {_quote_list(header)}")
+                        f"the columns are {_quote_list(header)}",
+                        public=f"its data has no label column {spec.label!r}; fix [data] label there")
     for name in spec.ignore:
         if name not in seen:
             raise DataError(f"{where}: column {name!r} listed in ignore not found{_near(name, header)}; "
-                            f"the columns are {_quote_list(header)}")
+                            f"the columns are {_quote_list(header)}",
+                            public=f"[data] ignore lists column {name!r}, which its data does not have")
     return seen
 
 
@@ -174,3 +180,9 @@ def schema_difference(mine: tuple[str, ...], theirs: list[str], their_name: str,
     if list(mine) != list(theirs):
         return f"same columns as {my_name} but in another order; reorder the CSV columns"
     return f"schema fingerprint differs from {my_name}'s (column types differ)"
+
+
+def not_numeric(column: str) -> str:
+    """The public words of a text value in a feature column (every source)."""
+    return (f"column {column!r} holds a value that is not a number; fix it at that site, or list the column "
+            "in [data] ignore if it is not a feature")

@@ -21,7 +21,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from fedpeer.data.spec import _BOM, MISSING_TOKENS, DataSpec, _example, _open, _parse_float, check_columns
+from fedpeer.data.spec import _BOM, MISSING_TOKENS, DataSpec, _example, _open, _parse_float, check_columns, not_numeric
 from fedpeer.errors import DataError
 
 _CHUNK_CELLS = 1 << 20      # floats per block while accumulating rows (8 MiB)
@@ -227,7 +227,8 @@ def _read(spec: DataSpec, reader, rows_max: int):
                             "data or raise the limit")
         rows.note(n - 1, start_line)
         if len(record) != ncols:
-            raise DataError(f"{path}: {rows.where(n - 1)} has {len(record)} fields but the header has "
+            raise DataError(public="a data row of its CSV has another number of fields than the header; fix the file",
+                        message=f"{path}: {rows.where(n - 1)} has {len(record)} fields but the header has "
                             f"{ncols} columns; fix that row (a stray or missing comma, or an unquoted "
                             "comma inside a value?)")
         cells = pick(record)
@@ -248,7 +249,7 @@ def _read(spec: DataSpec, reader, rows_max: int):
                 if v is None:
                     raise DataError(f"{path}: column {features[j]!r} is not numeric: {rows.where(n - 1)} "
                                     f"has {_example(c)}; if it is not a feature (an identifier, a date, "
-                                    "text), add it to ignore")
+                                    "text), add it to ignore", public=not_numeric(features[j]))
                 values.append(v)
         block[k] = values
         k += 1

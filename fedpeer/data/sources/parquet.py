@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from fedpeer.data.spec import DataSpec
 from fedpeer.data.sources.csv_arrow import _DictCodes, _fill, _label_codes
+from fedpeer.data.spec import DataSpec
 from fedpeer.errors import DataError
 
 
@@ -119,7 +119,9 @@ def read_parquet(spec: DataSpec, rows_max: int, bytes_max: int) -> tuple[Any, ..
                "time": "is a date or time in the Parquet schema; turn it into a number (for example days since "
                        "an event) or add it to ignore"}.get(kind, "is not a number column in the Parquet schema; "
                                                                    "cast it to a number or add it to ignore")
-        raise DataError(f"{path}: column {name!r} ({t}) {fix}")
+        raise DataError(f"{path}: column {name!r} ({t}) {fix}",
+                        public=f"column {name!r} is not a number column in its data; make it one, or add it "
+                        "to [data] ignore there")
     label_text = None
     if spec.label is not None:
         t = schema.field(spec.label).type

@@ -237,7 +237,9 @@ def _plan(conn: Any, q: Any, query: str, spec: Any, header: list[str], oids: lis
                        "example days since an event) or add it to ignore"}.get(
             kind, "is not a number column in the query result; cast it to a number in the query or add it "
                   "to ignore")
-        raise DataError(f"{SOURCE}: column {name!r} ({t}) {fix}")
+        raise DataError(f"{SOURCE}: column {name!r} ({t}) {fix}",
+                        public=f"column {name!r} is not a number column in its data; make it one, or add it "
+                        "to [data] ignore there")
     label_kind = None
     if spec.label is not None:
         oid = oids[seen[spec.label]]

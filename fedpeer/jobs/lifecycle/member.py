@@ -20,7 +20,7 @@ import asyncio
 import logging
 
 from fedpeer.base.logs import fields
-from fedpeer.errors import DataError, FedpeerError, JobError, RemoteProtocolError
+from fedpeer.errors import DataError, FedpeerError, JobError, RemoteProtocolError, public_reason
 from fedpeer.identity import fingerprint
 from fedpeer.jobs import messages as m
 from fedpeer.jobs.kind import Finished, JobKind
@@ -72,15 +72,16 @@ class MemberSide:
         except JobError:
             pass   # the daemon is stopping: the proposer's wait times out
 
-    def decline(self, record: JobRecord, reason: str) -> m.JobReject:
+    def decline(self, record: JobRecord, reason: str, shared: str | None = None) -> m.JobReject:
         """End a peer's proposal we will not run. Its proposer (who announced it) tells the other
         members; we send one JobReject to it and nothing to anyone else, who may not even be known
-        here. The record lives in memory only."""
+        here. The record lives in memory only and keeps `reason`; the proposer hears `shared`
+        (default: the reason), which holds nothing private of this site's data."""
         registry = self._registry
         registry.finish(record, "failed", f"{registry.config.node.name}: {reason}")
         log.info("job_refused", extra=fields(job=record.id, proposer=registry.names.get(record.proposer, "?"),
                                              reason=reason))
-        return m.JobReject(job_id=record.id, reason=reason)
+        return m.JobReject(job_id=record.id, reason=reason if shared is None else shared)
 
     async def _answer_proposal(self, record: JobRecord) -> None:
         registry = self._registry
@@ -88,7 +89,7 @@ class MemberSide:
         try:
             fp, features = await registry.admission.check_data(record, kind)
         except (JobError, DataError) as exc:
-            raise Refused(str(exc)) from None
+            raise Refused(str(exc), public_reason(exc)) from None
         advance(record, "accepted")
         record.phase = "waiting for the start"
         record.start_signal = asyncio.get_running_loop().create_future()   # before the accept: a fast start

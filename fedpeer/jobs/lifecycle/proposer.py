@@ -98,7 +98,7 @@ class ProposerSide:
         try:
             mine = await registry.admission.check_data(record, kind)
         except (JobError, DataError) as exc:
-            raise SiteFailure(me, str(exc)) from None
+            raise SiteFailure.here(me, exc) from None
         others = [k for k in record.members if k != me]
         record.announced = True
         for peer in others:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from fedpeer.base.logs import fields
-from fedpeer.errors import DataError, JobError
+from fedpeer.errors import DataError, JobError, public_reason
 from fedpeer.identity import fingerprint
 from fedpeer.jobs import messages as m
 from fedpeer.jobs.kind import JobContext, JobFailsEverywhere, JobKind
@@ -39,19 +39,27 @@ ABORT_GRACE_MS = 1_000          # a local failure waits this long for a peer's a
 
 
 class Refused(Exception):
-    """This site declines a peer's proposal (its data does not fit): only the proposer is told."""
+    """This site declines a peer's proposal (its data does not fit): only the proposer is told,
+    `shared` (no private detail: errors.public_reason); this site's record keeps `reason`."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, shared: str | None = None) -> None:
         super().__init__(reason)
-        self.reason = reason
+        self.reason, self.shared = reason, shared if shared is not None else reason
 
 
 class SiteFailure(Exception):
-    """A job ended because of `site` (this one or a member), for `reason`."""
+    """A job ended because of `site` (this one or a member), for `reason`; the other members are
+    told `shared` (no private detail of this site's data: errors.public_reason)."""
 
-    def __init__(self, site: bytes, reason: str, everywhere: bool = False) -> None:
+    def __init__(self, site: bytes, reason: str, everywhere: bool = False, shared: str | None = None) -> None:
         super().__init__(reason)
         self.site, self.reason, self.everywhere = site, reason, everywhere
+        self.shared = shared if shared is not None else reason
+
+    @classmethod
+    def here(cls, me: bytes, exc: BaseException, everywhere: bool = False) -> SiteFailure:
+        """This site failed with `exc`: its full words here, their public text for the others."""
+        return cls(me, str(exc), everywhere=everywhere, shared=public_reason(exc))
 
 
 class JobRunner:
@@ -92,7 +100,7 @@ class JobRunner:
         except PeerDead as exc:         # the job could not go on without it
             raise SiteFailure(exc.peer, DEAD_DETAIL) from None
         except (JobError, DataError, RecvTimeout) as exc:
-            raise SiteFailure(me, str(exc), everywhere=isinstance(exc, JobFailsEverywhere)) from None
+            raise SiteFailure.here(me, exc, everywhere=isinstance(exc, JobFailsEverywhere)) from None
         release_data(record.data)
         record.data = record.test_data = None
         model = result.pop("_model", None)
@@ -140,7 +148,8 @@ class JobRunner:
     async def _fail(self, record: JobRecord, exc: Exception) -> None:
         registry = self._registry
         if isinstance(exc, Refused):       # declined after looking at our data: tell the proposer only
-            await self.send_quietly(record.proposer, registry.as_member.decline(record, exc.reason), record.id)
+            reject = registry.as_member.decline(record, exc.reason, exc.shared)
+            await self.send_quietly(record.proposer, reject, record.id)
         elif isinstance(exc, SiteFailure):
             await self._site_failed(record, exc)
         else:                              # a bug: keep the daemon alive, fail the job loudly
@@ -164,7 +173,7 @@ class JobRunner:
         leaves_alone = record.state == "failed" and kind is not None and not kind.member_failure_aborts \
             and record.started_ms is not None and not exc.everywhere
         if first and record.announced and not leaves_alone:
-            await self.broadcast_abort(record, exc.site, exc.reason)
+            await self.broadcast_abort(record, exc.site, exc.shared)
 
     async def broadcast_abort(self, record: JobRecord, site: bytes, reason: str) -> None:
         await self._tell_others(record, m.JobAbort(job_id=record.id, site=site, reason=reason))

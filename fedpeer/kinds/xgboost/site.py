@@ -79,7 +79,7 @@ import numpy as np
 
 from fedpeer.base.logs import fields as log_fields
 from fedpeer.base.store import atomic_write, write_json
-from fedpeer.errors import DataError, JobError
+from fedpeer.errors import DataError, JobError, public_reason
 from fedpeer.jobs.kind import JobContext, site_seed
 from fedpeer.kinds.xgboost.fencing import Fence
 from fedpeer.kinds.xgboost.lead import Leading
@@ -448,7 +448,8 @@ class Site(Leading):
             return await self.tools.offload(self.tools.train, self.model, self.fit[0], self.fit[1], params,
                                             p["num_local_round"], eta_i, seed), ""
         except (DataError, ValueError) as exc:
-            return b"", f"training failed: {type(exc).__name__}: {exc}"[:2000]
+            why = public_reason(exc) if isinstance(exc, DataError) else f"{type(exc).__name__}: {exc}"
+            return b"", f"training failed: {why}"[:2000]
 
     async def _apply_commit(self, src: bytes, msg: Directive) -> None:
         if not msg.model:
