@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fedpeer.data.dataset import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint
 from fedpeer.errors import JobError
@@ -198,3 +200,37 @@ def test_a_member_lost_mid_fit_leaves_the_survivors_with_their_pooled_model() ->
     kept = [parts[i] for i in (0, 2)]
     coef, intercept = sklearn_fit(np.vstack([p[0] for p in kept]), np.concatenate([p[1] for p in kept]), 1.0)
     close(survivors[0]["coef_standardised"], coef)
+
+
+@settings(max_examples=6, deadline=None)
+@given(poison=st.floats(1e7, 1e12), entry=st.sampled_from(["loss", "gradient", "hessian"]), member=st.integers(0, 2))
+def test_a_poisoned_contribution_ends_the_exact_fit_everywhere_and_no_model_is_kept(poison: float, entry: str,
+                                                                                   member: int) -> None:
+    """One member adds `poison` to its summed loss, gradient or Hessian terms: every member fails the
+    job naming the sum and the check (never a LinAlgError or a traceback); no model is kept."""
+    from fedpeer.jobs.kind import JobFailsEverywhere
+    from fedpeer.ml.linear import logistic as linear
+
+    from sklearn.datasets import load_breast_cancer
+
+    X, y = load_breast_cancer(return_X_y=True)
+    sites = [dataset(Xs, ys) for Xs, ys in split(X, y, [200, 200, 169])]
+    keys, names = member_keys("lr", 3)
+    checked = logreg.KIND.check_params({"max_iter": 20, "solver": "newton"})
+
+    def offload_for(i: int):
+        async def offload(fn, *args):
+            out = await _inline(fn, *args)
+            if i == member and fn is linear.local_terms:
+                out = out.copy()
+                where = {"loss": 0, "gradient": 1, "hessian": len(out) - 1}[entry]   # the last: a diagonal entry
+                out[where] += -poison if entry == "loss" else poison
+            return out
+        return offload
+
+    results = run_members(keys, lambda net, i, k: logreg.run_job(
+        net.channel(k), checked, JobContext(names[k], names, 2_000, data=sites[i]), offload=offload_for(i)))
+    assert not any(isinstance(r, dict) for r in results), "a poisoned total was adopted"
+    for r in results:
+        assert isinstance(r, JobFailsEverywhere), r
+        assert "no honest members can give" in str(r) and "LinAlgError" not in str(r), r

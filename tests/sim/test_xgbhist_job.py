@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import xgboost_experiment as exp  # noqa: E402
@@ -241,3 +243,30 @@ def test_regression_in_bagging_mode() -> None:
     assert r["trees"] == 9 and r["auc"] is None and 0 < r["mae"] <= r["rmse"] < 80, r
     assert all(h.get("rmse") is not None for h in r["history"])
     assert r["base_score"] == pytest.approx(np.mean(np.concatenate([y for y in ys])), rel=0.05)   # train parts' mean
+
+
+@settings(max_examples=6, deadline=None)
+@given(poison=st.integers(2**40, 2**64 - 1), target=st.sampled_from(["label_vector", "level_vector"]),
+       member=st.integers(0, 2))
+def test_a_poisoned_contribution_ends_the_job_everywhere_and_no_model_is_adopted(poison: int, target: str,
+                                                                                 member: int) -> None:
+    """One member adds `poison` (mod 2^64) to every entry of its label counts or of its level
+    histograms: every member fails the job naming the sum and the check; none returns a model."""
+    sites, _, _ = breast_cancer_sites(3)
+    keys, names = member_keys("xgbh", 3)
+    checked = xj.KIND.check_params(PARAMS)
+
+    def tools_for(i: int) -> xj.Tools:
+        async def offload(fn, *args):
+            out = await exp._inline(fn, *args)
+            if i == member and getattr(fn, "__name__", "") == target:
+                out = out + np.uint64(poison)          # uint64: wraps mod 2^64 as a secure sum's entries do
+            return out
+        return xj.Tools(offload=offload)
+
+    results = run_members(keys, lambda net, i, k: xj.run_job(
+        net.channel(k), checked, JobContext(names[k], names, 2_000, data=sites[i]), tools_for(i)))
+    assert not any(isinstance(r, dict) for r in results), "a poisoned total was adopted"
+    for r in results:
+        assert isinstance(r, xgbhist.ImpossibleSum), r
+        assert "gave a total no honest members can give" in str(r) and "traceback" not in str(r).lower(), r

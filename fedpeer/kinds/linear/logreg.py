@@ -224,8 +224,17 @@ class Member:
             vector = self.encode_terms(local, fit.evaluations, Z)
             total = await self.sum(f"it{fit.evaluations}", vector)
             before = len(fit.history)
+            terms = TERMS.decode(total)
             try:
-                fit = linear.advance(fit, TERMS.decode(total))
+                linear.check_terms(problem, terms, n, fit.hessian)
+            except ValueError as exc:
+                raise JobFailsEverywhere(f"logreg: secure sum 'it{fit.evaluations}' gave a total no honest members "
+                                         f"can give: {exc} (a member's contribution); no model is kept") from None
+            try:
+                fit = linear.advance(fit, terms)
+            except np.linalg.LinAlgError as exc:
+                raise JobFailsEverywhere(f"logreg: the summed Hessian of evaluation {fit.evaluations} cannot be "
+                                         f"solved ({exc}): no honest members give one; no model is kept") from None
             except linear.NonFinite as exc:
                 raise JobFailsEverywhere(
                     f"logreg: at evaluation {fit.evaluations} {exc}: the fit diverges; lower C (stronger "

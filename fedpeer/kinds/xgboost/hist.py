@@ -71,8 +71,15 @@ from fedpeer.kinds.xgboost.target import (
     site_labels,
 )
 from fedpeer.ml.xgb import boosting
-from fedpeer.ml.xgb.hist import decode_histograms
-from fedpeer.ml.xgb.histboost import HistParams, base_score_from_stats, decode_ints, model_bytes, tree_features
+from fedpeer.ml.xgb.hist import check_plausible, decode_histograms
+from fedpeer.ml.xgb.histboost import (
+    HistParams,
+    base_score_from_stats,
+    check_label_stats,
+    decode_ints,
+    model_bytes,
+    tree_features,
+)
 from fedpeer.ml.xgb.histrun import HistSite
 from fedpeer.ml.xgb.histtree import Growth, finish_tree, grow_level, start_tree
 from fedpeer.ml.xgb.sketch import Cuts, sketch_advance, sketch_cuts, sketch_start
@@ -128,6 +135,7 @@ class HistJob:
         self.n_features = self.site.n_features
         self.base: tuple[float, ...] | None = None
         self.cuts: Cuts | None = None
+        self.rows = 0                          # the federation's training rows, from the label counts
         self.trees: list[_Tree] = []
 
     @property
@@ -180,6 +188,7 @@ class HistJob:
         """The base score and the cut points (1 + 33 sums)."""
         self.ch.progress("histogram mode: label counts and cut points", 0, self.total_trees)
         tag, total = await self.sum("labels", await self.compute(self.site.label_vector))
+        self.rows = _checked(tag, check_label_stats, decode_ints(total), self.p, len(self.members))
         base = _checked(tag, base_score_from_stats, decode_ints(total), self.p)
         sk, step = sketch_start(self.n_features, self.p.max_bin), 0
         while not sk.done:
@@ -228,6 +237,7 @@ class HistJob:
         cuts = self.cuts
         assert cuts is not None
         hist = _checked(tag, decode_histograms, total, len(growth.build), cuts.n_features, cuts.n_slots)
+        _checked(tag, check_plausible, hist, self.rows)
         grown = _checked(tag, grow_level, growth, hist)
         self.site.after_level(grown)
         return grown

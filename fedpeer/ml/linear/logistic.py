@@ -158,6 +158,30 @@ def _penalised(problem: Problem) -> np.ndarray:
     return mask.ravel()
 
 
+PLAUSIBLE_SLACK = 1e-6      # relative slack of the bounds below: fixed point and float rounding
+
+
+def check_terms(problem: Problem, totals: np.ndarray, n: int, hessian: bool) -> None:
+    """ValueError unless summed `local_terms` over n rows of standardised columns (every column's
+    Σz² <= n; the intercept's is n) are what honest members can give: the log-loss sum >= 0, every
+    gradient entry within n (|Σ z (p - t)| <= Σ|z| <= n), every Hessian diagonal entry within
+    [0, n/4] (p(1 - p) <= 1/4)."""
+    P = problem.coefs
+    bound = n * (1 + PLAUSIBLE_SLACK) + 1e-6
+    if not np.isfinite(totals).all():
+        raise ValueError("a summed term is not finite")
+    if totals[0] < -1e-6:
+        raise ValueError("the summed log-loss is negative")
+    if (np.abs(totals[1:1 + P]) > bound).any():
+        raise ValueError("a summed gradient entry exceeds the rows' bound")
+    if hessian:
+        upper = np.zeros((P, P))
+        upper[np.triu_indices(P)] = totals[1 + P:]
+        diag = np.diag(upper)
+        if (diag < -1e-6).any() or (diag > bound / 4).any():
+            raise ValueError("a summed Hessian diagonal entry is negative or exceeds the rows' bound")
+
+
 def objective(problem: Problem, totals: np.ndarray, W: np.ndarray, n: int,
               hessian: bool) -> tuple[float, float, np.ndarray, np.ndarray | None]:
     """(F, mean log-loss, ∇F, ∇²F or None) at W from the summed `local_terms`; NonFinite if any is

@@ -32,6 +32,7 @@ __all__ = [
     "CHANNELS",
     "ROW_Q_BITS",
     "SITE_ROWS_MAX",
+    "check_plausible",
     "decode_histograms",
     "encode_histograms",
     "gradients",
@@ -157,3 +158,17 @@ def decode_histograms(total: Any, n_nodes: int, n_features: int, n_slots: int) -
     if total.dtype != np.uint64 or total.shape != (want,):
         raise ValueError(f"expected uint64 ({want},) summed histograms, got {total.dtype} {total.shape}")
     return total.view(np.int64).reshape(int(n_nodes), int(n_features), int(n_slots), CHANNELS)
+
+
+def check_plausible(hist: np.ndarray, rows: int) -> None:
+    """ValueError unless every cell of summed histograms (int64 (nodes, F, S, 3)) is what honest
+    members can give: its row count between 0 and the federation's training rows, |Σg| and Σh
+    at most its rows times 2^ROW_Q_BITS (each row's quantised value is bounded so), Σh >= 0."""
+    g, h, n = hist[..., 0], hist[..., 1], hist[..., 2]
+    if (n < 0).any() or (n > rows).any():
+        raise ValueError(f"a histogram cell counts rows outside [0, the federation's {rows}]")
+    limit = n << ROW_Q_BITS        # rows <= 2^31 (SITE_ROWS_MAX per site, at most 128 sites): no overflow
+    if (g > limit).any() or (g < -limit).any():
+        raise ValueError("a histogram cell's gradient sum exceeds its rows times the per-row bound")
+    if (h < 0).any() or (h > limit).any():
+        raise ValueError("a histogram cell's hessian sum is negative or exceeds its rows times the per-row bound")

@@ -172,6 +172,26 @@ def label_stats(y: Any, p: HistParams) -> np.ndarray:
     return np.concatenate((np.bincount(y, minlength=p.groups), [len(y)])).astype(np.int64)
 
 
+def check_label_stats(total: Any, p: HistParams, parties: int) -> int:
+    """ValueError unless summed `label_stats` are what honest members can give; the federation's
+    rows. Rows between 1 and parties x SITE_ROWS_MAX; binary positives and every class count
+    between 0 and the rows, class counts adding up to the rows; a regression's Σy within the rows
+    times the label bound."""
+    from fedpeer.ml.xgb.hist import SITE_ROWS_MAX
+
+    total = np.asarray(total, dtype=np.int64)
+    rows = int(total[-1])
+    if not 0 < rows <= parties * SITE_ROWS_MAX:
+        raise ValueError(f"the label counts' rows are outside [1, {parties} sites x {SITE_ROWS_MAX}]")
+    head = total[:-1]
+    if p.objective == "reg:squarederror":
+        if abs(int(head[0])) > rows * (int(LABEL_ABS_MAX) << LABEL_FRAC_BITS):
+            raise ValueError("the labels' sum exceeds the rows times the label bound")
+    elif (head < 0).any() or (head > rows).any() or (p.groups > 1 and int(head.sum()) != rows):
+        raise ValueError("the label counts are negative, above the rows, or do not add up to them")
+    return rows
+
+
 def base_score_from_stats(total: Any, p: HistParams) -> tuple[float, ...]:
     """The federation's intercept (float32 values) from summed `label_stats`: the label mean
     (binary: as a probability; regression: as a margin), or the class-prior margins."""
