@@ -77,7 +77,10 @@ def init_site(directory: Path, name: str, listen: str, advertise: str | None = N
     key_path = directory / "identity.key"
     if key_path.exists():
         raise ConfigError(key_path, "", "key file already exists; refusing to overwrite an identity")
+    created = not directory.exists()
     identity = create_key_file(key_path)
+    if created:
+        directory.chmod(0o700)        # peers.toml and the key: nobody else may replace them
     try:
         atomic_write(conf_path, text.encode("utf-8"), mode=0o644)
     except BaseException:

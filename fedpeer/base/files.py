@@ -27,8 +27,24 @@ def check_private_file(path: Path, key: str, config_path: Path | None, noun: str
         raise ConfigError(where, key, f"{noun} {path} does not exist ({missing_fix})") from None
     except OSError as exc:
         raise ConfigError(where, key, f"cannot read {noun} {path}: {exc}") from None
+    if st.st_uid != os.geteuid():
+        raise ConfigError(where, key, f"{noun} {path} belongs to another user (uid {st.st_uid}); it must be "
+                          f"this user's own: run fedpeer as its owner, or: chown {os.geteuid()} {path}")
     if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise ConfigError(where, key, f"{noun} {path} is readable by others "
                           f"(mode {stat.S_IMODE(st.st_mode):04o}); run: chmod 600 {path}")
     if not os.access(path, os.R_OK):
         raise ConfigError(where, key, f"{noun} {path} is not readable by this user")
+
+
+def check_site_directory(directory: Path, config_path: Path) -> None:
+    """Refuse a site directory (the one holding peers.toml) that others may write to: they could
+    replace peers.toml or the key file, that is, the site's peers and identity."""
+    try:
+        st = directory.stat()
+    except OSError as exc:
+        raise ConfigError(config_path, "", f"cannot read the site directory {directory}: {exc}") from None
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ConfigError(config_path, "", f"the site directory {directory} is writable by others (mode "
+                          f"{stat.S_IMODE(st.st_mode):04o}), who could replace peers.toml or the key file; run: "
+                          f"chmod go-w {directory}")

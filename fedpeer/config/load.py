@@ -20,7 +20,7 @@ from pathlib import Path
 
 from fedpeer.core.election.raft import ElectionConfig
 from fedpeer.core.membership.swim import MembershipConfig
-from fedpeer.base.files import check_private_file
+from fedpeer.base.files import check_private_file, check_site_directory
 from fedpeer.errors import ConfigError
 
 DEFAULT_PORT = 7400
@@ -511,9 +511,11 @@ def _section(path: Path, name: str, table: object, cls: type[_T], defaults: _T |
 
 
 def check_secret_files(config: Config) -> None:
-    """The files besides the key that hold a secret, checked like it when the daemon starts and on
-    every reload: [data] dsn_file (the database password; data/sources/sql.py reads it again, with the
-    same check, each time a job loads the site's rows)."""
+    """The site directory (nobody else may write it) and the files besides the key that hold a
+    secret, checked like the key when the daemon starts and on every reload: [data] dsn_file (the
+    database password; data/sources/sql.py reads it again, with the same check, each time a job
+    loads the site's rows)."""
+    check_site_directory(config.path.parent, config.path)
     if config.data is not None and config.data.sql:
         check_private_file(Path(config.data.dsn_file), "data.dsn_file", config.path, "dsn_file",
                             "put the PostgreSQL connection string in it, readable by its owner only: chmod 600")

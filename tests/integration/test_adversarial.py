@@ -38,7 +38,7 @@ async def test_hostile_frames_are_rejected_counted_and_harmless(make_federation)
     h: Harness = make_federation(3, {"limits": {"message_bytes_max": FRAME_CAP}}, start=False)
     h.start(0)
     h.start(1)
-    await h.wait_all_alive(timeout_s=10, among=[0, 1])
+    await h.wait_all_alive(timeout_s=30, among=[0, 1])
     target, port = h.sites[0], h.sites[0].port
     bob = load_key_file(target.config.node.key_file).public_key
     carol = load_key_file(h.sites[1].config.node.key_file).public_key
@@ -106,7 +106,7 @@ async def test_hostile_frames_are_rejected_counted_and_harmless(make_federation)
     # after the receiver restarts, no frame of a session it held opens: not the captured one, not
     # a new one under the old keys; a new session works at once
     h.restart(0)
-    await h.wait_all_alive(timeout_s=10, among=[0, 1])
+    await h.wait_all_alive(timeout_s=30, among=[0, 1])
     async with aiohttp.ClientSession() as s:
         assert await post(s, port, valid) == (400, "unknown_session")
         assert await post(s, port, mallory.seal(bob, ping)) == (400, "unknown_session")
@@ -122,7 +122,7 @@ def _ping(h: Harness):
 
 async def test_admin_api_is_not_on_the_peer_port(make_federation) -> None:
     h: Harness = make_federation(2)
-    await h.wait_all_alive(timeout_s=10)
+    await h.wait_all_alive(timeout_s=30)
     async with aiohttp.ClientSession() as s:
         for path in ("/v1/status", "/status", "/", "/v1/jobs"):
             async with s.get(f"http://127.0.0.1:{h.sites[0].port}{path}") as resp:

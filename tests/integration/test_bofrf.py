@@ -67,7 +67,7 @@ async def test_forest_a_member_refuses_is_left_out_at_once(make_federation, tmp_
     add_peers(h.sites[1].config_path, [], {"limits": {"message_bytes_max": 20 * 1024}})
     h.sites[1].config = cfg.load(h.sites[1].config_path)
     h.start()
-    await h.wait_all_alive(timeout_s=15)
+    await h.wait_all_alive(timeout_s=30)
     started = time.monotonic()
     job_id = await h.propose(0, "bofrf", {"n_estimators": 100, "seed": 3})
     records = await h.wait_job(job_id, timeout_s=120)

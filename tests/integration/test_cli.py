@@ -98,6 +98,12 @@ def _bad_config_case(ca: Path, case: str) -> str:
     if case == "unreadable_key":
         key_file.unlink()
         return "does not exist"
+    if case == "key_of_another_user":
+        os.chown(key_file, 65534, -1)          # nobody's
+        return f"key file {key_file} belongs to another user (uid 65534)"
+    if case == "writable_site_directory":
+        os.chmod(ca.parent, 0o777)
+        return f"the site directory {ca.parent} is writable by others (mode 0777)"
     if case == "duplicate_name":
         from fedpeer.identity import Identity, encode_public_key
         block = text[text.index("\n[[peer]]"):]
@@ -115,7 +121,9 @@ def _bad_config_case(ca: Path, case: str) -> str:
 
 
 @pytest.mark.parametrize("case", ["unknown_key", "world_readable_key", "world_readable_dsn_file", "unreadable_key",
-                                  "duplicate_name", "own_key", "bad_address"])
+                                  "duplicate_name", "own_key", "bad_address", "writable_site_directory",
+                                  pytest.param("key_of_another_user", marks=pytest.mark.skipif(
+                                      os.geteuid() != 0, reason="only root can give a file away"))])
 def test_bad_configuration_exits_2_with_one_line(site_pair: tuple[Path, Path], case: str) -> None:
     ca, _ = site_pair
     expected = _bad_config_case(ca, case)

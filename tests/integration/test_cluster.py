@@ -80,7 +80,7 @@ async def test_gmm_between_daemons_equals_the_pooled_reference(make_federation, 
     h = make_federation(3, start=False)
     _attach_data(h, paths, ignore=["Id"])               # no label
     h.start()
-    await h.wait_all_alive(timeout_s=15)
+    await h.wait_all_alive(timeout_s=30)
     params = {"k": 3, "covariance": "diag", "seed": 4, "n_init": 2, "tol": 1e-6}
     job_id = await h.propose(0, "gmm", params)
     records = await h.wait_job(job_id, timeout_s=90)

@@ -90,7 +90,7 @@ async def test_jobs_on_a_dask_site_equal_the_jobs_in_memory(make_federation, clu
     h = make_federation(3, start=False)
     _attach(h, tmp_path, cluster.scheduler_address)
     h.start()
-    await h.wait_all_alive(timeout_s=20)
+    await h.wait_all_alive(timeout_s=30)
 
     stats = {"bins": 8, "secure_sum": "pairwise"}
     got = await _run(h, 1, "stats", stats)

@@ -231,8 +231,8 @@ async def test_jobs_on_sql_sites_equal_the_jobs_on_csv_sites(make_federation, po
     _attach_data(ref, csvs, label="diagnosis", positive="malignant")
     h.start()
     ref.start()
-    await h.wait_all_alive(timeout_s=15)
-    await ref.wait_all_alive(timeout_s=15)
+    await h.wait_all_alive(timeout_s=30)
+    await ref.wait_all_alive(timeout_s=30)
 
     stats = {"bins": 8, "secure_sum": "pairwise"}
     got_id, want_id = await h.propose(0, "stats", stats), await ref.propose(0, "stats", stats)

@@ -113,7 +113,7 @@ async def test_full_state_dir_under_running_daemons(make_federation, small_fs, t
     kind = small_fs(state)
     try:
         h.start()
-        await h.wait_all_alive(timeout_s=20)
+        await h.wait_all_alive(timeout_s=30)
         filler = fill(state)
 
         # a peer's proposal reaches site-1, which cannot record it: the job fails naming the disk
@@ -135,7 +135,7 @@ async def test_full_state_dir_under_running_daemons(make_federation, small_fs, t
         doc = await _status_within(h, 0)
         assert doc["state_dir"]["writable"] is False and doc["state_dir"]["error"] == f"disk full at {state}"
         assert doc["state_dir"]["failed_writes"] >= 1
-        await h.wait_all_alive(timeout_s=15)          # site-1 is up and its peers keep it alive
+        await h.wait_all_alive(timeout_s=30)          # site-1 is up and its peers keep it alive
         assert h.exit_codes()[h.sites[0].name] is None
 
         # space freed: site-1 notices on its own, and the next job succeeds everywhere

@@ -16,12 +16,12 @@ pytestmark = pytest.mark.integration
 
 async def test_five_daemons_alive_kill_restart_pause(make_federation) -> None:
     h: Harness = make_federation(5)
-    assert await h.wait_all_alive(timeout_s=5.0) <= 5.0
+    assert await h.wait_all_alive(timeout_s=30) <= 30
 
     h.kill9(4)
-    assert await h.wait_peer_state(4, "dead", timeout_s=10.0) <= 10.0
+    assert await h.wait_peer_state(4, "dead", timeout_s=30) <= 30
     h.start(4)
-    assert await h.wait_peer_state(4, "alive", timeout_s=5.0) <= 5.0
+    assert await h.wait_peer_state(4, "alive", timeout_s=30) <= 30
 
     h.pause(2)
     await asyncio.sleep(15)
@@ -29,7 +29,7 @@ async def test_five_daemons_alive_kill_restart_pause(make_federation) -> None:
     assert all(next(p for p in doc["peers"] if p["name"] == "site-3")["state"] != "alive"
                for doc in statuses.values()), "a node stopped for 15 s must not look alive"
     h.resume(2)
-    await h.wait_all_alive(timeout_s=5.0)
+    await h.wait_all_alive(timeout_s=30)
     assert all(code is None for code in h.exit_codes().values()), f"a daemon exited: {h.exit_codes()}"
 
 
@@ -44,7 +44,7 @@ async def test_wrong_public_key_never_becomes_alive(make_federation) -> None:
     from fedpeer.config import load as cfg
     h.sites[0].config = cfg.load(conf)
     h.start()
-    await h.wait_all_alive(timeout_s=10.0, among=[1, 2])
+    await h.wait_all_alive(timeout_s=30, among=[1, 2])
     # sites 2 and 3 can see each other before site-1's daemon answers at all: wait for it too
     await h.wait_until(lambda st: st[0] is not None, 10.0, "site-1 answers", among=[0])
     deadline = time.monotonic() + 4.0
@@ -66,7 +66,7 @@ async def test_leader_election_failover_and_rejoin(make_federation) -> None:
     """Every status agrees on one leader and term; kill -9 it and the others elect another in a
     higher term; the old leader, restarted, follows without bumping the term (PreVote, leases)."""
     h: Harness = make_federation(3)
-    await h.wait_all_alive(timeout_s=10)
+    await h.wait_all_alive(timeout_s=30)
 
     async def agreed(among: list[int], timeout_s: float, not_leader: str | None = None) -> tuple[str, int]:
         deadline = time.monotonic() + timeout_s
@@ -104,7 +104,7 @@ async def test_a_members_heartbeat_claiming_the_next_term_is_not_followed(make_f
     from fedpeer.net.transport import PATH
 
     h: Harness = make_federation(3)
-    await h.wait_all_alive(timeout_s=10)
+    await h.wait_all_alive(timeout_s=30)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         views = {(d["leader"], d["term"]) for d in (await h.statuses()).values() if d}

@@ -80,7 +80,7 @@ async def _under_attack(h: Harness, attack: Callable[..., Awaitable[None]], *arg
     assert target.log_path.stat().st_size < LOG_BYTES_MAX
     print(f"\n{attack.__name__}: worst status {worst_status_s * 1000:.0f} ms, worst RSS "   # for the notes (-s)
           f"{worst_rss_kib / 1024:.0f} MiB, log {target.log_path.stat().st_size} bytes")
-    await h.wait_all_alive(timeout_s=10)
+    await h.wait_all_alive(timeout_s=30)
     return await h.status(0)
 
 
@@ -116,7 +116,7 @@ async def _slow_senders(port: int) -> None:
 
 async def test_sixteen_slow_senders_do_not_cut_a_site_off(make_federation) -> None:
     h: Harness = make_federation(3)
-    await h.wait_all_alive(timeout_s=10)
+    await h.wait_all_alive(timeout_s=30)
     doc = await _under_attack(h, _slow_senders, h.sites[0].port)
     assert doc["rejected"].get("header_timeout", 0) >= 1, doc["rejected"]
 
@@ -124,7 +124,7 @@ async def test_sixteen_slow_senders_do_not_cut_a_site_off(make_federation) -> No
 async def test_large_bodies_from_a_stranger_are_not_read(make_federation) -> None:
     """32 concurrent 64 MiB random bodies: refused from their first 64 bytes, never buffered."""
     h: Harness = make_federation(3)
-    await h.wait_all_alive(timeout_s=10)
+    await h.wait_all_alive(timeout_s=30)
     doc = await _under_attack(h, _junk_bodies, h.sites[0].port)
     # Each of the 32 connections is refused from its first 64 bytes ("frame"), or, 16 per address
     # being the most a stranger may hold, shed for a newer one before its head arrived (which of
@@ -165,7 +165,7 @@ def test_a_chunked_body_is_refused_at_once(make_federation) -> None:
 async def test_more_idle_connections_than_the_open_files_limit(make_federation) -> None:
     """1,100 idle half-sent requests against a daemon limited to 1,024 open files."""
     h: Harness = make_federation(3)
-    await h.wait_all_alive(timeout_s=10)
+    await h.wait_all_alive(timeout_s=30)
     target = h.sites[0]
     resource.prlimit(target.process.pid, resource.RLIMIT_NOFILE, (1024, 1024))
     doc = await _under_attack(h, _idle_connections, target.port)
@@ -219,7 +219,7 @@ async def test_replayed_hellos_buy_no_connection_a_stranger_could_not(make_feder
     from fedpeer.testing.frames import Forger
 
     h: Harness = make_federation(3)
-    await h.wait_all_alive(timeout_s=10)
+    await h.wait_all_alive(timeout_s=30)
     replayer = Forger(load_key_file(h.sites[1].config.node.key_file))
     target = load_key_file(h.sites[0].config.node.key_file).public_key
     hellos = [replayer.handshakes.hello(target).hello for _ in range(8)]

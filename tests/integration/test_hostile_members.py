@@ -62,7 +62,7 @@ async def _attacker_federation(make_federation) -> tuple[Harness, Identity]:
     h: Harness = make_federation(3, start=False)
     h.start(0)
     h.start(1)
-    await h.wait_all_alive(timeout_s=15, among=[0, 1])
+    await h.wait_all_alive(timeout_s=30, among=[0, 1])
     return h, load_key_file(h.sites[2].config.node.key_file)
 
 
@@ -109,7 +109,7 @@ async def test_onboarding_a_fourth_site_known_only_to_one(make_federation, tmp_p
         _forget_peers(h.sites[i].config_path, forget)
         h.sites[i].config = cfg.load(h.sites[i].config_path)
     h.start()
-    await h.wait_all_alive(timeout_s=20)
+    await h.wait_all_alive(timeout_s=30)
     run = await asyncio.to_thread(_fedpeer, "run", "stats", "--config", str(h.sites[0].config_path), "--wait", "--json")
     assert run.returncode == 1, (run.stdout, run.stderr)
     record = json.loads(run.stdout)

@@ -32,7 +32,7 @@ async def breast_cancer_federation(make_federation, tmp_path: Path, n: int, spli
     h: Harness = make_federation(n, settings, start=False)
     _attach_data(h, parts, label="diagnosis", positive="malignant")
     h.start()
-    await h.wait_all_alive(timeout_s=15)
+    await h.wait_all_alive(timeout_s=30)
     return h, full, parts
 
 
@@ -68,7 +68,7 @@ async def test_stats_equals_pooled_numpy_on_every_member(make_federation, tmp_pa
     assert sorted(r["rows"] for r in records.values()) == sorted(_rows(p) for p in parts)
     # the record survives a restart of a member
     h.restart(2)
-    await h.wait_all_alive(timeout_s=15)
+    await h.wait_all_alive(timeout_s=30)
     again = await h.job(2, job_id)
     assert again["state"] == "done" and again["result"] == res
 
@@ -92,7 +92,7 @@ async def test_missing_values_refused_naming_the_site(make_federation, tmp_path:
     h: Harness = make_federation(3, start=False)
     _attach_data(h, paths, label="Class", positive="malignant", ignore=["Id"])
     h.start()
-    await h.wait_all_alive(timeout_s=15)
+    await h.wait_all_alive(timeout_s=30)
     job_id = await h.propose(0, "stats", {})
     records = await h.wait_job(job_id, timeout_s=60)
     for record in records.values():
@@ -108,7 +108,7 @@ async def test_schema_mismatch_and_unresponsive_member(make_federation, tmp_path
     h: Harness = make_federation(3, {"jobs": {"job_accept_timeout_ms": 3000, "hop_timeout_ms": 3000}}, start=False)
     _attach_data(h, parts, label="diagnosis", positive="malignant")
     h.start()
-    await h.wait_all_alive(timeout_s=15)
+    await h.wait_all_alive(timeout_s=30)
     job_id = await h.propose(0, "stats", {})
     records = await h.wait_job(job_id, timeout_s=60)
     for record in records.values():
@@ -167,7 +167,7 @@ async def test_cancel_running_job_and_sigterm_during_a_job(make_federation) -> N
     import asyncio
     import signal as sig
     h: Harness = make_federation(2)
-    await h.wait_all_alive(timeout_s=15)
+    await h.wait_all_alive(timeout_s=30)
     # 64 MiB in 32 KiB chunks: runs for many seconds (in the default 2 MiB chunks it can end before
     # the cancel command's process has started; in 128 KiB chunks it did once under a loaded machine)
     big = {"entries": 8 * 1024 * 1024, "secure_sum": "pairwise", "chunk_entries": 4 * 1024}
@@ -186,6 +186,6 @@ async def test_cancel_running_job_and_sigterm_during_a_job(make_federation) -> N
     proc.send_signal(sig.SIGTERM)
     assert await asyncio.to_thread(proc.wait, 20) == 0
     h.start(0)
-    await h.wait_all_alive(timeout_s=15)
+    await h.wait_all_alive(timeout_s=30)
     record = await h.job(0, job_id)
     assert record["state"] in ("cancelled", "failed") and "stopped" in record["error"], record

@@ -89,7 +89,7 @@ async def test_an_mlp_member_killed_mid_job_leaves_the_survivors_done_with_one_m
     h = make_federation(3, {"jobs": {"hop_timeout_ms": 2_000}}, start=False)
     _attach_data(h, parts, label="diagnosis", positive="malignant")
     h.start()
-    await h.wait_all_alive(timeout_s=15)
+    await h.wait_all_alive(timeout_s=30)
     keys = [load_key_file(s.config.node.key_file).public_key for s in h.sites]
     ring = sorted(range(3), key=lambda i: keys[i])
     names = [h.sites[i].name for i in ring]

@@ -36,7 +36,7 @@ async def _federation_with_mallory(make_federation) -> tuple[Harness, Identity, 
     h: Harness = make_federation(3, start=False)
     h.start(0)
     h.start(1)
-    await h.wait_all_alive(timeout_s=10, among=[0, 1])
+    await h.wait_all_alive(timeout_s=30, among=[0, 1])
     mallory = load_key_file(h.sites[2].config.node.key_file)
     return h, mallory, load_key_file(h.sites[0].config.node.key_file).public_key
 
@@ -113,7 +113,7 @@ def test_random_member_messages_never_take_a_site_down(make_federation, tmp_path
     _attach_data(h, parts, label="diagnosis", positive="malignant")
     h.start(0)
     h.start(1)
-    asyncio.run(h.wait_all_alive(timeout_s=15, among=[0, 1]))
+    asyncio.run(h.wait_all_alive(timeout_s=30, among=[0, 1]))
     mallory = load_key_file(h.sites[2].config.node.key_file)
     keys = {"site-1": load_key_file(h.sites[0].config.node.key_file).public_key,
             "site-2": load_key_file(h.sites[1].config.node.key_file).public_key,
@@ -172,7 +172,7 @@ async def test_a_members_gossip_cannot_evict_a_site(make_federation) -> None:
     h: Harness = make_federation(4, start=False)
     for i in range(3):
         h.start(i)
-    await h.wait_all_alive(timeout_s=15, among=[0, 1, 2])
+    await h.wait_all_alive(timeout_s=30, among=[0, 1, 2])
     keys = [load_key_file(s.config.node.key_file).public_key for s in h.sites]
     sealer = await frames.connected(load_key_file(h.sites[3].config.node.key_file), h, [0, 1, 2])   # site-4: the liar
     victim = h.sites[1]

@@ -76,7 +76,7 @@ async def test_optional_loopback_listener(make_federation) -> None:
     add_peers(site.config_path, [], {"node": {"metrics": f"127.0.0.1:{port}"}})
     site.config = cfg.load(site.config_path)
     h.start()
-    await h.wait_all_alive(timeout_s=15)
+    await h.wait_all_alive(timeout_s=30)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)) as s:
         async with s.get(f"http://127.0.0.1:{port}/metrics") as resp:
             assert resp.status == 200

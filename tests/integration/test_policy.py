@@ -31,7 +31,7 @@ async def test_a_members_policy_refuses_and_the_proposer_says_why(make_federatio
         site.config = cfg.load(site.config_path)
     assert h.sites[1].config.policy.limits["xgboost"]["rounds_max"] == 200 and h.sites[2].config.policy.rows_min == 100
     h.start()
-    await h.wait_all_alive(timeout_s=15)
+    await h.wait_all_alive(timeout_s=30)
 
     # site-2's limit (site-3, whose rows_min refuses every job with data, is left out): refused
     # before any training; both records name site-2 and the limit

@@ -50,14 +50,14 @@ async def test_a_fourth_site_joins_three_running_ones_without_a_restart(make_fed
     for i in range(3):
         remove_peer(h.sites[i].config_path, "site-4")
     h.start()
-    await h.wait_all_alive(timeout_s=15, among=[0, 1, 2])
+    await h.wait_all_alive(timeout_s=30, among=[0, 1, 2])
     site4 = h.sites[3]
     for i in range(3):
         r = await asyncio.to_thread(_fedpeer, "peer", "add", "--config", str(h.sites[i].config_path),
                                     "--name", "site-4", "--address", site4.address, "--public-key", site4.public_key)
         assert r.returncode == 0, r.stderr
         assert "the running daemon picked it up: peers: +site-4; policy: unchanged" in r.stdout, r.stdout
-    await h.wait_all_alive(timeout_s=15)
+    await h.wait_all_alive(timeout_s=30)
     job_id = await h.propose(0, "stats", {})
     records = await h.wait_job(job_id, timeout_s=60)
     for i, record in records.items():
@@ -70,7 +70,7 @@ async def test_a_fourth_site_joins_three_running_ones_without_a_restart(make_fed
 
 async def test_a_removed_peer_is_refused_at_once_and_its_job_ends(make_federation) -> None:
     h: Harness = make_federation(3, {"jobs": {"job_accept_timeout_ms": 20_000}})
-    await h.wait_all_alive(timeout_s=15)
+    await h.wait_all_alive(timeout_s=30)
     before = (await h.status(0))["rejected"].get("unknown_sender", 0)
     h.pause(2)   # site-3 cannot answer: the job waits for it
     # a session opened with site-3's key before the removal (the daemon's own, or a copy's)
@@ -106,7 +106,7 @@ async def test_a_removed_peer_is_refused_at_once_and_its_job_ends(make_federatio
 
 async def test_a_config_that_does_not_validate_is_refused_and_the_old_one_keeps_running(make_federation) -> None:
     h: Harness = make_federation(2)
-    await h.wait_all_alive(timeout_s=15)
+    await h.wait_all_alive(timeout_s=30)
     conf = h.sites[0].config_path
     good = conf.read_text()
     _edit(conf, "membership", "probe_timeout_ms", 900)   # must be below probe_interval_ms (500)
@@ -128,7 +128,7 @@ async def test_a_config_that_does_not_validate_is_refused_and_the_old_one_keeps_
 
 async def test_sighup_applies_an_edit(make_federation) -> None:
     h: Harness = make_federation(3)
-    await h.wait_all_alive(timeout_s=15)
+    await h.wait_all_alive(timeout_s=30)
     remove_peer(h.sites[0].config_path, "site-2")
     _edit(h.sites[0].config_path, "policy", "allowed_jobs", ["stats"])
     loaded = (await h.status(0))["config"]["loaded_at"]
@@ -186,7 +186,7 @@ async def test_status_names_a_wrong_key_and_a_peer_that_does_not_list_us(make_fe
 
 async def test_a_second_process_with_a_peers_key_is_reported(make_federation, tmp_path: Path) -> None:
     h: Harness = make_federation(2)
-    await h.wait_all_alive(timeout_s=15)
+    await h.wait_all_alive(timeout_s=30)
     twin = tmp_path / "twin"
     shutil.copytree(h.sites[1].dir, twin, ignore=shutil.ignore_patterns("state", "*.log"))
     port = _free_port()
@@ -236,7 +236,7 @@ async def test_the_data_errors_own_advice_works_after_a_reload(make_federation, 
     lines[1] = ",".join(["", *first[1:]] if first[0] != "" else first)   # one missing value
     data.write_text("\n".join(lines) + "\n")
     h.start()
-    await h.wait_all_alive(timeout_s=15)
+    await h.wait_all_alive(timeout_s=30)
     failed = (await h.wait_job(await h.propose(0, "stats", {}), timeout_s=30, among=[0]))[0]
     assert failed["state"] == "failed" and "drop" in failed["error"], failed
     _edit(h.sites[0].config_path, "data", "missing", "drop")
@@ -251,7 +251,7 @@ async def test_a_rotated_key_is_taken_by_a_reload(make_federation) -> None:
     from fedpeer.identity import create_key_file
 
     h: Harness = make_federation(3)
-    await h.wait_all_alive(timeout_s=15)
+    await h.wait_all_alive(timeout_s=30)
     h.stop(1)
     key_file = h.sites[1].dir / "identity.key"
     key_file.unlink()
@@ -265,5 +265,5 @@ async def test_a_rotated_key_is_taken_by_a_reload(make_federation) -> None:
         h.sites[i].config_path.write_text(tomlkit.dumps(doc))
         r = await asyncio.to_thread(_fedpeer, "reload", "--config", str(h.sites[i].config_path))
         assert r.returncode == 0 and "peers: site-2 new key;" in r.stdout, (r.stdout, r.stderr)
-    await h.wait_all_alive(timeout_s=15)
+    await h.wait_all_alive(timeout_s=30)
     assert _peer(await h.status(0), "site-2")["public_key"] == new_key

@@ -51,7 +51,7 @@ async def inject_until_refused(port: int, liar_sealer: frames.Forger, dst: bytes
 
 async def test_a_malformed_chunk_does_not_get_the_honest_successor_dropped(make_federation) -> None:
     h: Harness = make_federation(4)
-    await h.wait_all_alive(timeout_s=20)
+    await h.wait_all_alive(timeout_s=30)
     idents = [load_key_file(site.config.node.key_file) for site in h.sites]
     ring = sorted(range(4), key=lambda i: idents[i].public_key)     # ring order = key order
     initiator, liar, successor = ring[0], ring[1], ring[2]

@@ -35,7 +35,7 @@ def vm(pid: int, key: str) -> int:
 
 async def test_a_200_mib_message_streams_between_two_daemons_with_bounded_memory(make_federation) -> None:
     h: Harness = make_federation(2, {"limits": {"message_bytes_max": 16 * 1024 * 1024}})
-    await h.wait_all_alive(timeout_s=15)
+    await h.wait_all_alive(timeout_s=30)
     receiver = h.sites[1].process.pid
     ml_loaded(h.sites[1])   # (the background import of the ML libraries is ~110 MiB of its own)
     Path(f"/proc/{receiver}/clear_refs").write_text("5")   # the peak from here on is this transfer's
@@ -68,7 +68,7 @@ async def test_a_members_bad_streams_are_refused_and_harmless(make_federation) -
     h: Harness = make_federation(3, {"limits": {"payload_bytes_max": 64 * 1024 * 1024}}, start=False)
     h.start(0)
     h.start(1)
-    await h.wait_all_alive(timeout_s=15, among=[0, 1])
+    await h.wait_all_alive(timeout_s=30, among=[0, 1])
     bob = load_key_file(h.sites[0].config.node.key_file).public_key
     mallory = await frames.connected(load_key_file(h.sites[2].config.node.key_file), h, [0])
     port = h.sites[0].port

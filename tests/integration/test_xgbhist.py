@@ -32,7 +32,7 @@ async def _federation(make_federation, tmp_path: Path, n: int, settings: dict | 
     h = make_federation(n, settings, start=False)
     _attach_data(h, parts, label="diagnosis", positive="malignant", test_csv=str(test))
     h.start()
-    await h.wait_all_alive(timeout_s=15)
+    await h.wait_all_alive(timeout_s=30)
     return h, parts, test
 
 
@@ -168,7 +168,7 @@ async def test_regression_over_real_daemons_is_the_pooled_model_and_predict_give
     h = make_federation(3, None, start=False)
     _attach_data(h, parts, label="progression", test_csv=str(test))
     h.start()
-    await h.wait_all_alive(timeout_s=15)
+    await h.wait_all_alive(timeout_s=30)
     params = {**PARAMS, "objective": "reg:squarederror", "grad_abs_max": 400.0}
     job_id = await h.propose(0, "xgboost", params)
     records = await h.wait_job(job_id, timeout_s=90)

@@ -29,7 +29,7 @@ async def test_leader_killed_mid_round_survivors_finish_with_identical_models(ma
     h = make_federation(4, start=False)
     _attach_data(h, parts, label="diagnosis", positive="malignant", test_csv=str(test))
     h.start()
-    await h.wait_all_alive(timeout_s=15)
+    await h.wait_all_alive(timeout_s=30)
     job_id = await h.propose(0, "xgboost", PARAMS)
     failover = await kill_leader_at_round(h, job_id, 3, timeout_s=120)
     killed = next(i for i, s in enumerate(h.sites) if s.name == failover["killed"])
@@ -70,7 +70,7 @@ async def test_leader_killed_mid_round_survivors_finish_with_identical_models(ma
                         str(h.sites[i].config_path), "--json"], capture_output=True, text=True)
     assert r.returncode == 0 and json.loads(r.stdout)["result"]["model_sha256"] == first["model_sha256"], r.stderr
     h.start(killed)
-    await h.wait_all_alive(timeout_s=20)
+    await h.wait_all_alive(timeout_s=30)
     record = await h.job(killed, job_id)
     assert record["state"] == "failed" and "stopped while the job was running" in record["error"]
 
