@@ -18,6 +18,7 @@ Rules, because every local user and every web page in a local browser can reach 
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -36,6 +37,7 @@ from fedpeer.base.logs import fields
 from fedpeer.base.store import atomic_write
 from fedpeer.config.load import Config, parse_address
 from fedpeer.errors import ConfigError, FedpeerError, NoDaemonError
+from fedpeer.net.bounded import LOCAL_KEEPALIVE_S, Bounded, serve
 
 log = logging.getLogger("fedpeer.admin")
 
@@ -69,13 +71,15 @@ class AdminServer:
         self._token: bytes | None = None            # set for a TCP admin address
         self._hosts: frozenset[str] = frozenset()   # the Host headers a TCP admin accepts (its own)
         self._socket_id: tuple[int, int] | None = None   # (st_dev, st_ino) of the socket we made
+        self._server: asyncio.Server | None = None        # the TCP listener, bounded
+        self.bounded: Bounded | None = None
 
     async def start(self) -> None:
         """Listen; raises ConfigError (one line) if the address is unusable."""
         app = web.Application(middlewares=[self._guard], client_max_size=ADMIN_REQUEST_BYTES_MAX)
         for (method, path), handler in self._routes.items():
             app.router.add_route(method, path, handler)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=LOCAL_KEEPALIVE_S)
         await self._runner.setup()
         try:
             if self._config.node.admin_socket is not None:
@@ -125,9 +129,12 @@ class AdminServer:
             raise ConfigError(self._config.path, "node.admin", f"cannot write the admin token {path}: "
                               f"{exc.strerror or exc}; make state_dir writable (and not full)") from None
         self._token = token.encode("ascii")
-        await web.SockSite(self._runner, sock).start()
+        self._server, self.bounded = await serve(self._runner, sock=sock)   # connection bounds: net/bounded.py
 
     async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

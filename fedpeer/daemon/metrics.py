@@ -24,6 +24,8 @@ Fields of `node.status()` read here that the node may not fill yet (each peer's 
 
 from __future__ import annotations
 
+import asyncio
+
 import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
@@ -39,6 +41,7 @@ from fedpeer.core.election.raft import Role
 from fedpeer.core.membership.swim import MemberState
 from fedpeer.errors import ConfigError
 from fedpeer.jobs.records import STATES
+from fedpeer.net.bounded import LOCAL_KEEPALIVE_S, Bounded, serve
 from fedpeer.protocols.securesum.api import MODES as SECURE_SUM_MODES
 
 try:   # prometheus_client >= 0.22 made CONTENT_TYPE_LATEST the 1.0.0 format; we write 0.0.4 text
@@ -293,6 +296,8 @@ class MetricsListener:
     def __init__(self, metrics: NodeMetrics, address: Address, config_path: Any = "") -> None:
         self._metrics, self._address, self._config_path = metrics, address, config_path
         self._runner: web.AppRunner | None = None
+        self._server: asyncio.Server | None = None
+        self.bounded: Bounded | None = None   # its connection bounds (fedpeer/net/bounded.py)
         self.port: int | None = None    # the bound port (the configured one, or the kernel's for 0)
 
     async def start(self) -> None:
@@ -302,19 +307,21 @@ class MetricsListener:
                               "address; metrics must never be reachable from the network")
         app = web.Application(middlewares=[self._guard])
         app.router.add_get(PATH, self._metrics.handle)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=LOCAL_KEEPALIVE_S)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._address.host, self._address.port, reuse_address=True)
         try:
-            await site.start()
+            self._server, self.bounded = await serve(self._runner, host=self._address.host, port=self._address.port)
         except OSError as exc:
             await self.stop()
             raise ConfigError(self._config_path, "node.metrics",
                               f"cannot listen on {self._address}: {exc.strerror or exc}") from None
-        self.port = self._runner.addresses[0][1]
+        self.port = self._server.sockets[0].getsockname()[1]
         log.info("metrics_listening", extra=fields(address=f"{self._address.host}:{self.port}"))
 
     async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

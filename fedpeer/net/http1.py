@@ -13,7 +13,8 @@ PATH = "/fedpeer/v1/frame"
 HELLO_PATH = "/fedpeer/v1/hello"      # a session's handshake: a hello in, a welcome out (fedpeer/wire/session.py)
 REFUSAL_HEADER = "X-Fedpeer-Refusal"
 HTTP_HEAD_BYTES_MAX = 8 * 1024          # request line + headers; our client sends ~90 bytes
-FDS_RESERVED = 320                      # descriptors kept for outbound connections, state files, admin
+FDS_RESERVED = 320                      # descriptors kept for outbound connections, state files, and the
+                                        # local listeners (admin, metrics: LOCAL_CONNECTIONS_MAX each)
 OUTBOUND_CONNECTIONS_MAX = 256          # the client's connections in use (counted in FDS_RESERVED)
 OUTBOUND_PER_PEER_MAX = 8               # of those, to one peer
 END_OF_HEAD = b"\r\n\r\n"                # ends a request's or an answer's head

@@ -249,3 +249,45 @@ def test_a_request_racing_a_start_retries_once_with_the_new_token(tmp_path: Path
             await server.stop()
         assert not (config.node.state_dir / "admin.token").exists(), "stop removes its token"
     asyncio.run(scenario())
+
+
+def test_three_thousand_idle_connections_leave_status_answering_with_descriptors_bounded(
+        tcp_site: tuple[Harness, int]) -> None:
+    """A local user opens 3,000 connections to the TCP admin port and sends nothing: the daemon
+    keeps at most LOCAL_CONNECTIONS_MAX of them (each closed after FIRST_BYTES_MS of silence, the
+    oldest silent one shed for a newcomer), its open descriptors stay bounded, and a status request
+    made meanwhile is answered within 2 s (fedpeer/net/bounded.py)."""
+    import resource
+    import time
+
+    from fedpeer.net.bounded import LOCAL_CONNECTIONS_MAX
+
+    h, port = tcp_site
+    pid = h.sites[0].process.pid
+    before = len(os.listdir(f"/proc/{pid}/fd"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, 4_000)), hard))
+    held: list[socket.socket] = []
+    try:
+        for _ in range(3_000):
+            s = socket.socket()
+            s.setblocking(False)
+            try:
+                s.connect(("127.0.0.1", port))
+            except (BlockingIOError, ConnectionError, OSError):
+                pass
+            held.append(s)
+        time.sleep(0.5)
+        most = max(len(os.listdir(f"/proc/{pid}/fd")) for _ in range(5))
+        started = time.monotonic()
+        status, doc = ask(port, "GET", "/v1/status", {"Authorization": f"Bearer {_token(h)}"})
+        took = time.monotonic() - started
+        assert status == 200 and doc["node"]["name"] == "site-1", doc
+        assert took < 2.0, f"status took {took:.2f} s among 3,000 idle connections"
+        assert most <= before + LOCAL_CONNECTIONS_MAX + 8, (before, most)
+    finally:
+        for s in held:
+            s.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    r = fedpeer("status", "--config", str(h.sites[0].config_path))
+    assert r.returncode == 0 and "node site-1" in r.stdout, r.stderr
