@@ -50,6 +50,7 @@ import hashlib
 import hmac
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -82,6 +83,8 @@ SESSION_REKEY_AFTER_FRAMES = 1 << 30      # ... or this many frames (far below t
 SESSION_REKEY_AFTER_BYTES = 1 << 36       # ... or this many bytes (64 GiB)
 SESSION_REJECT_AFTER_MS = 180_000         # a responder forgets a session this long after its hello
 INBOUND_SESSIONS_PER_PEER_MAX = 4         # held per sender (half-open ones are evicted first)
+HELLOS_REMEMBERED_PER_PEER = 64           # answered hellos remembered per sender (SESSION_REJECT_AFTER_MS),
+                                          # so a replayed one is refused before its signature is checked
 REPLAY_WINDOW_FRAMES = 8192               # counters accepted out of order below the highest seen
 _WINDOW_MASK = (1 << REPLAY_WINDOW_FRAMES) - 1
 
@@ -206,6 +209,7 @@ class Handshakes:
         self._identity = identity
         self._seed = seed
         self._suite = preferred_suite() if suite is None else suite
+        self._answered: dict[bytes, OrderedDict[bytes, int]] = {}   # sender -> hello digest -> answered at ms
 
     def hello(self, peer: bytes) -> PendingHello:
         me = self._identity.public_key
@@ -235,8 +239,12 @@ class Handshakes:
         want = hashlib.blake2b(hello[:at], key=self._seed(sender, _HELLO_TAG_LABEL), digest_size=HELLO_TAG_BYTES)
         if not hmac.compare_digest(want.digest(), tag):
             raise RemoteProtocolError("header", "hello tag does not verify (forged, or another key for us)")
+        digest = hashlib.blake2b(hello, digest_size=16).digest()
+        if self._seen(sender, digest, now_ms):        # a replay costs no signature check nor key exchange
+            raise RemoteProtocolError("replay", "a hello already answered (replayed)")
         if not verify(sender, _HELLO_SIGN + signed, hello[at + HELLO_TAG_BYTES:]):
             raise RemoteProtocolError("signature", "hello signature does not verify")
+        self._remember(sender, digest, now_ms)
         if suite not in SUITES:
             raise RemoteProtocolError("handshake", f"unknown cipher suite {suite}")
         ephemeral = X25519PrivateKey.generate()
@@ -250,6 +258,17 @@ class Handshakes:
         session = InSession(sid=sid, peer=sender, aead=SUITES[suite](key), header_key=header_key, suite=suite,
                             opened_ms=now_ms, reply=reply)
         return welcome, session
+
+    def _seen(self, sender: bytes, digest: bytes, now_ms: int) -> bool:
+        answered = self._answered.get(sender)
+        at = answered.get(digest) if answered is not None else None
+        return at is not None and now_ms - at < SESSION_REJECT_AFTER_MS
+
+    def _remember(self, sender: bytes, digest: bytes, now_ms: int) -> None:
+        answered = self._answered.setdefault(sender, OrderedDict())
+        answered[digest] = now_ms
+        while len(answered) > HELLOS_REMEMBERED_PER_PEER:
+            answered.popitem(last=False)
 
     def finish(self, pending: PendingHello, welcome: bytes, now_ms: int) -> tuple[OutSession, InSession]:
         """Check the peer's welcome to `pending`; the session's sending and receiving halves.

@@ -419,3 +419,29 @@ def test_one_handshake_serves_both_directions_once_the_initiator_has_sent() -> N
     c = wire.Gate(bob, lambda _: True, Sessions(), message_bytes_max=1 << 20)
     c.hello(pending.hello, NOW_MS)
     assert c.sessions.outbound(alice.public_key, NOW_MS) is None
+
+
+def test_a_replayed_hello_is_refused_before_its_signature_is_checked(monkeypatch) -> None:
+    """A captured hello sent again costs no Ed25519 check nor key exchange: the hellos a sender had
+    answered are remembered (HELLOS_REMEMBERED_PER_PEER, for SESSION_REJECT_AFTER_MS)."""
+    from fedpeer.wire import session as ses
+
+    alice, bob = Identity.generate(), Identity.generate()
+    a_keys, b_keys = wire.PairKeys(alice), wire.PairKeys(bob)
+    a, b = Handshakes(alice, a_keys.key), Handshakes(bob, b_keys.key)
+    hello = a.hello(bob.public_key).hello
+    b.answer(hello, {alice.public_key}.__contains__, NOW_MS)
+    checks = []
+    real = ses.verify
+    monkeypatch.setattr(ses, "verify", lambda *args: checks.append(1) or real(*args))
+    with pytest.raises(RemoteProtocolError) as err:
+        b.answer(hello, {alice.public_key}.__contains__, NOW_MS + 1_000)
+    assert err.value.reason == "replay" and checks == []
+    fresh = a.hello(bob.public_key).hello                    # a new hello of the same peer still opens
+    b.answer(fresh, {alice.public_key}.__contains__, NOW_MS + 1_000)
+    assert checks == [1]
+    later = NOW_MS + ses.SESSION_REJECT_AFTER_MS + 1          # forgotten with the sessions it could open
+    b.answer(hello, {alice.public_key}.__contains__, later)
+    for _ in range(ses.HELLOS_REMEMBERED_PER_PEER + 1):      # bounded per sender
+        b.answer(a.hello(bob.public_key).hello, {alice.public_key}.__contains__, later)
+    assert len(b._answered[alice.public_key]) == ses.HELLOS_REMEMBERED_PER_PEER
