@@ -18,6 +18,7 @@ import functools
 import logging
 import os
 import random
+import resource
 import socket
 import time
 from collections import Counter
@@ -115,7 +116,6 @@ class Node:
         self._leader: bytes | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._pruned_ms = _monotonic_ms()
-        self._open_files = 0
         self._refusals: dict[bytes, tuple[str, int]] = {}   # peer -> (its last refusal of our sends, wall ms)
         self._duplicates_logged: dict[bytes, int] = {}       # peer -> duplicate_count last logged
         self._config_loaded_ms = self.now_ms()
@@ -126,7 +126,7 @@ class Node:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set. Raises ConfigError if the listen or admin address is unusable."""
-        self._open_files = raise_open_files_limit()
+        raise_open_files_limit()
         await self._start_servers()
         log.info("started", extra=fields(name=self.config.node.name, fingerprint=self.identity.fingerprint,
                                          listen=str(self.config.node.listen), peers=len(self.config.peers),
@@ -483,7 +483,8 @@ class Node:
                          "failed": self._links.handshakes_failed, "failed_by": dict(self._links.handshake_errors)},
             "streams": {"receiving_bytes": self._streams.held_bytes(), "received": self._streams.completed},
             "connections": {**self._server.connections(), "shed": dict(self._server.shed),
-                            "open_files_limit": self._open_files},
+                            # read live: an operator (prlimit) may change it while the daemon runs
+                            "open_files_limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0]},
             "loop_errors": dict(self._loop_errors),
             "loop_lag_ms": self.loop_lag.summary(),     # how long the loop made messages and status wait
             "state_dir": {"path": str(self.config.node.state_dir), **self.state.health()},

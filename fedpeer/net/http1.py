@@ -37,17 +37,21 @@ class SendRefused(SendError):
 
 def parse_header_lines(lines: list[str], unique: tuple[str, ...] = ()) -> dict[str, str]:
     """A head's header lines ("Name: value", without their CRLF) -> {lower-case name: value}, the
-    value stripped. Raises ValueError for a line without a colon, or a repeated header named in
-    `unique` (lower case); any other repeated header keeps its last value."""
+    value without the optional whitespace (SP, HTAB) around it (RFC 9112 §5). Raises ValueError
+    for a line without a colon, whitespace in or around the name (before the colon: RFC 9112
+    §5.1 says reject it; at the start of a line: an obsolete folded line, §5.2), or a repeated
+    header named in `unique` (lower case); any other repeated header keeps its last value."""
     headers: dict[str, str] = {}
     for line in lines:
         name, sep, value = line.partition(":")
         if not sep:
             raise ValueError("header line without a colon")
-        name = name.strip().lower()
+        if not name or any(c in name for c in " \t\r\n\v\f"):
+            raise ValueError("whitespace in a header name, or a folded header line")
+        name = name.lower()
         if name in headers and name in unique:
             raise ValueError(f"repeated {name} header")
-        headers[name] = value.strip()
+        headers[name] = value.strip(" \t")
     return headers
 
 

@@ -291,3 +291,18 @@ def test_three_thousand_idle_connections_leave_status_answering_with_descriptors
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     r = fedpeer("status", "--config", str(h.sites[0].config_path))
     assert r.returncode == 0 and "node site-1" in r.stdout, r.stderr
+
+
+def test_open_files_limit_in_status_is_read_live(tcp_site: tuple[Harness, int]) -> None:
+    """An operator lowers the running daemon's limit (prlimit): status says the new one at once."""
+    import resource
+
+    h, _ = tcp_site
+    pid = h.sites[0].process.pid
+    soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+    try:
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft - 7, hard))
+        doc = asyncio.run(h.status(0))
+        assert doc["connections"]["open_files_limit"] == soft - 7, doc["connections"]
+    finally:
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))

@@ -420,3 +420,24 @@ def test_the_pool_keeps_size_classes_and_a_bounded_amount() -> None:
     pool.give(pool.take(3 << 20))              # over what is kept: dropped
     assert pool.idle_bytes() == 2 << 20
     assert pool.take(1 << 20) is b and pool.reused == 1
+
+
+@pytest.mark.parametrize("line", [b"Content-Length : 5", b"Content-Length\t: 5", b" Content-Length: 5",
+                                  b"Content Length: 5"])
+async def test_whitespace_in_or_before_a_header_name_is_refused_at_once(site: Site, line: bytes) -> None:
+    """RFC 9112 §5.1 and §5.2: whitespace between a field name and its colon, or a folded line, is a
+    400 at once, never a wait for a body the header may not mean (the header deadline)."""
+    import time
+
+    started = time.monotonic()
+    got = await asyncio.to_thread(raw, site.server.port, b"POST " + PATH.encode() + b" HTTP/1.1\r\n" + line
+                                  + b"\r\n\r\n", wait_s=3.0)
+    assert b" 400 " in got and time.monotonic() - started < 2.0, got
+
+
+async def test_optional_whitespace_around_a_header_value_is_allowed(site: Site) -> None:
+    frame = site.frame(b"ows")
+    data = f"POST {PATH} HTTP/1.1\r\nContent-Length:\t {len(frame)} \t\r\nConnection: close\r\n\r\n".encode() + frame
+    got = await asyncio.to_thread(raw, site.server.port, data)
+    assert got.startswith(b"HTTP/1.1 204 No Content"), got
+    assert [m.payload for m in site.received] == [b"ows"]
