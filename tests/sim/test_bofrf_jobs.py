@@ -622,3 +622,38 @@ async def test_clustered_with_a_nan_vector_fails_blaming_its_sender() -> None:
         await run_job(net, dict(zip(keys, datasets)), params, names, expect_done=honest,
                       wrap=lambda k, ch: NanVector(ch) if k == offender else ch)
     assert caught.value.peer == offender and "characteristic vector" in caught.value.reason
+
+
+class ForestTooLarge:
+    """A member whose forest is larger than a message may be (a 2M-node forest): its channel's send
+    refuses it locally (LocalProtocolError, as the daemon's links do past payload_bytes_max)."""
+
+    def __init__(self, inner: MemoryChannel) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def send(self, dst: bytes, msg: Any) -> None:
+        from fedpeer.errors import LocalProtocolError
+        if isinstance(msg, bofrf.ForestMsg):
+            raise LocalProtocolError("oversize", "payload of 80 MiB above payload_bytes_max")
+        await self.inner.send(dst, msg)
+
+
+async def test_a_forest_too_large_to_send_drops_its_sender_and_the_job_goes_on() -> None:
+    """Every site ends done without the oversize forest (the audit: it failed the job everywhere)."""
+    n = 3
+    params = make_params(seed=5, tau=0.3)
+    keys = make_keys(n, "oversize-forest")
+    names = {k: f"site{i}" for i, k in enumerate(keys)}
+    datasets = make_sites(n, 5, noise=(0.0, 0.1, 0.2))
+    offender = keys[2]
+    net = MemoryNetwork(keys, seed=13, **NET)
+    results, elapsed = await run_timed(net, dict(zip(keys, datasets)), params, names,
+                                       wrap=lambda k, ch: ForestTooLarge(ch) if k == offender else ch)
+    assert elapsed < REFUSAL_WAIT_S_MAX, f"the oversize forest was waited for: {elapsed:.1f} s"
+    assert_results_equal(results, reference_without(datasets, keys, params, offender), keys, "oversize forest")
+    for key in keys:
+        assert results[key]["forests_left_out"] == [names[offender]], results[key]
+    assert set(results[offender]["own_forest_refused_by"]) == {names[k] for k in keys if k != offender}

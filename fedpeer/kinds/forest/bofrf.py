@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from fedpeer.data import dataset as mldata
-from fedpeer.errors import JobError
+from fedpeer.errors import JobError, LocalProtocolError
 from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param, site_seed
 from fedpeer.jobs.params import SECURE_SUM, seed, test_fraction
 from fedpeer.jobs.report import table
@@ -320,6 +320,8 @@ async def _exchange_forests(ch: Any, own: Any, ctx: JobContext) -> tuple[dict[by
             evidence["own_forest_refused_by"][name(peer)] = reason = exc.reason
         except JobError as exc:
             reason = str(exc)   # unreachable, or refused without proof: the roster leaves it out
+        except LocalProtocolError as exc:   # larger than this site may send (payload_bytes_max): ours to drop
+            evidence["own_forest_refused_by"][name(peer)] = reason = f"not sent: {exc}"
         try:
             await ch.send(peer, ForestMissing(tag="bofrf/forest-missing", reason=reason[:512]))
         except JobError:
