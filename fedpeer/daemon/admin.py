@@ -37,7 +37,7 @@ from fedpeer.base.logs import fields
 from fedpeer.base.store import atomic_write
 from fedpeer.config.load import Config, parse_address
 from fedpeer.errors import ConfigError, FedpeerError, NoDaemonError
-from fedpeer.net.bounded import LOCAL_KEEPALIVE_S, Bounded, serve
+from fedpeer.net.bounded import LOCAL_KEEPALIVE_S, Bounded, close, serve
 
 log = logging.getLogger("fedpeer.admin")
 
@@ -132,12 +132,8 @@ class AdminServer:
         self._server, self.bounded = await serve(self._runner, sock=sock)   # connection bounds: net/bounded.py
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            self._server = None
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        await close(self._server, self._runner)
+        self._server = self._runner = None
         sock_path = self._config.node.admin_socket
         if sock_path is not None and self._socket_id is not None:
             _unlink_own_socket(sock_path, self._socket_id)

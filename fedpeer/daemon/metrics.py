@@ -41,7 +41,7 @@ from fedpeer.core.election.raft import Role
 from fedpeer.core.membership.swim import MemberState
 from fedpeer.errors import ConfigError
 from fedpeer.jobs.records import STATES
-from fedpeer.net.bounded import LOCAL_KEEPALIVE_S, Bounded, serve
+from fedpeer.net.bounded import LOCAL_KEEPALIVE_S, Bounded, close, serve
 from fedpeer.protocols.securesum.api import MODES as SECURE_SUM_MODES
 
 try:   # prometheus_client >= 0.22 made CONTENT_TYPE_LATEST the 1.0.0 format; we write 0.0.4 text
@@ -319,12 +319,8 @@ class MetricsListener:
         log.info("metrics_listening", extra=fields(address=f"{self._address.host}:{self.port}"))
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            self._server = None
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        await close(self._server, self._runner)
+        self._server = self._runner = None
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:

@@ -70,6 +70,14 @@ async def serve(runner: Any, *, sock: Any = None, host: str | None = None, port:
     return server, bounded
 
 
+async def close(server: asyncio.Server | None, runner: Any) -> None:
+    """Stop a listener made by `serve`: no new connections, then the runner's own shutdown."""
+    if server is not None:
+        server.close()
+    if runner is not None:
+        await runner.cleanup()
+
+
 class _Guarded(asyncio.Protocol):
     """One connection: counted, timed until its first bytes, then everything passed to `inner`
     (aiohttp's request handler, whose slots forbid wrapping its methods in place)."""

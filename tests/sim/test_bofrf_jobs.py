@@ -624,15 +624,9 @@ async def test_clustered_with_a_nan_vector_fails_blaming_its_sender() -> None:
     assert caught.value.peer == offender and "characteristic vector" in caught.value.reason
 
 
-class ForestTooLarge:
+class ForestTooLarge(RenamesFeatures):
     """A member whose forest is larger than a message may be (a 2M-node forest): its channel's send
     refuses it locally (LocalProtocolError, as the daemon's links do past payload_bytes_max)."""
-
-    def __init__(self, inner: MemoryChannel) -> None:
-        self.inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
     async def send(self, dst: bytes, msg: Any) -> None:
         from fedpeer.errors import LocalProtocolError
