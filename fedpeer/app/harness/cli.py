@@ -21,6 +21,7 @@ from fedpeer.app.harness.federation import (
     kill_leader_at_round,
     split_csv,
     split_fractions,
+    traffic_delta,
 )
 from fedpeer.app.harness.report import format_report, site_report
 from fedpeer.errors import FedpeerError, JobError
@@ -113,9 +114,9 @@ def _check_arguments(args: argparse.Namespace) -> str | None:
         builtin_label, builtin_positive = BUILTIN[str(args.data)]
         args.label, args.positive = args.label or builtin_label, args.positive or builtin_positive
     if args.job != "membership":
-        if args.data is None and args.site_data is None:
+        if args.data is None and args.site_data is None and job_kinds()[args.job].needs_data:
             return f"--job {args.job} needs --data CSV or --site-data CSV ..."
-        if not args.label and job_kinds()[args.job].needs_label:
+        if not args.label and job_kinds()[args.job].needs_label and job_kinds()[args.job].needs_data:
             return f"--label is required with --job {args.job}"
         if args.site_data is not None and len(args.site_data) != args.sites:
             return f"--site-data has {len(args.site_data)} files for --sites {args.sites}"
@@ -151,7 +152,7 @@ def _make_harness(args: argparse.Namespace, workdir: Path) -> Harness:
                 source, args.test_data = split_csv(source, args.label, 2, f"{1 - args.holdout},{args.holdout}",
                                                    args.seed, workdir / "holdout")
             site_data = split_csv(source, args.label, args.sites, args.split, args.seed, workdir / "splits")
-        else:
+        elif args.site_data is not None:
             site_data = [p.resolve() for p in args.site_data]
     data_settings = {"label": args.label or "", "positive": args.positive or "",
                      "ignore": [c.strip() for c in args.ignore.split(",") if c.strip()], "missing": args.missing}
@@ -186,6 +187,7 @@ async def _run_job(harness: Harness, args: argparse.Namespace) -> dict:
                         ("rounds", args.rounds), ("num_local_round", args.num_local_round)):
         if value is not None and name in known:
             params.setdefault(name, value)
+    before = await harness.traffic()
     job_id = await harness.propose(0, args.job, params)
     failover = None
     if args.kill_leader_at_round is not None:
@@ -196,6 +198,7 @@ async def _run_job(harness: Harness, args: argparse.Namespace) -> dict:
     finally:
         if failover is not None and not failover.done():
             failover.cancel()
+    after = await harness.traffic()
     if failover is not None and not failover.cancelled():
         try:
             chaos = failover.result()
@@ -209,7 +212,7 @@ async def _run_job(harness: Harness, args: argparse.Namespace) -> dict:
            "elapsed_s": proposer.get("elapsed_s"), "error": "; ".join(errors) or None}
     sites = [{"name": harness.sites[i].name, "rows": (r or {}).get("rows"),
               "state": (r or {}).get("state", "no record" if harness._running(i) else "daemon gone"),
-              "result": (r or {}).get("result")}
+              "result": (r or {}).get("result"), **traffic_delta(before.get(i), after.get(i))}
              for i, r in records.items()]
     if failover is not None:
         job["failover"] = chaos

@@ -4,7 +4,10 @@
 loopback ports), starts one `fedpeer start` process per site, waits until every node sees every
 other alive, and stops every process it started — on success, on errors and on Ctrl-C (it is a
 context manager; the CLI wraps it in try/finally). Faults for tests and demos: `kill9`,
-`restart`, `pause` (SIGSTOP) and `resume` (SIGCONT).
+`restart`, `pause` (SIGSTOP) and `resume` (SIGCONT). `advertise` puts something in front of a site
+(benchmarks/bench_wan.py: a proxy that delays and paces): the others reach site i there, and site i
+advertises it. `traffic` reads every site's bytes to and from each peer, `traffic_delta` the
+difference between two readings (what `fedpeer harness` reports for the job).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class Site:
     config: cfg.Config | None = None
     paused: bool = False
     starts: int = 0
+    advertise: str | None = None     # the address the others use for this site (default: where it listens)
 
     @property
     def config_path(self) -> Path:
@@ -61,6 +65,10 @@ class Site:
     @property
     def address(self) -> str:
         return f"{HOST}:{self.port}"
+
+    @property
+    def peer_address(self) -> str:
+        return self.advertise or self.address
 
 
 def free_ports(count: int) -> list[int]:
@@ -86,23 +94,27 @@ class Harness:
     site_data: list[Path] | None = None      # one CSV per site, copied into the site as data.csv
     data_settings: dict[str, Any] = field(default_factory=dict)          # [data] keys other than csv
     test_data: Path | None = None            # a held-out CSV copied into every site as test.csv
+    advertise: list[str] | None = None       # per site: the address the others use for it (e.g. a proxy's)
     sites: list[Site] = field(default_factory=list)
 
     def create(self) -> None:
+        if self.advertise is not None and len(self.advertise) != self.n_sites:
+            raise HarnessError(f"{len(self.advertise)} advertised addresses for {self.n_sites} sites")
         self.workdir.mkdir(parents=True, exist_ok=True)
         ports = free_ports(self.n_sites)
         width = len(str(self.n_sites))
         for i, port in enumerate(ports):
-            site = Site(name=f"site-{i + 1:0{width}d}", dir=self.workdir / f"site-{i + 1:0{width}d}", port=port)
+            site = Site(name=f"site-{i + 1:0{width}d}", dir=self.workdir / f"site-{i + 1:0{width}d}", port=port,
+                        advertise=self.advertise[i] if self.advertise is not None else None)
             if site.dir.exists():
                 shutil.rmtree(site.dir)
-            _, identity = init_site(site.dir, site.name, site.address)
+            _, identity = init_site(site.dir, site.name, site.address, advertise=site.advertise)
             site.public_key = encode_public_key(identity.public_key)
             self.sites.append(site)
         if self.site_data is not None and len(self.site_data) != self.n_sites:
             raise HarnessError(f"{len(self.site_data)} data files for {self.n_sites} sites")
         for i, site in enumerate(self.sites):
-            others = [(o.name, o.address, o.public_key) for o in self.sites if o is not site]
+            others = [(o.name, o.peer_address, o.public_key) for o in self.sites if o is not site]
             settings = dict(self.settings)
             if self.site_data is not None:
                 shutil.copyfile(self.site_data[i], site.dir / "data.csv")
@@ -194,6 +206,18 @@ class Harness:
         results = await asyncio.gather(*(one(i) for i in among))
         return dict(zip(among, results))
 
+    async def traffic(self, among: list[int] | None = None) -> dict[int, dict | None]:
+        """Every site's bytes of frames to and from each peer since its daemon started, from its
+        status (sent: frames the peer accepted, both classes; received: frames this site accepted
+        from the peer); None for a site whose daemon does not answer."""
+        def one(doc: dict | None) -> dict | None:
+            if doc is None:
+                return None
+            by_peer = {p["name"]: {"sent": sum(p["sent_bytes"].values()), "received": sum(p["received_bytes"].values())}
+                       for p in doc["peers"]}
+            return {"pid": doc["node"]["pid"], "by_peer": by_peer}
+        return {i: one(doc) for i, doc in (await self.statuses(among)).items()}
+
     async def wait_until(self, predicate: Any, timeout_s: float, what: str,
                          among: list[int] | None = None) -> float:
         """Poll statuses until predicate(statuses) is true; returns the seconds it took."""
@@ -279,6 +303,19 @@ class Harness:
             return all(doc is not None and any(p["name"] == name and p["state"] == state for p in doc["peers"])
                        for doc in statuses.values())
         return await self.wait_until(ok, timeout_s, f"every other node sees {name} {state}", others)
+
+
+def traffic_delta(before: dict | None, after: dict | None) -> dict[str, Any]:
+    """One site's bytes between two `Harness.traffic` readings: `bytes_sent`, `bytes_received` and
+    `bytes_by_peer` ({peer: {"sent", "received"}}); None where a reading is missing or the daemon
+    restarted in between (its counters started again from zero)."""
+    if before is None or after is None or before["pid"] != after["pid"]:
+        return {"bytes_sent": None, "bytes_received": None, "bytes_by_peer": None}
+    zero = {"sent": 0, "received": 0}
+    by_peer = {name: {k: now[k] - before["by_peer"].get(name, zero)[k] for k in ("sent", "received")}
+               for name, now in after["by_peer"].items()}
+    return {"bytes_sent": sum(p["sent"] for p in by_peer.values()),
+            "bytes_received": sum(p["received"] for p in by_peer.values()), "bytes_by_peer": by_peer}
 
 
 # -- command line ---------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""What `fedpeer harness` prints: the job's report, one table per job kind."""
+"""What `fedpeer harness` prints: the job's report, one table per job kind, and the bytes each site
+sent to and received from its peers during the job."""
 
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ def format_report(report: dict, workdir: Path, temp: bool) -> str:
         from fedpeer.kinds.catalog import job_kinds
 
         lines.append(job_kinds()[job["kind"]].site_table(report["sites"]))
+        if any(s.get("bytes_sent") is not None for s in report["sites"]):
+            lines.append(traffic_table(report["sites"]))
     if not temp:
         lines.append(f"sites, keys and daemon logs: {workdir}")
     return "\n".join(lines)
@@ -60,3 +63,23 @@ def _membership_table(sites: list[dict]) -> str:
         median = f"{rtts[len(rtts) // 2]:.1f} ms" if rtts else "-"
         rows.append((s["name"], r["address"], r["fingerprint"], f"{r['alive_peers']}/{len(r['peers'])}", median))
     return table(rows)
+
+
+def traffic_table(sites: list[dict]) -> str:
+    """Each site's bytes of frames to and from its peers while the job ran (membership included),
+    and a line with the largest and the mean sent."""
+    sent = [s["bytes_sent"] for s in sites if s.get("bytes_sent") is not None]
+    rows = [("SITE", "SENT", "RECEIVED")]
+    rows += [(s["name"], _size(s.get("bytes_sent")), _size(s.get("bytes_received"))) for s in sites]
+    head = (f"bytes to and from peers during the job (frames, membership included): sent per site max "
+            f"{_size(max(sent))}, mean {_size(sum(sent) / len(sent))}")
+    return head + "\n" + table(rows)
+
+
+def _size(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
