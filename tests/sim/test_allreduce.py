@@ -20,6 +20,7 @@ from fedpeer.testing.memory import MemoryNetwork
 from tests.sim.test_securesum import check_consistent, keys, random_vectors, run_sum, run_virtual
 
 MIN = ar.ALLREDUCE_ENTRIES_MIN
+SIZE = max(MIN, 1 << 12)        # a vector of several pieces and segments
 
 
 def test_segments_cover_the_vector_on_whole_aes_blocks() -> None:
@@ -84,7 +85,7 @@ async def test_each_member_moves_its_share_and_none_more_than_125_percent_of_the
 @pytest.mark.looptime
 async def test_what_an_owner_receives_is_masked() -> None:
     members = keys(3)
-    vectors = {m: np.zeros(MIN, dtype=np.uint64) for m in members}   # all zeros: any zero seen leaks
+    vectors = {m: np.zeros(SIZE, dtype=np.uint64) for m in members}   # all zeros: any zero seen leaks
     net = MemoryNetwork(members, seed=3)
     parts: list[np.ndarray] = []
     net.refuse = lambda src, dst, msg: parts.append(msg.data) if isinstance(msg, SumChunk) and "/p" in msg.tag else None
@@ -97,7 +98,7 @@ async def test_what_an_owner_receives_is_masked() -> None:
 @pytest.mark.looptime
 async def test_a_member_lost_mid_sum_fails_it_at_the_others_without_hanging() -> None:
     members = keys(4)
-    vectors = random_vectors(members, 4 * MIN, 4)
+    vectors = random_vectors(members, 4 * SIZE, 4)
     net = MemoryNetwork(members, seed=4)
     crashed = []
 
@@ -133,7 +134,7 @@ class TwoFaced:
 @pytest.mark.looptime
 async def test_an_owner_sending_different_totals_is_named() -> None:
     members = keys(3)
-    vectors = random_vectors(members, MIN, 5)
+    vectors = random_vectors(members, SIZE, 5)
     net = MemoryNetwork(members, seed=5)
     cheat = members[1]
     results, _ = await run_sum(net, vectors, mode="allreduce", wrap={cheat: lambda ch: TwoFaced(ch, members[2])})

@@ -91,6 +91,8 @@ def test_regression_labels_are_the_label_column_numbers():
 def test_directives_and_replies_round_trip_the_wire_schema():
     d = xj._directive(7, "commit", 3, prev_sha="a" * 64, sha="b" * 64, trees=[b"{}", b"[]"],
                       participants=[b"k" * 32])
+    from fedpeer.kinds.catalog import job_kinds
+    job_kinds()                                   # the catalogue registers the kinds' messages
     spec = wire._BY_CLASS[xj.Directive]
     body = spec.to_body(d)
     assert spec.from_body(spec.schema(body, "body")) == d
