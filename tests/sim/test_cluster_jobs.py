@@ -65,7 +65,8 @@ def reference(X: np.ndarray, params: dict) -> tuple[cl.Space, cl.Lloyd]:
     {"k": 3, "n_init": 4, "seed": 7, "secure_sum": "ring"},
     {"k": 3, "n_init": 2, "seed": 1, "standardize": True},
     {"k": 3, "n_init": 2, "seed": 3, "fuzziness": 2.0, "secure_sum": "ring"},
-], ids=["hard", "standardized", "fuzzy"])
+    {"k": 4, "n_init": 12, "seed": 11},
+], ids=["hard", "standardized", "fuzzy", "twelve-restarts"])
 def test_federated_kmeans_equals_the_pooled_reference(params: dict) -> None:
     X, parts = non_iid_blobs()
     fed = same_everywhere(run(kj, parts, params))

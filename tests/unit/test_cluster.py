@@ -5,6 +5,7 @@ deterministic, a stored model that is not a valid one is refused, and `job show`
 from __future__ import annotations
 
 import argparse
+import threading
 
 import numpy as np
 import pytest
@@ -42,6 +43,91 @@ def test_an_empty_cluster_is_reseeded_from_the_federated_normal_the_same_way_eve
     want = X.mean(axis=0) + X.std(axis=0) * rng.standard_normal((3, 2))
     assert np.array_equal(runs[0].centers[2], want[2])
     assert np.allclose(runs[0].centers[:2], [[0.05, 0.0], [10.05, 10.0]])
+
+
+@pytest.mark.parametrize("fuzziness", [1.0, 2.0], ids=["hard", "fuzzy"])
+def test_restarts_computed_together_equal_each_restart_alone_and_the_plain_formulas(monkeypatch,
+                                                                                    fuzziness: float) -> None:
+    """All restarts' blocks come from one pass (one matmul for every restart's distances); each
+    restart's block is what it would be alone, and what the textbook formulas give, over several chunks
+    of rows; hard k-means far from the origin (its inertia is Σ (x - c)², not the expanded distances
+    that fuzzy c-means weighs)."""
+    rng = np.random.default_rng(3)
+    offset = 1e3 if fuzziness == 1.0 else 0.0
+    X = rng.standard_normal((500, 4)) + offset
+    centers = rng.standard_normal((5, 3, 4)) + offset
+    previous = [None, rng.integers(0, 3, 500), None, rng.integers(0, 3, 500), None]
+    monkeypatch.setattr(cl, "ROWS_PER_CHUNK_CELLS", 97)                  # chunks of a few rows
+    floats, counts, labels = cl.local_blocks(X, centers, fuzziness, previous)
+    nf, nc = cl.block_sizes(3, 4)
+    for r in range(5):
+        f, c, alone = cl.local_blocks(X, centers[r:r + 1], fuzziness, previous[r:r + 1])
+        np.testing.assert_allclose(floats[r * nf:(r + 1) * nf], f, rtol=1e-12)
+        assert counts[r * nc:(r + 1) * nc].tolist() == c.tolist() and (labels[:, r] == alone[:, 0]).all()
+        d2 = ((X[:, None, :] - centers[r][None, :, :]) ** 2).sum(axis=2)
+        nearest = d2.argmin(axis=1)
+        w = np.eye(3)[nearest] if fuzziness == 1.0 else cl.memberships(d2, fuzziness) ** fuzziness
+        want = np.concatenate([(w.T @ X).ravel(), w.sum(axis=0), [(w * d2).sum()]])
+        np.testing.assert_allclose(floats[r * nf:(r + 1) * nf], want, rtol=1e-12)
+        changed = 500 if previous[r] is None else int((nearest != previous[r]).sum())
+        assert (labels[:, r] == nearest).all() and counts[r * nc:(r + 1) * nc].tolist() == [
+            *np.bincount(nearest, minlength=3).tolist(), changed]
+
+
+def test_a_restart_ending_in_the_same_clustering_never_replaces_the_first_on_rounding() -> None:
+    """As scikit-learn keeps its best run: a lower objective replaces the kept restart unless it is
+    the same clustering (same sizes, objectives equal to 1e-9), so the rounding of the sums cannot
+    make the federation and the pooled reference keep different restarts."""
+    lloyd = cl.Lloyd([np.zeros((2, 1))] * 4, 1.0, 0.0, 1, seed=0, mean=np.zeros(1), std=np.ones(1))
+    for r, (inertia, sizes) in zip(lloyd.restarts, [(10.0, [3, 7]), (5.0, [4, 6]), (5.0 - 5e-13, [6, 4]),
+                                                    (4.0, [4, 6])]):
+        r.state, r.inertia, r.counts = "done", inertia, np.array(sizes)
+    assert lloyd.best() == 3                                             # clearly lower: kept
+    lloyd.restarts[3].inertia = 5.0 - 1e-12
+    assert lloyd.best() == 1                                             # restart 2 and 3: restart 1 again
+    lloyd.restarts[3].counts = np.array([5, 5])
+    assert lloyd.best() == 3                                             # another clustering, lower
+
+
+def test_cluster_steps_run_with_one_blas_thread_from_any_thread_and_put_the_setting_back() -> None:
+    """numpy's BLAS runs on one thread inside a step, whichever thread runs it: steps run one after
+    the other in threads that stay alive (as an executor's do), and threadpoolctl ignores limits from
+    a thread other than the one holding them, so no step may keep the limit. The setting is back after
+    every step, also when the step fails."""
+    from threadpoolctl import threadpool_info
+
+    def blas() -> list[int]:
+        return [p["num_threads"] for p in threadpool_info()
+                if p["user_api"] == "blas" and "numpy" in p["filepath"]]
+
+    before = blas()
+    assert before
+    seen: list[list[int]] = []
+    stepped, release = threading.Semaphore(0), threading.Event()
+
+    def step_then_stay_alive() -> None:
+        seen.append(kj.one_blas_thread(blas))
+        stepped.release()
+        release.wait()
+
+    threads = [threading.Thread(target=step_then_stay_alive) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+        stepped.acquire()
+        assert blas() == before
+    release.set()
+    for thread in threads:
+        thread.join()
+    assert seen == [[1] * len(before)] * 3
+    assert kj.one_blas_thread(lambda: kj.one_blas_thread(blas)) == [1] * len(before)    # nested
+    assert blas() == before
+
+    def fails() -> None:
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        kj.one_blas_thread(fails)
+    assert blas() == before
 
 
 def test_fuzzy_memberships_survive_a_row_on_a_centre_and_large_exponents() -> None:

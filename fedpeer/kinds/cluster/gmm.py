@@ -74,20 +74,20 @@ async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, offload: 
     km.check_size("gmm", gf, gc, "use covariance=diag or fewer components")
     sums = km.Sums(ch, ctx, params["secure_sum"], "gmm")
     ch.progress("moments", 0, 1)
-    n, totals = await km.federated_moments(sums, X)
+    n, totals = await km.federated_moments(sums, X, offload)
     space, lloyd = km._plan_for(_kmeans_params(params), n, totals, d)
-    Z = space.to(X)
+    Z = await offload(space.to, X)
     await km.run_lloyd(ch, sums, lloyd, Z, n, offload, "k-means init")
     centers = lloyd.restarts[lloyd.best()].centers
-    labels, _ = cl.nearest(Z, centers)
+    labels, _ = await offload(km.one_blas_thread, cl.nearest, Z, centers)
     ch.progress("init", 0, 1)
-    floats, _ = await offload(mx.local_block, Z, None, centers, cov, labels)
+    floats, _ = await offload(km.one_blas_thread, mx.local_block, Z, None, centers, cov, labels)
     f_total, _ = await sums.add("init", floats, np.zeros(k, dtype=np.int64))
     model = mx.mstep(n, f_total, centers, cov, params["reg_covar"])
     history: list[float] = []
     for step in range(1, params["max_iter"] + 1):
         ch.progress(f"em round {step}", step, params["max_iter"])
-        floats, counts = await offload(mx.local_block, Z, model, model.means, cov)
+        floats, counts = await offload(km.one_blas_thread, mx.local_block, Z, model, model.means, cov)
         f_total, c_total = await sums.add(f"em{step}", floats, counts)
         if int(c_total.sum()) != n or (c_total < 0).any():
             raise JobError("the secure sums cannot come from honest sites (cluster sizes do not add up to the "

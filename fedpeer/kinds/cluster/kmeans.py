@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -105,9 +106,36 @@ async def _inline(fn: Callable[..., Any], *args: Any) -> Any:
     return fn(*args)
 
 
-async def federated_moments(sums: Sums, X: np.ndarray) -> tuple[int, np.ndarray]:
+class _OneBlasThread:
+    """Runs a clustering step with BLAS on one thread, as scikit-learn runs its k-means and mixture
+    steps. A step's matmuls are small (rows x restarts·k x d) and come two per chunk of rows: BLAS's
+    own threads spend more time waking and waiting than computing, and waiting threads spin, taking
+    the cores from the other work of the machine (on a shared host: 2-3x the CPU of one thread).
+    OpenBLAS's pool is process-wide and threadpoolctl lets one Python thread at a time limit it, so
+    the limit is set and lifted around the step in the thread that computes (a limit left set in one
+    executor thread would be ignored in the next); a step running while another thread holds the
+    limit runs with what that thread set."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._controller: Any = None        # numpy's BLAS, found once (~1 ms a search)
+
+    def __call__(self, fn: Callable[..., Any], *args: Any) -> Any:
+        with self._lock:
+            if self._controller is None:
+                from threadpoolctl import ThreadpoolController
+                self._controller = ThreadpoolController()
+        with self._controller.limit(limits=1, user_api="blas"):
+            return fn(*args)
+
+
+one_blas_thread = _OneBlasThread()
+
+
+async def federated_moments(sums: Sums, X: np.ndarray, offload: Offload) -> tuple[int, np.ndarray]:
     """(n, [Σx, Σx²]) over the federation (secure sum 1)."""
-    totals, counts = await sums.add("moments", cl.local_moments(X), np.array([X.shape[0]], dtype=np.int64))
+    moments = await offload(cl.local_moments, X)
+    totals, counts = await sums.add("moments", moments, np.array([X.shape[0]], dtype=np.int64))
     n = int(counts[0])
     return n, totals
 
@@ -128,7 +156,7 @@ async def run_lloyd(ch: Any, sums: Sums, lloyd: cl.Lloyd, Z: np.ndarray, n: int,
         if lloyd.finished:
             return
         ch.progress(f"{phase} round {step}", step, bound)
-        floats, counts = await offload(lloyd.local, Z, labels)
+        floats, counts = await offload(one_blas_thread, lloyd.local, Z, labels)
         f_total, c_total = await sums.add(f"round{step}", floats, counts)
         lloyd.advance(f_total, c_total, n)
     assert lloyd.finished, "each restart ends within max_iter + 1 rounds"
@@ -160,9 +188,9 @@ async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, offload: 
     check_size("kmeans", nf * restarts, nc * restarts, "lower k or n_init")
     sums = Sums(ch, ctx, params["secure_sum"], "kmeans")
     ch.progress("moments", 0, 1)
-    n, totals = await federated_moments(sums, X)
+    n, totals = await federated_moments(sums, X, offload)
     space, lloyd = _plan_for(params, n, totals, d)
-    Z = space.to(X)
+    Z = await offload(space.to, X)
     await run_lloyd(ch, sums, lloyd, Z, n, offload, "lloyd")
     return result(lloyd, space, params, features, n, sums)
 

@@ -7,6 +7,9 @@ Rules of this module:
   pooled rows differ only by the fixed-point rounding of the summed values.
 - Every site computes a *local block* per k-means restart from its own rows; the secure sum adds
   the blocks; `Lloyd.advance` turns the totals into the next centres, identically at every site.
+- The blocks of all running restarts come from one pass over the rows (`local_blocks`): per chunk
+  of rows, one matmul gives every restart's distances and one the cluster sums; no per-restart or
+  per-centre loop, no (rows x d) array per centre.
 
 A block (one restart, k clusters, d features), in clustering space (standardised or not):
   floats: Σ w x per cluster (k·d), Σ w per cluster (k), Σ w · ‖x - c‖² (1)
@@ -18,7 +21,8 @@ Lloyd iterations follow scikit-learn's `KMeans(algorithm="lloyd")`: a restart st
 changed its nearest centre (strict convergence: the new centres are the old ones), or when the
 squared centre shift Σ‖c' - c‖² is at most tol · mean per-feature variance, or after max_iter
 rounds. After a stop that is not strict, one more round only evaluates the final centres (inertia
-and cluster sizes at those centres), as scikit-learn re-assigns labels before its inertia.
+and cluster sizes at those centres), as scikit-learn re-assigns labels before its inertia. Of the
+restarts, the lowest inertia is kept, the first of those ending in the same clustering (`Lloyd.best`).
 
 Empty clusters (the documented rule): a cluster that receives no rows (Σ w = 0) gets a new centre
 drawn from the federation-wide per-feature normal N(mean, std²) with a generator seeded by
@@ -32,14 +36,18 @@ by (job seed, r): the federation-wide mean and std come from one secure sum; no 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from fedpeer.errors import JobError
 
-ROWS_PER_CHUNK_CELLS = 1 << 22        # rows x clusters distances held at once (32 MiB of float64)
+ROWS_PER_CHUNK_CELLS = 1 << 20        # rows x restarts x max(k, d) held at once (8 MiB of float64)
 STATES = ("running", "evaluating", "done")
+SAME_CLUSTERING_RTOL = 1e-9           # objectives this close, same sizes: one clustering (`Lloyd.best`)
+_OVERFLOW = ("squared distances overflow float64 (features of magnitude ~1e154 or more): "
+             "set standardize=true or rescale the features")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -117,78 +125,97 @@ def sq_distances(X: np.ndarray, C: np.ndarray) -> np.ndarray:
         d2 = (X * X).sum(axis=1)[:, None] - 2.0 * (X @ C.T) + (C * C).sum(axis=1)[None, :]
     np.maximum(d2, 0.0, out=d2)
     if not np.isfinite(d2).all():
-        raise JobError("squared distances overflow float64 (features of magnitude ~1e154 or more): "
-                       "set standardize=true or rescale the features")
+        raise JobError(_OVERFLOW)
     return d2
 
 
 def memberships(d2: np.ndarray, fuzziness: float) -> np.ndarray:
-    """Fuzzy c-means memberships u_ic = 1 / Σ_j (d_ic / d_ij)^(2/(m-1)), in log space so that large
-    exponents neither overflow nor divide by zero (a row on a centre gets membership ~1 there)."""
+    """Fuzzy c-means memberships u_ic = 1 / Σ_j (d_ic / d_ij)^(2/(m-1)) over the last axis (the
+    centres), in log space so that large exponents neither overflow nor divide by zero (a row on a
+    centre gets membership ~1 there)."""
     tiny = np.finfo(np.float64).tiny
     logw = -np.log(np.maximum(d2, tiny)) / (fuzziness - 1.0)
-    logw -= logw.max(axis=1, keepdims=True)
+    logw -= logw.max(axis=-1, keepdims=True)
     w = np.exp(logw)
-    return w / w.sum(axis=1, keepdims=True)
+    return w / w.sum(axis=-1, keepdims=True)
 
 
-def _chunks(n: int, k: int) -> range:
-    return range(0, n, max(1, ROWS_PER_CHUNK_CELLS // max(k, 1)))
+def _chunk_rows(restarts: int, k: int, d: int) -> int:
+    """Rows per chunk: (rows, restarts, max(k, d)) temporaries of at most ROWS_PER_CHUNK_CELLS."""
+    return max(1, ROWS_PER_CHUNK_CELLS // max(restarts * max(k, d), 1))
 
 
-def _nearest_part(X: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """scikit-learn's Lloyd assignment: the argmin over centres of ‖c‖² - 2 x·c (‖x‖² is the same
-    for every centre; lowest index on ties), and the squared distance to the chosen centre taken
-    directly, Σ (x - c)², free of the expansion's cancellation far from the origin."""
+def _nearest_part(X: np.ndarray, F: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's Lloyd assignment for R restarts at once, F = their centres stacked (R·k, d):
+    one matmul gives every restart's ‖c‖² - 2 x·c; per restart the argmin over its k centres (‖x‖²
+    is the same for all of them; lowest index on ties), as an index into F, (rows, R); and the
+    squared distance to the chosen centre taken directly, Σ (x - c)², (rows, R), free of the
+    expansion's cancellation far from the origin."""
+    rows, restarts = X.shape[0], F.shape[0] // k
     with np.errstate(over="ignore", invalid="ignore"):
-        partial = (C * C).sum(axis=1)[None, :] - 2.0 * (X @ C.T)
-        labels = partial.argmin(axis=1)
-        diff = X - C[labels]
-        best = (diff * diff).sum(axis=1)
+        partial = X @ F.T
+        partial *= -2.0
+        partial += (F * F).sum(axis=1)[None, :]
+        chosen = partial.reshape(rows, restarts, k).argmin(axis=2)
+        chosen += np.arange(0, restarts * k, k)[None, :]
+        diff = F[chosen]                                  # (rows, R, d): the chosen centres
+        np.subtract(X[:, None, :], diff, out=diff)
+        best = np.einsum("ird,ird->ir", diff, diff)
     if not (np.isfinite(partial).all() and np.isfinite(best).all()):
-        raise JobError("squared distances overflow float64 (features of magnitude ~1e154 or more): "
-                       "set standardize=true or rescale the features")
-    return labels, best
+        raise JobError(_OVERFLOW)
+    return chosen, best
 
 
 def nearest(X: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each row's nearest centre (lowest index on ties) and its squared distance."""
     labels = np.empty(X.shape[0], dtype=np.int64)
     best = np.empty(X.shape[0], dtype=np.float64)
-    step = _chunks(X.shape[0], C.shape[0]).step
+    step = _chunk_rows(1, *C.shape)
     for a in range(0, X.shape[0], step):
-        labels[a:a + step], best[a:a + step] = _nearest_part(X[a:a + step], C)
+        chosen, dist = _nearest_part(X[a:a + step], C, C.shape[0])
+        labels[a:a + step], best[a:a + step] = chosen[:, 0], dist[:, 0]
     return labels, best
 
 
-def local_block(X: np.ndarray, C: np.ndarray, fuzziness: float,
-                previous: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One restart's block at centres C: (floats, counts, labels); see the module docstring."""
-    k, d = C.shape
-    sums, weights, objective = np.zeros((k, d)), np.zeros(k), 0.0
-    labels = np.empty(X.shape[0], dtype=np.int64)
-    step = _chunks(X.shape[0], k).step
+def _weights_part(X: np.ndarray, F: np.ndarray, k: int, fuzziness: float) -> tuple[np.ndarray, np.ndarray,
+                                                                                     np.ndarray]:
+    """Rows X against R restarts' stacked centres F: (w (rows, R·k), objective per restart (R),
+    chosen (rows, R) indices into F); w one-hot on the nearest centre, or the fuzzy u^m."""
+    rows, restarts = X.shape[0], F.shape[0] // k
+    if fuzziness == 1.0:
+        chosen, best = _nearest_part(X, F, k)
+        w = np.zeros((rows, restarts * k))
+        np.put_along_axis(w, chosen, 1.0, axis=1)
+        return w, best.sum(axis=0), chosen
+    d2 = sq_distances(X, F).reshape(rows, restarts, k)
+    chosen = d2.argmin(axis=2) + np.arange(0, restarts * k, k)[None, :]
+    u = memberships(d2, fuzziness) ** fuzziness
+    return u.reshape(rows, restarts * k), (u * d2).sum(axis=(0, 2)), chosen
+
+
+def local_blocks(X: np.ndarray, centers: np.ndarray, fuzziness: float,
+                 previous: Sequence[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The blocks of R restarts at once, `centers` (R, k, d), `previous` each restart's last labels
+    (None: none yet): (floats (R·nf), counts (R·nc), labels (rows, R)), restart by restart in the
+    module docstring's layout. One pass over the rows for every restart: two matmuls per chunk."""
+    restarts, k, d = centers.shape
+    F = centers.reshape(restarts * k, d)
+    sums, weights, objective = np.zeros((restarts * k, d)), np.zeros(restarts * k), np.zeros(restarts)
+    labels = np.empty((X.shape[0], restarts), dtype=np.int64)
+    step = _chunk_rows(restarts, k, d)
     for a in range(0, X.shape[0], step):
         part = X[a:a + step]
-        if fuzziness == 1.0:
-            lab, best = _nearest_part(part, C)
-            onehot = np.zeros((len(lab), k))
-            onehot[np.arange(len(lab)), lab] = 1.0
-            sums += onehot.T @ part
-            weights += onehot.sum(axis=0)
-            objective += float(best.sum())
-        else:
-            d2 = sq_distances(part, C)
-            lab = d2.argmin(axis=1)
-            w = memberships(d2, fuzziness) ** fuzziness
-            sums += w.T @ part
-            weights += w.sum(axis=0)
-            objective += float((w * d2).sum())
-        labels[a:a + step] = lab
-    counts = np.bincount(labels, minlength=k).astype(np.int64)
-    changed = X.shape[0] if previous is None else int((labels != previous).sum())
-    floats = np.concatenate([sums.ravel(), weights, [objective]])
-    return floats, np.concatenate([counts, [changed]]).astype(np.int64), labels
+        w, obj, labels[a:a + step] = _weights_part(part, F, k, fuzziness)
+        sums += w.T @ part
+        weights += w.sum(axis=0)
+        objective += obj
+    counts = np.bincount(labels.ravel(), minlength=restarts * k).reshape(restarts, k)
+    labels -= np.arange(0, restarts * k, k)[None, :]
+    changed = [X.shape[0] if p is None else int((labels[:, r] != p).sum()) for r, p in enumerate(previous)]
+    floats = np.concatenate([sums.reshape(restarts, k * d), weights.reshape(restarts, k), objective[:, None]],
+                            axis=1)
+    counts = np.concatenate([counts, np.array(changed, dtype=np.int64)[:, None]], axis=1).astype(np.int64)
+    return floats.ravel(), counts.ravel(), labels
 
 
 def block_sizes(k: int, d: int) -> tuple[int, int]:
@@ -243,13 +270,14 @@ class Lloyd:
 
     def local(self, X: np.ndarray, labels: dict[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """This site's blocks for the active restarts, concatenated; `labels` (restart -> last
-        labels) is the site's own memory for the 'changed' count, updated in place."""
-        floats, counts = [], []
-        for i in self.active():
-            f, c, labels[i] = local_block(X, self.restarts[i].centers, self.fuzziness, labels.get(i))
-            floats.append(f)
-            counts.append(c)
-        return np.concatenate(floats), np.concatenate(counts)
+        labels) is the site's own memory for the 'changed' count, updated in place (a restart that
+        is done is forgotten). Every active restart in one pass (`local_blocks`)."""
+        active = self.active()
+        centers = np.stack([self.restarts[i].centers for i in active])
+        floats, counts, now = local_blocks(X, centers, self.fuzziness, [labels.get(i) for i in active])
+        labels.clear()                              # the columns of `now` only: one (rows, R) array
+        labels.update((i, now[:, b]) for b, i in enumerate(active))
+        return floats, counts
 
     def advance(self, floats: np.ndarray, counts: np.ndarray, n: int) -> None:
         """Apply the summed blocks of the active restarts (in `active()` order)."""
@@ -298,9 +326,24 @@ class Lloyd:
         return new, empty
 
     def best(self) -> int:
-        """The restart with the lowest final objective (the first of equals)."""
+        """The restart with the lowest final objective, as scikit-learn keeps its best run: a later
+        restart replaces the kept one only if its objective is lower and it is not the same
+        clustering (`_same`), so the rounding of the sums never decides between two restarts that
+        ended in the same partition (the first of them is kept, at every member and in the reference)."""
         assert self.finished
-        return min(range(len(self.restarts)), key=lambda i: (self.restarts[i].inertia, i))
+        kept = 0
+        for i, r in enumerate(self.restarts[1:], start=1):
+            if r.inertia < self.restarts[kept].inertia and not self._same(i, kept):
+                kept = i
+        return kept
+
+    def _same(self, i: int, j: int) -> bool:
+        """Restarts i and j ended in the same clustering, as far as the sums tell: the same cluster
+        sizes (up to order) and objectives equal to SAME_CLUSTERING_RTOL."""
+        a, b = self.restarts[i], self.restarts[j]
+        assert a.counts is not None and b.counts is not None and a.inertia is not None and b.inertia is not None
+        return bool((np.sort(a.counts) == np.sort(b.counts)).all()) and \
+            abs(a.inertia - b.inertia) <= SAME_CLUSTERING_RTOL * max(abs(a.inertia), abs(b.inertia))
 
 
 def check_block(sums: np.ndarray, weights: np.ndarray, objective: float, sizes: np.ndarray,
