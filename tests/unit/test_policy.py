@@ -323,3 +323,13 @@ async def test_rows_min_refuses_without_telling_the_row_count(tmp_path: Path, ro
     else:
         assert transport.of(m.JobReject) == [] and [dst for dst, _ in transport.of(m.JobAccept)] == [ALICE]
         assert {dst for dst, _ in transport.of(m.JobPropose)} == {ALICE, BOB}
+
+
+def test_a_star_in_allowed_jobs_means_every_kind_and_stands_alone(two_sites: tuple[Path, Path]) -> None:
+    a, _ = two_sites
+    _replace(a, f"allowed_jobs = {json.dumps(list(KIND_NAMES))}", 'allowed_jobs = ["*"]')
+    assert all(load_config(a).policy.allows(kind) for kind in KIND_NAMES)
+    _replace(a, 'allowed_jobs = ["*"]', 'allowed_jobs = ["*", "stats"]')
+    with pytest.raises(ConfigError) as err:
+        load_config(a)
+    assert err.value.key == "policy.allowed_jobs" and "write it alone" in err.value.problem

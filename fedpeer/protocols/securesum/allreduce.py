@@ -67,6 +67,7 @@ MODE = "allreduce"
 # with this line at 16 entries, 2.22 s per tree at 5 sites and 2.69 at 10; at 16 Ki entries (the
 # first guess, leaving a tree's first levels and the 33 cut-point sums to the ring) 2.27 and 3.17.
 ALLREDUCE_ENTRIES_MIN = 16
+WAIT_HOPS = 2                            # a member waits this many hops for each message it expects
 
 
 def segments(length: int, n: int) -> list[slice]:
@@ -124,10 +125,11 @@ class _Run:
         return fn(*args)
 
     async def recv(self, kind: type, tag: str, src: bytes, what: str) -> Any:
+        wait_ms = WAIT_HOPS * self.plan.hop_timeout_ms
         try:
-            _, msg = await self.ch.recv(kind, tag, src=src, timeout_ms=self.plan.hop_timeout_ms * 2)
+            _, msg = await self.ch.recv(kind, tag, src=src, timeout_ms=wait_ms)
         except RecvTimeout:
-            raise self.fail(f"no {what} from {self.name(src)} within {self.plan.hop_timeout_ms * 2} ms") from None
+            raise self.fail(f"no {what} from {self.name(src)} within {wait_ms} ms") from None
         except MalformedFrom as exc:
             raise self.fail(f"{self.name(src)} sent a {what} its gate refused: {exc}") from None
         return msg
