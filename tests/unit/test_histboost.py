@@ -119,6 +119,30 @@ def test_level_histograms_sum_over_sites_to_the_pooled_histogram():
     assert np.array_equal(H.decode_histograms(total, 3, features, slots), pooled)
 
 
+@pytest.mark.parametrize(("rows", "unit", "lanes"), [(80_000, False, 2), (300_000, False, 3),
+                                                    (80_000, True, 1), (200_000, True, 2)])
+def test_packed_histograms_sum_exactly_at_their_bounds(rows: int, unit: bool, lanes: int):
+    """Packed lanes carry the exact totals of three sites' histograms, with every field at the
+    edge of its bound (the most rows, the largest |Σg| and Σh a cell can hold), in fewer bytes."""
+    packing = H.Packing(rows, unit_hessian=unit, hess_bits=28)
+    assert packing.lanes == lanes
+    rng = np.random.default_rng(3)
+    share = [rows // 3, rows // 3, rows - 2 * (rows // 3)]
+    parts = []
+    for n_site in share:
+        n = rng.integers(0, n_site + 1, size=(2, 3, 5))
+        n[0, 0, 0] = n[1, 2, 4] = n_site                             # cells holding all the rows
+        g = rng.integers(-1, 2, size=n.shape) * (n << H.ROW_Q_BITS)  # at its bound, either sign
+        g[0, 0, 0], g[1, 2, 4] = n_site << H.ROW_Q_BITS, -(n_site << H.ROW_Q_BITS)   # totals +-R 2^28
+        h = n << 28 if unit else (n << H.ROW_Q_BITS) - rng.integers(0, 2, size=n.shape) * n
+        parts.append(np.stack([g, h, n], axis=-1))
+    total = sum(packing.encode(p) for p in parts)
+    assert total.dtype == np.uint64 and len(total) == 2 * 3 * 5 * lanes
+    assert np.array_equal(packing.decode(total, 2, 3, 5), sum(parts))
+    with pytest.raises(DataError, match="more rows at this site"):
+        packing.encode(np.array([[0, 0, 1 << packing.count_bits]]))
+
+
 def test_gradients_beyond_the_declared_bound_are_refused_by_name():
     with pytest.raises(DataError, match="grad_abs_max=1.0"):
         H.quantize_gradients(np.array([0.5, -1.5]), np.array([0.1, 0.1]), 1.0, 0.25)

@@ -129,7 +129,7 @@ class DaskHistSite:
         self.tests = [] if masks is None else self._settle(
             [site.submit(_test_part, site.parts[i], ys[i], masks, i) for i in range(len(site.parts))
              if site.part_rows[i] > train[i]])
-        self._prepared = False
+        self._prepared = self._packed = False
         site.parts = []      # the states hold the rows now: the loaded partitions are released on the workers
 
     @property
@@ -174,7 +174,13 @@ class DaskHistSite:
     def start_tree(self, k: int, tree: int = 0) -> None:
         self._update("start_tree", k, tree)
 
+    def set_packing(self, packing: Any) -> None:
+        self._update("set_packing", packing)
+        self._packed = True
+
     def level_vector(self, growth: Growth) -> np.ndarray:
+        if self._packed:      # each partition checked its fields' widths; their sum keeps them
+            return self.d.map_total(_vector, self.states, "level_vector", _slim(growth))
         return self._sum("level_vector", _slim(growth))
 
     def after_level(self, growth: Growth) -> None:

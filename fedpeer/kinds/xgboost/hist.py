@@ -71,7 +71,7 @@ from fedpeer.kinds.xgboost.target import (
     site_labels,
 )
 from fedpeer.ml.xgb import boosting
-from fedpeer.ml.xgb.hist import check_plausible, decode_histograms
+from fedpeer.ml.xgb.hist import Packing, check_plausible, check_root
 from fedpeer.ml.xgb.histboost import (
     HistParams,
     base_score_from_stats,
@@ -136,6 +136,7 @@ class HistJob:
         self.base: tuple[float, ...] | None = None
         self.cuts: Cuts | None = None
         self.rows = 0                          # the federation's training rows, from the label counts
+        self.packing: Packing | None = None    # how levels' histograms travel, once rows are known
         self.trees: list[_Tree] = []
 
     @property
@@ -189,7 +190,11 @@ class HistJob:
         self.ch.progress("histogram mode: label counts and cut points", 0, self.total_trees)
         tag, total = await self.sum("labels", await self.compute(self.site.label_vector))
         self.rows = _checked(tag, check_label_stats, decode_ints(total), self.p, len(self.members))
+        if self.site.rows > self.rows:
+            raise _impossible(tag, "the federation's training rows are fewer than this member's own")
         base = _checked(tag, base_score_from_stats, decode_ints(total), self.p)
+        self.packing = self.p.packing(self.rows)
+        await self.compute(self.site.set_packing, self.packing)
         sk, step = sketch_start(self.n_features, self.p.max_bin), 0
         while not sk.done:
             keys = sk.request()
@@ -236,8 +241,11 @@ class HistJob:
     def _advance(self, tag: str, growth: Growth, total: np.ndarray) -> Growth:
         cuts = self.cuts
         assert cuts is not None
-        hist = _checked(tag, decode_histograms, total, len(growth.build), cuts.n_features, cuts.n_slots)
+        assert self.packing is not None
+        hist = _checked(tag, self.packing.decode, total, len(growth.build), cuts.n_features, cuts.n_slots)
         _checked(tag, check_plausible, hist, self.rows)
+        if growth.build.tolist() == [0]:
+            _checked(tag, check_root, hist, self.rows, self.p.subsample == 1.0 and not self.lost)
         grown = _checked(tag, grow_level, growth, hist)
         self.site.after_level(grown)
         return grown
@@ -257,13 +265,16 @@ class HistJob:
         return eval_metrics(total, self.params)
 
 
+def _impossible(tag: str, what: Any) -> ImpossibleSum:
+    return ImpossibleSum(f"protocol error: secure sum '{tag}' gave a total no honest members can give: {what}")
+
+
 def _checked(tag: str, step: Callable[..., Any], *args: Any) -> Any:
     """step(*args) on a sum's total; the core's ValueError (an impossible total) ends the job everywhere."""
     try:
         return step(*args)
     except ValueError as exc:
-        raise ImpossibleSum(f"protocol error: secure sum '{tag}' gave a total no honest members can give: "
-                            f"{exc}") from None
+        raise _impossible(tag, exc) from None
 
 
 async def run_hist(ch: Any, params: Mapping[str, Any], ctx: JobContext,

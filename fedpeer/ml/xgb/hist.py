@@ -14,14 +14,25 @@ at most SITE_ROWS_MAX = 2^24 rows per site (2^24 * 2^28 = 2^52).
 
 Histogram layout: int64 (nodes, F, S, 3) with S = max_bin + 1 slots per feature (bins
 0..max_bin-1, slot max_bin = missing values) and channels (Σ g_q, Σ h_q, rows). The secure sum
-carries it raveled (C order), one uint64 per cell (two's complement; the sum is exact while every site's
-|cell| * n_parties < 2^63, checked by `encode_histograms`): a level with n built nodes sends
-n * F * (max_bin + 1) * 3 * 8 bytes.
+carries it raveled (C order). `encode_histograms` gives one uint64 per channel (two's complement;
+the sum is exact while every site's |cell| * n_parties < 2^63, checked): a level with n built
+nodes sends n * F * (max_bin + 1) * 3 * 8 bytes. Once the federation's training rows R are known
+(from the label sums), `Packing` packs a cell's channels into fewer uint64 lanes, each channel at
+the width its bound needs: rows < 2^b with b = R.bit_length(), |Σ g_q| < 2^(b+28), Σ h_q <
+2^(b+28). A lane holds fields side by side, the lowest unsigned; the secure sum adds lanes mod
+2^64, and since every honest field total fits its width no carry crosses into the next field, so
+the total's fields are the fields' totals. Binary and multi-class: lane 1 = Σ g, lane 2 = Σ h and
+rows while 2b + 28 <= 64 (R < 2^18), else three lanes. Squared error: every row's h_q is exactly
+2^hess_bits, so Σ h_q is rows * 2^hess_bits and only rows travel: one lane (Σ g, rows) while
+2b + 29 <= 64 (R < 2^17), else two. Any lane value decodes to some fields in range, so a member's
+garbage decodes to plausible-looking or implausible fields, never to anything `check_plausible`
+does not see.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,9 +41,11 @@ from fedpeer.errors import DataError
 
 __all__ = [
     "CHANNELS",
+    "Packing",
     "ROW_Q_BITS",
     "SITE_ROWS_MAX",
     "check_plausible",
+    "check_root",
     "decode_histograms",
     "encode_histograms",
     "gradients",
@@ -172,3 +185,86 @@ def check_plausible(hist: np.ndarray, rows: int) -> None:
         raise ValueError("a histogram cell's gradient sum exceeds its rows times the per-row bound")
     if (h < 0).any() or (h > limit).any():
         raise ValueError("a histogram cell's hessian sum is negative or exceeds its rows times the per-row bound")
+
+
+def check_root(hist: np.ndarray, rows: int, every_row: bool) -> None:
+    """ValueError unless the root's summed histograms (its first feature's slots) count the
+    federation's training rows: exactly, when every row is in every tree (subsample 1), else at
+    most. Below the root, each level's totals are checked against its parent's split."""
+    counted = int(hist[0, 0, :, 2].sum())
+    if counted > rows or (every_row and counted != rows):
+        raise ValueError("the root's histograms do not count the federation's training rows")
+
+
+LANE_BITS = 64
+
+
+@dataclass(frozen=True)
+class Packing:
+    """How one level's histograms travel once the federation's training rows are known (module
+    docstring): `rows` = R, `unit_hessian` when every row's h_q is 2^hess_bits (squared error)."""
+
+    rows: int
+    unit_hessian: bool = False
+    hess_bits: int = 0
+
+    @property
+    def count_bits(self) -> int:
+        return max(1, int(self.rows).bit_length())
+
+    @property
+    def layout(self) -> tuple[tuple[int, ...], ...]:
+        """Each lane's channels (0 = Σ g, 1 = Σ h, 2 = rows), lowest field first."""
+        b = self.count_bits
+        if self.unit_hessian:
+            return ((2, 0),) if 2 * b + ROW_Q_BITS + 1 <= LANE_BITS else ((0,), (2,))
+        return ((0,), (2, 1)) if 2 * b + ROW_Q_BITS <= LANE_BITS else ((0,), (1,), (2,))
+
+    @property
+    def lanes(self) -> int:
+        return len(self.layout)
+
+    def entries(self, n_nodes: int, n_features: int, n_slots: int) -> int:
+        return int(n_nodes) * int(n_features) * int(n_slots) * self.lanes
+
+    def encode(self, hist: np.ndarray) -> np.ndarray:
+        """A site's int64 histograms (..., 3) -> uint64 (cells * lanes,). DataError if a cell
+        leaves the bounds the widths rest on (the site's rows exceed R, say)."""
+        hist = np.asarray(hist, dtype=np.int64)
+        h, n = hist[..., 1], hist[..., 2]
+        b = self.count_bits
+        if len(n.ravel()) and (int(n.min()) < 0 or int(n.max()) >= 1 << b):
+            raise DataError(f"histogram mode: a histogram cell counts rows outside [0, 2^{b}): more rows at this "
+                            f"site than the federation's {self.rows}")
+        if self.unit_hessian and not np.array_equal(h, n << self.hess_bits):
+            raise DataError("histogram mode: squared error, but a cell's hessian sum is not its rows times "
+                            "2^hess_bits")
+        out = np.empty(hist.shape[:-1] + (self.lanes,), dtype=np.uint64)
+        for i, lane in enumerate(self.layout):
+            if len(lane) == 1:
+                out[..., i] = hist[..., lane[0]].view(np.uint64)
+            else:
+                low, high = hist[..., lane[0]].view(np.uint64), hist[..., lane[1]].view(np.uint64)
+                out[..., i] = (high << np.uint64(b)) | low
+        return out.ravel()
+
+    def decode(self, total: Any, n_nodes: int, n_features: int, n_slots: int) -> np.ndarray:
+        """The secure sum of `encode` vectors -> int64 (n_nodes, F, n_slots, 3)."""
+        total = np.asarray(total)
+        want = self.entries(n_nodes, n_features, n_slots)
+        if total.dtype != np.uint64 or total.shape != (want,):
+            raise ValueError(f"expected uint64 ({want},) summed histograms, got {total.dtype} {total.shape}")
+        lanes = total.reshape(int(n_nodes), int(n_features), int(n_slots), self.lanes)
+        out = np.empty(lanes.shape[:-1] + (CHANNELS,), dtype=np.int64)
+        b = np.uint64(self.count_bits)
+        for i, lane in enumerate(self.layout):
+            if len(lane) == 1:
+                out[..., lane[0]] = lanes[..., i].view(np.int64)
+            else:
+                out[..., lane[0]] = (lanes[..., i] & np.uint64((1 << self.count_bits) - 1)).view(np.int64)
+                signed = lane[1] == 0                   # Σ g: an arithmetic shift keeps its sign
+                high = lanes[..., i].view(np.int64) >> np.int64(b) if signed else (lanes[..., i] >> b).view(np.int64)
+                out[..., lane[1]] = high
+        if self.unit_hessian:
+            out[..., 1] = out[..., 2] << self.hess_bits
+        return out

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from fedpeer.errors import DataError
-from fedpeer.ml.xgb.hist import encode_histograms, scale_bits
+from fedpeer.ml.xgb.hist import Packing, encode_histograms, scale_bits
 from fedpeer.ml.xgb.histtree import SplitParams
 from fedpeer.ml.xgb.model import _base_vector, _model_bytes, global_base_score
 from fedpeer.ml.xgb.tree import CLASSES_MAX, DEPTH_MAX, MODEL_OBJECTIVES, _groups, _Tree
@@ -138,6 +138,11 @@ class HistParams:
         """(grad_abs_max, hess_max) as declared, or the objective's own."""
         g, h = _BOUNDS[self.objective]
         return float(self.grad_abs_max or g), float(self.hess_max or h)
+
+    def packing(self, rows: int) -> Packing:
+        """How levels' histograms travel once the federation's training rows are known."""
+        return Packing(int(rows), unit_hessian=self.objective == "reg:squarederror",
+                       hess_bits=scale_bits(self.bounds()[1]))
 
     def split_params(self) -> SplitParams:
         g, h = self.bounds()

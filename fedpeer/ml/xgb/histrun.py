@@ -28,7 +28,7 @@ import numpy as np
 
 from fedpeer.errors import DataError
 from fedpeer.ml.xgb.hist import (
-    decode_histograms,
+    Packing,
     encode_histograms,
     gradients,
     level_histograms,
@@ -38,6 +38,7 @@ from fedpeer.ml.xgb.histboost import (
     HistParams,
     _labels,
     base_score_from_stats,
+    check_label_stats,
     decode_ints,
     encode_ints,
     initial_margins,
@@ -79,6 +80,7 @@ class HistSite:
         self.margins = np.zeros((0, params.groups))
         self._derivs: tuple[np.ndarray, np.ndarray] | None = None
         self._gq = self._hq = self.positions = np.zeros(0, dtype=np.int64)
+        self.packing: Packing | None = None      # one uint64 per channel until set_packing
 
     @property
     def rows(self) -> int:
@@ -93,6 +95,10 @@ class HistSite:
 
     def set_base(self, base: Sequence[float]) -> None:
         self.margins = initial_margins(base, self.rows, self.p)
+
+    def set_packing(self, packing: Packing) -> None:
+        """Levels' histograms packed for the federation's training rows (hist.Packing)."""
+        self.packing = packing
 
     def sketch_vector(self, keys: np.ndarray) -> np.ndarray:
         if self._prepared is None:
@@ -120,7 +126,7 @@ class HistSite:
         assert self.bins is not None and self.cuts is not None, "set_cuts first"
         hist = level_histograms(self.bins, self._gq, self._hq, self.positions, growth.build, self.cuts.n_slots,
                                 self.sampled)
-        return encode_histograms(hist, self.n_parties)
+        return self.packing.encode(hist) if self.packing else encode_histograms(hist, self.n_parties)
 
     def after_level(self, growth: Growth) -> None:
         assert self.bins is not None and self.cuts is not None
@@ -170,11 +176,11 @@ def _agree_cuts(members: Sequence[HistSite], n_features: int, max_bin: int) -> C
     return sketch_cuts(sk)
 
 
-def _grow(members: Sequence[HistSite], cuts: Cuts, p: HistParams, tree: int) -> _Tree:
+def _grow(members: Sequence[HistSite], cuts: Cuts, p: HistParams, tree: int, packing: Packing) -> _Tree:
     growth = start_tree(cuts.counts(), p.split_params(), tree_features(p, tree, cuts.n_features))
     while not growth.done:
         total = _plain_sum([m.level_vector(growth) for m in members])
-        growth = grow_level(growth, decode_histograms(total, len(growth.build), cuts.n_features, cuts.n_slots))
+        growth = grow_level(growth, packing.decode(total, len(growth.build), cuts.n_features, cuts.n_slots))
         for m in members:
             m.after_level(growth)
     return finish_tree(growth, cuts)
@@ -199,9 +205,11 @@ def train_members(members: Sequence[Any], p: HistParams, start_trees: Sequence[_
     n_features = members[0].n_features
     if any(m.n_features != n_features for m in members):
         raise DataError("members differ in their number of features")
-    base = base_score_from_stats(decode_ints(_plain_sum([m.label_vector() for m in members])), p)
+    stats = decode_ints(_plain_sum([m.label_vector() for m in members]))
+    base, packing = base_score_from_stats(stats, p), p.packing(check_label_stats(stats, p, len(members)))
     for m in members:
         m.set_base(base)
+        m.set_packing(packing)
     cuts = _agree_cuts(members, n_features, p.max_bin)
     for m in members:
         m.set_cuts(cuts)
@@ -217,7 +225,7 @@ def train_members(members: Sequence[Any], p: HistParams, start_trees: Sequence[_
         for k in range(first_k if r == resume_round else 0, p.groups):
             for m in members:
                 m.start_tree(k, len(trees))
-            tree = _grow(members, cuts, p, len(trees))
+            tree = _grow(members, cuts, p, len(trees), packing)
             for m in members:
                 m.add_tree(tree, k)
             trees.append(tree)

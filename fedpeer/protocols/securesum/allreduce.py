@@ -99,7 +99,7 @@ def unmask_selves(segment: np.ndarray, start: int, seeds: Sequence[bytes]) -> No
 
 
 def digests(total: np.ndarray, segs: Sequence[slice]) -> list[bytes]:
-    return [hashlib.sha256(total[s].tobytes()).digest() for s in segs]
+    return [hashlib.sha256(memoryview(total[s]).cast("B")).digest() for s in segs]   # no copy: a view
 
 
 class _Run:
@@ -146,8 +146,9 @@ class _Run:
         except PeerUnreachable as exc:
             raise self.fail(f"{self.name(dst)} did not take what it was sent: {exc}") from None
 
-    async def recv_pieces(self, seg: slice, src: bytes, kind: str) -> list[np.ndarray]:
-        """src's pieces of segment `seg` ("p": masked contributions, "t": totals), checked."""
+    async def recv_pieces(self, seg: slice, src: bytes, kind: str) -> list[tuple[slice, np.ndarray]]:
+        """src's pieces of segment `seg` ("p": masked contributions, "t": totals), checked: each
+        with its entries' place in the vector (the data: a view of the frame that carried it)."""
         owner = self.segs.index(seg)
         out = []
         for j, piece in enumerate(pieces(seg, self.plan.chunk_entries)):
@@ -155,7 +156,7 @@ class _Run:
             if msg.data.shape != (piece.stop - piece.start,):
                 raise self.fail(f"{self.name(src)} sent piece {j} of segment {owner} with {msg.data.shape[0]} "
                                 f"entries, expected {piece.stop - piece.start}: members disagree on the vector")
-            out.append(msg.data)
+            out.append((piece, msg.data))
         return out
 
     def messages(self, data: np.ndarray, seg: slice, kind: str) -> list[SumChunk]:
@@ -187,8 +188,9 @@ async def all_reduce(ch: Channel, plan: _Plan) -> SumOutcome:
     async def reduce() -> np.ndarray:  # the n masked contributions of my segment
         acc = y[own].copy()
         for parts in await asyncio.gather(*(run.recv_pieces(own, p, "p") for p in run.others)):
-            if len(acc):
-                np.add(acc, np.concatenate(parts), out=acc)
+            for piece, data in parts:       # added where it lies: no concatenation
+                part = acc[piece.start - own.start:piece.stop - own.start]
+                np.add(part, data, out=part)
         return acc
 
     _, acc = await asyncio.gather(scatter(), reduce())
@@ -199,9 +201,8 @@ async def all_reduce(ch: Channel, plan: _Plan) -> SumOutcome:
     total[own] = acc
 
     async def gather_from(k: int, src: bytes) -> None:
-        seg = run.segs[k]
-        parts = await run.recv_pieces(seg, src, "t")
-        total[seg] = np.concatenate(parts) if parts else total[seg]
+        for piece, data in await run.recv_pieces(run.segs[k], src, "t"):
+            total[piece] = data
     await asyncio.gather(*(run.send_all(p, run.messages(acc, own, "t")) for p in run.others),
                          *(gather_from(k, p) for k, p in enumerate(run.members) if p != ch.me))
     mine = await run.compute(digests, total, run.segs)
