@@ -141,6 +141,14 @@ def test_packed_histograms_sum_exactly_at_their_bounds(rows: int, unit: bool, la
     assert np.array_equal(packing.decode(total, 2, 3, 5), sum(parts))
     with pytest.raises(DataError, match="more rows at this site"):
         packing.encode(np.array([[0, 0, 1 << packing.count_bits]]))
+    ragged = H.Packing(rows, unit_hessian=unit, hess_bits=28, bins=(2, 4, 1))    # features' bins; slot 4: missing
+    keep = ragged.slots(3, 5)
+    assert keep.sum() == 3 + 5 + 2 and ragged.entries(2, 3, 5) == 2 * 10 * lanes
+    parts = [np.where(keep[None, :, :, None], part, 0) for part in parts]
+    total = sum(ragged.encode(p) for p in parts)
+    assert len(total) == 2 * 10 * lanes and np.array_equal(ragged.decode(total, 2, 3, 5), sum(parts))
+    with pytest.raises(DataError, match="beyond the feature's cut points"):
+        ragged.encode(np.where(keep[None, :, :, None], 0, parts[0]) + (parts[0] == 0))
 
 
 def test_gradients_beyond_the_declared_bound_are_refused_by_name():

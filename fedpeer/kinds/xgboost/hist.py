@@ -193,8 +193,6 @@ class HistJob:
         if self.site.rows > self.rows:
             raise _impossible(tag, "the federation's training rows are fewer than this member's own")
         base = _checked(tag, base_score_from_stats, decode_ints(total), self.p)
-        self.packing = self.p.packing(self.rows)
-        await self.compute(self.site.set_packing, self.packing)
         sk, step = sketch_start(self.n_features, self.p.max_bin), 0
         while not sk.done:
             keys = sk.request()
@@ -203,6 +201,8 @@ class HistJob:
             step += 1
         cuts = sketch_cuts(sk)
         await self.compute(self.site.set_cuts, cuts)
+        self.packing = self.p.packing(self.rows, cuts.counts())
+        await self.compute(self.site.set_packing, self.packing)
         self.base, self.cuts = base, cuts
 
     @property

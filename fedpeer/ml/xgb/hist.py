@@ -24,9 +24,10 @@ the width its bound needs: rows < 2^b with b = R.bit_length(), |Σ g_q| < 2^(b+2
 the total's fields are the fields' totals. Binary and multi-class: lane 1 = Σ g, lane 2 = Σ h and
 rows while 2b + 28 <= 64 (R < 2^18), else three lanes. Squared error: every row's h_q is exactly
 2^hess_bits, so Σ h_q is rows * 2^hess_bits and only rows travel: one lane (Σ g, rows) while
-2b + 29 <= 64 (R < 2^17), else two. Any lane value decodes to some fields in range, so a member's
-garbage decodes to plausible-looking or implausible fields, never to anything `check_plausible`
-does not see.
+2b + 29 <= 64 (R < 2^17), else two. Only slots that can hold rows travel: a feature with m cut
+points has m + 1 bins (small data: far fewer than max_bin), plus its missing-value slot. Any
+lane value decodes to some fields in range: a member's garbage is checked like any total
+(`check_plausible`, `check_root`, and children = parent in histtree).
 """
 
 from __future__ import annotations
@@ -207,6 +208,17 @@ class Packing:
     rows: int
     unit_hessian: bool = False
     hess_bits: int = 0
+    bins: tuple[int, ...] | None = None     # per feature, its bins (cut points + 1); None: every slot
+
+    def slots(self, n_features: int, n_slots: int) -> np.ndarray | slice:
+        """Which (feature, slot) cells travel: bool (F, S), or every one."""
+        if self.bins is None:
+            return slice(None)
+        if len(self.bins) != n_features or max(self.bins, default=0) >= n_slots:
+            raise ValueError(f"a packing for {len(self.bins)} features does not fit ({n_features}, {n_slots}) slots")
+        keep = np.arange(n_slots)[None, :] < np.asarray(self.bins)[:, None]
+        keep[:, n_slots - 1] = True                                 # the missing-value slot
+        return keep
 
     @property
     def count_bits(self) -> int:
@@ -225,12 +237,20 @@ class Packing:
         return len(self.layout)
 
     def entries(self, n_nodes: int, n_features: int, n_slots: int) -> int:
-        return int(n_nodes) * int(n_features) * int(n_slots) * self.lanes
+        cells = int(n_features) * int(n_slots) if self.bins is None else int(self.slots(n_features, n_slots).sum())
+        return int(n_nodes) * cells * self.lanes
 
     def encode(self, hist: np.ndarray) -> np.ndarray:
         """A site's int64 histograms (..., 3) -> uint64 (cells * lanes,). DataError if a cell
         leaves the bounds the widths rest on (the site's rows exceed R, say)."""
         hist = np.asarray(hist, dtype=np.int64)
+        if self.bins is not None:
+            if hist.ndim != 4:
+                raise ValueError(f"expected (nodes, F, S, 3) histograms, got shape {hist.shape}")
+            keep = self.slots(hist.shape[1], hist.shape[2])
+            if hist[:, ~keep].any():
+                raise DataError("histogram mode: rows in a bin beyond the feature's cut points")
+            hist = hist[:, keep]
         h, n = hist[..., 1], hist[..., 2]
         b = self.count_bits
         if len(n.ravel()) and (int(n.min()) < 0 or int(n.max()) >= 1 << b):
@@ -254,7 +274,7 @@ class Packing:
         want = self.entries(n_nodes, n_features, n_slots)
         if total.dtype != np.uint64 or total.shape != (want,):
             raise ValueError(f"expected uint64 ({want},) summed histograms, got {total.dtype} {total.shape}")
-        lanes = total.reshape(int(n_nodes), int(n_features), int(n_slots), self.lanes)
+        lanes = total.reshape(int(n_nodes), -1, self.lanes)
         out = np.empty(lanes.shape[:-1] + (CHANNELS,), dtype=np.int64)
         b = np.uint64(self.count_bits)
         for i, lane in enumerate(self.layout):
@@ -267,4 +287,8 @@ class Packing:
                 out[..., lane[1]] = high
         if self.unit_hessian:
             out[..., 1] = out[..., 2] << self.hess_bits
-        return out
+        if self.bins is None:
+            return out.reshape(int(n_nodes), int(n_features), int(n_slots), CHANNELS)
+        full = np.zeros((int(n_nodes), int(n_features), int(n_slots), CHANNELS), dtype=np.int64)
+        full[:, self.slots(int(n_features), int(n_slots))] = out
+        return full

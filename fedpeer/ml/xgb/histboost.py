@@ -139,10 +139,12 @@ class HistParams:
         g, h = _BOUNDS[self.objective]
         return float(self.grad_abs_max or g), float(self.hess_max or h)
 
-    def packing(self, rows: int) -> Packing:
-        """How levels' histograms travel once the federation's training rows are known."""
+    def packing(self, rows: int, cut_counts: Any = None) -> Packing:
+        """How levels' histograms travel once the federation's training rows (and the cut
+        points: each feature's count) are known."""
+        bins = None if cut_counts is None else tuple(int(c) + 1 for c in cut_counts)
         return Packing(int(rows), unit_hessian=self.objective == "reg:squarederror",
-                       hess_bits=scale_bits(self.bounds()[1]))
+                       hess_bits=scale_bits(self.bounds()[1]), bins=bins)
 
     def split_params(self) -> SplitParams:
         g, h = self.bounds()

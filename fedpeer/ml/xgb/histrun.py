@@ -206,13 +206,14 @@ def train_members(members: Sequence[Any], p: HistParams, start_trees: Sequence[_
     if any(m.n_features != n_features for m in members):
         raise DataError("members differ in their number of features")
     stats = decode_ints(_plain_sum([m.label_vector() for m in members]))
-    base, packing = base_score_from_stats(stats, p), p.packing(check_label_stats(stats, p, len(members)))
+    base, rows = base_score_from_stats(stats, p), check_label_stats(stats, p, len(members))
     for m in members:
         m.set_base(base)
-        m.set_packing(packing)
     cuts = _agree_cuts(members, n_features, p.max_bin)
+    packing = p.packing(rows, cuts.counts())
     for m in members:
         m.set_cuts(cuts)
+        m.set_packing(packing)
     trees: list[_Tree] = list(start_trees)
     first_k = 0
     for m in members:
