@@ -126,6 +126,14 @@ def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                    "label_counts, missing and binary_refusal (what stats and bofrf would say of the label, "
                    "or null) as JSON")
 
+    s = sub.add_parser("console", help="serve a page on loopback that shows the federation and its jobs and "
+                       "proposes jobs; prints its URL (with a fresh token) on the first line")
+    s.add_argument("--config", required=True, type=Path, help=CONFIG_HELP + " (the daemon the page talks to)")
+    s.add_argument("--site", action="append", type=Path, metavar="CONFIG",
+                   help="another site's peers.toml on this machine whose daemon the page also reads, "
+                   "for per-site results (a local federation); repeatable")
+    s.add_argument("--port", type=_count(0), default=0, help="loopback port to serve on (default: 0, a free one)")
+
     harness = sub.add_parser("harness", help="run a local federation of real daemons")
     if kinds_needed:
         from fedpeer.app.harness.cli import add_arguments as add_harness_arguments
@@ -488,6 +496,12 @@ def _harness(args: argparse.Namespace) -> int:
     return harness_main(args)
 
 
+def _console(args: argparse.Namespace) -> int:
+    from fedpeer.app.console.server import main as console_main
+
+    return console_main(args)
+
+
 def _data(args: argparse.Namespace) -> int:
     from fedpeer.app.datacheck import format_report, report
 
@@ -501,7 +515,7 @@ def _data(args: argparse.Namespace) -> int:
 
 _COMMANDS = {"init": _init, "key": _key, "peer": _peer, "reload": _reload, "start": _start, "status": _status,
              "ping": _ping, "run": _run, "jobs": _jobs, "job": _job, "predict": _predict, "harness": _harness,
-             "export": _export, "data": _data}
+             "export": _export, "data": _data, "console": _console}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -127,6 +127,7 @@ class Admission:
             release_data(dataset)
             raise JobError(f"local data has fewer rows than [policy] rows_min {rows_min}")
         record.data, record.test_data, record.rows = dataset, test, int(dataset.rows)
+        record.data_fingerprint = dataset.fingerprint.hex()
         return dataset.fingerprint, dataset.features
 
 
