@@ -93,7 +93,11 @@ class Splits:
 
 def best_splits(hist: np.ndarray, cut_counts: np.ndarray, p: SplitParams) -> Splits:
     """xgboost's split enumeration over summed histograms int64 (n, F, S, 3), vectorised over
-    nodes, features, cuts and both missing directions."""
+    nodes, features, cuts and both missing directions. Candidates are ordered (feature, cut,
+    direction) and the first maximum wins; without missing rows in the level both directions
+    score alike, so only "missing right" (the first) is scored. A candidate's change is
+    G_L^2/(H_L+lambda) + G_R^2/(H_R+lambda) - G^2/(H+lambda), as xgboost computes it (in place:
+    the level's largest arrays are made once)."""
     n, n_features, n_slots, _ = hist.shape
     n_cuts = n_slots - 2                                   # cuts k = 1..max_bin-1
     total = hist[:, 0].sum(axis=1)                         # (n, 3): every feature holds every row once
@@ -101,22 +105,40 @@ def best_splits(hist: np.ndarray, cut_counts: np.ndarray, p: SplitParams) -> Spl
     missing = hist[:, :, n_slots - 1]                      # (n, F, 3)
     G, H = p.sums(total)
     g_below, h_below = p.sums(below)                       # float64 of integers: exact below 2^53
-    g_miss, h_miss = p.sums(missing)
     cut_ok = (np.arange(1, n_cuts + 1)[None, :] <= cut_counts[:, None])[None]
     node = (slice(None), None, None)
+    parent = p.gain(G, H)[node]
+    n_below = below[..., 2]
+    directions = [(g_below, h_below, n_below)]                                                   # missing right
+    if missing[..., 1:].any():
+        g_miss, h_miss = p.sums(missing)
+        directions.append((g_below + g_miss[..., None], h_below + h_miss[..., None],
+                           n_below + missing[..., None, 2]))                                     # missing left
     scored = []
-    n_below, n_miss = below[..., 2], missing[..., None, 2]
-    for gl, hl, nl in ((g_below, h_below, n_below),                                              # missing right
-                       (g_below + g_miss[..., None], h_below + h_miss[..., None], n_below + n_miss)):   # left
+    for gl, hl, nl in directions:
         gr, hr, nr = G[node] - gl, H[node] - hl, total[:, 2][node] - nl
-        chg = p.gain(gl, hl) + p.gain(gr, hr) - p.gain(G, H)[node]
-        ok = (cut_ok & (hl >= p.min_child_weight) & (hr >= p.min_child_weight) & (hl > 0) & (hr > 0)
-              & (nl >= p.min_leaf_rows) & (nr >= p.min_leaf_rows))
-        scored.append(np.where(ok, chg, -np.inf))
+        ok = cut_ok & (hl >= p.min_child_weight)
+        ok &= hr >= p.min_child_weight
+        ok &= hl > 0
+        ok &= hr > 0
+        ok &= nl >= p.min_leaf_rows
+        ok &= nr >= p.min_leaf_rows
+        if p.max_delta_step > 0:
+            chg = p.gain(gl, hl) + p.gain(gr, hr) - parent
+        else:                       # = gain(gl, hl) + gain(gr, hr) - gain(G, H) wherever `ok`
+            with np.errstate(divide="ignore", invalid="ignore"):
+                chg = gl * gl
+                chg /= hl + p.reg_lambda
+                gr *= gr
+                gr /= hr + p.reg_lambda
+                chg += gr
+                chg -= parent
+        chg[~ok] = -np.inf
+        scored.append(chg)
     flat = np.stack(scored, axis=-1).reshape(n, -1)        # order (feature, cut, direction)
     best = np.argmax(flat, axis=1)                         # first maximum: the fixed tie rule
     best_chg = flat[np.arange(n), best]
-    f, kk, d = np.unravel_index(best, (n_features, n_cuts, 2))
+    f, kk, d = np.unravel_index(best, (n_features, n_cuts, len(directions)))
     made = (best_chg > RT_EPS) & (best_chg >= p.gamma)
     left = below[np.arange(n), f, kk] + d[:, None] * missing[np.arange(n), f]             # exact integers
     return Splits(made=made, feature=f.astype(np.int64), cut=kk.astype(np.int64) + 1, default_left=d.astype(np.int64),
