@@ -142,8 +142,11 @@ def test_packed_histograms_sum_exactly_at_their_bounds(rows: int, unit: bool, la
     with pytest.raises(DataError, match="more rows at this site"):
         packing.encode(np.array([[0, 0, 1 << packing.count_bits]]))
     ragged = H.Packing(rows, unit_hessian=unit, hess_bits=28, bins=(2, 4, 1))    # features' bins; slot 4: missing
-    keep = ragged.slots(3, 5)
-    assert keep.sum() == 3 + 5 + 2 and ragged.entries(2, 3, 5) == 2 * 10 * lanes
+    keep = np.zeros(15, dtype=bool)
+    keep[ragged.slots(3, 5)] = True
+    keep = keep.reshape(3, 5)
+    assert keep.sum() == 3 + 5 + 2 and keep[:, 4].all() and ragged.entries(2, 3, 5) == 2 * 10 * lanes
+    assert H.Packing(rows, bins=(4, 4, 4)).slots(3, 5) is None          # every slot can hold rows
     parts = [np.where(keep[None, :, :, None], part, 0) for part in parts]
     total = sum(ragged.encode(p) for p in parts)
     assert len(total) == 2 * 10 * lanes and np.array_equal(ragged.decode(total, 2, 3, 5), sum(parts))

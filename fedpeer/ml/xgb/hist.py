@@ -32,6 +32,7 @@ lane value decodes to some fields in range: a member's garbage is checked like a
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -200,6 +201,23 @@ def check_root(hist: np.ndarray, rows: int, every_row: bool) -> None:
 LANE_BITS = 64
 
 
+@functools.lru_cache(maxsize=16)
+def _kept_cells(bins: tuple[int, ...] | None, n_features: int, n_slots: int) -> np.ndarray | None:
+    """Flat indices (feature * S + slot) of the cells that can hold rows: each feature's bins and
+    its missing slot (the last); None when that is every cell."""
+    if bins is None:
+        return None
+    if len(bins) != n_features or max(bins, default=0) >= n_slots:
+        raise ValueError(f"a packing for {len(bins)} features does not fit ({n_features}, {n_slots}) slots")
+    keep = np.arange(n_slots)[None, :] < np.asarray(bins)[:, None]
+    keep[:, n_slots - 1] = True                                 # the missing-value slot
+    if keep.all():
+        return None
+    kept = np.flatnonzero(keep)
+    kept.flags.writeable = False
+    return kept
+
+
 @dataclass(frozen=True)
 class Packing:
     """How one level's histograms travel once the federation's training rows are known (module
@@ -210,15 +228,9 @@ class Packing:
     hess_bits: int = 0
     bins: tuple[int, ...] | None = None     # per feature, its bins (cut points + 1); None: every slot
 
-    def slots(self, n_features: int, n_slots: int) -> np.ndarray | slice:
-        """Which (feature, slot) cells travel: bool (F, S), or every one."""
-        if self.bins is None:
-            return slice(None)
-        if len(self.bins) != n_features or max(self.bins, default=0) >= n_slots:
-            raise ValueError(f"a packing for {len(self.bins)} features does not fit ({n_features}, {n_slots}) slots")
-        keep = np.arange(n_slots)[None, :] < np.asarray(self.bins)[:, None]
-        keep[:, n_slots - 1] = True                                 # the missing-value slot
-        return keep
+    def slots(self, n_features: int, n_slots: int) -> np.ndarray | None:
+        """Which of a node's F * S cells travel (flat indices, ascending), or None for every one."""
+        return _kept_cells(self.bins, int(n_features), int(n_slots))
 
     @property
     def count_bits(self) -> int:
@@ -237,20 +249,23 @@ class Packing:
         return len(self.layout)
 
     def entries(self, n_nodes: int, n_features: int, n_slots: int) -> int:
-        cells = int(n_features) * int(n_slots) if self.bins is None else int(self.slots(n_features, n_slots).sum())
-        return int(n_nodes) * cells * self.lanes
+        kept = self.slots(n_features, n_slots)
+        return int(n_nodes) * (int(n_features) * int(n_slots) if kept is None else len(kept)) * self.lanes
 
     def encode(self, hist: np.ndarray) -> np.ndarray:
         """A site's int64 histograms (..., 3) -> uint64 (cells * lanes,). DataError if a cell
         leaves the bounds the widths rest on (the site's rows exceed R, say)."""
         hist = np.asarray(hist, dtype=np.int64)
-        if self.bins is not None:
-            if hist.ndim != 4:
-                raise ValueError(f"expected (nodes, F, S, 3) histograms, got shape {hist.shape}")
-            keep = self.slots(hist.shape[1], hist.shape[2])
-            if hist[:, ~keep].any():
+        kept = None if self.bins is None or hist.ndim != 4 else self.slots(hist.shape[1], hist.shape[2])
+        if self.bins is not None and hist.ndim != 4:
+            raise ValueError(f"expected (nodes, F, S, 3) histograms, got shape {hist.shape}")
+        if kept is not None:
+            cells = hist.reshape(hist.shape[0], -1, CHANNELS)
+            dropped = np.ones(cells.shape[1], dtype=bool)
+            dropped[kept] = False
+            if cells[:, dropped].any():
                 raise DataError("histogram mode: rows in a bin beyond the feature's cut points")
-            hist = hist[:, keep]
+            hist = np.take(cells, kept, axis=1)
         h, n = hist[..., 1], hist[..., 2]
         b = self.count_bits
         if len(n.ravel()) and (int(n.min()) < 0 or int(n.max()) >= 1 << b):
@@ -287,8 +302,9 @@ class Packing:
                 out[..., lane[1]] = high
         if self.unit_hessian:
             out[..., 1] = out[..., 2] << self.hess_bits
-        if self.bins is None:
+        kept = self.slots(n_features, n_slots)
+        if kept is None:
             return out.reshape(int(n_nodes), int(n_features), int(n_slots), CHANNELS)
-        full = np.zeros((int(n_nodes), int(n_features), int(n_slots), CHANNELS), dtype=np.int64)
-        full[:, self.slots(int(n_features), int(n_slots))] = out
-        return full
+        full = np.zeros((int(n_nodes), int(n_features) * int(n_slots), CHANNELS), dtype=np.int64)
+        full[:, kept] = out
+        return full.reshape(int(n_nodes), int(n_features), int(n_slots), CHANNELS)
