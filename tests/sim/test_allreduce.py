@@ -1,8 +1,8 @@
 """The secure all-reduce (fedpeer/protocols/securesum/allreduce.py) over the in-memory network, in
 virtual time: exact totals for any member count and vector length (segments and pieces of every
 shape), every member moving about 2(n-1)/n of the vector and no member more than 1.25x the mean,
-what an owner receives is masked, a lost member fails the sum at the others (never a hang), and an
-owner that sends members different totals is named."""
+what an owner receives and what it sends on are masked, three one-way legs, a lost member fails
+the sum at the others (never a hang), and an owner that sends members different totals is named."""
 
 from __future__ import annotations
 
@@ -83,16 +83,30 @@ async def test_each_member_moves_its_share_and_none_more_than_125_percent_of_the
 
 
 @pytest.mark.looptime
-async def test_what_an_owner_receives_is_masked() -> None:
+@pytest.mark.parametrize("kind", ["/p", "/t"])     # contributions to owners, owners' sums to everyone
+async def test_what_an_owner_receives_and_sends_on_is_masked(kind: str) -> None:
     members = keys(3)
     vectors = {m: np.zeros(SIZE, dtype=np.uint64) for m in members}   # all zeros: any zero seen leaks
     net = MemoryNetwork(members, seed=3)
     parts: list[np.ndarray] = []
-    net.refuse = lambda src, dst, msg: parts.append(msg.data) if isinstance(msg, SumChunk) and "/p" in msg.tag else None
+    net.refuse = lambda src, dst, msg: parts.append(msg.data.copy()) if isinstance(msg, SumChunk) and kind in msg.tag \
+        else None
     results, _ = await run_sum(net, vectors, mode="allreduce")
     assert all(not isinstance(r, Exception) and not r.total.any() for r in results.values())
     seen = np.concatenate(parts)
     assert len(seen) and (seen == 0).mean() < 0.001
+
+
+@pytest.mark.looptime
+async def test_three_one_way_legs() -> None:
+    """Scatter, gather, reveal: with every message taking 10 ms, the sum ends after 30 ms and some
+    computing, where five legs (a readiness and a digest step besides) took 50."""
+    members = keys(4)
+    vectors = random_vectors(members, SIZE, 6)
+    net = MemoryNetwork(members, seed=6, delay_ms=(10.0, 10.0))
+    results, ended = await run_sum(net, vectors, mode="allreduce")
+    check_consistent(results, vectors, 6)
+    assert all(0.030 <= t < 0.040 for t in ended.values()), ended
 
 
 @pytest.mark.looptime

@@ -10,27 +10,29 @@ per participant and every member both sends and receives about 2(n-1)/n of the v
    self mask from a fresh secret seed (masks.py; the same AES-256-CTR streams as pairwise mode,
    addressed by entry, so any slice is masked with its own part of the stream).
 2. Reduce-scatter: member k owns segment k; every member sends its masked segment k to member k,
-   in pieces of at most `chunk_entries`. Member k adds the n masked segments.
-3. Ready: each owner tells everyone it holds all n contributions of its segment.
-4. Reveal: once every owner is ready, every member reveals its self-mask seed to everyone, and
-   each owner removes the n self masks from its segment: the segment's total.
-5. All-gather: each owner sends its segment's total to everyone; every member assembles the
-   total.
-6. Digest: every member sends everyone the SHA-256 of each segment of the total it assembled;
-   a member whose digest of segment k differs from another's fails the sum naming segment k's
-   owner, who sent them different totals.
-Five one-way legs, against the ring's n + 3 (n hops, seed request and reveal, delivery); faster
-over a WAN for every vector the histogram job sums (ALLREDUCE_ENTRIES_MIN says where the ring stays).
+   in pieces of at most `chunk_entries`. Member k adds the n masked segments: the segment's total
+   plus the n self masks.
+3. All-gather: each owner, once it holds all n contributions, sends that sum (still under the n
+   self masks) to everyone; receiving it also tells a member that owner k is complete.
+4. Reveal: a member that holds every owner's sum (so every owner had every contribution) sends
+   everyone, in one message, its self-mask seed and the SHA-256 of each segment as it received it;
+   then it removes the n self masks from the whole vector: the total. A member whose digest of
+   segment k differs from another's fails the sum naming segment k's owner, who sent them
+   different sums.
+Three one-way legs (scatter, gather, reveal), against the ring's n + 3 (n hops, seed request and
+reveal, delivery): faster over a WAN for every vector the histogram job sums
+(ALLREDUCE_ENTRIES_MIN says where the ring stays). The price: every member removes all n self
+masks from the whole vector (n AES passes) where an owner removed them from its segment only.
 
 Who learns what: an owner sees, of each member, its segment plus pairwise masks shared with the
 others and its self mask: uniformly distributed whatever the inputs, so a coalition of any size
 short of all other participants learns nothing of a member's segment beyond the total (as in
 pairwise mode). Every participant learns the total. A self mask is revealed only once every
-owner holds every contribution, so the segment sums an owner holds when an attempt fails before
-the reveal still carry self masks it cannot remove: a re-run over the survivors (fresh masks: a
+owner's sum has arrived, so the segment sums a member holds when an attempt fails before the
+reveal still carry self masks it cannot remove: a re-run over the survivors (fresh masks: a
 new tag) cannot be compared with them. The exception is pairwise mode's: a failure after the
-reveal (an owner lost during the all-gather) leaves the owners that unmasked their segments
-holding those segments' totals over the old participants, which the re-run's total over fewer
+reveal (a member lost while the seeds go round) leaves the members that got every seed holding
+the total over the old participants, which the re-run's total over fewer
 sites, once compared, turns into the lost sites' summed entries of those segments.
 
 Integrity: an owner could alter its segment's total; if it sends everyone the same altered total,
@@ -57,7 +59,7 @@ import numpy as np
 from fedpeer.errors import JobError
 from fedpeer.protocols.securesum import masks as sm
 from fedpeer.protocols.securesum.core import OFF_LOOP_BYTES_MIN, SumOutcome, _Plan, _send
-from fedpeer.protocols.securesum.wire import ArDigest, ArReady, SeedReveal, SumChunk
+from fedpeer.protocols.securesum.wire import ArReveal, SumChunk
 from fedpeer.runtime.channel import Channel, MalformedFrom, PeerUnreachable, RecvTimeout
 
 MODE = "allreduce"
@@ -92,10 +94,10 @@ def masked(vector: np.ndarray, me: bytes, pair_seeds: dict[bytes, bytes], self_s
     return out
 
 
-def unmask_selves(segment: np.ndarray, start: int, seeds: Sequence[bytes]) -> None:
-    """Remove every member's self mask from `segment` (entries start.. of the vector), in place."""
+def unmask_selves(total: np.ndarray, seeds: Sequence[bytes]) -> None:
+    """Remove every member's self mask from the whole vector, in place."""
     for seed in seeds:
-        sm.apply_mask(np.subtract, segment, sm.SELF_DOMAIN, seed, 0, offset=start)
+        sm.apply_mask(np.subtract, total, sm.SELF_DOMAIN, seed, 0)
 
 
 def digests(total: np.ndarray, segs: Sequence[slice]) -> list[bytes]:
@@ -193,24 +195,25 @@ async def all_reduce(ch: Channel, plan: _Plan) -> SumOutcome:
                 np.add(part, data, out=part)
         return acc
 
-    _, acc = await asyncio.gather(scatter(), reduce())
-    await run.barrier(ArReady, "ready", ArReady(f"{run.prefix}ready"), "word that its segment is complete")
-    reveals = await run.barrier(SeedReveal, "seed", SeedReveal(f"{run.prefix}seed", self_seed), "self-mask seed")
-    await run.compute(unmask_selves, acc, own.start, [self_seed, *(r.seed for r in reveals)])
     total = np.empty(len(plan.vector), dtype=np.uint64)
-    total[own] = acc
 
     async def gather_from(k: int, src: bytes) -> None:
         for piece, data in await run.recv_pieces(run.segs[k], src, "t"):
             total[piece] = data
-    await asyncio.gather(*(run.send_all(p, run.messages(acc, own, "t")) for p in run.others),
+
+    async def reduce_and_share() -> None:     # my segment's sum, as soon as it is complete, to everyone
+        total[own] = await reduce()
+        await asyncio.gather(*(run.send_all(p, run.messages(total[own], own, "t")) for p in run.others))
+    await asyncio.gather(scatter(), reduce_and_share(),
                          *(gather_from(k, p) for k, p in enumerate(run.members) if p != ch.me))
     mine = await run.compute(digests, total, run.segs)
-    theirs = await run.barrier(ArDigest, "digest", ArDigest(f"{run.prefix}digest", mine), "digest of the total")
-    for src, other in zip(run.others, theirs):
+    reveals = await run.barrier(ArReveal, "reveal", ArReveal(f"{run.prefix}reveal", self_seed, mine),
+                                "self-mask seed and digest")
+    for src, other in zip(run.others, reveals):
         differ = [k for k in range(len(run.members)) if k >= len(other.digests) or other.digests[k] != mine[k]]
         if differ:
             owner = run.members[differ[0]]
-            raise run.fail(f"{run.name(src)} holds another total of segment {differ[0]} than this member: its "
-                           f"owner {run.name(owner)} sent them different totals")
+            raise run.fail(f"{run.name(src)} holds another sum of segment {differ[0]} than this member: its "
+                           f"owner {run.name(owner)} sent them different sums")
+    await run.compute(unmask_selves, total, [self_seed, *(r.seed for r in reveals)])
     return SumOutcome(total, run.members, 1)

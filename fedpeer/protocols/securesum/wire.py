@@ -93,20 +93,14 @@ class SumResult:
 
 
 @dataclass(frozen=True)
-class ArReady:
-    """All-reduce (allreduce.py): the sender holds every member's contribution to its segment."""
+class ArReveal:
+    """All-reduce: the sender's self-mask seed and the SHA-256 of each segment's sum as it received
+    them (sent once it holds every owner's sum)."""
 
     tag: str
-    WAITING_FOR: ClassVar[str] = "all-reduce readiness"
-
-
-@dataclass(frozen=True)
-class ArDigest:
-    """All-reduce: the SHA-256 of each segment of the total the sender assembled."""
-
-    tag: str
+    seed: bytes
     digests: list
-    WAITING_FOR: ClassVar[str] = "all-reduce digest"
+    WAITING_FOR: ClassVar[str] = "all-reduce seeds and digests"
 
 
 def _register() -> None:
@@ -143,8 +137,8 @@ def _register() -> None:
             ("ss_where", SumWhere, {"tag": tag, "chunk": v_int(0, VECTOR_ENTRIES_MAX)}),
             ("ss_here", SumHere, {"tag": tag, "chunk": v_int(0, VECTOR_ENTRIES_MAX),
                                   "got": v_bool, "passed": v_bool}),
-            ("ss_ar_ready", ArReady, {"tag": tag}),
-            ("ss_ar_digest", ArDigest, {"tag": tag, "digests": v_list(v_bytes(exact=32), PARTICIPANTS_MAX)})):
+            ("ss_ar_reveal", ArReveal, {"tag": tag, "seed": v_bytes(exact=SEED_BYTES),
+                                        "digests": v_list(v_bytes(exact=32), PARTICIPANTS_MAX)})):
         wire.register(kind, cls, fields, to_body=to_body, from_body=from_body(cls))
 
 
