@@ -4,25 +4,30 @@ Exit codes (the README's table): 0 success; 1 something asked for failed (a job,
 a ping, an unknown job); 2 bad configuration or a usage error (an option or job parameter out of
 range) — never anything else, because systemd does not restart after 2 and an operator reads it as
 "fix what you typed"; 3 no daemon answers on the admin endpoint.
+
+Imports are made where a command needs them: `fedpeer --version` and `fedpeer status` import
+neither the job kinds nor numpy nor aiohttp (tests/unit/test_cli_usage.py checks it).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
-import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from fedpeer.config import load as cfg
-from fedpeer.jobs.report import raw, table
 from fedpeer.errors import ConfigError, FedpeerError, JobError, NoDaemonError
+
+if TYPE_CHECKING:
+    from fedpeer.config.load import Config
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_NO_DAEMON = 0, 1, 2, 3
 EXIT_USAGE = EXIT_CONFIG   # argparse exits 2 for what it rejects; our own usage checks agree
-CONFIG_HELP = "the site's peers.toml"
+CONFIG_HELP = "the site's peers.toml{} (default: $FEDPEER_CONFIG, else ./peers.toml, else /etc/fedpeer/peers.toml)"
+CONFIG_EPILOG = ("Every command that reads a site's peers.toml takes --config FILE; without it, fedpeer reads "
+                 "$FEDPEER_CONFIG, else ./peers.toml, else /etc/fedpeer/peers.toml (the first that exists).")
 
 
 def _version() -> str:
@@ -32,6 +37,18 @@ def _version() -> str:
         return version("fedpeer")
     except PackageNotFoundError:   # run from a source tree that was never installed
         return "unknown (not installed)"
+
+
+class _VersionAction(argparse.Action):
+    """argparse's "version" action, reading the version only when asked (importlib.metadata takes
+    ~50 ms to import: every other command would pay it)."""
+
+    def __init__(self, option_strings: list[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option: Any = None) -> None:
+        print(f"fedpeer {_version()}")
+        parser.exit()
 
 
 def _count(low: int):
@@ -51,9 +68,9 @@ _KIND_COMMANDS = ("run", "harness")
 
 
 def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fedpeer", description="Peer-to-peer federated learning daemon.")
-    p.add_argument("--version", action="version", version=f"fedpeer {_version()}",
-                   help="print the installed fedpeer version and exit")
+    p = argparse.ArgumentParser(prog="fedpeer", description="Peer-to-peer federated learning daemon.",
+                                epilog=CONFIG_EPILOG)
+    p.add_argument("--version", action=_VersionAction, help="print the installed fedpeer version and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("init", help="create a site: peers.toml and identity key")
@@ -62,51 +79,63 @@ def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     s.add_argument("--listen", required=True, help="HOST:PORT the daemon listens on for peers")
     s.add_argument("--advertise", help="HOST:PORT other sites use (default: --listen)")
     s.add_argument("--admin", help="admin endpoint: unix:PATH (default unix:state/admin.sock) or 127.0.0.1:PORT")
+    s.add_argument("--data", type=Path, metavar="CSV", help="this site's rows: writes a [data] table naming the CSV "
+                   "(it must exist)")
+    s.add_argument("--label", help="with --data: the label column (it must be in the CSV's header)")
+    s.add_argument("--positive", help="with --data: the positive class, for binary jobs")
+
+    s = sub.add_parser("invite", help="print this site's invite: one line (name, address, public key, fingerprint) "
+                       "the other sites give to 'fedpeer peer add --invite'")
+    s.add_argument("--config", type=Path, help=CONFIG_HELP.format(""))
 
     s = sub.add_parser("key", help="identity key commands")
     ks = s.add_subparsers(dest="key_command", required=True, metavar="SUBCOMMAND")
     k = ks.add_parser("show", help="print this site's public key and fingerprint")
-    k.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
+    k.add_argument("--config", type=Path, help=CONFIG_HELP.format(""))
 
     s = sub.add_parser("peer", help="federation membership commands")
     ps = s.add_subparsers(dest="peer_command", required=True, metavar="SUBCOMMAND")
-    k = ps.add_parser("add", help="add another site to peers.toml")
-    k.add_argument("--config", required=True, type=Path, help=CONFIG_HELP + " to add the peer to")
-    k.add_argument("--name", required=True, help="this site's name for the other site (a local label)")
-    k.add_argument("--address", required=True, help="HOST:PORT the other site advertises")
-    k.add_argument("--public-key", required=True, help="the site's key, from its 'fedpeer key show'")
+    k = ps.add_parser("add", help="add other sites to peers.toml: from their invites, or one by name, address "
+                      "and key")
+    k.add_argument("--config", type=Path, help=CONFIG_HELP.format(" to add the peer to"))
+    k.add_argument("--invite", action="append", metavar="LINE", help="a line 'fedpeer invite' printed at another "
+                   "site (repeatable: every other site at once; this site's own invite is passed over)")
+    k.add_argument("--name", help="without --invite: this site's name for the other site (a local label)")
+    k.add_argument("--address", help="without --invite: HOST:PORT the other site advertises")
+    k.add_argument("--public-key", help="without --invite: the site's key, from its 'fedpeer key show'")
     k = ps.add_parser("remove", help="remove a site from peers.toml (the running daemon refuses it at once)")
-    k.add_argument("--config", required=True, type=Path, help=CONFIG_HELP + " to remove the peer from")
+    k.add_argument("--config", type=Path, help=CONFIG_HELP.format(" to remove the peer from"))
     k.add_argument("name", help="the peer's name in peers.toml")
     k = ps.add_parser("list", help="the sites in peers.toml (with their state, if the daemon answers)")
-    k.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
+    k.add_argument("--config", type=Path, help=CONFIG_HELP.format(""))
 
     s = sub.add_parser("reload", help="make the running daemon re-read peers.toml (as SIGHUP does)")
-    s.add_argument("--config", required=True, type=Path, help=CONFIG_HELP + " (checked here first)")
+    s.add_argument("--config", type=Path, help=CONFIG_HELP.format(" (checked here first)"))
     s.add_argument("--json", action="store_true", help="print what changed as JSON")
 
     s = sub.add_parser("start", help="run the daemon in the foreground")
-    s.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
+    s.add_argument("--config", type=Path, help=CONFIG_HELP.format(""))
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="least severe log lines written to stderr (default: info)")
 
     s = sub.add_parser("status", help="ask the running local daemon for the federation's health")
-    s.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
+    s.add_argument("--config", type=Path, help=CONFIG_HELP.format(""))
     s.add_argument("--json", action="store_true", help="machine-readable output")
 
     s = sub.add_parser("ping", help="time sealed messages from the local daemon to a peer")
-    s.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
+    s.add_argument("--config", type=Path, help=CONFIG_HELP.format(""))
     s.add_argument("peer", help="the peer's name in peers.toml")
     s.add_argument("--count", type=_count(1), default=10, help="messages to send (default: 10)")
     s.add_argument("--size", type=_count(0), default=64, help="payload bytes per message (default: 64)")
     s.add_argument("--json", action="store_true", help="print the delivery times as JSON")
 
-    first = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
-    kinds_needed = first is None or first in _KIND_COMMANDS
+    given = sys.argv[1:] if argv is None else argv
+    first = next((a for a in given if not a.startswith("-")), None)
+    kinds_needed = first in _KIND_COMMANDS or (first is None and "--version" not in given)
     _add_job_commands(sub, kinds_needed)
 
     s = sub.add_parser("predict", help="score new rows with a job's stored model (no daemon needed)")
-    s.add_argument("--config", required=True, type=Path, help=CONFIG_HELP + " (its state_dir holds the model)")
+    s.add_argument("--config", type=Path, help=CONFIG_HELP.format(" (its state_dir holds the model)"))
     s.add_argument("--job", required=True, help="the job id whose model to use")
     s.add_argument("--data", required=True, type=Path, help="CSV with the model's feature columns (others are ignored)")
     s.add_argument("--out", type=Path, help="write the scores here as CSV (default: standard output)")
@@ -121,14 +150,14 @@ def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     ds = s.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
     k = ds.add_parser("check", help="load the site's data exactly as a job would and print rows, features, "
                       "label balance, missing values per column and the schema fingerprint (no daemon needed)")
-    k.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
+    k.add_argument("--config", type=Path, help=CONFIG_HELP.format(""))
     k.add_argument("--json", action="store_true", help="print rows, features, schema_fingerprint (hex), "
                    "label_counts, missing and binary_refusal (what stats and bofrf would say of the label, "
                    "or null) as JSON")
 
     s = sub.add_parser("console", help="serve a page on loopback that shows the federation and its jobs and "
                        "proposes jobs; prints its URL (with a fresh token) on the first line")
-    s.add_argument("--config", required=True, type=Path, help=CONFIG_HELP + " (the daemon the page talks to)")
+    s.add_argument("--config", type=Path, help=CONFIG_HELP.format(" (the daemon the page talks to)"))
     s.add_argument("--site", action="append", type=Path, metavar="CONFIG",
                    help="another site's peers.toml on this machine whose daemon the page also reads, "
                    "for per-site results (a local federation); repeatable")
@@ -144,13 +173,13 @@ def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 def _add_job_commands(sub: argparse._SubParsersAction, with_kinds: bool) -> None:
     """run (with every kind's parameters only when `with_kinds`: else it is listed, never parsed),
     jobs, job."""
-    from fedpeer.kinds.catalog import job_kinds
-
     s = sub.add_parser("run", help="propose a federated job from this site")
     kinds = s.add_subparsers(dest="kind", required=True, metavar="KIND")
+    if with_kinds:
+        from fedpeer.kinds.catalog import job_kinds
     for kind in job_kinds().values() if with_kinds else ():
         k = kinds.add_parser(kind.name, help=kind.help)
-        k.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
+        k.add_argument("--config", type=Path, help=CONFIG_HELP.format(""))
         k.add_argument("--members", help="comma-separated member names (default: this site and every alive peer)")
         k.add_argument("--wait", action="store_true", help="wait for the result, showing progress")
         k.add_argument("--json", action="store_true", help="print the job record as JSON")
@@ -165,7 +194,7 @@ def _add_job_commands(sub: argparse._SubParsersAction, with_kinds: bool) -> None
                                help=f"{param.help} (default: {param.default})")
 
     s = sub.add_parser("jobs", help="list this site's jobs")
-    s.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
+    s.add_argument("--config", type=Path, help=CONFIG_HELP.format(""))
     s.add_argument("--json", action="store_true", help="print the list as JSON")
 
     s = sub.add_parser("job", help="one job: show or cancel")
@@ -174,13 +203,17 @@ def _add_job_commands(sub: argparse._SubParsersAction, with_kinds: bool) -> None
                        ("cancel", "cancel a running job on every member")):
         k = js.add_parser(name, help=text)
         k.add_argument("id", help="the job id, as 'fedpeer jobs' lists it")
-        k.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
+        k.add_argument("--config", type=Path, help=CONFIG_HELP.format(""))
         k.add_argument("--json", action="store_true", help="print the job record as JSON")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser(argv).parse_args(argv)
     try:
+        if "config" in vars(args):
+            from fedpeer.config.locate import find
+
+            args.config = find(args.config)
         code = _COMMANDS[args.command](args)
         sys.stdout.flush()   # a reader that went away (`| head`) surfaces here, not at exit
         return code
@@ -200,16 +233,48 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def _load(path: Path) -> Config:
+    from fedpeer.config.load import load
+
+    return load(path)
+
+
+def _ask(config: Any, method: str, path: str, payload: Any = None, **kwargs: Any) -> Any:
+    """One request to the local daemon's admin API (fedpeer/daemon/adminclient.py: no aiohttp)."""
+    import asyncio
+
+    from fedpeer.daemon.adminclient import request
+
+    return asyncio.run(request(config, method, path, payload, **kwargs))
+
+
 def _init(args: argparse.Namespace) -> int:
+    from fedpeer.app import invite
     from fedpeer.app.sitefiles import init_site
     from fedpeer.identity import encode_public_key
 
-    path, identity = init_site(args.dir, args.name, args.listen, args.advertise, args.admin)
+    if (args.label or args.positive) and args.data is None:
+        print("fedpeer init: --label and --positive go with --data CSV", file=sys.stderr)
+        return EXIT_USAGE
+    path, identity = init_site(args.dir, args.name, args.listen, args.advertise, args.admin,
+                               data=args.data, label=args.label, positive=args.positive)
+    config = _load(path)
     print(f"created {path} and {path.parent / 'identity.key'} (mode 0600)")
     print(f"public key:  {encode_public_key(identity.public_key)}")
     print(f"fingerprint: {identity.fingerprint}")
-    print("Give the public key and your advertised address to the other sites; add theirs with "
-          f"'fedpeer peer add --config {path} ...'.")
+    print("Give this site's invite to the other sites over a channel you trust ('fedpeer invite' prints it "
+          "again); add theirs with 'fedpeer peer add --invite LINE --invite LINE ...':")
+    print(invite.make(config.node.name, str(config.node.advertise), identity.public_key))
+    return EXIT_OK
+
+
+def _invite(args: argparse.Namespace) -> int:
+    from fedpeer.app import invite
+    from fedpeer.identity import load_key_file
+
+    config = _load(args.config)
+    identity = load_key_file(config.node.key_file, config.path)
+    print(invite.make(config.node.name, str(config.node.advertise), identity.public_key))
     return EXIT_OK
 
 
@@ -226,11 +291,18 @@ def _key(args: argparse.Namespace) -> int:
 
 
 def _peer(args: argparse.Namespace) -> int:
-    from fedpeer.app.sitefiles import add_peer, remove_peer
-
     if args.peer_command == "list":
         return _peer_list(args)
+    from fedpeer.app.sitefiles import add_peer, remove_peer
+
+    if args.peer_command == "add" and args.invite:
+        return _peer_add_invited(args)
     if args.peer_command == "add":
+        missing = [f"--{n.replace('_', '-')}" for n in ("name", "address", "public_key") if not getattr(args, n)]
+        if missing:
+            print(f"fedpeer peer add: give --invite LINE, or all of --name, --address and --public-key "
+                  f"(missing: {', '.join(missing)})", file=sys.stderr)
+            return EXIT_USAGE
         add_peer(args.config, args.name, args.address, args.public_key)
         print(f"added peer {args.name} ({args.address}) to {args.config}")
     else:
@@ -239,14 +311,34 @@ def _peer(args: argparse.Namespace) -> int:
     return _tell_daemon(args.config)
 
 
+def _peer_add_invited(args: argparse.Namespace) -> int:
+    from fedpeer.app import invite
+    from fedpeer.app.sitefiles import add_invited
+
+    if args.name or args.address or args.public_key:
+        print("fedpeer peer add: --invite carries the name, address and key: give no --name, --address or "
+              "--public-key with it", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        invites = [invite.parse(line) for line in args.invite]
+    except ValueError as exc:
+        print(f"fedpeer peer add: --invite: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    done = add_invited(args.config, invites)
+    for site, what in done:
+        where = f"{site.name} ({site.address}, fingerprint {site.fingerprint})"
+        print({"added": f"added peer {where} to {args.config}", "this site": f"{where} is this site: passed over",
+               "already listed": f"{where} is already listed"}[what])
+    return _tell_daemon(args.config) if any(what == "added" for _, what in done) else EXIT_OK
+
+
 def _tell_daemon(config_path: Path) -> int:
     """After an edit of peers.toml: reload the running daemon, and say whether it took the edit."""
-    from fedpeer.daemon.admin import request
     from fedpeer.daemon.reload import one_line
 
-    config = cfg.load(config_path)
+    config = _load(config_path)
     try:
-        doc = asyncio.run(request(config, "POST", "/v1/reload"))
+        doc = _ask(config, "POST", "/v1/reload")
     except NoDaemonError:
         print("no daemon answers on this site's admin endpoint: it reads the change when it starts")
         return EXIT_OK
@@ -258,12 +350,12 @@ def _tell_daemon(config_path: Path) -> int:
 
 
 def _peer_list(args: argparse.Namespace) -> int:
-    from fedpeer.daemon.admin import request
     from fedpeer.identity import fingerprint
+    from fedpeer.jobs.report import table
 
-    config = cfg.load(args.config)
+    config = _load(args.config)
     try:
-        states = {p["name"]: p["state"] for p in asyncio.run(request(config, "GET", "/v1/status"))["peers"]}
+        states = {p["name"]: p["state"] for p in _ask(config, "GET", "/v1/status")["peers"]}
     except NoDaemonError:
         states = {}
     rows = [("PEER", "ADDRESS", "FINGERPRINT", "STATE")]
@@ -273,23 +365,26 @@ def _peer_list(args: argparse.Namespace) -> int:
 
 
 def _reload(args: argparse.Namespace) -> int:
-    from fedpeer.daemon.admin import request
     from fedpeer.daemon.reload import one_line
 
     from fedpeer.kinds.catalog import load_config
 
     config = load_config(args.config)   # a file that does not validate is refused here, as by `start`
-    doc = asyncio.run(request(config, "POST", "/v1/reload"))
+    doc = _ask(config, "POST", "/v1/reload")
     print(json.dumps(doc, indent=2) if args.json else f"reloaded {doc['path']}: {one_line(doc['changes'])}")
     return EXIT_OK
 
 
 def _start(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+
     from fedpeer.base import logs
+    from fedpeer.config import load as cfg
     from fedpeer.daemon.node import Node
     from fedpeer.identity import load_key_file
 
-    config = cfg.load(args.config)
+    config = _load(args.config)
     identity = load_key_file(config.node.key_file, config.path)
     cfg.check_own_key_not_peer(config, identity.public_key)
     cfg.check_secret_files(config)
@@ -314,10 +409,29 @@ def _start(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from fedpeer.daemon.admin import request
+    """The daemon's status. When peers.toml does not load (an edit broke it), the daemon still runs
+    the configuration it loaded before: ask it at the admin endpoint it recorded
+    (fedpeer/config/locate.py) and say that the file has an error."""
+    try:
+        config: Any = _load(args.config)
+        broken = None
+    except ConfigError as exc:
+        from fedpeer.config.locate import last_good
 
-    config = cfg.load(args.config)
-    doc = asyncio.run(request(config, "GET", "/v1/status"))
+        config, broken = last_good(args.config), exc
+        if config is None:
+            raise
+    try:
+        doc = _ask(config, "GET", "/v1/status")
+    except NoDaemonError:
+        if broken is not None:
+            raise broken from None    # no daemon runs an older copy: the file's error is what matters
+        raise
+    if broken is not None:
+        loaded_at = (doc.get("config") or {}).get("loaded_at") or config.loaded_at
+        problem = f"{broken.key}: {broken.problem}" if broken.key else broken.problem
+        doc["config_error"] = (f"{Path(broken.path).name} has an error ({problem}): the daemon runs the "
+                               f"configuration it loaded at {loaded_at}")
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
@@ -352,16 +466,16 @@ def format_status(doc: dict) -> str:
     lag = doc.get("loop_lag_ms") or {}
     if lag.get("samples"):
         lines.append(f"event-loop lag (last minute): p50 {lag['p50']} ms, p99 {lag['p99']} ms, max {lag['max']} ms")
+    if doc.get("config_error"):
+        lines.append(doc["config_error"])
     return "\n".join(lines)
 
 
 def _ping(args: argparse.Namespace) -> int:
-    from fedpeer.daemon.admin import request
-
-    config = cfg.load(args.config)
+    config = _load(args.config)
     payload = {"peer": args.peer, "count": args.count, "payload_bytes": args.size}
     timeout_ms = 60_000 + 100 * args.count
-    doc = asyncio.run(request(config, "POST", "/v1/diag/ping", payload, timeout_ms=timeout_ms))
+    doc = _ask(config, "POST", "/v1/diag/ping", payload, timeout_ms=timeout_ms)
     if args.json:
         print(json.dumps(doc))
         return EXIT_OK
@@ -373,7 +487,6 @@ def _ping(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from fedpeer.daemon.admin import request
     from fedpeer.kinds.catalog import job_kinds
 
     params = {k[len("param_"):]: v for k, v in vars(args).items() if k.startswith("param_")}
@@ -382,20 +495,23 @@ def _run(args: argparse.Namespace) -> int:
     except JobError as exc:
         print(f"fedpeer run {args.kind}: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    config = cfg.load(args.config)
+    config = _load(args.config)
     members = [m.strip() for m in args.members.split(",")] if args.members else None
-    job_id = asyncio.run(request(config, "POST", "/v1/jobs", {"kind": args.kind, "params": params,
-                                                              "members": members}))["id"]
+    job_id = _ask(config, "POST", "/v1/jobs", {"kind": args.kind, "params": params, "members": members})["id"]
     if not args.wait:
         print(job_id)
         return EXIT_OK
+    import asyncio
+
     record = asyncio.run(_wait_for_job(config, job_id, live=sys.stderr.isatty()))
     print(json.dumps(record, indent=2) if args.json else format_job(record))
     return EXIT_OK if record["state"] == "done" else EXIT_FAILED
 
 
-async def _wait_for_job(config: cfg.Config, job_id: str, live: bool, poll_s: float = 0.5) -> dict:
-    from fedpeer.daemon.admin import request
+async def _wait_for_job(config: Config, job_id: str, live: bool, poll_s: float = 0.5) -> dict:
+    import asyncio
+
+    from fedpeer.daemon.adminclient import request
 
     while True:
         record = await request(config, "GET", f"/v1/jobs/{job_id}")
@@ -412,9 +528,9 @@ async def _wait_for_job(config: cfg.Config, job_id: str, live: bool, poll_s: flo
 
 
 def _jobs(args: argparse.Namespace) -> int:
-    from fedpeer.daemon.admin import request
+    from fedpeer.jobs.report import table
 
-    doc = asyncio.run(request(cfg.load(args.config), "GET", "/v1/jobs"))
+    doc = _ask(_load(args.config), "GET", "/v1/jobs")
     if args.json:
         print(json.dumps(doc, indent=2))
         return EXIT_OK
@@ -426,13 +542,11 @@ def _jobs(args: argparse.Namespace) -> int:
 
 
 def _job(args: argparse.Namespace) -> int:
-    from fedpeer.daemon.admin import request
-
-    config = cfg.load(args.config)
+    config = _load(args.config)
     if args.job_command == "cancel":
-        record = asyncio.run(request(config, "POST", f"/v1/jobs/{args.id}/cancel"))
+        record = _ask(config, "POST", f"/v1/jobs/{args.id}/cancel")
     else:
-        record = asyncio.run(request(config, "GET", f"/v1/jobs/{args.id}"))
+        record = _ask(config, "GET", f"/v1/jobs/{args.id}")
     print(json.dumps(record, indent=2) if args.json else format_job(record))
     return EXIT_OK
 
@@ -450,6 +564,7 @@ def format_job(record: dict) -> str:
         lines.append(f"  error: {record['error']}")
     result = record.get("result")
     if result:
+        from fedpeer.jobs.report import raw
         from fedpeer.kinds.catalog import job_kinds
 
         kind = job_kinds().get(record["kind"])
@@ -460,7 +575,7 @@ def format_job(record: dict) -> str:
 def _predict(args: argparse.Namespace) -> int:
     from fedpeer.app.predict import predict_csv
 
-    rows = predict_csv(cfg.load(args.config), args.job, args.data)
+    rows = predict_csv(_load(args.config), args.job, args.data)
     if not args.out:
         _write_csv(sys.stdout, rows)
         return EXIT_OK
@@ -473,7 +588,7 @@ def _predict(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from fedpeer.app.predict import export_sklearn
 
-    text = json.dumps(export_sklearn(cfg.load(args.config), args.job), indent=2)
+    text = json.dumps(export_sklearn(_load(args.config), args.job), indent=2)
     if not args.out:
         print(text)
         return EXIT_OK
@@ -505,7 +620,7 @@ def _console(args: argparse.Namespace) -> int:
 def _data(args: argparse.Namespace) -> int:
     from fedpeer.app.datacheck import format_report, report
 
-    config = cfg.load(args.config)
+    config = _load(args.config)
     if config.data is None:
         raise ConfigError(config.path, "[data]", "missing section: this site has no data to check")
     doc = report(config.data, config.jobs)      # a DataError (file, column, row, fix) exits 1
@@ -513,9 +628,9 @@ def _data(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-_COMMANDS = {"init": _init, "key": _key, "peer": _peer, "reload": _reload, "start": _start, "status": _status,
-             "ping": _ping, "run": _run, "jobs": _jobs, "job": _job, "predict": _predict, "harness": _harness,
-             "export": _export, "data": _data, "console": _console}
+_COMMANDS = {"init": _init, "invite": _invite, "key": _key, "peer": _peer, "reload": _reload, "start": _start,
+             "status": _status, "ping": _ping, "run": _run, "jobs": _jobs, "job": _job, "predict": _predict,
+             "harness": _harness, "export": _export, "data": _data, "console": _console}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,4 +1,5 @@
-"""Creating and editing a site's files: `fedpeer init`, `fedpeer peer add/remove/list`.
+"""Creating and editing a site's files: `fedpeer init`, `fedpeer peer add/remove/list` (and
+`peer add --invite`, fedpeer/app/invite.py).
 
 peers.toml is edited with tomlkit so the operator's comments survive; every edit is checked by
 loading the result with config.load before it replaces the file, and `init` checks the file it
@@ -7,6 +8,7 @@ would write before it writes anything (a refused command leaves nothing to clean
 
 from __future__ import annotations
 
+import csv
 import json
 import tempfile
 from pathlib import Path
@@ -14,6 +16,7 @@ from pathlib import Path
 import tomlkit
 
 from fedpeer.base.store import atomic_write
+from fedpeer.app.invite import Invite
 from fedpeer.config import load as cfg
 from fedpeer.errors import ConfigError
 from fedpeer.identity import Identity, create_key_file, encode_public_key, load_key_file, parse_public_key
@@ -54,9 +57,21 @@ suspect_timeout_ms = 4000       # a silent member is suspect this long before it
 """
 
 
+DATA_TEMPLATE = """
+[data]
+csv = {csv}   # this site's rows (a header row); relative paths are relative to this file
+{label_line}
+{positive_line}
+"""
+HEADER_BYTES_MAX = 1024 * 1024    # `init --data`: the header row is read from at most this much of the file
+
+
 def init_site(directory: Path, name: str, listen: str, advertise: str | None = None,
-              admin: str | None = None) -> tuple[Path, Identity]:
-    """Create DIR/peers.toml and DIR/identity.key. Refuses to overwrite either."""
+              admin: str | None = None, data: Path | None = None, label: str | None = None,
+              positive: str | None = None) -> tuple[Path, Identity]:
+    """Create DIR/peers.toml and DIR/identity.key. Refuses to overwrite either. With `data` (a CSV),
+    the file gets a [data] table naming it, its `label` column (checked against the header) and
+    the `positive` class."""
     conf_path = directory / "peers.toml"
     try:
         listen_addr = cfg.parse_address(listen)
@@ -73,6 +88,8 @@ def init_site(directory: Path, name: str, listen: str, advertise: str | None = N
     text = PEERS_TEMPLATE.format(name=name, listen=listen, advertise_line=advertise_line, kinds=kinds)
     if admin:
         text = text.replace('admin = "unix:state/admin.sock"', f'admin = "{admin}"')
+    if data is not None:
+        text += _data_table(conf_path, data, label, positive)
     _check_before_writing(conf_path, text)
     key_path = directory / "identity.key"
     if key_path.exists():
@@ -87,6 +104,27 @@ def init_site(directory: Path, name: str, listen: str, advertise: str | None = N
         key_path.unlink(missing_ok=True)   # a site is both files or neither
         raise
     return conf_path, identity
+
+
+def _data_table(conf_path: Path, data: Path, label: str | None, positive: str | None) -> str:
+    """The [data] table of `init --data`: the CSV must exist and hold the label column in its header."""
+    data = data.resolve()
+    try:
+        with open(data, encoding="utf-8-sig", newline="") as f:
+            header = next(csv.reader([f.readline(HEADER_BYTES_MAX)]), [])
+    except (OSError, UnicodeDecodeError) as exc:
+        problem = getattr(exc, "strerror", None) or str(exc)
+        raise ConfigError(conf_path, "data.csv", f"cannot read {data}: {problem}") from None
+    header = [column.strip() for column in header]
+    if label is not None and label not in header:
+        shown = ", ".join(repr(c) for c in header[:20]) + (" ..." if len(header) > 20 else "")
+        raise ConfigError(conf_path, "data.label", f"column {label!r} is not in the header of {data} "
+                          f"(its columns: {shown or 'none'})")
+    label_line = (f"label = {json.dumps(label)}   # the label column" if label is not None
+                  else '# label = "Class"   # the label column (clustering jobs need none)')
+    positive_line = (f"positive = {json.dumps(positive)}   # the positive class, for binary jobs" if positive
+                     else '# positive = "M"   # the positive class, for binary jobs (stats, bofrf)')
+    return DATA_TEMPLATE.format(csv=json.dumps(str(data)), label_line=label_line, positive_line=positive_line)
 
 
 def _check_before_writing(conf_path: Path, text: str) -> None:
@@ -134,6 +172,31 @@ def add_peers(conf_path: Path, peers: list[tuple[str, str, str]],
         for key, value in values.items():
             doc[section][key] = value
     _replace_checked(conf_path, tomlkit.dumps(doc))
+
+
+def add_invited(conf_path: Path, invites: list[Invite]) -> list[tuple[Invite, str]]:
+    """Add the sites of `invites` as [[peer]] tables in one checked edit, as add_peers does; an
+    invite of this site itself, or of a peer already listed with the same name, address and key,
+    is passed over, so every site of a federation may run the same command with every site's
+    invite. Returns (invite, "added" | "this site" | "already listed") in order."""
+    conf_path = conf_path.resolve()
+    config = load_config(conf_path)
+    own = load_key_file(config.node.key_file, conf_path).public_key if config.node.key_file.exists() else None
+    listed = {(p.name, str(p.address), p.public_key) for p in config.peers}
+    done: list[tuple[Invite, str]] = []
+    for invite in invites:
+        key = invite.key
+        if key == own:
+            done.append((invite, "this site"))
+        elif (invite.name, str(cfg.parse_address(invite.address)), key) in listed or any(
+                d == "added" and i.key == key for i, d in done):
+            done.append((invite, "already listed"))
+        else:
+            done.append((invite, "added"))
+    added = [(i.name, i.address, i.public_key) for i, d in done if d == "added"]
+    if added:
+        add_peers(conf_path, added)
+    return done
 
 
 def remove_peer(conf_path: Path, name: str) -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import os
 import secrets
@@ -30,32 +29,25 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from fedpeer.base.logs import fields
 from fedpeer.base.store import atomic_write
 from fedpeer.config.load import Config, parse_address
-from fedpeer.errors import ConfigError, FedpeerError, NoDaemonError
+from fedpeer.daemon import adminclient
+from fedpeer.daemon.adminclient import ADMIN_TOKEN_FILE, SAFE_METHODS  # noqa: F401  (importers' names)
+from fedpeer.errors import ConfigError
 from fedpeer.net.bounded import LOCAL_KEEPALIVE_S, Bounded, close, serve
 
 log = logging.getLogger("fedpeer.admin")
 
 UNIX_PATH_BYTES_MAX = 107          # sun_path is 108 bytes with its NUL
-ADMIN_TIMEOUT_MS = 5_000
-ADMIN_TOKEN_FILE = "admin.token"   # in state_dir; only for a TCP admin address
 ADMIN_TOKEN_BYTES = 32             # 256 random bits: not guessable through a loopback port
 ADMIN_REQUEST_BYTES_MAX = 1024**2  # a job proposal is a few hundred bytes
 ADMIN_LISTEN_BACKLOG = 128         # connections waiting to be accepted (aiohttp's own default)
-ERROR_TEXT_CHARS_MAX = 300         # of a non-JSON answer, quoted in the CLI's one-line error
-SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 BROWSER_HEADERS = ("Origin", "Sec-Fetch-Site", "Sec-Fetch-Mode")   # only browsers send these
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def token_path(config: Config) -> Path:
-    return config.node.state_dir / ADMIN_TOKEN_FILE
 
 
 def error_response(status: int, text: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -232,68 +224,6 @@ def _unlink_own_token(path: Path, token: bytes) -> None:
         pass   # already gone or unreadable: nothing of ours to remove
 
 
-def read_token(config: Config) -> str | None:
-    """The running daemon's admin token, or None when there is none (no TCP daemon has started)."""
-    path = token_path(config)
-    try:
-        return path.read_text(encoding="ascii").strip() or None
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as exc:
-        problem = getattr(exc, "strerror", None) or str(exc)
-        raise ConfigError(config.path, "node.admin", f"cannot read the admin token {path}: {problem}; "
-                          "run this command as the user the daemon runs as") from None
-
-
-async def request(config: Config, method: str, path: str, payload: Any = None,
-                  timeout_ms: int = ADMIN_TIMEOUT_MS) -> Any:
-    """Ask the local daemon. Raises NoDaemonError when nothing answers, FedpeerError (one line)
-    for a refusal or an answer that is not JSON."""
-    headers = {"Accept": "application/json"}
-    body: bytes | None = None
-    if method not in SAFE_METHODS:
-        headers["Content-Type"] = "application/json"
-        body = json.dumps(payload if payload is not None else {}).encode("utf-8")
-    sock_path = config.node.admin_socket
-    if sock_path is not None:
-        connector: aiohttp.BaseConnector = aiohttp.UnixConnector(path=str(sock_path))
-        base = "http://fedpeer"
-    else:
-        connector = aiohttp.TCPConnector()
-        base = f"http://{parse_address(config.node.admin)}"
-    timeout = aiohttp.ClientTimeout(total=timeout_ms / 1000)
-    try:
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-            # A daemon starting binds its port, then writes its new token, then serves: a request
-            # queued in that window carries the old token (or none) and gets 401. The token file
-            # has changed by then, so one retry with the new one is all it takes.
-            sent = None
-            for _ in range(2):
-                if sock_path is None:
-                    sent = read_token(config)
-                    headers.pop("Authorization", None)
-                    if sent is not None:
-                        headers["Authorization"] = f"Bearer {sent}"
-                async with session.request(method, base + path, data=body, headers=headers) as resp:
-                    status, content_type, answer = resp.status, resp.content_type, await resp.read()
-                if status != 401 or sock_path is not None or read_token(config) == sent:
-                    break
-            return _answer(config, method, path, status, content_type, answer)
-    except (TimeoutError, aiohttp.ClientConnectionError, FileNotFoundError, ConnectionRefusedError) as exc:
-        raise NoDaemonError(f"no fedpeer daemon answers at {config.node.admin} ({type(exc).__name__}); "
-                            f"is 'fedpeer start --config {config.path}' running?") from None
-
-
-def _answer(config: Config, method: str, path: str, status: int, content_type: str, body: bytes) -> Any:
-    """The answer's JSON document, or a one-line FedpeerError."""
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        text = " ".join(body.decode("utf-8", "replace").split())[:ERROR_TEXT_CHARS_MAX]
-        raise FedpeerError(f"{method} {path} at {config.node.admin}: HTTP {status} answered with "
-                           f"{content_type or 'no content type'}, not JSON: {text!r}; "
-                           "is this address really the fedpeer daemon's admin endpoint?") from None
-    if status >= 400:
-        error = doc.get("error") if isinstance(doc, dict) else None
-        raise FedpeerError(str(error) if error else f"{method} {path}: HTTP {status}")
-    return doc
+# The client side lives in fedpeer/daemon/adminclient.py (it imports no aiohttp, so the CLI starts
+# fast); importers keep these names.
+request, read_token, token_path = adminclient.request, adminclient.read_token, adminclient.token_path

@@ -28,6 +28,7 @@ from typing import Any
 from fedpeer.base.logs import fields
 from fedpeer.base.store import StateDir
 from fedpeer.config import load as cfg
+from fedpeer.config import locate
 from fedpeer.config.load import Config
 from fedpeer.core.election import raft as el
 from fedpeer.core.membership import swim as mb
@@ -136,6 +137,7 @@ class Node:
                 keys=",".join(self.config.ignored), path=str(self.config.path),
                 why="replay protection is per session now (no timestamps, no replay marks): delete these lines"))
         _sd_notify(b"READY=1")
+        self._record_running()
         try:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
@@ -396,7 +398,16 @@ class Node:
         self._config_loaded_ms = self.now_ms()
         self._last_reload = {"at_ms": self._config_loaded_ms, "changes": summary}
         log.info("reloaded", extra=fields(path=str(new.path), changes=reloading.one_line(summary)))
+        self._record_running()
         return summary
+
+    def _record_running(self) -> None:
+        """state_dir/running.json: where `status` finds this daemon once peers.toml is broken."""
+        try:
+            locate.write_running(self.config.path, self.config.node.admin, self.config.node.state_dir,
+                                 _iso(self._config_loaded_ms))
+        except OSError as exc:
+            log.warning("running_record_not_written", extra=fields(error=str(exc)))
 
     def reload_on_signal(self) -> None:
         """SIGHUP: like `fedpeer reload`; a refused file is logged (reload_refused) and status shows it."""

@@ -54,6 +54,7 @@ from fedpeer.data.dataset import (
     load_data,
     schema_fingerprint,
 )
+from fedpeer.data.spec import need_extra
 from fedpeer.errors import DataError, JobError
 
 __all__ = ["DaskSite", "open_site", "part_files"]
@@ -260,7 +261,10 @@ def open_site(data: Any, limits: Any, *, needs_label: bool, binary: bool) -> Das
     if data.missing not in ("error", "drop"):       # config/load.py refuses it too: one imputer needs every row
         raise DataError(f"{data.parquet or data.csv}: engine = \"dask\" supports missing = \"error\" or \"drop\", "
                         f"not {data.missing!r}")
+    need_extra("distributed", "dask", '[data] engine = "dask"')
     kind, files = part_files(data)
+    if kind == "parquet":
+        need_extra("pyarrow.parquet", "parquet", "[data] parquet")
     label = data.label if needs_label else None
     ignore = tuple(data.ignore) if needs_label else (*data.ignore, *((data.label,) if data.label and
                                                                      data.label not in data.ignore else ()))

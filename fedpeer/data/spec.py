@@ -146,6 +146,23 @@ class _NoLines:
         raise _NeedLines()
 
 
+EXTRA_HINT = "pip install 'fedpeer[{extra}]'"
+
+
+def need_extra(module: str, extra: str, what: str):
+    """Import `module`, a library of one of fedpeer's optional extras (pyproject.toml: parquet, sql,
+    dask), or raise a DataError naming the extra that installs it: only the feature that needs it
+    fails (a job at this site, `fedpeer data check`), never the daemon."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        hint = EXTRA_HINT.format(extra=extra)
+        raise DataError(f"{what} needs {module.partition('.')[0]}, which is not installed on this site: {hint}",
+                        public=f"{what} needs fedpeer[{extra}], which is not installed there: {hint}") from None
+
+
 def check_columns(where: object, header: Sequence[str], spec: DataSpec,
                   unique_fix: str = "column names must be unique") -> dict[str, int]:
     """Every source's column checks (CSV, Parquet, sql): unique names, the label and every ignored

@@ -229,7 +229,7 @@ def test_a_request_racing_a_start_retries_once_with_the_new_token(tmp_path: Path
     (port,) = free_ports(1)
     path, _ = init_site(tmp_path, "x", f"127.0.0.1:{free_ports(1)[0]}", admin=f"127.0.0.1:{port}")
     config = cfg.load(path)
-    import fedpeer.daemon.admin as admin_module
+    import fedpeer.daemon.adminclient as admin_module   # the client side of the admin API
     real_read, reads = admin_module.read_token, []
 
     def read_token_at_the_wrong_moment(c: cfg.Config) -> str | None:

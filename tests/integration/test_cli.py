@@ -190,3 +190,37 @@ def test_output_pipe_closed_by_the_reader_is_not_a_traceback(tmp_path: Path) -> 
     proc.stderr.close()
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
     assert proc.returncode == 1
+
+
+def test_status_with_a_broken_peers_toml_asks_the_daemon_running_the_last_good_one(
+        site_pair: tuple[Path, Path]) -> None:
+    """An edit breaks peers.toml while the daemon runs: `status` still answers (the admin endpoint
+    the daemon recorded in state_dir/running.json) and says the file has an error and what the
+    daemon runs; the file fixed, status is as before; no daemon and a broken file: exit 2."""
+    ca, _ = site_pair
+    good = ca.read_text()
+    broken_toml = good.replace("[membership]", "[membership", 1)
+    invalid = good.replace("suspect_timeout_ms", "suspect_timout_ms")
+    proc = start(ca)
+    try:
+        wait_status(ca, lambda d: True)
+        for text, expected in ((broken_toml, "not valid TOML: "),
+                               (invalid, "membership.suspect_timout_ms: unknown key")):
+            ca.write_text(text)
+            r = fedpeer("status", "--config", str(ca))
+            assert r.returncode == 0, r.stderr
+            last = r.stdout.strip().splitlines()[-1]
+            assert last.startswith("peers.toml has an error (") and expected in last, last
+            assert "): the daemon runs the configuration it loaded at 20" in last, last
+            assert "node a" in r.stdout
+            doc = json.loads(fedpeer("status", "--config", str(ca), "--json").stdout)
+            assert doc["config_error"] == last and doc["node"]["name"] == "a"
+        ca.write_text(good)
+        r = fedpeer("status", "--config", str(ca))
+        assert r.returncode == 0 and "has an error" not in r.stdout
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=15)
+    ca.write_text(broken_toml)
+    r = fedpeer("status", "--config", str(ca))
+    assert r.returncode == 2 and "not valid TOML" in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -94,3 +94,48 @@ def test_commands_other_than_run_and_harness_do_not_import_the_job_modules() -> 
     for argv in (["jobs", "--config", "x", "--json"], ["job", "show", "j1", "--config", "x"],
                  ["status", "--config", "x"], ["peer", "list", "--config", "x"]):
         assert vars(cli._parser(argv).parse_args(argv)) == vars(cli._parser([]).parse_args(argv)), argv
+
+
+HEAVY = ("numpy", "sklearn", "xgboost", "aiohttp", "pyarrow", "cryptography", "fedpeer.kinds.catalog")
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["status", "--config", "SITE"],
+                                  ["status", "--config", "SITE", "--json"]])
+def test_version_and_status_import_nothing_heavy(site: Path, argv: list[str]) -> None:
+    """`fedpeer --version` and `fedpeer status` start fast because they import no training library,
+    no aiohttp (the admin client is plain asyncio) and no job kind: checked structurally, from
+    sys.modules after the command ran in a fresh interpreter (no daemon runs: status exits 3)."""
+    import subprocess
+    import sys
+
+    argv = [str(site) if a == "SITE" else a for a in argv]
+    code = (f"import sys\nfrom fedpeer.app import cli\ntry:\n    code = cli.main({argv!r})\nexcept SystemExit as e:\n"
+            f"    code = e.code\nprint(code, sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    expected = 0 if argv == ["--version"] else 3
+    assert out.strip().splitlines()[-1] == f"{expected} []", out
+
+
+def test_config_is_found_without_config_option(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """--config, else $FEDPEER_CONFIG, else ./peers.toml, else /etc/fedpeer/peers.toml; none: exit 2, one line."""
+    from fedpeer.config import locate
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(locate.CONFIG_ENV, raising=False)
+    monkeypatch.setattr(locate, "DEFAULT_PLACES", (Path("peers.toml"), tmp_path / "etc" / "peers.toml"))
+    assert cli.main(["peer", "list"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "FEDPEER_CONFIG" in err and "./peers.toml" in err, err
+    etc, _ = init_site(tmp_path / "etc", "e", "127.0.0.1:17411")
+    here, _ = init_site(tmp_path / "here", "h", "127.0.0.1:17412")
+    env, _ = init_site(tmp_path / "env", "v", "127.0.0.1:17413")
+    assert locate.find(None) == etc
+    (tmp_path / "peers.toml").symlink_to(here)
+    assert locate.find(None) == Path("peers.toml")
+    monkeypatch.setenv(locate.CONFIG_ENV, str(env))
+    assert locate.find(None) == env
+    assert locate.find(etc) == etc
+    assert cli.main(["invite"]) == 0 and capsys.readouterr().out.startswith("fedpeer-invite:v1:")
+    monkeypatch.setenv(locate.CONFIG_ENV, str(tmp_path / "nope.toml"))   # named: used, and its error names it
+    assert cli.main(["peer", "list"]) == 2 and "nope.toml: file not found" in capsys.readouterr().err

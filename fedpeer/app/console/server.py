@@ -4,7 +4,7 @@ results, and proposes jobs. The page is fedpeer/app/console/static/ (shipped in 
 CDN, nothing fetched from elsewhere); fedpeer/app/console/views.py shapes what it shows.
 
 A process of its own: it asks the daemon over the admin endpoint with the command line's client
-(fedpeer/daemon/admin.py), which keeps refusing browsers; the page asks only this process. A job
+(fedpeer/daemon/adminclient.py), and the daemon keeps refusing browsers; the page asks only this process. A job
 proposed on the page takes the path of `fedpeer run`: its parameters checked against the kind's
 declaration here, then the daemon's `[policy]`.
 
@@ -40,7 +40,7 @@ from aiohttp import web
 
 from fedpeer.app.console import views
 from fedpeer.config import load as cfg
-from fedpeer.daemon import admin
+from fedpeer.daemon import adminclient as admin
 from fedpeer.errors import FedpeerError, JobError, NoDaemonError
 from fedpeer.net.bounded import LOCAL_KEEPALIVE_S, close, serve
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from fedpeer.data.sources.csv_arrow import _DictCodes, _fill, _label_codes
-from fedpeer.data.spec import DataSpec
+from fedpeer.data.spec import DataSpec, need_extra
 from fedpeer.errors import DataError
 
 
@@ -69,6 +69,7 @@ def read_parquet(spec: DataSpec, rows_max: int, bytes_max: int) -> tuple[Any, ..
     """(features, X, codes, uniques, rows) of a Parquet source, as `csvtext.read_csv` gives them for a CSV
     with the same columns (same names, same fingerprint). Raises DataError naming the source, the
     column and the fix."""
+    need_extra("pyarrow.parquet", "parquet", "[data] parquet")
     import pyarrow as pa
     import pyarrow.parquet as pq
 

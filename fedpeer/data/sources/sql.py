@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from fedpeer.data.spec import need_extra
 from fedpeer.errors import DataError
 
 __all__ = ["read_sql", "SOURCE", "CONNECT_TIMEOUT_S", "SQL_TIMEOUT_MS_DEFAULT", "DSN_FILE_BYTES_MAX"]
@@ -145,11 +146,9 @@ def read_sql(spec: Any, rows_max: int, bytes_max: int) -> tuple[Any, ...]:
         raise DataError(f"{SOURCE}: the query is empty; write the SELECT that returns the site's rows")
     query += "\n"           # it is put in parentheses: a last line that is a -- comment ends before the ")"
     timeout_ms = int(spec.sql_timeout_ms)
+    psycopg = need_extra("psycopg", "sql", SOURCE)
+    need_extra("pyarrow.csv", "sql", SOURCE)     # the query's rows are parsed as CSV by pyarrow
     params, password = _parse_dsn(read_dsn(dsn_path), dsn_path)
-    try:
-        import psycopg
-    except ImportError:                 # pragma: no cover - a dependency
-        raise DataError(f"{SOURCE}: the PostgreSQL driver is not installed; pip install 'psycopg[binary]'") from None
     try:
         return _run(psycopg, params, query, spec, timeout_ms, rows_max, bytes_max, dsn_path)
     except DataError as e:
