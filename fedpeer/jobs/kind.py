@@ -22,6 +22,27 @@ class JobFailsEverywhere(JobError):
     (`member_failure_aborts=False`): e.g. no site could train at all."""
 
 
+class ImplausibleTotal(JobFailsEverywhere):
+    """A secure sum's total that no honest members could give: some member's contribution is
+    wrong (a lie or a bug). Every member checks the same total the same way, so every member
+    fails, and the failure names no site: the secure sum hides whose contribution it was, and
+    the member that noticed first is not to blame. `of` words it in one line."""
+
+    @classmethod
+    def of(cls, sum_name: str, check: str) -> ImplausibleTotal:
+        return cls(f"secure sum '{sum_name}': check '{check}' failed — a member's contribution is implausible; "
+                   "no model is kept")
+
+
+def checked_total(sum_name: str, check: Callable[..., Any], *args: Any) -> Any:
+    """check(*args) on what secure sum `sum_name` gave: its ValueError (the check it failed, in
+    words) ends the job everywhere as an ImplausibleTotal, naming no site."""
+    try:
+        return check(*args)
+    except ValueError as exc:
+        raise ImplausibleTotal.of(sum_name, str(exc)) from None
+
+
 @dataclass(frozen=True)
 class Param:
     type: type                      # int, float, str or bool

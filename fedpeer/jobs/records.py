@@ -64,6 +64,7 @@ class JobRecord:
     result: dict | None = None
     rows: int | None = None
     data_fingerprint: str | None = None   # hex schema fingerprint of the data this site ran it on
+    history: list[dict] = field(default_factory=list)   # rounds' metrics as the job reported them, live
     started_ms: int | None = None
     finished_ms: int | None = None
     mailbox: Mailbox = field(default_factory=Mailbox, repr=False)
@@ -85,7 +86,8 @@ class JobRecord:
             "phase": self.phase, "progress": {"step": self.step, "total": self.total},
             "created_ms": self.created_ms, "started_ms": self.started_ms, "finished_ms": self.finished_ms,
             "elapsed_s": round((end - self.started_ms) / 1000, 3) if self.started_ms else None,
-            "rows": self.rows, "data_fingerprint": self.data_fingerprint, "error": self.error, "result": self.result,
+            "rows": self.rows, "data_fingerprint": self.data_fingerprint, "history": self.history,
+            "error": self.error, "result": self.result,
             **({"waiting_for": waiting} if waiting else {}),
         }
 
@@ -106,6 +108,7 @@ def _record_from_json(doc: dict) -> JobRecord:
     record.step, record.total = doc["progress"]["step"], doc["progress"]["total"]
     record.rows, record.started_ms, record.finished_ms = doc["rows"], doc["started_ms"], doc["finished_ms"]
     record.data_fingerprint = doc.get("data_fingerprint")     # absent from records written before it existed
+    record.history = doc.get("history") if isinstance(doc.get("history"), list) else []
     return record
 
 

@@ -10,9 +10,13 @@ Two secure sums, so that no site ever sees another's values:
    are agreed without any site revealing its minimum or maximum.
 2. spread: [Σ(x - mean)² per column, histogram counts]. The centred sum gives a standard deviation
    free of the cancellation of Σx² - n·mean² on large values.
-A member lost between the two sums would make them cover different sites: the job then fails
-with that reason rather than mixing populations. A member lost inside a sum is handled by the
-secure sum itself (re-run over the survivors); `participants` in the result names who is in.
+Both totals are checked before anything is reported (fedpeer/ml/moments.py `check_moments`,
+`check_spread`: whole counts, Cauchy–Schwarz, the centred sum matching the first sum, every
+histogram holding each row once, Chebyshev's bound on its tails); a total that fails ends the job
+everywhere naming the sum and the check, never a site. A member lost between the two sums would
+make them cover different sites: the job then fails with that reason rather than mixing
+populations. A member lost inside a sum is handled by the secure sum itself (re-run over the
+survivors); `participants` in the result names who is in.
 """
 
 from __future__ import annotations
@@ -25,11 +29,11 @@ import numpy as np
 
 from fedpeer.data.rows import rows_of
 from fedpeer.errors import JobError
-from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param
+from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param, checked_total
 from fedpeer.jobs.params import SECURE_SUM
 from fedpeer.jobs.report import table
-from fedpeer.ml.moments import FIXED, local_moments  # noqa: F401  (importable from here)
-from fedpeer.protocols.fixedpoint import decode_counts, encode_counts
+from fedpeer.ml.moments import FIXED, check_moments, check_spread, local_moments, whole_counts
+from fedpeer.protocols.fixedpoint import encode_counts
 from fedpeer.protocols.securesum.api import secure_sum
 
 SPREAD_SIGMAS = 3.0
@@ -61,25 +65,6 @@ def local_histograms(X: np.ndarray, edges: np.ndarray) -> np.ndarray:
     return counts
 
 
-def check_totals(n: int, n_pos: int, centred: np.ndarray, counts: np.ndarray) -> None:
-    """What honest sites' sums always satisfy: every column's histogram holds every row once,
-    positives are between 0 and n, squared deviations are not negative. A member whose
-    contribution breaks this (a bug, or a lie) fails the job with this reason rather than
-    leaving every site with numbers that cannot be true. (A consistent lie cannot be caught.)"""
-    problems = []
-    if not 0 <= n_pos <= n:
-        problems.append(f"{n_pos} positives among {n} rows")
-    rows = counts.sum(axis=1)
-    if (counts < 0).any() or (rows != n).any():
-        j = int(np.flatnonzero((rows != n) | (counts < 0).any(axis=1))[0])
-        problems.append(f"column {j}'s histogram holds {int(rows[j])} rows, the moments {n}")
-    if (centred < 0).any():
-        problems.append("a negative sum of squared deviations")
-    if problems:
-        raise JobError("the secure sums cannot come from honest sites (" + "; ".join(problems)
-                       + "): a member sent a wrong contribution; no statistics are reported")
-
-
 def local_spread(X: np.ndarray, y: Any, mean: np.ndarray, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(Σ (x - mean)² per column, local_histograms): the second sum's site-local part."""
     return ((X - mean) ** 2).sum(axis=0), local_histograms(X, edges)
@@ -95,7 +80,7 @@ async def run(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
     first = await secure_sum(ch, "stats/moments", FIXED.encode(await rows.additive(local_moments), parties),
                              mode=mode, hop_timeout_ms=hop)
     totals = FIXED.decode(first.total)
-    n, n_pos = round(totals[0]), round(totals[1])
+    n, n_pos = checked_total("stats/moments", check_moments, totals, d)
     if n < 2:
         raise JobError(f"the federation has {n} rows; statistics need at least 2")
     mean = totals[2:2 + d] / n
@@ -110,8 +95,8 @@ async def run(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
         raise JobError("a member dropped out between the two secure sums; the sums would cover different sites")
     split = d * FIXED.limbs
     centred_total = FIXED.decode(second.total[:split])
-    counts = decode_counts(second.total[split:]).reshape(d, -1)
-    check_totals(n, n_pos, centred_total, counts)
+    counts = checked_total("stats/spread", whole_counts, second.total[split:]).reshape(d, -1)
+    checked_total("stats/spread", check_spread, n, totals[2:2 + d], totals[2 + d:], centred_total, edges, counts)
     std = np.sqrt(centred_total / (n - 1))
     return _result(data, n, n_pos, mean, std, edges, counts, first.participants, ctx, mode)
 

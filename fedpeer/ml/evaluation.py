@@ -6,7 +6,10 @@ Federated evaluation (§3): `score_histograms`, `auc_from_histograms`, `logloss_
 sites can secure-sum them: counts with `fixedpoint.encode_counts`, the log-loss sum with
 `FixedPoint.encode` (its per-row loss is at most -log(LOGLOSS_EPS) ≈ 34.5). `site_counts` packs
 them for one secure sum and `metrics` reads the federation's figures from the summed packs (the
-xgboost, logreg and mlp jobs all evaluate this way).
+xgboost, logreg and mlp jobs all evaluate this way). `check_counts` and `check_errors` say whether
+summed packs can come from honest sites (ValueError naming the check): every histogram holds each
+row once, the correct predictions are those the histograms allow around 0.5, and the log-loss
+lies within what each bin's scores give; a regression's errors satisfy Cauchy–Schwarz.
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LOGLOSS_EPS", "accuracy_counts", "auc_from_histograms", "logloss_sums", "metrics", "score_histograms",
-           "site_counts"]
+__all__ = ["LOGLOSS_EPS", "accuracy_counts", "auc_from_histograms", "check_counts", "check_errors", "logloss_sums",
+           "metrics", "score_histograms", "site_counts"]
 
 LOGLOSS_EPS = 1e-15           # probabilities are clipped to [eps, 1 - eps] before the log
+LOSS_RTOL = 1e-9              # relative slack of the log-loss bracket (float and fixed-point rounding)
+LOSS_ATOL_PER_ROW = 1e-6      # its absolute slack per row
 
 
 def _proba(y: Any, proba: Any) -> tuple[np.ndarray, np.ndarray, int]:
@@ -135,3 +140,44 @@ def metrics(counts: Any, loss: float, groups: int, bins: int) -> dict:
         auc = float(finite.mean()) if len(finite) else math.nan
     return {"auc": None if math.isnan(auc) else round(float(auc), 6), "logloss": round(loss / rows, 6),
             "accuracy": round(correct / rows, 6), "rows": rows}
+
+
+def check_counts(counts: Any, loss: float, groups: int, bins: int) -> None:
+    """ValueError unless summed `site_counts` (`counts`) and log-loss sums (`loss`) can be honest:
+    non-negative counts; every class's one-vs-rest histogram holding every row once (multi-class:
+    each row the positive of exactly one class); binary, the correct predictions between what the
+    histogram allows (bin floor(bins/2) holds 0.5); the log-loss within the sum over bins of each
+    row's least and most loss in its bin (clipped as `logloss_sums` clips)."""
+    counts = np.asarray(counts)
+    hist = counts[:-2].reshape((1, 2, bins) if groups == 1 else (groups, 2, bins))
+    correct, rows = int(counts[-2]), int(counts[-1])
+    if (counts < 0).any() or (hist.sum(axis=(1, 2)) != rows).any() or not 0 <= correct <= rows:
+        raise ValueError("every evaluation histogram holds each row once")
+    positives = hist[:, 1, :]
+    if groups > 1 and int(positives.sum()) != rows:
+        raise ValueError("every row is the positive of one class")
+    if groups == 1:
+        half = bins // 2
+        neg, pos = hist[0, 0], hist[0, 1]
+        least, most = int(neg[:half].sum() + pos[half + 1:].sum()), int(neg[:half + 1].sum() + pos[half:].sum())
+        if not least <= correct <= most:
+            raise ValueError("the correct predictions are those the score histogram allows")
+    edges = np.arange(bins + 1) / bins
+    low_p, high_p = np.clip(edges[:-1], LOGLOSS_EPS, 1 - LOGLOSS_EPS), np.clip(edges[1:], LOGLOSS_EPS, 1 - LOGLOSS_EPS)
+    least = float((positives * -np.log(high_p)).sum())
+    most = float((positives * -np.log(low_p)).sum())
+    if groups == 1:                     # the negatives' true class is 1 - p
+        least += float((hist[0, 0] * -np.log(1 - low_p)).sum())
+        most += float((hist[0, 0] * -np.log(1 - high_p)).sum())
+    room = LOSS_RTOL * most + LOSS_ATOL_PER_ROW * (1 + rows)
+    if not (np.isfinite(loss) and least - room <= loss <= most + room):
+        raise ValueError("the log-loss lies within what the score histogram allows")
+
+
+def check_errors(rows: int, squared: float, absolute: float) -> None:
+    """ValueError unless a regression's summed [rows] and [Σ e², Σ |e|] can be honest: rows >= 0,
+    both sums >= 0, (Σ |e|)² <= rows Σ e² (Cauchy–Schwarz)."""
+    room = LOSS_ATOL_PER_ROW * (1 + abs(rows))
+    if rows < 0 or not (np.isfinite(squared) and np.isfinite(absolute)) or squared < -room or absolute < -room \
+            or absolute * absolute > rows * (squared * (1 + LOSS_RTOL) + room):
+        raise ValueError("the errors' sums are non-negative and (Σ|e|)² is at most rows × Σe²")

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -101,7 +101,8 @@ class Channel(Protocol):
     def pairwise_seed(self, peer: NodeId, label: bytes) -> bytes: ...   # 32 bytes only me and peer can derive
     def alive(self, peer: NodeId) -> bool: ...                    # the failure detector's current view
     def leadership(self) -> tuple[int, NodeId | None]: ...        # (term, leader) as this member's election sees it
-    def progress(self, phase: str, step: int, total: int) -> None: ...
+    def progress(self, phase: str, step: int, total: int,           # where the job is; `point`: a
+                 point: Mapping[str, Any] | None = None) -> None: ...  # round's metrics, live
     async def sleep_ms(self, ms: int) -> None: ...                # pause (virtual time under looptime)
     async def send(self, dst: NodeId, msg: object) -> None: ...
     async def recv(self, kind: type[T], tag: str, src: NodeId | None = None,

@@ -1,12 +1,15 @@
 """Run one job's members in one process over the in-memory network, in virtual time (looptime):
-the harness the job simulations share (xgboost histogram mode, logreg / fedavg / mlp, clustering)."""
+the harness the job simulations share (xgboost histogram mode, logreg / fedavg / mlp, clustering),
+and a member whose contributions to the secure sums are poisoned."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
+from unittest import mock
 
 from fedpeer.testing.memory import MemoryNetwork
 
@@ -51,3 +54,44 @@ def run_members(keys: list[bytes], member: Callable[[MemoryNetwork, int, bytes],
 def after_step(step: int) -> Callable[[MemoryNetwork], bool]:
     """A `crash` condition: some member has reported progress step `step`."""
     return lambda net: any(s >= step for _, _, s, _ in net.progress_log)
+
+
+@contextlib.contextmanager
+def poisoned_sums(module: Any, victim: bytes,
+                  poison: Callable[[str, Any], Any]) -> Iterator[list[str]]:
+    """Member `victim`'s contribution to every secure sum `module` starts (through its name
+    `secure_sum`) passes through `poison(tag, vector)` first, as a lying or broken member would
+    send it; yields the tags it poisoned. Other members' contributions are untouched."""
+    real = module.secure_sum
+    poisoned: list[str] = []
+
+    async def secure_sum(ch: Any, tag: str, vector: Any, *args: Any, **kw: Any) -> Any:
+        if ch.me == victim:
+            changed = poison(tag, vector)
+            if changed is not None:
+                poisoned.append(tag)
+                vector = changed
+        return await real(ch, tag, vector, *args, **kw)
+
+    with mock.patch.object(module, "secure_sum", secure_sum):
+        yield poisoned
+
+
+def poison_entry(vector: Any, at: float, floats: int, limbs: int, amount: int, counts_first: int = 0) -> Any:
+    """`vector` (uint64, a secure sum's contribution: `floats` fixed-point values of `limbs` limbs
+    each, then counts; with `counts_first`, that many counts before them) with the entry at
+    fraction `at` of its values changed as no honest member changes it: a value's top limb plus
+    amount mod 2^32 (a fixed-point extreme: 2^31 swaps the sign of the largest magnitude), or a
+    count plus `amount` mod 2^64 (huge, or wrapped below zero)."""
+    import numpy as np
+
+    out = np.array(vector, dtype=np.uint64, copy=True)
+    counts = len(out) - floats * limbs
+    entry = min(int(at * (floats + counts)), floats + counts - 1)
+    if counts_first <= entry < counts_first + floats:
+        i = counts_first + (entry - counts_first) * limbs + limbs - 1
+        out[i] = (out[i] + np.uint64(amount % (1 << 32) or 1)) & np.uint64(0xFFFFFFFF)
+    else:
+        i = entry if entry < counts_first else entry + floats * (limbs - 1)
+        out[i] += np.uint64(amount % (1 << 64))
+    return out

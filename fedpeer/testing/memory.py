@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from fedpeer.runtime.channel import Mailbox, NodeId, PeerRefused, PeerUnreachable
 
@@ -43,6 +43,7 @@ class MemoryNetwork:
     groups: list[set[NodeId]] | None = None
     sent: list[tuple[NodeId, NodeId, object]] = field(default_factory=list)   # every delivered message, for tests
     progress_log: list[tuple[NodeId, str, int, int]] = field(default_factory=list)
+    points: list[tuple[NodeId, dict]] = field(default_factory=list)     # progress(point=...), in order
     leadership: Callable[[NodeId], tuple[int, NodeId | None]] | None = None
     refuse: Callable[[NodeId, NodeId, object], str | None] | None = None   # (src, dst, msg) -> reason to refuse
     declared_dead: set[NodeId] = field(default_factory=set)   # crashed, and detect_ms has passed
@@ -114,8 +115,10 @@ class MemoryChannel:
             return 1, self.net.members[0]
         return self.net.leadership(self.me)
 
-    def progress(self, phase: str, step: int, total: int) -> None:
+    def progress(self, phase: str, step: int, total: int, point: Mapping[str, Any] | None = None) -> None:
         self.net.progress_log.append((self.me, phase, step, total))
+        if point is not None:
+            self.net.points.append((self.me, dict(point)))
 
     async def sleep_ms(self, ms: int) -> None:
         await asyncio.sleep(ms / 1000)

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import xgboost_experiment as exp  # noqa: E402
 
 from fedpeer.errors import JobError  # noqa: E402
-from fedpeer.jobs.kind import JobContext  # noqa: E402
+from fedpeer.jobs.kind import ImplausibleTotal, JobContext  # noqa: E402
 from fedpeer.kinds.xgboost import hist as xgbhist  # noqa: E402
 from fedpeer.kinds.xgboost import kind as xj  # noqa: E402
 from fedpeer.ml.xgb import (
@@ -151,12 +151,12 @@ def test_subsample_and_colsample_give_the_reference_model_with_the_same_seeds() 
 
 def test_bounds_and_impossible_sums_end_the_job_everywhere_naming_what() -> None:
     from fedpeer.errors import DataError
-    from fedpeer.jobs.kind import JobFailsEverywhere
+    from fedpeer.jobs.kind import JobFailsEverywhere, checked_total
     from fedpeer.ml.xgb.hist import decode_histograms
 
-    with pytest.raises(xgbhist.ImpossibleSum, match="protocol error: secure sum 'xgbh/e0/r1/c0/d2'"):
-        xgbhist._checked("xgbh/e0/r1/c0/d2", decode_histograms, np.zeros(5, dtype=np.uint64), 1, 2, 3)
-    assert issubclass(xgbhist.ImpossibleSum, JobFailsEverywhere)
+    with pytest.raises(ImplausibleTotal, match="secure sum 'xgbh/e0/r1/c0/d2': check 'expected uint64"):
+        checked_total("xgbh/e0/r1/c0/d2", decode_histograms, np.zeros(5, dtype=np.uint64), 1, 2, 3)
+    assert issubclass(ImplausibleTotal, JobFailsEverywhere)
 
     sites, _, _ = breast_cancer_sites(2)
     job = xgbhist.HistJob(MemoryNetwork([b"a" * 32, b"b" * 32]).channel(b"a" * 32), xj.KIND.check_params(PARAMS),
@@ -236,7 +236,7 @@ def test_regression_gradients_beyond_the_declared_bound_end_the_job_naming_it() 
 def test_regression_in_bagging_mode() -> None:
     sites, ys = diabetes_sites(3)
     results, _ = run(sites, {**PARAMS, "mode": "bagging", "objective": "reg:squarederror", "test_fraction": 0.2,
-                             "leaf_abs_max": 1000.0, "rounds": 3})
+                             "leaf_abs_max": 1000.0, "rounds": 3, "eval_every": 1})
     assert all(isinstance(r, dict) for r in results), results
     assert len({r["model_sha256"] for r in results}) == 1
     r = results[0]
@@ -268,5 +268,27 @@ def test_a_poisoned_contribution_ends_the_job_everywhere_and_no_model_is_adopted
         net.channel(k), checked, JobContext(names[k], names, 2_000, data=sites[i]), tools_for(i)))
     assert not any(isinstance(r, dict) for r in results), "a poisoned total was adopted"
     for r in results:
-        assert isinstance(r, xgbhist.ImpossibleSum), r
-        assert "gave a total no honest members can give" in str(r) and "traceback" not in str(r).lower(), r
+        assert isinstance(r, ImplausibleTotal), r
+        assert "a member's contribution is implausible" in str(r) and "traceback" not in str(r).lower(), r
+
+
+def test_rounds_are_evaluated_every_eval_every_and_reported_live() -> None:
+    """The history: the model so far on the sites' test parts every `eval_every` rounds and the
+    final model, the same at every member, each point also reported as the job runs."""
+    sites, _, _ = breast_cancer_sites(3)
+    keys, names = member_keys("xgbh", 3)
+    checked = xj.KIND.check_params({**PARAMS, "rounds": 5, "eval_every": 2, "test_fraction": 0.2})
+    nets: list[MemoryNetwork] = []
+
+    def member(net: MemoryNetwork, i: int, k: bytes):
+        nets.append(net)
+        return xj.run_job(net.channel(k), checked, JobContext(names[k], names, 2_000, data=sites[i]),
+                          xj.Tools(offload=exp._inline))
+    results = run_members(keys, member)
+    assert all(isinstance(r, dict) for r in results), results
+    history = results[0]["history"]
+    assert [h["round"] for h in history] == [2, 4, 5] and all(r["history"] == history for r in results)
+    assert all(0.5 < h["auc"] <= 1 and h["test_rows"] > 0 for h in history)
+    assert history[-1]["auc"] == results[0]["auc"]
+    live = sorted((member, point["round"]) for member, point in nets[0].points)
+    assert live == sorted((k, rnd) for k in keys for rnd in (2, 4, 5))

@@ -57,7 +57,7 @@ def test_multiclass_job_keeps_class_indexing() -> None:
                        schema_fingerprint(features, [FEATURE_TYPE_FLOAT] * len(features)))
     sites = [ds(part) for part in np.array_split(train_rows, 3)]
     params = {"objective": "multi:softprob", "classes": "barolo,grignolino,barbera", "rounds": 8, "max_depth": 3,
-              "nthread": 1, "secure_sum": "ring", "test_fraction": 0.25}
+              "nthread": 1, "secure_sum": "ring", "test_fraction": 0.25, "eval_every": 1}
     results = exp.run_federation(sites, params, test=ds(test_rows))
     assert len({r["model_sha256"] for r in results}) == 1
     model = results[0]["_model"]
@@ -96,7 +96,7 @@ def test_rounds_before_the_last_are_evaluated_with_eval_round_bins() -> None:
     features = tuple(n.replace(" ", "_") for n in raw.feature_names)
     y = (raw.target == 0).astype(np.int8)
     sites = [exp.dataset(raw.data[p], y[p], features) for p in exp.stratified_parts(y, 3, seed=1)]
-    params = {"rounds": 3, "max_depth": 3, "nthread": 1, "secure_sum": "ring"}
+    params = {"rounds": 3, "max_depth": 3, "nthread": 1, "secure_sum": "ring", "eval_every": 1}
     cheap = exp.run_federation(sites, params)[0]
     assert [h["eval_bins"] for h in cheap["history"]] == [100, 100, 1000]
     exact = exp.run_federation(sites, {**params, "eval_round_bins": 1000})[0]

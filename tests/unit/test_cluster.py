@@ -271,9 +271,20 @@ def test_shared_cluster_descriptions_that_no_honest_site_sends_are_refused() -> 
     for at, value in ((0, 2.5), (1, -0.5), (1, 0.9)):          # fractional rows, a negative weight, weights != 1
         bad = vector.copy()
         bad[2 * size + at] = value
-        with pytest.raises(JobError, match="cannot come from an honest site"):
+        with pytest.raises(ValueError, match="whole rows and weights adding up to 1"):
             db.unpack(bad, 2, 2, 2, 2)
     bad = vector.copy()
     bad[2 * size + 1 + 2 + 4:2 * size + 1 + 2 + 4 + 3] = [1.0, 5.0, 1.0]   # a covariance that is not positive definite
+    with pytest.raises(ValueError, match="positive semi-definite"):
+        db.unpack(bad, 2, 2, 2, 2)
+    bad[2 * size + 1 + 2 + 4:2 * size + 1 + 2 + 4 + 3] = [1.0, 1.0, 1.0]   # semi-definite: passes, then cannot be drawn
     with pytest.raises(JobError, match="not positive definite"):
         db.synthesize(db.unpack(bad, 2, 2, 2, 2), 3)
+    # the clustered rows' Σx, Σx² must be what the descriptions imply (7 rows: half at 0, half at 1, unit variance)
+    implied = np.array([3.5, 3.5, 7 * 1.0 + 3.5, 7 * 1.0 + 3.5])
+    db.check_moments(shared, implied, 0.0, 7)
+    with pytest.raises(ValueError, match="reproduce their rows"):
+        db.check_moments(shared, implied + [0.0, 0.0, 50.0, 0.0], 0.0, 7)
+    db.check_counts(shared, 9, 2)
+    with pytest.raises(ValueError, match="add up to the rows"):
+        db.check_counts(shared, 9, 1)

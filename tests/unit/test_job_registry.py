@@ -20,7 +20,7 @@ from fedpeer.config.load import Address, Config, JobLimits, NodeSection, Policy
 from fedpeer.errors import JobError, RemoteProtocolError
 from fedpeer.identity import fingerprint
 from fedpeer.jobs import messages as m
-from fedpeer.jobs.kind import JobKind
+from fedpeer.jobs.kind import ImplausibleTotal, JobKind
 from fedpeer.jobs.lifecycle import admission, runner
 from fedpeer.jobs.lifecycle import registry as reg
 from fedpeer.jobs.lifecycle.registry import JobRegistry
@@ -90,6 +90,11 @@ async def _failing_run(ch: Any, params: Any, ctx: Any) -> dict:
     raise JobError("this kind always fails")
 
 
+async def _implausible_run(ch: Any, params: Any, ctx: Any) -> dict:
+    await ch.sleep_ms(50)
+    raise ImplausibleTotal.of("k/round1", "the cluster sizes add up to the rows")
+
+
 async def _short_run(ch: Any, params: Any, ctx: Any) -> dict:
     await ch.sleep_ms(50)
     return {"ok": 2}
@@ -109,6 +114,8 @@ async def _send_to_alice(ch: Any, params: Any, ctx: Any) -> dict:
 KINDS = {k.name: k for k in (
     JobKind(name="noop", help="", params={}, run=_noop_run, needs_data=False),
     JobKind(name="fails", help="", params={}, run=_failing_run, needs_data=False),
+    JobKind(name="implausible", help="", params={}, run=_implausible_run, needs_data=False,
+            member_failure_aborts=False),
     JobKind(name="waits", help="", params={}, run=_recv_from_alice, needs_data=False),
     JobKind(name="short", help="", params={}, run=_short_run, needs_data=False),
     JobKind(name="sends", help="", params={}, run=_send_to_alice, needs_data=False),
@@ -188,6 +195,35 @@ async def test_a_failure_inside_the_failure_handling_ends_only_that_job(tmp_path
         await settle()
         registry.jobs[other].task.cancel()
     assert state.written["fails-1"]["state"] == "failed" and not record.dirty
+
+
+async def test_an_implausible_total_ends_the_job_everywhere_blaming_no_site(tmp_path: Path) -> None:
+    """A secure sum's total fails its check here: the record and every member's abort carry the
+    check's one line, about no site (not this one, which merely noticed); even a kind whose members
+    may fail alone ends everywhere. A peer's abort about no site is recorded naming nobody."""
+    transport = FakeTransport()
+    state = FakeState(tmp_path / "state")
+    async with asyncio.TaskGroup() as tg:
+        registry = JobRegistry(make_config(tmp_path), transport, NAMES, KINDS, tg.create_task, state=state)
+        registry.on_message(ALICE, "bad-1", proposal(ALICE, "bad-1", "implausible", members=(BOB,)))
+        await settle()
+        registry.on_message(ALICE, "bad-1", start("bad-1", ALICE, BOB, ME))
+        await asyncio.sleep(runner.ABORT_GRACE_MS / 1000 + 0.2)
+        record = registry.jobs["bad-1"]
+        want = ("secure sum 'k/round1': check 'the cluster sizes add up to the rows' failed — a member's "
+                "contribution is implausible; no model is kept")
+        assert record.state == "failed" and record.error == want
+        aborts = sent_of(transport, m.JobAbort)
+        assert {dst for dst, _ in aborts} == {ALICE, BOB}
+        assert all(a.site == b"" and a.reason == want for _, a in aborts)
+        # the same abort from a peer: the job ends here naming no site either (not the sender)
+        registry.on_message(ALICE, "bad-2", proposal(ALICE, "bad-2", "waits", members=(BOB,)))
+        await settle()
+        registry.on_message(ALICE, "bad-2", start("bad-2", ALICE, BOB, ME))
+        await settle()
+        registry.on_message(BOB, "bad-2", m.JobAbort(job_id="bad-2", site=b"", reason=want))
+        await settle()
+        assert registry.jobs["bad-2"].state == "failed" and registry.jobs["bad-2"].error == want
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,34 +1,52 @@
-"""The stats job's consistency check on the secure sums: what honest sites' sums always satisfy."""
+"""The stats job's checks on the secure sums (fedpeer/ml/moments.py): what honest sites' sums always satisfy."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from fedpeer.errors import JobError
 from fedpeer.kinds import stats
+from fedpeer.ml import moments
 
 
-def honest(seed: int = 0) -> tuple[int, int, np.ndarray, np.ndarray]:
+def honest(seed: int = 0) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(n, Σx, Σx², Σ(x - mean)², edges, histograms) of 50 rows."""
     rng = np.random.default_rng(seed)
-    X = rng.normal(size=(50, 3))
-    y = rng.integers(0, 2, 50)
+    X = rng.normal(loc=3.0, size=(50, 3))
     mean = X.mean(axis=0)
-    edges = stats.bin_edges(mean, X.std(axis=0), 4)
-    return 50, int(y.sum()), ((X - mean) ** 2).sum(axis=0), stats.local_histograms(X, edges)
+    edges = stats.bin_edges(mean, X.std(axis=0, ddof=1), 4)
+    return 50, X.sum(axis=0), (X * X).sum(axis=0), ((X - mean) ** 2).sum(axis=0), edges, \
+        stats.local_histograms(X, edges)
 
 
 def test_honest_totals_pass() -> None:
-    stats.check_totals(*honest())
+    n, s1, s2, centred, edges, counts = honest()
+    assert moments.check_moments(np.concatenate([[n, 20.0], s1, s2]), 3) == (50, 20)
+    moments.check_spread(n, s1, s2, centred, edges, counts)
 
 
 @pytest.mark.parametrize("lie, words", [
-    (lambda n, p, c, h: (n, n + 1, c, h), "positives"),
-    (lambda n, p, c, h: (n, p, c, h + np.eye(h.shape[0], h.shape[1], dtype=np.int64)), "histogram holds 51 rows"),
-    (lambda n, p, c, h: (n, p, -c, h), "negative sum of squared deviations"),
-    (lambda n, p, c, h: (n, p, c, h - 2 * (h == h.max())), "histogram"),
+    (lambda t: t + np.eye(1, len(t), 0).ravel() * 0.5, "row count is a whole number"),
+    (lambda t: t + np.eye(1, len(t), 1).ravel() * 40, "positives are a whole number between 0 and the rows"),
+    (lambda t: t + np.eye(1, len(t), 2).ravel() * 1e4, "(Σx)² is at most rows × Σx²"),
+    (lambda t: t - np.eye(1, len(t), 6).ravel() * 1e4, "(Σx)² is at most rows × Σx²"),
 ])
-def test_inconsistent_totals_fail_the_job_with_the_reason(lie, words) -> None:
-    with pytest.raises(JobError, match=words) as caught:
-        stats.check_totals(*lie(*honest(1)))
-    assert "a member sent a wrong contribution" in str(caught.value)
+def test_impossible_moments_fail_naming_the_check(lie, words) -> None:
+    n, s1, s2, *_ = honest(1)
+    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        moments.check_moments(lie(np.concatenate([[n, 20.0], s1, s2])), 3)
+
+
+@pytest.mark.parametrize("lie, words", [
+    (lambda c, h: (c + 1e3, h), "equals Σx² - "),
+    (lambda c, h: (-c, h), "equals Σx² - "),
+    (lambda c, h: (c, h + np.eye(h.shape[0], h.shape[1], dtype=np.int64)), "holds each row once"),
+    (lambda c, h: (c, h - 2 * (h == h.max())), "holds each row once"),
+    (lambda c, h: (c, np.column_stack([h[:, :1] + h[:, 1:3].sum(axis=1, keepdims=True), np.zeros_like(h[:, 1:3]),
+                                       h[:, 3:]])), "tails hold no more rows"),
+])
+def test_an_inconsistent_spread_fails_naming_the_check(lie, words) -> None:
+    n, s1, s2, centred, edges, counts = honest(2)
+    centred, counts = lie(centred, counts)
+    with pytest.raises(ValueError, match=words):
+        moments.check_spread(n, s1, s2, centred, edges, counts)

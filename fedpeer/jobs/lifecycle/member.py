@@ -10,7 +10,7 @@ Rules:
 - An accepted proposal waits at most job_start_timeout_ms for its start, and no longer than
   membership takes to declare its proposer dead.
 - The first end a job hears wins: a member's abort ends it `failed` with the site and reason it
-  names, another operator's cancel ends it `cancelled`.
+  names (none for a secure sum's implausible total), another operator's cancel ends it `cancelled`.
 - A member still running a job that is done here may ask for what it missed, at a bounded rate.
 """
 
@@ -24,7 +24,7 @@ from fedpeer.errors import DataError, FedpeerError, JobError, RemoteProtocolErro
 from fedpeer.identity import fingerprint
 from fedpeer.jobs import messages as m
 from fedpeer.jobs.kind import Finished, JobKind
-from fedpeer.jobs.lifecycle.runner import Refused, SiteFailure
+from fedpeer.jobs.lifecycle.runner import NO_SITE, Refused, SiteFailure
 from fedpeer.jobs.messages import JOB_ID_RE
 from fedpeer.jobs.records import TERMINAL, JobRecord, advance
 from fedpeer.runtime.channel import PeerUnreachable
@@ -115,7 +115,13 @@ class MemberSide:
         record.start_signal.set_result(None)
 
     def on_abort(self, src: bytes, msg: m.JobAbort) -> None:
+        """A member ended a job we share: the error names the site its abort blames, none for an
+        abort about no site (a secure sum's implausible total: every member saw it), else the
+        member that sent it."""
         registry = self._registry
+        if msg.site == NO_SITE:
+            self._end(src, msg.job_id, "abort", "failed", msg.reason, about_none=True)
+            return
         about = registry.names.get(msg.site, fingerprint(msg.site)) if len(msg.site) == 32 else None
         self._end(src, msg.job_id, "abort", "failed", msg.reason, about)
 
@@ -123,16 +129,18 @@ class MemberSide:
         """Another member's operator cancelled the job: it ends `cancelled` here too."""
         self._end(src, msg.job_id, "cancel", "cancelled", msg.reason)
 
-    def _end(self, src: bytes, job_id: str, what: str, state: str, reason: str, about: str | None = None) -> None:
+    def _end(self, src: bytes, job_id: str, what: str, state: str, reason: str, about: str | None = None,
+             about_none: bool = False) -> None:
         """A member ends a job we share (`what`: abort or cancel): it ends in `state` here, the
-        error naming `about` (the site the member blames) or the member; a job already ended stays."""
+        error naming `about` (the site the member blames), no site (`about_none`) or the member; a
+        job already ended stays."""
         registry = self._registry
         record = registry.find(job_id)
         if record is None or src not in record.members:
             raise RemoteProtocolError("unknown_job", f"{what} of unknown job {job_id!r}")
         if record.state in TERMINAL:
             return
-        registry.finish(record, state, f"{about or registry.names[src]}: {reason}")
+        registry.finish(record, state, reason if about_none else f"{about or registry.names[src]}: {reason}")
         if record.task is not None:
             record.task.cancel()
 

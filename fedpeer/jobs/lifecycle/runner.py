@@ -5,7 +5,8 @@ Rules:
 - A job runs only if it gets a `jobs_concurrent_max` slot and its record is on disk; it must
   finish within job_timeout_ms. Its model is stored before its record says done.
 - A failure names the site it is about: this one, or the member that sent a malformed message
-  or was declared dead.
+  or was declared dead. A secure sum's total that fails its check (ImplausibleTotal) names no
+  site: every member saw the same total, and the secure sum hides whose contribution it was.
 - A member whose job fails tells the other members (JobAbort), so nobody waits for it in vain;
   the first reason a member hears is the one it keeps. A member that refuses a proposal after
   looking at its data tells only the proposer (one JobReject).
@@ -25,7 +26,7 @@ from fedpeer.base.logs import fields
 from fedpeer.errors import DataError, JobError, public_reason
 from fedpeer.identity import fingerprint
 from fedpeer.jobs import messages as m
-from fedpeer.jobs.kind import JobContext, JobFailsEverywhere, JobKind
+from fedpeer.jobs.kind import ImplausibleTotal, JobContext, JobFailsEverywhere, JobKind
 from fedpeer.jobs.lifecycle.admission import release_data
 from fedpeer.jobs.lifecycle.nodechannel import DEAD_DETAIL, NodeChannel
 from fedpeer.jobs.records import TERMINAL, JobRecord, advance
@@ -36,6 +37,7 @@ from fedpeer.jobs.lifecycle.host import Host
 log = logging.getLogger("fedpeer.jobs")
 ABORT_SEND_TIMEOUT_MS = 5_000
 ABORT_GRACE_MS = 1_000          # a local failure waits this long for a peer's abort with the cause
+NO_SITE = b""                   # a failure about no site (JobAbort.site empty): ImplausibleTotal
 
 
 class Refused(Exception):
@@ -48,8 +50,9 @@ class Refused(Exception):
 
 
 class SiteFailure(Exception):
-    """A job ended because of `site` (this one or a member), for `reason`; the other members are
-    told `shared` (no private detail of this site's data: errors.public_reason)."""
+    """A job ended because of `site` (this one or a member; NO_SITE: none is to blame), for
+    `reason`; the other members are told `shared` (no private detail of this site's data:
+    errors.public_reason)."""
 
     def __init__(self, site: bytes, reason: str, everywhere: bool = False, shared: str | None = None) -> None:
         super().__init__(reason)
@@ -99,6 +102,8 @@ class JobRunner:
             raise SiteFailure(exc.peer, f"sent a malformed message ({exc.reason})") from None
         except PeerDead as exc:         # the job could not go on without it
             raise SiteFailure(exc.peer, DEAD_DETAIL) from None
+        except ImplausibleTotal as exc:  # every member checked the same total: not this site's fault
+            raise SiteFailure(NO_SITE, str(exc), everywhere=True) from None
         except (JobError, DataError, RecvTimeout) as exc:
             raise SiteFailure.here(me, exc, everywhere=isinstance(exc, JobFailsEverywhere)) from None
         release_data(record.data)
@@ -166,9 +171,8 @@ class JobRunner:
             # refuses our frames as unknown_job): give its JobAbort, which carries the real
             # reason, a moment to arrive and win (on_abort cancels this wait)
             await asyncio.sleep(ABORT_GRACE_MS / 1000)
-        about = registry.names.get(exc.site, fingerprint(exc.site))
         first = record.state not in TERMINAL
-        registry.finish(record, "failed", f"{about}: {exc.reason}")
+        registry.finish(record, "failed", about_site(registry.names, exc.site, exc.reason))
         kind = registry.kinds.get(record.kind)
         leaves_alone = record.state == "failed" and kind is not None and not kind.member_failure_aborts \
             and record.started_ms is not None and not exc.everywhere
@@ -199,6 +203,14 @@ class JobRunner:
         except Exception as exc:   # noqa: BLE001  (a bug in the transport must not end the daemon)
             log.warning("job_send_failed", extra=fields(job=job_id, peer=registry.names.get(peer, "?"),
                                                         error=f"{type(exc).__name__}: {exc}"))
+
+
+def about_site(names: dict[bytes, str], site: bytes, reason: str) -> str:
+    """A failure's words for a job record: the site it is about first (a name, else its key's
+    fingerprint); a failure about no site (NO_SITE) is its reason alone."""
+    if site == NO_SITE:
+        return reason
+    return f"{names.get(site, fingerprint(site))}: {reason}"
 
 
 def _file_sha256(path: Path) -> str:

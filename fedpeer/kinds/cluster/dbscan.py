@@ -5,8 +5,9 @@ clusters synthetic points drawn from each site's description of its local cluste
 (fedpeer/ml/cluster/dbscan.py has the steps and the rules).
 
 Secure sums, in order (tags `dbscan/...`):
-1. descriptions: every member's slots (its own filled, the others zero), its row count and its
-   local noise count. The total is every site's descriptions side by side.
+1. descriptions: every member's slots (its own filled, the others zero), the Σx and Σx² of its
+   rows in local clusters, its row count and its local noise count. The total is every site's
+   descriptions side by side.
 2. sizes: rows per synthetic cluster and noise rows, federation-wide.
 
 What every member learns — more than kmeans and gmm share: for every site, the number of its local
@@ -14,6 +15,11 @@ DBSCAN clusters, each one's exact row count and the mixture describing it (weigh
 covariances of up to `components` Gaussians), and every site's row count; then the federation-wide
 cluster sizes and noise count. A local cluster with few rows is described by few Gaussians whose
 means are close to its rows (a cluster of 1 to `components` rows: its rows exactly, up to reg_covar).
+
+Both totals are checked before they are used (fedpeer/ml/cluster/dbscan.py `unpack`, `check_counts`,
+`check_sizes`): one that no honest members can give ends the job everywhere naming the sum and the
+check, never a site — a slot's position proves nothing of who wrote it. Not checkable: where a
+member says its clusters are (a site's description of its own rows is its word).
 """
 
 from __future__ import annotations
@@ -27,9 +33,10 @@ from typing import Any
 import numpy as np
 
 from fedpeer.errors import DataError, JobError
-from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param
+from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param, checked_total
 from fedpeer.jobs.params import SECURE_SUM_EXPLAINED, seed
 from fedpeer.kinds.cluster import kmeans as km
+from fedpeer.ml.blas import one_blas_thread
 from fedpeer.ml.cluster import dbscan as db
 
 PARAMS = {
@@ -54,30 +61,33 @@ async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, offload: 
     d, p = len(features), params
     members = list(ch.members)
     slots, comps = p["local_clusters_max"], p["components"]
-    km.check_size("dbscan", len(members) * slots * db.slot_size(comps, d), 2, "lower local_clusters_max or components")
+    km.check_size("dbscan", len(members) * slots * db.slot_size(comps, d) + 2 * d, 2,
+                  "lower local_clusters_max or components")
     sums = km.Sums(ch, ctx, p["secure_sum"], "dbscan")
     ch.progress("local DBSCAN and descriptions", 0, 2)
-    described = await offload(db.describe_site, X, p["eps"], p["min_samples"], comps, p["seed"], p["reg_covar"])
-    vector = db.pack(described, members.index(ch.me), len(members), slots, comps, d)
+    described, moments = await offload(one_blas_thread, db.describe_with_moments, X, p["eps"], p["min_samples"],
+                                       comps, p["seed"], p["reg_covar"])
+    vector = np.concatenate([db.pack(described, members.index(ch.me), len(members), slots, comps, d), moments])
     clustered = sum(n for n, *_ in described)
     ch.progress("descriptions (secure sum 1 of 2)", 1, 2)
     total, counts = await sums.add("descriptions", vector,
                                    np.array([X.shape[0], X.shape[0] - clustered], dtype=np.int64))
     n = int(counts[0])
-    shared = db.unpack(total, len(members), slots, comps, d)
+    tag = sums.tag("descriptions")
+    shared = checked_total(tag, db.unpack, total[:-2 * d], len(members), slots, comps, d)
+    checked_total(tag, db.check_counts, shared, n, int(counts[1]))
+    checked_total(tag, db.check_moments, shared, total[-2 * d:], p["reg_covar"], n)
     synthetic_rows = sum(rows for _, _, rows, *_ in shared)
     if synthetic_rows > p["synthetic_rows_max"]:
         raise JobError(f"the sites' local clusters hold {synthetic_rows} rows, more synthetic points than "
                        f"synthetic_rows_max {p['synthetic_rows_max']}; raise it (each member clusters them all)")
     S = db.synthesize(shared, p["seed"])
-    labels = await offload(db.cluster_synthetic, S, p["eps"], p["min_samples"])
+    labels = await offload(one_blas_thread, db.cluster_synthetic, S, p["eps"], p["min_samples"])
     k = int(labels.max()) + 1 if len(labels) else 0
-    mine = await offload(db.assign, X, S, labels, p["eps"])
+    mine = await offload(one_blas_thread, db.assign, X, S, labels, p["eps"])
     ch.progress("cluster sizes (secure sum 2 of 2)", 2, 2)
     _, sizes = await sums.add("sizes", np.zeros(0), np.bincount(mine + 1, minlength=k + 1).astype(np.int64))
-    if int(sizes.sum()) != n:
-        raise JobError("the secure sums cannot come from honest sites (cluster sizes do not add up to the rows): "
-                       "a member sent a wrong contribution")
+    checked_total(sums.tag("sizes"), db.check_sizes, sizes, n)
     return {
         "features": list(features), "rows": n, "participants": sums.names(),
         "clusters": k, "noise_fraction": float(sizes[0]) / n if n else 0.0,   # exact: noise is not a cluster

@@ -17,6 +17,10 @@ reason rather than mixing populations (inside one sum, the secure sum re-runs ov
 
 What every member learns: the federation's row count, per-feature mean and std, every round's
 centres, inertia and cluster sizes (their counts and sums, per restart). Nothing per site.
+
+Every total is checked before it is used (fedpeer/ml/cluster/kmeans.py `check_moments`,
+`check_block`): one that no honest members can give ends the job everywhere naming the sum and
+the check, never a site (fedpeer/jobs/kind.py `ImplausibleTotal`).
 """
 
 from __future__ import annotations
@@ -24,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,11 +35,13 @@ from typing import Any
 import numpy as np
 
 from fedpeer.errors import DataError, JobError
-from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param
+from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param, checked_total
 from fedpeer.jobs.params import SECURE_SUM_EXPLAINED, seed
 from fedpeer.jobs.report import series, table
+from fedpeer.ml.blas import one_blas_thread
 from fedpeer.ml.cluster import kmeans as cl
-from fedpeer.protocols.fixedpoint import FixedPoint, decode_counts, encode_counts
+from fedpeer.ml.moments import whole_counts
+from fedpeer.protocols.fixedpoint import FixedPoint, encode_counts
 from fedpeer.protocols.securesum.api import VECTOR_ENTRIES_MAX, secure_sum
 
 # 2^95 range at 2^-32 resolution: a site's sums of squares over millions of rows fit
@@ -88,7 +93,7 @@ class Sums:
             vector = np.concatenate([FIXED.encode(floats, parties), encode_counts(counts, parties, COUNT_MAX)])
         except DataError as exc:
             raise JobError(f"{exc}; set standardize=true or rescale the features") from None
-        out = await secure_sum(self.ch, f"{self.prefix}/{name}", vector, mode=self.mode,
+        out = await secure_sum(self.ch, self.tag(name), vector, mode=self.mode,
                                hop_timeout_ms=self.ctx.hop_timeout_ms)
         if self.participants is None:
             self.participants = out.participants
@@ -96,7 +101,10 @@ class Sums:
             raise JobError("a member dropped out between two secure sums; the sums would cover different sites")
         self.sent_entries.append(len(vector))
         split = len(floats) * FIXED.limbs
-        return FIXED.decode(out.total[:split]), decode_counts(out.total[split:])
+        return FIXED.decode(out.total[:split]), checked_total(self.tag(name), whole_counts, out.total[split:])
+
+    def tag(self, name: str) -> str:
+        return f"{self.prefix}/{name}"
 
     def names(self) -> list[str]:
         return [self.ctx.names.get(k, k.hex()[:16]) for k in self.participants or ()]
@@ -106,30 +114,6 @@ async def _inline(fn: Callable[..., Any], *args: Any) -> Any:
     return fn(*args)
 
 
-class _OneBlasThread:
-    """Runs a clustering step with BLAS on one thread, as scikit-learn runs its k-means and mixture
-    steps. A step's matmuls are small (rows x restarts·k x d) and come two per chunk of rows: BLAS's
-    own threads spend more time waking and waiting than computing, and waiting threads spin, taking
-    the cores from the other work of the machine (on a shared host: 2-3x the CPU of one thread).
-    OpenBLAS's pool is process-wide and threadpoolctl lets one Python thread at a time limit it, so
-    the limit is set and lifted around the step in the thread that computes (a limit left set in one
-    executor thread would be ignored in the next); a step running while another thread holds the
-    limit runs with what that thread set."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._controller: Any = None        # numpy's BLAS, found once (~1 ms a search)
-
-    def __call__(self, fn: Callable[..., Any], *args: Any) -> Any:
-        with self._lock:
-            if self._controller is None:
-                from threadpoolctl import ThreadpoolController
-                self._controller = ThreadpoolController()
-        with self._controller.limit(limits=1, user_api="blas"):
-            return fn(*args)
-
-
-one_blas_thread = _OneBlasThread()
 
 
 async def federated_moments(sums: Sums, X: np.ndarray, offload: Offload) -> tuple[int, np.ndarray]:
@@ -137,6 +121,7 @@ async def federated_moments(sums: Sums, X: np.ndarray, offload: Offload) -> tupl
     moments = await offload(cl.local_moments, X)
     totals, counts = await sums.add("moments", moments, np.array([X.shape[0]], dtype=np.int64))
     n = int(counts[0])
+    checked_total(sums.tag("moments"), cl.check_moments, n, totals, X.shape[1])
     return n, totals
 
 
@@ -158,7 +143,10 @@ async def run_lloyd(ch: Any, sums: Sums, lloyd: cl.Lloyd, Z: np.ndarray, n: int,
         ch.progress(f"{phase} round {step}", step, bound)
         floats, counts = await offload(one_blas_thread, lloyd.local, Z, labels)
         f_total, c_total = await sums.add(f"round{step}", floats, counts)
-        lloyd.advance(f_total, c_total, n)
+        checked_total(sums.tag(f"round{step}"), lloyd.advance, f_total, c_total, n)
+        objectives = [r.history[-1] for r in lloyd.restarts if r.history]
+        if objectives:                    # the live curve: the best restart's objective so far
+            ch.progress(f"{phase} round {step}", step, bound, point={"round": step, "objective": min(objectives)})
     assert lloyd.finished, "each restart ends within max_iter + 1 rounds"
 
 

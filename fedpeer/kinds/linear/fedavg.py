@@ -60,8 +60,12 @@ Every site must be in exactly one group; the members check,
 with the first sum, that they all read the groups the same way. The result counts the
 federation-wide averaging steps saved (rounds minus global averages).
 
-Errors: weights that are not finite or leave the fixed-point bound (a learning rate too large
-for the data) end the job everywhere naming `learning_rate`.
+Errors: weights that are not finite or leave ±WEIGHT_ABS_MAX (fedpeer/ml/linear/averaging.py; a
+learning rate too large for the data) end the job everywhere naming `learning_rate`. Every
+round's total is checked before its average is taken (`averaging.check_round`: whole rows, all of
+the federation's while no member is lost, the average within ±WEIGHT_ABS_MAX, the evaluation
+counting the same rows, its histograms and log-loss consistent): one that no honest members can
+give ends the job everywhere naming the sum and the check, never a site.
 """
 
 from __future__ import annotations
@@ -72,10 +76,12 @@ from typing import Any
 import numpy as np
 
 from fedpeer.errors import DataError
-from fedpeer.jobs.kind import JobFailsEverywhere, Param, site_seed
+from fedpeer.jobs.kind import JobFailsEverywhere, Param, checked_total, site_seed
 from fedpeer.jobs.params import seed
+from fedpeer.ml.linear import averaging
 from fedpeer.ml.linear import logistic as linear
-from fedpeer.protocols.fixedpoint import decode_counts, encode_counts
+from fedpeer.ml.moments import whole_counts
+from fedpeer.protocols.fixedpoint import encode_counts
 
 FEDAVG_PARAMS = {
     "rounds": Param(int, 20, "fedavg: communication rounds", low=1, high=10_000),
@@ -146,8 +152,9 @@ class Rounds:
     """The FedAvg loop of one member (module docstring). `train(w, round) -> w'` and
     `proba(w) -> probabilities on this site's rows` are the model's."""
 
-    def __init__(self, member: Any, train: Any, proba: Any, initial: np.ndarray) -> None:
+    def __init__(self, member: Any, train: Any, proba: Any, initial: np.ndarray, fed_rows: int) -> None:
         self.m, self.train, self.proba, self.w = member, train, proba, initial
+        self.fed_rows = fed_rows            # the federation's training rows (the scaling sums')
         p = member.params
         self.rounds, self.every = p["rounds"], p["global_every"]
         self.groups = current_groups(member)
@@ -166,30 +173,37 @@ class Rounds:
         for r in range(self.rounds + 1):
             final = r == self.rounds
             local = self.w if final else await m.offload(self.train, self.w, r)
+            if not averaging.weights_within_bound(local):
+                raise JobFailsEverywhere(
+                    f"{m.KIND_NAME} fedavg: this site's weights after round {r + 1} are not finite or beyond "
+                    f"WEIGHT_ABS_MAX={averaging.WEIGHT_ABS_MAX:g}: the local SGD diverges; lower learning_rate "
+                    "(or local_epochs)")
             counts, loss = m.eval_counts_of(await m.offload(self.proba, self.w))
             values = np.concatenate([n_local * local.ravel(), [n_local, loss]])
             redo = 0
             while True:      # once, or again over the survivors after a sum that failed for a member declared dead
                 name, scope = ("all", m.members) if final else self.scope(r)
                 tag = f"fa/r{r}/{'final' if final else name}" + (f"/redo{redo}" if redo else "")
+                full = m.epochs.tag(tag)
                 total = await self.average(tag, r, name == "all", scope, values, counts)
                 if total is not None:
                     break
                 redo += 1
             split = (local.size + 2) * m.TERMS.limbs
             sums = m.TERMS.decode(total[:split])
-            rows = sums[-2]
-            if not rows >= 1:
-                raise JobFailsEverywhere(f"protocol error: secure sum '{tag}' gave {rows} rows; no honest members "
-                                         "can give that")
+            summed = checked_total(full, whole_counts, total[split:])
+            rows = checked_total(full, averaging.check_round, sums[:-2], float(sums[-2]), float(sums[-1]), summed,
+                                 m.groups, m.params["eval_bins"], self.fed_rows,
+                                 scope == m.members and not self.lost_at)
             if not final:
                 self.w = (sums[:-2] / rows).reshape(self.w.shape)
                 self.global_sums += name == "all"
-            metrics = m.metrics_of(decode_counts(total[split:]), float(sums[-1]))
+            metrics = m.metrics_of(summed, float(sums[-1]))
             self.history.append({"round": r, "scope": "federation" if name == "all" else f"group {name[1:]}",
                                  **metrics})
             m.ch.progress(f"{m.KIND_NAME} fedavg: round {min(r + 1, self.rounds)} of {self.rounds}",
-                          min(r + 1, self.rounds), self.rounds)
+                          min(r + 1, self.rounds), self.rounds,
+                          point={"round": r, **metrics} if name == "all" else None)
         return self.w
 
     async def average(self, tag: str, r: int, federation: bool, scope: tuple[bytes, ...], values: np.ndarray,
@@ -261,7 +275,7 @@ async def fit_logreg(member: Any) -> dict:
     def train(w: np.ndarray, r: int) -> np.ndarray:
         return sgd_epochs(Z, member.y, w, p["C"], n, p["learning_rate"], p["local_epochs"], p["batch_size"], rng)
 
-    rounds = Rounds(member, train, lambda w: linear.probabilities(Z, w), np.zeros(shape))
+    rounds = Rounds(member, train, lambda w: linear.probabilities(Z, w), np.zeros(shape), n)
     W = await rounds.run(len(member.y))
     state = _Final(W)
     out = await member.result(state, mean, scale, fed_counts, rounds.history, Z)

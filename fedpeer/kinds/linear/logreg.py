@@ -5,9 +5,10 @@ arithmetic is fedpeer/ml/linear/logistic.py; this module only moves its vectors 
 No leader: every member runs the same deterministic sequence of secure sums and takes the same
 step from the same totals, so every member ends with the same coefficients (tags unique per sum
 and epoch E):
-    lr/e<E>/moments      [Σx per column] (fixed point) ++ [rows per class] (counts)
+    lr/e<E>/moments      [Σx, Σx² per column] (fixed point) ++ [rows per class] (counts)
                          -> the federation's mean, its class counts
-    lr/e<E>/spread       [Σ(x - mean)² per column] -> the population standard deviation
+    lr/e<E>/spread       [Σ(x - mean)² per column] -> the population standard deviation (it must
+                         equal Σx² - (Σx)²/n: fedpeer/ml/moments.py `check_centred`)
     lr/e<E>/it<k>        [Σ loss, Σ gradient, Σ Hessian (newton: upper triangle)] at the k-th
                          candidate point -> the next candidate (linear.advance)
     lr/e<E>/eval         score histograms, correct predictions, log-loss sum of the final model
@@ -44,18 +45,21 @@ from typing import Any
 import numpy as np
 
 from fedpeer.errors import DataError, JobError
-from fedpeer.jobs.kind import JobContext, JobFailsEverywhere, JobKind, Limit, Param
+from fedpeer.jobs.kind import ImplausibleTotal, JobContext, JobFailsEverywhere, JobKind, Limit, Param, checked_total
 from fedpeer.jobs.params import SECURE_SUM
 from fedpeer.kinds.linear import text
 from fedpeer.kinds.linear.fedavg import FEDAVG_PARAMS
 from fedpeer.ml import evaluation as evalcounts
+from fedpeer.ml.blas import one_blas_thread
 from fedpeer.ml.linear import logistic as linear
+from fedpeer.ml.moments import check_centred, check_columns, check_declared, whole_counts
 from fedpeer.protocols.epochs import Epochs
 from fedpeer.protocols.epochs import Lost as _Lost
-from fedpeer.protocols.fixedpoint import FixedPoint, decode_counts, encode_counts
+from fedpeer.protocols.fixedpoint import FixedPoint, encode_counts
 
 TAG = "lr"
 MOMENTS = FixedPoint(frac_bits=32, limbs=3)     # column sums: |Σx| * parties < 2^63
+SQUARES = FixedPoint(frac_bits=32, limbs=6)     # column sums of squares: |Σx²| * parties < 2^159 (any Σx that fits)
 TERMS = FixedPoint(frac_bits=40, limbs=3)       # loss/gradient/Hessian sums: |v| * parties < 2^55 ≈ 3.6e16
 COUNT_MAX = 2**40                               # rows per class at one site
 EVAL_HOP_TIMEOUT_MS = 5_000
@@ -191,16 +195,23 @@ class Member:
         counts = class_counts(self.y, self.groups)
         extra = np.zeros(0, dtype=np.int64) if extra is None else extra
         total = await self.sum("moments", np.concatenate([self.encode_columns(linear.moment_sums(self.X)),
+                                                          self.encode_columns((self.X * self.X).sum(axis=0), SQUARES),
                                                           encode_counts(counts, parties, COUNT_MAX),
                                                           encode_counts(extra, parties, COUNT_MAX)]))
-        split = d * MOMENTS.limbs
-        fed_counts = decode_counts(total[split:split + len(counts)])
-        extra_total = decode_counts(total[split + len(counts):])
+        split, end = d * MOMENTS.limbs, d * (MOMENTS.limbs + SQUARES.limbs)
+        tag = self.epochs.tag("moments")
+        summed = checked_total(tag, whole_counts, total[end:])
+        checked_total(tag, check_declared, summed, parties * COUNT_MAX)
+        fed_counts, extra_total = summed[:len(counts)], summed[len(counts):]
         n = int(fed_counts.sum())
         self.check_classes(fed_counts)
-        mean = MOMENTS.decode(total[:split]) / n
+        sums, squares = MOMENTS.decode(total[:split]), SQUARES.decode(total[split:end])
+        checked_total(tag, check_columns, n, sums, squares)
+        mean = sums / n
         total = await self.sum("spread", self.encode_columns(linear.centred_sums(self.X, mean)))
-        return fed_counts, mean, linear.scale_from(MOMENTS.decode(total), n), extra_total
+        centred = MOMENTS.decode(total)
+        checked_total(self.epochs.tag("spread"), check_centred, n, sums, squares, centred)
+        return fed_counts, mean, linear.scale_from(centred, n), extra_total
 
     async def fit(self) -> dict:
         if self.params["mode"] == "fedavg":
@@ -220,21 +231,17 @@ class Member:
             raise JobError(f"logreg: {exc}") from None
         history: list[dict] = []
         while not fit.done:
-            local = await self.offload(linear.local_terms, Z, self.y, fit.candidate, fit.hessian)
+            local = await self.offload(one_blas_thread, linear.local_terms, Z, self.y, fit.candidate, fit.hessian)
             vector = self.encode_terms(local, fit.evaluations, Z)
             total = await self.sum(f"it{fit.evaluations}", vector)
             before = len(fit.history)
             terms = TERMS.decode(total)
-            try:
-                linear.check_terms(problem, terms, n, fit.hessian)
-            except ValueError as exc:
-                raise JobFailsEverywhere(f"logreg: secure sum 'it{fit.evaluations}' gave a total no honest members "
-                                         f"can give: {exc} (a member's contribution); no model is kept") from None
+            tag = self.epochs.tag(f"it{fit.evaluations}")
+            checked_total(tag, linear.check_terms, problem, terms, n, fit.hessian)
             try:
                 fit = linear.advance(fit, terms)
-            except np.linalg.LinAlgError as exc:
-                raise JobFailsEverywhere(f"logreg: the summed Hessian of evaluation {fit.evaluations} cannot be "
-                                         f"solved ({exc}): no honest members give one; no model is kept") from None
+            except np.linalg.LinAlgError:
+                raise ImplausibleTotal.of(tag, "the summed Hessian can be solved") from None
             except linear.NonFinite as exc:
                 raise JobFailsEverywhere(
                     f"logreg: at evaluation {fit.evaluations} {exc}: the fit diverges; lower C (stronger "
@@ -244,7 +251,8 @@ class Member:
                 if test_Z is not None and self.test is not None:
                     entry["test_auc"] = _auc(self.test[1], linear.probabilities(test_Z, fit.W), self.groups)
                 history.append(entry)
-                self.ch.progress(f"logreg: iteration {fit.iterations}", fit.iterations, self.params["max_iter"])
+                self.ch.progress(f"logreg: iteration {fit.iterations}", fit.iterations, self.params["max_iter"],
+                                 point={k: v for k, v in entry.items() if isinstance(v, (int, float))})
         return await self.result(fit, mean, scale, fed_counts, history, Z)
 
     def check_classes(self, fed_counts: np.ndarray) -> None:
@@ -254,12 +262,12 @@ class Member:
             raise JobFailsEverywhere(f"logreg: class(es) {empty} have no rows at any site; remove them from "
                                      "classes (or check [data] positive)")
 
-    def encode_columns(self, sums: np.ndarray) -> np.ndarray:
+    def encode_columns(self, sums: np.ndarray, fixed: FixedPoint = MOMENTS) -> np.ndarray:
         """Per-column sums for the secure sum; a column beyond the fixed point's bound is named."""
         parties = len(self.members)
-        bound = MOMENTS.max_abs(parties)
+        bound = fixed.max_abs(parties)
         if np.isfinite(sums).all() and (np.abs(sums) <= bound).all():
-            return MOMENTS.encode(sums, parties)
+            return fixed.encode(sums, parties)
         j = int(np.argmax(~np.isfinite(sums) | (np.abs(sums) > bound)))
         raise JobFailsEverywhere(
             f"logreg: feature {self.ctx.data.features[j]!r} holds values too large for the secure sum of its "
@@ -292,8 +300,11 @@ class Member:
             total = await self.sum("eval", vector, min(self.ctx.hop_timeout_ms, EVAL_HOP_TIMEOUT_MS))
         except (JobError, _Lost):
             return None          # the model is final either way; only its federated score is missing
-        return eval_metrics(decode_counts(total[:len(counts)]), float(MOMENTS.decode(total[len(counts):])[0]),
-                            self.groups, bins)
+        tag = self.epochs.tag("eval")
+        summed = checked_total(tag, whole_counts, total[:len(counts)])
+        loss = float(MOMENTS.decode(total[len(counts):])[0])
+        checked_total(tag, evalcounts.check_counts, summed, loss, self.groups, bins)
+        return eval_metrics(summed, loss, self.groups, bins)
 
     async def result(self, fit: linear.Fit, mean: np.ndarray, scale: np.ndarray, fed_counts: np.ndarray,
                      history: list[dict], Z: np.ndarray) -> dict:

@@ -66,7 +66,7 @@ class MlpMember(Member):
             return mlp.predict_proba(*mlp.unflatten(w, sizes), Z)
 
         rounds = Rounds(self, lambda w, r: trainer.train(w, p["local_epochs"]), proba,
-                        mlp.initial_weights(sizes, p["seed"]))
+                        mlp.initial_weights(sizes, p["seed"]), int(fed_counts.sum()))
         w = await rounds.run(len(self.y))
         coefs, intercepts = mlp.unflatten(w, sizes)
         last = rounds.history[-1]

@@ -12,7 +12,10 @@ same cut points and trees from the same totals (one sum per arrow, tags unique p
 then model = histboost.model_bytes(trees, base, F, p), the canonical xgboost JSON model, stored by
 every member as bagging mode stores its model (so `fedpeer predict` works unchanged). With a
 test part (`test_fraction` > 0) one last sum, xgbh/e<E>/eval, gives the federated AUC, log-loss
-and accuracy of the final model on the sites' test parts.
+and accuracy of the final model on the sites' test parts. Every `eval_every` rounds before the
+last, xgbh/e<E>/r<R>/eval does the same for the model so far (`eval_round_bins` score bins; on
+the training rows when there is no test part): the result's `history`, one entry per evaluated
+round, reported live as the job runs (the console's curves, `job show`).
 
 A member lost (why the model is still well defined): a sum completes over fewer members when one
 drops out, and every survivor gets the same `participants`. When they are not the current member
@@ -45,7 +48,8 @@ ring mode unless a site's two ring neighbours collude, pairwise mode unless all 
 Errors: a site whose gradients leave the declared fixed-point bounds, or whose counts could wrap
 the sum, raises DataError naming the bound -> the job fails everywhere with that message
 (JobFailsEverywhere), never a silent wrap-around. A total the core refuses (ValueError: a sum no
-honest members can give) fails the job everywhere as a protocol error naming the sum.
+honest members can give) fails the job everywhere naming the sum and the check, and no site
+(ImplausibleTotal: a member's contribution, nobody can tell whose).
 """
 
 from __future__ import annotations
@@ -58,8 +62,9 @@ from typing import Any
 import numpy as np
 
 from fedpeer.errors import DataError, JobError
-from fedpeer.jobs.kind import JobContext, JobFailsEverywhere, site_seed
+from fedpeer.jobs.kind import ImplausibleTotal, JobContext, JobFailsEverywhere, checked_total, site_seed
 from fedpeer.kinds.xgboost.target import (
+    check_eval,
     class_names,
     encode_eval,
     eval_metrics,
@@ -89,10 +94,6 @@ from fedpeer.protocols.epochs import Lost as _Lost
 
 TAG = "xgbh"
 EVAL_HOP_TIMEOUT_MS = 5_000      # the final evaluation sum is small
-
-
-class ImpossibleSum(JobFailsEverywhere):
-    """A secure sum's total that the core refuses: every member got it, so every member fails."""
 
 
 def hist_params(params: Mapping[str, Any], groups: int) -> HistParams:
@@ -138,6 +139,8 @@ class HistJob:
         self.rows = 0                          # the federation's training rows, from the label counts
         self.packing: Packing | None = None    # how levels' histograms travel, once rows are known
         self.trees: list[_Tree] = []
+        self.history: list[dict] = []          # the evaluated rounds (evaluate_rounds)
+        self.eval_round: Callable[[int], Any] | None = None
 
     @property
     def members(self) -> tuple[bytes, ...]:
@@ -189,15 +192,15 @@ class HistJob:
         """The base score and the cut points (1 + 33 sums)."""
         self.ch.progress("histogram mode: label counts and cut points", 0, self.total_trees)
         tag, total = await self.sum("labels", await self.compute(self.site.label_vector))
-        self.rows = _checked(tag, check_label_stats, decode_ints(total), self.p, len(self.members))
+        self.rows = checked_total(tag, check_label_stats, decode_ints(total), self.p, len(self.members))
         if self.site.rows > self.rows:
             raise _impossible(tag, "the federation's training rows are fewer than this member's own")
-        base = _checked(tag, base_score_from_stats, decode_ints(total), self.p)
+        base = checked_total(tag, base_score_from_stats, decode_ints(total), self.p)
         sk, step = sketch_start(self.n_features, self.p.max_bin), 0
         while not sk.done:
             keys = sk.request()
             tag, total = await self.sum(f"sketch/{step}", await self.compute(self.site.sketch_vector, keys))
-            sk = _checked(tag, sketch_advance, sk, decode_ints(total).reshape(keys.shape))
+            sk = checked_total(tag, sketch_advance, sk, decode_ints(total).reshape(keys.shape))
             step += 1
         cuts = sketch_cuts(sk)
         await self.compute(self.site.set_cuts, cuts)
@@ -210,7 +213,8 @@ class HistJob:
         return self.p.num_round * self.p.groups
 
     async def boost(self) -> None:
-        """Grow the trees not finished yet, from the margins of the finished ones."""
+        """Grow the trees not finished yet, from the margins of the finished ones; after every
+        round, the history's evaluation if it is an evaluation round."""
         assert self.base is not None and self.cuts is not None
         first_k = await self.compute(self.site.resume, self.base, list(self.trees))
         first_round = len(self.trees) // self.p.groups
@@ -224,6 +228,8 @@ class HistJob:
                 self.trees.append(tree)
                 self.ch.progress(f"histogram mode: round {r + 1} of {self.p.num_round}", len(self.trees),
                                  self.total_trees)
+            if self.eval_round is not None and r + 1 < self.p.num_round and _evaluated(r + 1, self.params):
+                await self.eval_round(r + 1)
 
     async def grow(self, r: int, k: int) -> _Tree:
         """One tree: one secure sum per level."""
@@ -242,39 +248,61 @@ class HistJob:
         cuts = self.cuts
         assert cuts is not None
         assert self.packing is not None
-        hist = _checked(tag, self.packing.decode, total, len(growth.build), cuts.n_features, cuts.n_slots)
-        _checked(tag, check_plausible, hist, self.rows)
+        hist = checked_total(tag, self.packing.decode, total, len(growth.build), cuts.n_features, cuts.n_slots)
+        checked_total(tag, check_plausible, hist, self.rows)
         if growth.build.tolist() == [0]:
-            _checked(tag, check_root, hist, self.rows, self.p.subsample == 1.0 and not self.lost)
-        grown = _checked(tag, grow_level, growth, hist)
+            checked_total(tag, check_root, hist, self.rows, self.p.subsample == 1.0 and not self.lost)
+        grown = checked_total(tag, grow_level, growth, hist)
         self.site.after_level(grown)
         return grown
 
-    async def evaluate(self, model: bytes, test: tuple[np.ndarray, np.ndarray] | Callable[..., Any]) -> dict | None:
-        """The final model on the sites' test parts: one secure sum; None if it fails. `test`: the
-        rows, or (Dask engine) a function of (model, parties) giving this site's vector."""
+    async def evaluate(self, model: bytes, test: tuple[np.ndarray, np.ndarray] | Callable[..., Any],
+                       name: str = "eval", params: Mapping[str, Any] | None = None) -> dict | None:
+        """A model on the sites' test parts: one secure sum; None if it fails. `test`: the rows,
+        or (Dask engine) a function of (model, parties, params) giving this site's vector. A member
+        lost in a round's evaluation is lost as in any sum (_Lost); in the final one the model is
+        final either way and only its federated score is missing."""
+        params = params or self.params
         if callable(test):
-            vector = await self.offload(test, model, len(self.members))
+            vector = await self.offload(test, model, len(self.members), params)
         else:
-            pred = await self.offload(boosting.predict_proba, model, test[0], self.params["nthread"] or None)
-            vector = eval_vector(test[1], pred, self.params, len(self.members))
+            pred = await self.offload(boosting.predict_proba, model, test[0], params["nthread"] or None)
+            vector = eval_vector(test[1], pred, params, len(self.members))
         try:
-            _, total = await self.sum("eval", vector, min(self.ctx.hop_timeout_ms, EVAL_HOP_TIMEOUT_MS))
-        except (JobError, _Lost):
-            return None            # the model is final either way; only its federated score is missing
-        return eval_metrics(total, self.params)
+            tag, total = await self.sum(name, vector, min(self.ctx.hop_timeout_ms, EVAL_HOP_TIMEOUT_MS))
+        except JobError:
+            return None
+        except _Lost:
+            if name == "eval":
+                return None
+            raise
+        checked_total(tag, check_eval, total, params)
+        return eval_metrics(total, params)
+
+    def evaluate_rounds(self, test: tuple[np.ndarray, np.ndarray] | Callable[..., Any]) -> None:
+        """Evaluate the model so far every `eval_every` rounds on `test` (the history)."""
+        params = {**self.params, "eval_bins": min(self.params["eval_round_bins"], self.params["eval_bins"])}
+
+        async def eval_round(rnd: int) -> None:
+            assert self.base is not None
+            model = await self.offload(model_bytes, list(self.trees), self.base, self.n_features, self.p)
+            entry: dict[str, Any] = {"round": rnd, "trees": len(self.trees)}
+            metrics = await self.evaluate(model, test, f"r{rnd}/eval", params)
+            entry.update(metrics if metrics is not None else {"eval_error": "the evaluation's secure sum failed"})
+            self.history.append(entry)
+            self.ch.progress(f"histogram mode: round {rnd} of {self.p.num_round}", len(self.trees),
+                             self.total_trees, point=metrics and {"round": rnd, **metrics})
+        self.eval_round = eval_round
 
 
-def _impossible(tag: str, what: Any) -> ImpossibleSum:
-    return ImpossibleSum(f"protocol error: secure sum '{tag}' gave a total no honest members can give: {what}")
+def _evaluated(rnd: int, params: Mapping[str, Any]) -> bool:
+    """Is round `rnd` (from 1) an evaluation round: every `eval_every` (0: the last only)."""
+    every = params["eval_every"]
+    return rnd == params["rounds"] or (every > 0 and rnd % every == 0)
 
 
-def _checked(tag: str, step: Callable[..., Any], *args: Any) -> Any:
-    """step(*args) on a sum's total; the core's ValueError (an impossible total) ends the job everywhere."""
-    try:
-        return step(*args)
-    except ValueError as exc:
-        raise _impossible(tag, exc) from None
+def _impossible(tag: str, what: Any) -> ImplausibleTotal:
+    return ImplausibleTotal.of(tag, str(what))
 
 
 async def run_hist(ch: Any, params: Mapping[str, Any], ctx: JobContext,
@@ -288,17 +316,20 @@ async def run_hist(ch: Any, params: Mapping[str, Any], ctx: JobContext,
     site = Site(ch=ch, params=params, ctx=ctx, tools=Tools())
     if getattr(ctx.data, "engine", "memory") == "dask":
         job, rows, test = await _dask_job(ch, params, ctx, site, offload or asyncio.to_thread)
+        train = test
     else:
         prepare(site)              # the same seeded train/test split as bagging mode
         job = HistJob(ch, params, ctx, site.fit, site.groups, offload or asyncio.to_thread)
         rows = {"train": int(len(site.fit[1])), "test": int(len(site.test[1])) if params["test_fraction"] else 0}
-        test = site.test
+        test, train = site.test, site.fit
+    if params["test_fraction"] > 0 or not callable(train):   # (the Dask engine evaluates test parts only)
+        job.evaluate_rounds(test if params["test_fraction"] > 0 else train)
     model = await job.run()
     info = boosting.model_info(model)          # canonical and well-formed, as any stored model
     p, names = params, ctx.names
     out: dict[str, Any] = {
         "mode": "histogram", "rounds": p["rounds"], "trees": info.n_trees,
-        "model_sha256": boosting.model_sha256(model), "history": [],
+        "model_sha256": boosting.model_sha256(model), "history": job.history,
         "base_score": job.base[0] if site.groups == 1 else list(job.base or ()),
         "features": list(ctx.data.features), "objective": p["objective"], "classes": class_names(p),
         "rows": rows,
@@ -306,6 +337,10 @@ async def run_hist(ch: Any, params: Mapping[str, Any], ctx: JobContext,
         "lost": [names.get(m, m.hex()[:16]) for m in job.lost], "secure_sums": job.sums,
     }
     fed = await job.evaluate(model, test) if p["test_fraction"] > 0 else None
+    if fed is not None:
+        job.history.append({"round": p["rounds"], "trees": info.n_trees, **fed})
+        ch.progress(f"histogram mode: round {p['rounds']} of {p['rounds']}", job.total_trees, job.total_trees,
+                    point={"round": p["rounds"], **fed})
     score_result(out, p, fed, "the sites' test parts")
     if ctx.test_data is not None:
         X, y = ctx.test_data.X, site_labels(ctx.test_data, p)
@@ -330,8 +365,8 @@ async def _dask_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, site: A
         raise JobError(f"histogram mode: {exc}") from None
     job = HistJob(ch, params, ctx, None, site.groups, offload, site=member)
 
-    def test_vector(model: bytes, parties: int) -> np.ndarray:
-        total = member.test_total(_eval_rows, model, dict(params))
+    def test_vector(model: bytes, parties: int, eval_params: Mapping[str, Any]) -> np.ndarray:
+        total = member.test_total(_eval_rows, model, dict(eval_params))
         assert total is not None, "split_mask keeps at least one test row"
         return encode_eval(*total, parties)
     return job, {"train": member.rows, "test": member.test_rows if split else 0}, test_vector

@@ -16,7 +16,7 @@ import numpy as np
 
 from fedpeer.base.store import atomic_write
 from fedpeer.errors import JobError
-from fedpeer.jobs.kind import Finished, JobContext, JobKind, Limit, Param
+from fedpeer.jobs.kind import Finished, JobContext, JobKind, Limit, Param, checked_total
 from fedpeer.jobs.params import SECURE_SUM_LARGE, seed, test_fraction
 from fedpeer.kinds.scoring import binary_rows, class_rows
 from fedpeer.kinds.xgboost import text
@@ -43,6 +43,7 @@ from fedpeer.kinds.xgboost.messages import (
 from fedpeer.kinds.xgboost.site import Site, score_result
 from fedpeer.kinds.xgboost.target import (
     base_from_total,
+    check_labels,
     class_names,
     eval_metrics,
     eval_vector,
@@ -108,7 +109,7 @@ PARAMS = {
                        "inside a bin); an evaluation secure-sums 2 x bins x classes + 5 numbers per site, ~16 KB at "
                        "1,000 bins (binary), sent once per site and by the sum's initiator once more to every member",
                        low=10, high=100_000),
-    "eval_round_bins": Param(int, 100, "bagging mode: score histogram bins of the rounds before the last (at most "
+    "eval_round_bins": Param(int, 100, "score histogram bins of the rounds before the last (at most "
                              "eval_bins). What the default costs (binary): 205 numbers (~1.6 KB) per site and "
                              "round; measured on 5 daemons (breast cancer, 30 rounds) ~19 KB per evaluated round "
                              "over the whole federation against ~148 KB at 1,000 bins: a job's bytes 1.2 MB "
@@ -117,8 +118,9 @@ PARAMS = {
                              " rounds of a set with 3 in 100 rows positive, scores bunched in few bins); the last "
                              "round always uses eval_bins",
                              low=10, high=100_000),
-    "eval_every": Param(int, 1, "bagging mode: evaluate the model every this many rounds (the last round always; "
-                        "0: the last round only)", low=0, high=10_000),
+    "eval_every": Param(int, 5, "evaluate the model every this many rounds, for the history and its curve (the "
+                        "last round always; 0: the last round only); each evaluation is one small secure sum",
+                        low=0, high=10_000),
     "member_timeout_ms": Param(int, 600_000, "the leader waits this long for a site's trees", low=1_000,
                                high=86_400_000),
     "seed": seed("seed of the splits and of xgboost's sampling"),
@@ -142,6 +144,7 @@ async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, tools: To
                            mode=params["secure_sum"], hop_timeout_ms=ctx.hop_timeout_ms)
     if ch.me not in out.participants:
         raise JobError("this site was left out of the label-count sum")
+    checked_total("xgb/labels", check_labels, out.total, params, len(out.participants))
     site.base, site.total_rows = base_from_total(out.total, params)
     site.adopt(0, 0, None)
     try:

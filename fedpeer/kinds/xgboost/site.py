@@ -45,7 +45,9 @@ A leader of term T:
   round r and sends "commit r" (the round's trees documents) to every member; each member
   rebuilds the model, checks its SHA-256, stores it and acknowledges;
 - after the commit, the round's participants evaluate the model on their test parts with one
-  secure sum (log-loss, accuracy, per-class score histograms -> AUC);
+  secure sum (log-loss, accuracy, per-class score histograms -> AUC); a total no honest
+  participants can give (target.py `check_eval`) ends the job everywhere naming no site, as does
+  such a label-count total at the start (`check_labels`);
 - when round `rounds` is committed and a majority stores it, sends "finish" to every live member
   and, once all confirmed, "release". A member told "finish" lingers (LINGER_MS) until released,
   so that if the leader dies half-way, a finished member elected next can still finish the rest.
@@ -80,7 +82,7 @@ import numpy as np
 from fedpeer.base.logs import fields as log_fields
 from fedpeer.base.store import atomic_write, write_json
 from fedpeer.errors import DataError, JobError, public_reason
-from fedpeer.jobs.kind import JobContext, site_seed
+from fedpeer.jobs.kind import ImplausibleTotal, JobContext, checked_total, site_seed
 from fedpeer.kinds.xgboost.fencing import Fence
 from fedpeer.kinds.xgboost.lead import Leading
 from fedpeer.kinds.xgboost.messages import (
@@ -105,6 +107,7 @@ from fedpeer.kinds.xgboost.messages import (
     train_params,
 )
 from fedpeer.kinds.xgboost.target import (
+    check_eval,
     class_names,
     eval_metrics,
     eval_vector,
@@ -387,6 +390,8 @@ class Site(Leading):
             elif msg.op == "done" and self.commit[1:] == (msg.round, msg.sha):
                 self.finish_now()     # the job ended while we were cut off: nobody waits for us
                 self.released = True
+        except ImplausibleTotal:
+            raise                # a sum every participant got: the job ends everywhere, not just this directive
         except (boosting.TreesError, JobError, DataError, ValueError) as exc:
             self.reply(src, msg, error=f"{type(exc).__name__}: {exc}"[:2000])
 
@@ -502,7 +507,10 @@ class Site(Leading):
         except (JobError, _Died) as exc:
             entry["eval_error"] = str(exc)[:300]
             return
-        entry.update(eval_metrics(out.total, p))
+        checked_total(f"xgb/eval/{term}/{rnd}", check_eval, out.total, p)   # every participant: the job ends
+        metrics = eval_metrics(out.total, p)
+        entry.update(metrics)
+        self.ch.progress(f"round {rnd} of {p['rounds']}", rnd, p["rounds"], point={"round": rnd, **metrics})
         entry["evaluated_by"] = [m.hex() for m in out.participants]
 
     async def while_alive(self, peer: bytes, work: Any, term: int | None = None,

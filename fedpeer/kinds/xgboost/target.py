@@ -9,6 +9,8 @@ vector every member secure-sums and the metrics read from its total.
   -> the label mean (fedpeer.ml.xgb.histboost.label_stats, the histogram core's own); evaluation =
   rows (a count) and Σ (prediction - y)², Σ |prediction - y| (fixed point) -> RMSE, MAE.
 Nothing here sees another site's values: every vector goes through the secure sum.
+`check_labels` and `check_eval` say whether a total can come from honest sites (ValueError naming
+the check; the job ends everywhere with it, naming no site).
 """
 
 from __future__ import annotations
@@ -24,8 +26,16 @@ from fedpeer.data import dataset as mldata
 from fedpeer.errors import DataError, JobError
 from fedpeer.jobs.kind import site_seed
 from fedpeer.ml import evaluation as evalcounts
-from fedpeer.ml.xgb import boosting
-from fedpeer.ml.xgb.histboost import HistParams, base_score_from_stats, decode_ints, encode_ints, label_stats
+from fedpeer.ml.moments import FIXED, whole_counts
+from fedpeer.ml.xgb import bagging, boosting
+from fedpeer.ml.xgb.histboost import (
+    HistParams,
+    base_score_from_stats,
+    check_label_stats,
+    decode_ints,
+    encode_ints,
+    label_stats,
+)
 from fedpeer.protocols.fixedpoint import decode_counts, encode_counts
 
 REGRESSION = "reg:squarederror"
@@ -97,6 +107,14 @@ def label_vector(y: np.ndarray, params: Mapping[str, Any], n_parties: int) -> np
     return encode_counts(counts.astype(np.int64), n_parties, COUNT_MAX)
 
 
+def check_labels(total: np.ndarray, params: Mapping[str, Any], parties: int) -> None:
+    """ValueError (naming the check) unless summed `label_vector`s can come from honest sites."""
+    if is_regression(params):
+        check_label_stats(decode_ints(total), _REG, parties)
+    else:
+        bagging.check_label_counts(whole_counts(total), groups_of(params), parties * COUNT_MAX)
+
+
 def base_from_total(total: np.ndarray, params: Mapping[str, Any]) -> tuple[Any, int]:
     """(global base_score, total training rows) from the summed `label_vector`s: a float (binary:
     the prior probability; regression: the label mean as a margin) or K class-prior margins."""
@@ -136,6 +154,17 @@ def encode_eval(counts: np.ndarray, sums: np.ndarray, n_parties: int) -> np.ndar
     from fedpeer.ml.moments import FIXED
 
     return np.concatenate([encode_counts(counts.astype(np.int64), n_parties, COUNT_MAX), FIXED.encode(sums, n_parties)])
+
+
+def check_eval(total: np.ndarray, params: Mapping[str, Any]) -> None:
+    """ValueError (naming the check) unless summed `eval_vector`s can come from honest sites
+    (fedpeer/ml/evaluation.py `check_counts`, `check_errors`)."""
+    k = _n_counts(params)
+    counts, sums = whole_counts(total[:k]), FIXED.decode(total[k:])
+    if is_regression(params):
+        evalcounts.check_errors(int(counts[0]), float(sums[0]), float(sums[1]))
+    else:
+        evalcounts.check_counts(counts, float(sums[0]), groups_of(params), params["eval_bins"])
 
 
 def eval_metrics(total: np.ndarray, params: Mapping[str, Any]) -> dict:

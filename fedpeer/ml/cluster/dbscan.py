@@ -6,7 +6,9 @@
 2. The descriptions travel in *slots*: the job's vector holds `local_clusters_max` slots per member,
    a site fills its own and leaves the others at zero, so the secure sum of all vectors is every
    site's descriptions side by side (`pack` / `unpack`). This shares each local cluster's row
-   count and mixture with every member — more than the kmeans and gmm jobs share.
+   count and mixture with every member — more than the kmeans and gmm jobs share. Beside them
+   travel the clustered rows' Σx and Σx² per feature (federation-wide; the descriptions imply
+   them), which every described mixture must reproduce (`check_moments`).
 3. Every member samples the same synthetic points from all descriptions (generator seeded by the
    job seed, the member's position and the slot; a cluster of n rows gives n points, split over
    its Gaussians by a multinomial draw on their weights, as Vasilopoulou's thesis, Table 5.2) and runs
@@ -22,6 +24,10 @@ from __future__ import annotations
 import numpy as np
 
 from fedpeer.errors import JobError
+from fedpeer.ml.moments import PLAUSIBLE_RTOL, slack
+
+DESCRIPTION_WEIGHTS_TOL = 1e-6          # |Σ weights - 1| of an honest description after rounding
+DESCRIPTION_COVARIANCE_ATOL = 1e-9      # a covariance entry's fixed-point rounding (2^-32 per member), per feature
 
 
 def slot_size(components: int, d: int) -> int:
@@ -32,11 +38,20 @@ def slot_size(components: int, d: int) -> int:
 def describe_site(X: np.ndarray, eps: float, min_samples: int, components: int, seed: int,
                   reg_covar: float) -> list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
     """(rows, weights, means, covariances) of each local DBSCAN cluster, largest first."""
+    return describe_with_moments(X, eps, min_samples, components, seed, reg_covar)[0]
+
+
+def describe_with_moments(X: np.ndarray, eps: float, min_samples: int, components: int, seed: int,
+                          reg_covar: float) -> tuple[list, np.ndarray]:
+    """`describe_site`'s descriptions and [Σx, Σx²] per feature over the rows in local clusters:
+    what the descriptions imply, summed beside them so that the federation can hold every
+    description to its rows (`check_moments`)."""
     from sklearn.cluster import DBSCAN
     from sklearn.mixture import GaussianMixture
 
+    moments = np.zeros(2 * X.shape[1])
     if X.shape[0] == 0:
-        return []
+        return [], moments
     labels = DBSCAN(eps=eps, min_samples=min_samples).fit_predict(X)
     found = [c for c in np.unique(labels) if c >= 0]
     found.sort(key=lambda c: (-int((labels == c).sum()), int(c)))
@@ -46,7 +61,8 @@ def describe_site(X: np.ndarray, eps: float, min_samples: int, components: int, 
         n_comp = min(components, len(rows))
         gm = GaussianMixture(n_comp, covariance_type="full", reg_covar=reg_covar, random_state=seed).fit(rows)
         out.append((len(rows), gm.weights_, gm.means_, gm.covariances_))
-    return out
+        moments += np.concatenate([rows.sum(axis=0), (rows * rows).sum(axis=0)])
+    return out, moments
 
 
 def pack(descriptions: list, position: int, members: int, slots: int, components: int, d: int) -> np.ndarray:
@@ -75,7 +91,10 @@ def pack(descriptions: list, position: int, members: int, slots: int, components
 def unpack(total: np.ndarray, members: int, slots: int, components: int,
            d: int) -> list[tuple[int, int, int, np.ndarray, np.ndarray, np.ndarray]]:
     """(member position, slot, rows, weights, means, covariances) of every filled slot, in order.
-    JobError when a slot cannot be a description an honest site sent."""
+    ValueError (naming the check) when a slot cannot be a description an honest site sent: rows
+    a whole number >= 1, at most min(components, rows) weights, each in [0, 1], adding up to 1,
+    every value finite, every described covariance symmetric positive semi-definite. (Which slot
+    proves nothing of who wrote it: any member can add to any slot.)"""
     size, tri = slot_size(components, d), d * (d + 1) // 2
     iu = np.triu_indices(d)
     out = []
@@ -93,12 +112,61 @@ def unpack(total: np.ndarray, members: int, slots: int, components: int,
                 covs[c][iu] = flat[c]
                 covs[c] = covs[c] + np.triu(covs[c], 1).T
             keep = weights > 0
-            if (rows < 1 or rows != round(rows) or (weights < 0).any() or abs(weights.sum() - 1) > 1e-6
-                    or not np.isfinite(block).all()):
-                raise JobError(f"the shared cluster descriptions cannot come from an honest site (member "
-                               f"{p + 1}, slot {s + 1}): a member sent a wrong contribution")
+            if (not np.isfinite(block).all() or rows < 1 or rows != round(rows) or (weights < 0).any()
+                    or (weights > 1).any() or abs(weights.sum() - 1) > DESCRIPTION_WEIGHTS_TOL
+                    or int(keep.sum()) > min(components, rows)):
+                raise ValueError("every shared cluster description has whole rows and weights adding up to 1")
+            _check_covariances(covs[keep], flat[keep])
             out.append((p, s, int(round(rows)), weights[keep], means[keep], covs[keep]))
     return out
+
+
+def _check_covariances(covs: np.ndarray, flat: np.ndarray) -> None:
+    """Every described covariance positive semi-definite, up to the rounding of its entries
+    (fixed point: DESCRIPTION_COVARIANCE_ATOL; float: a relative PLAUSIBLE_RTOL of its trace)."""
+    if not len(covs):
+        return
+    lowest = np.linalg.eigvalsh(covs)[:, 0]
+    traces = np.trace(covs, axis1=1, axis2=2)
+    if (lowest < -(PLAUSIBLE_RTOL * np.abs(traces) + DESCRIPTION_COVARIANCE_ATOL * covs.shape[1])).any():
+        raise ValueError("every shared covariance is positive semi-definite")
+
+
+def check_counts(described: list, rows: int, noise: int) -> None:
+    """ValueError unless the first sum's counts fit its descriptions: the noise between 0 and the
+    rows, and the local clusters' rows plus the noise adding up to the rows (each site's rows are
+    in one local cluster or noise)."""
+    if not 0 <= noise <= rows:
+        raise ValueError("the noise rows are between 0 and the rows")
+    if sum(n for _, _, n, *_ in described) + noise != rows:
+        raise ValueError("the local clusters' rows and the noise add up to the rows")
+
+
+def check_moments(described: list, moments: np.ndarray, reg_covar: float, rows: int) -> None:
+    """ValueError unless the descriptions fit the summed [Σx, Σx²] of the clustered rows: a
+    Gaussian mixture fitted by EM (scikit-learn's M-step) reproduces its rows' first and second
+    moments, Σ_c N_c m_c = Σx and Σ_c N_c (Σ_c,jj - reg_covar + m_cj²) = Σx_j², with N_c = rows·w_c.
+    A description of rows elsewhere than the rows summed fails it."""
+    d = len(moments) // 2
+    first, second = np.zeros(d), np.zeros(d)
+    size_1, size_2 = np.zeros(d), np.zeros(d)
+    for _, _, n, weights, means, covs in described:
+        N = n * weights
+        first += N @ means
+        size_1 += N @ np.abs(means)
+        diag = np.diagonal(covs, axis1=1, axis2=2) - reg_covar + means * means
+        second += N @ diag
+        size_2 += N @ np.abs(diag)
+    s1, s2 = moments[:d], moments[d:]
+    if not np.isfinite(moments).all() or (np.abs(first - s1) > slack(size_1 + np.abs(s1), rows)).any() \
+            or (np.abs(second - s2) > slack(size_2 + np.abs(s2) + reg_covar * rows, rows)).any():
+        raise ValueError("the shared descriptions reproduce their rows' summed Σx and Σx²")
+
+
+def check_sizes(sizes: np.ndarray, rows: int) -> None:
+    """ValueError unless the second sum's sizes (noise, then every cluster) hold every row once."""
+    if (sizes < 0).any() or int(sizes.sum()) != rows:
+        raise ValueError("the cluster sizes and the noise add up to the rows")
 
 
 def synthesize(described: list, seed: int) -> np.ndarray:

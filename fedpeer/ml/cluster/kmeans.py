@@ -24,6 +24,14 @@ rounds. After a stop that is not strict, one more round only evaluates the final
 and cluster sizes at those centres), as scikit-learn re-assigns labels before its inertia. Of the
 restarts, the lowest inertia is kept, the first of those ending in the same clustering (`Lloyd.best`).
 
+What honest sums satisfy (`check_block`, ValueError naming the check; the jobs end everywhere
+with it): cluster sizes are counts adding up to the rows, the changed rows at most the rows; hard
+k-means' weights are the sizes, fuzzy weights Σ u^m lie between rows·k^(1-m) and the rows; every
+cluster's Σ w z is within Cauchy–Schwarz of its weight and the rows' Σz² (from the moments);
+the objective is between 0 and the rows' squared distance to any one current centre (memberships
+minimise it); and J + 2 Σ c·s_c - Σ w_c ‖c‖² lies between k^(1-m) Σz² and Σz² (hard k-means: it
+equals Σz², so the moments tie the inertia).
+
 Empty clusters (the documented rule): a cluster that receives no rows (Σ w = 0) gets a new centre
 drawn from the federation-wide per-feature normal N(mean, std²) with a generator seeded by
 (job seed, restart, round, cluster). It reveals nothing about any row (scikit-learn instead moves
@@ -42,6 +50,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedpeer.errors import JobError
+from fedpeer.ml.moments import PLAUSIBLE_RTOL, check_columns, slack
 
 ROWS_PER_CHUNK_CELLS = 1 << 20        # rows x restarts x max(k, d) held at once (8 MiB of float64)
 STATES = ("running", "evaluating", "done")
@@ -248,6 +257,11 @@ class Lloyd:
     seed: int
     mean: np.ndarray                        # federation-wide, clustering space (for re-seeding)
     std: np.ndarray
+    # the rows' Σz and Σz² per feature (clustering space) and the magnitude Σz² was computed
+    # from (its rounding), from the summed moments: what `check_block` holds the sums against
+    z_sums: np.ndarray | None = None
+    z_squares: np.ndarray | None = None
+    z_magnitude: np.ndarray | None = None
     restarts: list[Restart] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -294,7 +308,7 @@ class Lloyd:
         r = self.restarts[i]
         sums, weights, objective = f[:k * d].reshape(k, d), f[k * d:k * d + k], float(f[-1])
         sizes, changed = c[:k], int(c[k])
-        check_block(sums, weights, objective, sizes, changed, n)
+        check_block(self, r.centers, sums, weights, objective, sizes, changed, n)
         r.history.append(objective)
         if r.state == "evaluating":
             r.inertia, r.counts, r.state = objective, sizes.copy(), "done"
@@ -346,22 +360,61 @@ class Lloyd:
             abs(a.inertia - b.inertia) <= SAME_CLUSTERING_RTOL * max(abs(a.inertia), abs(b.inertia))
 
 
-def check_block(sums: np.ndarray, weights: np.ndarray, objective: float, sizes: np.ndarray,
-                changed: int, n: int) -> None:
-    """What honest sites' sums always satisfy; otherwise a member sent a wrong contribution and
-    the job fails with the reason rather than handing every site centres that cannot be true."""
-    problems = []
+def check_block(lloyd: Lloyd, centers: np.ndarray, sums: np.ndarray, weights: np.ndarray, objective: float,
+                sizes: np.ndarray, changed: int, n: int) -> None:
+    """ValueError (naming the check) unless one restart's summed block, taken at `centers`, is
+    what honest sites can give (module docstring); the job then ends rather than hand every
+    site centres that cannot be true."""
     if not (np.isfinite(sums).all() and np.isfinite(weights).all() and np.isfinite(objective)):
-        problems.append("a sum that is not finite")
-    if (weights < -1e-6).any() or objective < -1e-6:
-        problems.append("a negative weight or inertia")
+        raise ValueError("every sum is finite")
     if (sizes < 0).any() or int(sizes.sum()) != n:
-        problems.append(f"cluster sizes adding up to {int(sizes.sum())}, not the {n} rows")
+        raise ValueError("the cluster sizes add up to the rows")
     if not 0 <= changed <= n:
-        problems.append(f"{changed} changed rows of {n}")
-    if problems:
-        raise JobError("the secure sums cannot come from honest sites (" + "; ".join(problems)
-                       + "): a member sent a wrong contribution; no clustering is reported")
+        raise ValueError("the changed rows are between 0 and the rows")
+    if lloyd.fuzziness == 1.0:
+        if (np.abs(weights - sizes) > 0.5).any():
+            raise ValueError("every cluster's weight is its size")
+    else:
+        low = n * float(len(weights)) ** (1.0 - lloyd.fuzziness)
+        total = float(weights.sum())
+        if (weights < -slack(0.0, n)).any() or total > n + slack(n, n) or total < low - slack(low, n):
+            raise ValueError("the fuzzy weights lie between rows·k^(1-m) and the rows")
+    if lloyd.z_sums is None or lloyd.z_squares is None or lloyd.z_magnitude is None:
+        return
+    squares = lloyd.z_squares + slack(lloyd.z_magnitude, n)          # the most Σz² honest rows hold
+    w = np.maximum(weights, 0.0)
+    if (sums * sums > w[:, None] * squares[None, :] * (1 + PLAUSIBLE_RTOL) + slack(0.0, n)).any():
+        raise ValueError("every cluster's sum is within its weight and the rows' spread")
+    _check_objective(lloyd, centers, sums, w, objective, n)
+
+
+def _check_objective(lloyd: Lloyd, centers: np.ndarray, sums: np.ndarray, w: np.ndarray, objective: float,
+                     n: int) -> None:
+    assert lloyd.z_sums is not None and lloyd.z_squares is not None and lloyd.z_magnitude is not None
+    total_sq, magnitude = float(lloyd.z_squares.sum()), float(lloyd.z_magnitude.sum())
+    cross = centers @ lloyd.z_sums                              # c · Σz per centre
+    norms = (centers * centers).sum(axis=1)
+    around = total_sq - 2.0 * cross + n * norms                 # Σ ‖z - c‖² over every row, per centre
+    room = slack(magnitude + 2.0 * np.abs(cross) + n * norms, n)
+    if objective < -slack(0.0, n) or objective > float((around + room).min()):
+        raise ValueError("the objective is between 0 and the rows' spread around any centre")
+    # J = Σ_c (A_c - 2 c·s_c + w_c ‖c‖²) with Σ_c A_c = Σ_i (Σ_c u^m) ‖z_i‖², and Σ_c u^m lies in
+    # [k^(1-m), 1]: the rows' Σ‖z‖² brackets J + 2 Σ c·s - Σ w ‖c‖² (hard k-means: equals it)
+    dots = (centers * sums).sum(axis=1)
+    weighted = float((w * norms).sum())
+    implied = objective + 2.0 * float(dots.sum()) - weighted
+    low = float(len(w)) ** (1.0 - lloyd.fuzziness)
+    room = slack(magnitude + 2.0 * float(np.abs(dots).sum()) + weighted + abs(objective), n)
+    if not low * total_sq - room <= implied <= total_sq + room:
+        raise ValueError("the objective fits the clusters' sums and the rows' Σz²")
+
+
+def check_moments(n: int, sums: np.ndarray, d: int) -> None:
+    """ValueError unless the summed [Σx, Σx²] over n rows can be honest (at least one row;
+    fedpeer/ml/moments.py `check_columns`)."""
+    if n < 1:
+        raise ValueError("the rows are at least 1")
+    check_columns(n, sums[:d], sums[d:2 * d])
 
 
 def tolerance(std: np.ndarray, tol: float) -> float:
@@ -389,7 +442,19 @@ def plan(X_moments: tuple[int, np.ndarray], d: int, *, k: int, seed: int, n_init
         inits = [space.to(init)]
     else:
         inits = [initial_centers(mean_c, std_c, k, seed, r) for r in range(n_init)]
-    return space, Lloyd(inits, fuzziness, tolerance(std_c, tol), max_iter, seed, mean_c, std_c)
+    z_sums, z_squares, z_magnitude = space_moments(space, n, sums, d)
+    return space, Lloyd(inits, fuzziness, tolerance(std_c, tol), max_iter, seed, mean_c, std_c,
+                        z_sums, z_squares, z_magnitude)
+
+
+def space_moments(space: Space, n: int, sums: np.ndarray, d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows' Σz, Σz² per feature in the clustering space z = (x - shift) / scale, from the
+    summed Σx, Σx², and the magnitude Σz² is computed from (the scale of its rounding)."""
+    s1, s2, shift, scale2 = sums[:d], sums[d:2 * d], space.shift, space.scale * space.scale
+    z_sums = (s1 - n * shift) / space.scale
+    z_squares = np.maximum((s2 - 2.0 * shift * s1 + n * shift * shift) / scale2, 0.0)
+    magnitude = (np.abs(s2) + 2.0 * np.abs(shift * s1) + n * shift * shift) / scale2
+    return z_sums, z_squares, magnitude
 
 
 def reference_kmeans(X: np.ndarray, **params: object) -> tuple[Space, Lloyd, int]:

@@ -12,6 +12,14 @@ r_c is the responsibility of component c for a row. The statistics are taken aro
 current means (not around 0): the new covariance is then S/N - δδᵀ with a small δ = new mean - m_c,
 free of the cancellation of Σ r x xᵀ / N - μμᵀ on data far from the origin.
 
+What honest blocks satisfy (`check_block`, ValueError naming the check; the job ends everywhere
+with it): finite; responsibilities N_c >= 0 adding up to the rows (whole numbers in the init
+block, whose log-likelihood is 0); every component's [[N, Σ r δᵀ], [Σ r δ, Σ r δδᵀ]] positive
+semi-definite (a weighted Gram matrix: the covariance the M-step gives is PSD before reg_covar);
+and at a model, the log-likelihood L within [Q, Q + rows·log k], where Q = Σ_c N_c (log w_c -
+½ d log 2π - ½ log det Σ_c) - ½ tr(Σ_c⁻¹ S_c) is the expected complete-data log-likelihood the
+same statistics give (log p(x) = Σ_c r_c log(w_c N_c(x)) + H(r), 0 <= H(r) <= log k).
+
 The M-step is scikit-learn's GaussianMixture: N_c = Σ r_c + 10·eps, weights N_c / n, means, and
 covariances with `reg_covar` added to the diagonal. Initialisation (scikit-learn's
 init_params="kmeans"): responsibilities one-hot on the nearest final k-means centre.
@@ -24,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedpeer.errors import JobError
+from fedpeer.ml.moments import is_whole, slack
 
 COVARIANCE_TYPES = ("full", "diag")
 ROWS_PER_CHUNK_CELLS = 1 << 22
@@ -147,6 +156,71 @@ def split_block(floats: np.ndarray, k: int, d: int, covariance: str) -> tuple[np
     else:
         second = rest.reshape(k, d)
     return N, first, second, float(floats[-1])
+
+
+def check_block(n: int, floats: np.ndarray, counts: np.ndarray, around: np.ndarray, covariance: str,
+                model: Mixture | None, kmeans: tuple[np.ndarray, float] | None = None) -> None:
+    """ValueError (naming the check) unless a summed block (module docstring) can be honest: at
+    `model` (an E-step round, statistics around its means), or the init block (model None,
+    one-hot responsibilities on the nearest of `around`, no log-likelihood, zero counts). With
+    `kmeans` = (sizes, inertia) of the k-means restart that gave `around`, the init block must be
+    that clustering: N = its sizes, Σ_c tr(S_c) = its inertia."""
+    k, d = around.shape
+    if not np.isfinite(floats).all():
+        raise ValueError("every statistic is finite")
+    N, first, second, loglik = split_block(floats, k, d, covariance)
+    if (N < -slack(0.0, n)).any() or abs(float(N.sum()) - n) > slack(n, n):
+        raise ValueError("the responsibilities are non-negative and add up to the rows")
+    if model is None:
+        if not all(is_whole(float(v), n) for v in N) or abs(loglik) > slack(0.0, n) or counts.any():
+            raise ValueError("the initial responsibilities are whole rows, with no log-likelihood")
+        traces = second.sum(axis=1) if covariance == "diag" else np.trace(second, axis1=1, axis2=2)
+        if kmeans is not None and ((np.abs(N - kmeans[0]) > 0.5).any()
+                                   or abs(float(traces.sum()) - kmeans[1]) > slack(abs(kmeans[1]), n)):
+            raise ValueError("the initial block is the k-means clustering: its sizes and inertia")
+    elif (counts < 0).any() or int(counts.sum()) != n:
+        raise ValueError("the cluster sizes add up to the rows")
+    _check_gram(N, first, second, covariance, n)
+    if model is not None:
+        _check_loglik(N, second, loglik, model, n)
+
+
+def _check_gram(N: np.ndarray, first: np.ndarray, second: np.ndarray, covariance: str, n: int) -> None:
+    """Every component's weighted Gram matrix of [1, x - m] is positive semi-definite."""
+    if covariance == "diag":
+        if (second < -slack(0.0, n)).any() or (first * first > np.maximum(N, 0.0)[:, None]
+                                               * (second + slack(second, n))).any():
+            raise ValueError("every component's second moments are a covariance (positive semi-definite)")
+        return
+    for c in range(len(N)):
+        gram = np.block([[np.array([[N[c]]]), first[c][None, :]], [first[c][:, None], second[c]]])
+        lowest = float(np.linalg.eigvalsh(gram)[0])
+        if lowest < -slack(np.trace(gram), n):
+            raise ValueError("every component's second moments are a covariance (positive semi-definite)")
+
+
+def _check_loglik(N: np.ndarray, second: np.ndarray, loglik: float, model: Mixture, n: int) -> None:
+    """Q <= L <= Q + rows·log k (module docstring), with the rounding of each term as slack."""
+    k, d = model.means.shape
+    chol = model.cholesky()
+    q, room = 0.0, 0.0
+    for c in range(k):
+        if model.covariance == "diag":
+            logdet = 2.0 * float(np.log(chol[c]).sum())
+            inv = np.diag(1.0 / model.covariances[c])
+            S = np.diag(second[c])
+        else:
+            logdet = 2.0 * float(np.log(np.diag(chol[c])).sum())
+            L_inv = np.linalg.inv(chol[c])
+            inv = L_inv.T @ L_inv
+            S = second[c]
+        per_row = float(np.log(model.weights[c])) - 0.5 * (d * _LOG_2PI + logdet)
+        trace = float((inv * S).sum())
+        q += float(N[c]) * per_row - 0.5 * trace
+        room += abs(float(N[c]) * per_row) + 0.5 * float((np.abs(inv) * (slack(S, n))).sum())
+    room = float(slack(room, n))
+    if not q - room <= loglik <= q + n * float(np.log(k)) + room:
+        raise ValueError("the log-likelihood lies within what the responsibilities' statistics give")
 
 
 def mstep(n: int, floats: np.ndarray, around: np.ndarray, covariance: str, reg_covar: float) -> Mixture:

@@ -169,17 +169,17 @@ def check_terms(problem: Problem, totals: np.ndarray, n: int, hessian: bool) -> 
     P = problem.coefs
     bound = n * (1 + PLAUSIBLE_SLACK) + 1e-6
     if not np.isfinite(totals).all():
-        raise ValueError("a summed term is not finite")
+        raise ValueError("every summed term is finite")
     if totals[0] < -1e-6:
-        raise ValueError("the summed log-loss is negative")
+        raise ValueError("the summed log-loss is not negative")
     if (np.abs(totals[1:1 + P]) > bound).any():
-        raise ValueError("a summed gradient entry exceeds the rows' bound")
+        raise ValueError("every summed gradient entry is within the rows")
     if hessian:
         upper = np.zeros((P, P))
         upper[np.triu_indices(P)] = totals[1 + P:]
         diag = np.diag(upper)
         if (diag < -1e-6).any() or (diag > bound / 4).any():
-            raise ValueError("a summed Hessian diagonal entry is negative or exceeds the rows' bound")
+            raise ValueError("every summed Hessian diagonal entry is between 0 and rows/4")
 
 
 def objective(problem: Problem, totals: np.ndarray, W: np.ndarray, n: int,

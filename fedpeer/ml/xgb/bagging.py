@@ -36,7 +36,7 @@ from fedpeer.ml.xgb.tree import (
     _trees_doc,
 )
 
-__all__ = ["normalized_eta", "train_local_round"]
+__all__ = ["check_label_counts", "normalized_eta", "train_local_round"]
 
 _ALLOWED_PARAMS = {                                # the only values tree bagging accepts
     "booster": ("gbtree",),                        # dart rescales old trees, gblinear has none
@@ -44,6 +44,24 @@ _ALLOWED_PARAMS = {                                # the only values tree baggin
     "multi_strategy": ("one_output_per_tree",),    # vector leaves are not carried
     "process_type": ("default",),                  # "update" would rewrite the global trees
 }
+
+
+def check_label_counts(counts: np.ndarray, groups: int, rows_max: int) -> int:
+    """ValueError unless summed label counts can be honest: binary [positives, rows] with
+    0 <= positives <= rows; multi-class one count per class, none negative; the rows between 1
+    and `rows_max` (the members' declared counts' bound, summed). Returns the rows."""
+    counts = np.asarray(counts, dtype=np.int64)
+    if groups == 1:
+        positives, rows = int(counts[0]), int(counts[1])
+        if not 0 <= positives <= rows:
+            raise ValueError("the positives are between 0 and the rows")
+    else:
+        rows = sum(int(c) for c in counts)        # Python ints: a poisoned sum cannot wrap
+        if (counts < 0).any():
+            raise ValueError("every class count is non-negative")
+    if not 1 <= rows <= rows_max:
+        raise ValueError("the rows are between 1 and the members' declared maximum")
+    return rows
 
 
 def normalized_eta(eta: float, my_rows: int, total_rows: int, mode: str = "none", my_gain: float | None = None,
