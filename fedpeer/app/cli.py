@@ -140,10 +140,10 @@ def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     s.add_argument("--data", required=True, type=Path, help="CSV with the model's feature columns (others are ignored)")
     s.add_argument("--out", type=Path, help="write the scores here as CSV (default: standard output)")
 
-    s = sub.add_parser("export", help="write a logreg job's model as scikit-learn LogisticRegression coefficients, "
-                       "or an mlp job's weights as arrays (JSON; no daemon needed)")
-    s.add_argument("--config", required=True, type=Path, help=CONFIG_HELP + " (its state_dir holds the model)")
-    s.add_argument("--job", required=True, help="the logreg or mlp job id whose model to export")
+    s = sub.add_parser("export", help="write a job's model as JSON arrays (no daemon needed): logreg as scikit-learn "
+                       "LogisticRegression coefficients, mlp its weights, tree scikit-learn's tree arrays")
+    s.add_argument("--config", type=Path, help=CONFIG_HELP.format(" (its state_dir holds the model)"))
+    s.add_argument("--job", required=True, help="the job id (logreg, mlp or tree) whose model to export")
     s.add_argument("--out", type=Path, help="write the JSON here (default: standard output)")
 
     s = sub.add_parser("data", help="this site's [data]: check it before a job does")

@@ -10,7 +10,8 @@ read by the same checked reader as job data, keeping only the model's feature co
 models give a score (BOFRF: the weighted vote, positive = positive class; xgboost, logreg, mlp:
 P(positive)) and a 0/1 prediction (logreg / mlp trained with two named classes: the class);
 multi-class xgboost, logreg and mlp give the predicted class and one probability per class; a reg:squarederror
-xgboost model gives the predicted value.
+xgboost model gives the predicted value. A tree gives what its leaf holds: P(positive) and 0/1, the
+class mix and its most frequent class, or (regression) the leaf's mean.
 k-means gives each row's cluster (the index in the job's canonical order: centres sorted by
 first coordinate) and its distance to that centre (fuzzy: one membership per cluster); a
 Gaussian mixture gives the most probable component and every component's probability; dbscan the
@@ -50,8 +51,9 @@ def predict_csv(config: Config, job_id: str, data: Path) -> list[dict]:
 def export_sklearn(config: Config, job_id: str) -> dict:
     """`fedpeer export`: a job's stored model as JSON-able arrays (the kind's `export`: logreg as
     scikit-learn LogisticRegression's attributes, mlp as MLPClassifier's weights with the mean and
-    scale its inputs are standardised with), after the same checks as predict (the record says
-    done, the file's SHA-256 is the record's, the arrays are valid)."""
+    scale its inputs are standardised with, tree as scikit-learn's tree arrays), after the same
+    checks as predict (the record says done, the file's SHA-256 is the record's, the arrays are
+    valid)."""
     from fedpeer.kinds.catalog import job_kinds
 
     record_path, record, kind = _stored(config, job_id)

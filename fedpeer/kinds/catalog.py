@@ -29,9 +29,10 @@ def job_kinds() -> dict[str, JobKind]:
     from fedpeer.kinds.linear.mlp import KIND as mlp
     from fedpeer.kinds.stats import KIND as stats
     from fedpeer.kinds.sumcheck import KIND as sumcheck
+    from fedpeer.kinds.tree.kind import KIND as tree
     from fedpeer.kinds.xgboost.kind import KIND as xgboost
 
-    kinds = {k.name: k for k in (stats, sumcheck, bofrf, xgboost, logreg, mlp, kmeans, gmm, dbscan)}
+    kinds = {k.name: k for k in (stats, sumcheck, bofrf, xgboost, tree, logreg, mlp, kmeans, gmm, dbscan)}
     for kind in kinds.values():
         register_declared(kind.messages)
     return kinds

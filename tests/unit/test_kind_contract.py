@@ -27,6 +27,7 @@ TINY: dict[str, dict] = {
     "sumcheck": {"entries": 4096},
     "bofrf": {"n_estimators": 5, "max_depth": 3},
     "xgboost": {"rounds": 3, "max_depth": 2},
+    "tree": {"max_depth": 3},
     "logreg": {"max_iter": 20},
     "mlp": {"rounds": 3, "hidden_layer_sizes": "4"},
     "kmeans": {"k": 2, "n_init": 1, "max_iter": 5},

@@ -203,6 +203,8 @@ REFUSALS = [
      "num_local_round 3 > [policy.xgboost] trees_per_round_max 2"),
     ("xgboost", "depth_max", 4, {"max_depth": 5}, "max_depth 5 > [policy.xgboost] depth_max 4"),
     ("xgboost", "bins_max", 64, {"max_bin": 65}, "max_bin 65 > [policy.xgboost] bins_max 64"),
+    ("tree", "depth_max", 4, {"max_depth": 5}, "max_depth 5 > [policy.tree] depth_max 4"),
+    ("tree", "bins_max", 64, {"max_bin": 65}, "max_bin 65 > [policy.tree] bins_max 64"),
     ("logreg", "iterations_max", 50, {"max_iter": 51}, "max_iter 51 > [policy.logreg] iterations_max 50"),
     ("logreg", "rounds_max", 50, {"rounds": 51}, "rounds 51 > [policy.logreg] rounds_max 50"),
     ("logreg", "local_epochs_max", 5, {"local_epochs": 6}, "local_epochs 6 > [policy.logreg] local_epochs_max 5"),

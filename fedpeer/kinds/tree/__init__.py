@@ -1,0 +1,1 @@
+"""`tree`: one exact federated CART tree."""

@@ -1,0 +1,52 @@
+"""What people read of a tree job: `job show` lines (the tree as if-then rules) and the harness table."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fedpeer.jobs.report import score, table
+
+RULES_SHOWN_MAX = 64       # rules `job show` prints; the rest are in the result and `fedpeer export`
+
+
+def metric(result: Mapping[str, Any]) -> tuple[str, float | None]:
+    """The figure a tree result leads with: ("AUC", auc) or ("RMSE", rmse)."""
+    return ("RMSE", result.get("rmse")) if result.get("criterion") == "squared_error" else ("AUC", result.get("auc"))
+
+
+def describe(result: Mapping[str, Any]) -> list[str]:
+    """`fedpeer job show` lines: the tree's shape, its score, how exact its thresholds are, its rules."""
+    name, value = metric(result)
+    lost = ", ".join(result.get("lost") or []) or "none"
+    lines = [f"  tree: {result['criterion']}, depth {result['depth']}, {result['n_leaves']} leaves, "
+             f"{result['federation_rows']} training rows; {result['secure_sums']} secure sums over "
+             f"{', '.join(result['members'])}; members lost: {lost}",
+             f"  {name} {score(value)} ({result.get('score_source') or '-'}); model file "
+             f"{result.get('model_file', '-')}"]
+    exact, features = result["exact_features"], len(result["features"])
+    lines.append(f"  thresholds: scikit-learn's midpoints on {exact} of {features} features" +
+                 ("" if exact == features else f"; the others' cut points hold several values (max_bin "
+                  f"{result['max_bin']} is not above the federation's {result['federation_rows']} rows)"))
+    rules = list(result.get("rules") or [])
+    lines.append(f"  rules ({len(rules) + result.get('rules_omitted', 0)}; a leaf's share is of the federation's "
+                 "training rows):")
+    lines += [f"    {rule}" for rule in rules[:RULES_SHOWN_MAX]]
+    more = len(rules) - RULES_SHOWN_MAX + result.get("rules_omitted", 0)
+    if more > 0:
+        lines.append(f"    ... and {more} more (the job's result, `fedpeer export`)")
+    return lines
+
+
+def site_table(sites: Sequence[Mapping[str, Any]]) -> str:
+    """One row per site: its rows, state, the tree's size and score, the model's SHA-256."""
+    rows = [("SITE", "ROWS", "STATE", "LEAVES", "DEPTH", "SCORE", "SCORE OF", "MODEL SHA-256")]
+    for s in sites:
+        r = s.get("result") or {}
+        if not r:
+            rows.append((s["name"], s.get("rows") or "-", s.get("state", "-"), *["-"] * 5))
+            continue
+        name, value = metric(r)
+        rows.append((s["name"], s.get("rows") or "-", s.get("state", "-"), r["n_leaves"], r["depth"],
+                     f"{name} {score(value)}", r.get("score_source") or "-", r["model_sha256"][:16]))
+    return table(rows)
