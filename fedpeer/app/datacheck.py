@@ -19,7 +19,7 @@ __all__ = ["report", "format_report"]
 def report(data: DataSection, limits: JobLimits) -> dict[str, Any]:
     """What `fedpeer data check` prints: the site's rows as a job that uses the label would load them
     (any number of classes), or without a label when [data] has none."""
-    needs_label = bool(data.label)
+    needs_label = bool(data.label) and data.partition != "vertical"    # a vertical site's label is no feature
     dataset, test = load_site(data, limits, needs_label=needs_label, binary=False)
     try:
         doc = _describe(dataset, data.csv or data.parquet or "[data] sql", count_labels=needs_label)
@@ -29,6 +29,8 @@ def report(data: DataSection, limits: JobLimits) -> dict[str, Any]:
     if data.engine == "dask":
         doc["engine"], doc["scheduler"], doc["partitions"] = "dask", data.scheduler, len(dataset.part_rows)
     doc["missing_policy"] = data.missing
+    if data.partition == "vertical":      # its rows are aligned with the other sites' by a job
+        doc["partition"], doc["id_column"] = "vertical", data.id_column
     if needs_label:       # what a job that needs two classes (stats, bofrf) would say of the label
         doc["binary_jobs"] = [name for name, kind in job_kinds().items() if kind.binary_label and kind.needs_data]
         doc["binary_refusal"] = binary_label_problem(doc["source"], data.label, data.positive or None,
@@ -42,8 +44,10 @@ def _describe(ds: Any, source: str, *, count_labels: bool) -> dict[str, Any]:
     if getattr(ds, "engine", "memory") == "dask":     # counted on the cluster, per partition
         values = sorted(ds.label_counts)
         counts = [ds.label_counts[v] for v in values]
-    else:
+    elif count_labels:
         values, counts = np.unique(ds.labels, return_counts=True)
+    else:                                              # a vertical site has no labels loaded
+        values, counts = np.array([]), np.array([])
     return {
         "source": source,
         "rows": ds.rows,
@@ -67,6 +71,9 @@ def format_report(doc: dict[str, Any]) -> str:
              f"(missing = \"{doc['missing_policy']}\")"]
     if doc.get("engine") == "dask":
         lines.append(f"engine dask: {doc['partitions']} partitions on {doc['scheduler']}")
+    if doc.get("partition") == "vertical":
+        lines.append(f"partition vertical: one row per ID of column {doc['id_column']!r} (every ID once); a job "
+                     "aligns them with the other sites' by a private set intersection")
     lines += _body(doc)
     if doc.get("binary_refusal"):
         lines.append(f"binary jobs ({', '.join(doc['binary_jobs'])}) would refuse it: {doc['binary_refusal']}")

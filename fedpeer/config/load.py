@@ -181,6 +181,10 @@ class DataSection:
     dask_workers: int = 2             # dask, scheduler = "local": worker processes (started once, kept)
     dask_connect_timeout_ms: int = 10_000   # dask: the scheduler must answer within this
     dask_step_timeout_ms: int = 600_000     # dask: one step of a job on the cluster (a level's histograms)
+    partition: str = "horizontal"     # "horizontal": the sites hold other rows of the same columns; "vertical":
+                                      # other columns of the same entities, aligned by a private set intersection
+                                      # on id_column (fedpeer/protocols/psi.py)
+    id_column: str = ""               # vertical: the column naming each entity (never a feature)
 
 
 @dataclass(frozen=True)
@@ -367,10 +371,36 @@ def _data(path: Path, table: object) -> DataSection:
     if data.missing not in ("error", "drop", "impute"):
         raise ConfigError(path, "data.missing", "expected \"error\", \"drop\" or \"impute\"")
     _check_engine(path, data)
+    _check_partition(path, data)
     def resolve(name: str) -> str:
         return name and str(Path(name) if Path(name).is_absolute() else path.parent / name)
     return dataclasses.replace(data, csv=resolve(data.csv), parquet=resolve(data.parquet),
                                test_csv=resolve(data.test_csv), dsn_file=resolve(data.dsn_file))
+
+
+PARTITIONS = ("horizontal", "vertical")
+
+
+def _check_partition(path: Path, data: DataSection) -> None:
+    """[data] partition and id_column: a vertical site names the column its entities are aligned on."""
+    if data.partition not in PARTITIONS:
+        raise ConfigError(path, "data.partition", f"expected \"horizontal\" or \"vertical\", got {data.partition!r}")
+    if data.partition == "horizontal":
+        if data.id_column:
+            raise ConfigError(path, "data.id_column", "only with partition = \"vertical\" (a horizontal site lists "
+                              "an identifier column in ignore)")
+        return
+    if not data.id_column.strip():
+        raise ConfigError(path, "data.id_column", "missing: partition = \"vertical\" needs the column that names "
+                          "each entity (e.g. id_column = \"patient_id\"), the same entities at every site")
+    if data.id_column == data.label:
+        raise ConfigError(path, "data.id_column", f"{data.id_column!r} is also [data] label; the ID column names "
+                          "entities, the label is a column of values")
+    for key, fix in (("engine", "engine = \"memory\""), ("test_csv", "no test_csv")):
+        if getattr(data, key) != getattr(DataSection, key):
+            raise ConfigError(path, f"data.{key}", f"partition = \"vertical\" needs {fix}: a vertical site's rows "
+                              "are aligned with the other sites' in memory, and a held-out file would need "
+                              "aligning too")
 
 
 def _check_engine(path: Path, data: DataSection) -> None:

@@ -126,6 +126,7 @@ class DaskSite:
     fingerprint, rows, rows_dropped), holds futures instead of X."""
 
     engine = "dask"
+    partition = "horizontal"        # [data] partition = "vertical" is memory-engine only
 
     def __init__(self, client: Any, scheduler: str, parts: list[Any], summary: dict, step_timeout_ms: int) -> None:
         self.client, self.scheduler = client, scheduler

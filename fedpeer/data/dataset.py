@@ -31,7 +31,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -74,6 +74,9 @@ class Dataset:
     gaps: np.ndarray | None = field(default=None, repr=False)   # bool (rows, features): the cells an
     # imputer fitted on these rows filled (None: none, or filled by another Dataset's imputer), so
     # that split_train_test can fit one on the training part alone
+    # [data] partition: a Dataset holds the same columns as the other sites (fedpeer/data/vertical.py:
+    # the vertical block)
+    partition: ClassVar[str] = "horizontal"
 
     @property
     def rows(self) -> int:

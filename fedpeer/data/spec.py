@@ -8,6 +8,7 @@ The sources (fedpeer/data/sources/) and the layer that finishes their output
 from __future__ import annotations
 
 import codecs
+import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -185,6 +186,25 @@ def check_columns(where: object, header: Sequence[str], spec: DataSpec,
                             f"the columns are {_quote_list(header)}",
                             public=f"[data] ignore lists column {name!r}, which its data does not have")
     return seen
+
+
+# The schema fingerprint every vertical site shows (fedpeer/data/vertical.py): its columns are its own by
+# design, so the members of a vertical job agree on the partition, not on the columns.
+VERTICAL_FINGERPRINT = hashlib.sha256(b"fedpeer.schema.vertical.v1\x00").digest()
+
+
+def data_difference(mine_fp: bytes, mine: tuple[str, ...], theirs_fp: bytes, theirs: list[str], their_name: str,
+                    my_name: str) -> str:
+    """What differs between two members' data whose fingerprints differ, and the fix: one vertical
+    and one horizontal ([data] partition), or their columns (`schema_difference`)."""
+    if VERTICAL_FINGERPRINT in (mine_fp, theirs_fp):
+        theirs_is = "vertical" if theirs_fp == VERTICAL_FINGERPRINT else "horizontal"
+        mine_is = "vertical" if mine_fp == VERTICAL_FINGERPRINT else "horizontal"
+        return (f"its data is {theirs_is}, {my_name}'s is {mine_is} ([data] partition); every member of a job "
+                f"holds the same partition: set [data] partition = \"{mine_is}\" at {their_name}"
+                + (" with its id_column" if mine_is == "vertical" else "")
+                + ", or propose the job to the members that match")
+    return schema_difference(mine, theirs, their_name, my_name)
 
 
 def schema_difference(mine: tuple[str, ...], theirs: list[str], their_name: str, my_name: str) -> str:

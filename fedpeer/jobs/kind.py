@@ -131,6 +131,9 @@ class JobKind:
     # parameters do, the name of what `params` ask for when it does not run there (None: it does)
     dask_support: str = ""
     dask_refused: Callable[[Mapping[str, Any]], str | None] | None = None
+    # [data] partition = "vertical": whether the kind runs over sites holding other columns of the same
+    # entities (its run then gets a VerticalBlock, fedpeer/data/vertical.py, as ctx.data)
+    vertical: bool = False
     messages: tuple[Any, ...] = ()   # its wire messages (wire.declare), registered by the job catalogue
     # What people read of a done job (`job show`, `run --wait`): lines under the job's header
     describe: Callable[[Mapping[str, Any]], list[str]] = report.raw
@@ -196,6 +199,13 @@ def dask_refusal(kind: JobKind, params: Mapping[str, Any], kinds: Mapping[str, J
     supported = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else "".join(names)
     return (f"[data] engine = \"dask\" supports {supported} jobs, not {what}: the rows stay on the "
             "site's Dask cluster; run this job at a site with engine = \"memory\"")
+
+
+def vertical_refusal(kind: JobKind, kinds: Mapping[str, JobKind]) -> str:
+    """Why a job of `kind` cannot run on a site whose data is vertical ([data] partition = "vertical")."""
+    names = [k.name for k in kinds.values() if k.vertical]
+    return (f"[data] partition = \"vertical\": a {kind.name} job needs every site to hold the same columns of "
+            f"other rows; vertical sites run {' and '.join(names)} jobs: run it among horizontal sites")
 
 
 def site_seed(seed: int, member: bytes) -> int:

@@ -32,6 +32,8 @@ from fedpeer.errors import JobError
 from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param, checked_total
 from fedpeer.jobs.params import SECURE_SUM
 from fedpeer.jobs.report import table
+from fedpeer.kinds import vertical_stats
+from fedpeer.kinds.aligned import MESSAGES as VERTICAL_MESSAGES
 from fedpeer.ml.moments import FIXED, check_moments, check_spread, local_moments, whole_counts
 from fedpeer.protocols.fixedpoint import encode_counts
 from fedpeer.protocols.securesum.api import secure_sum
@@ -71,6 +73,8 @@ def local_spread(X: np.ndarray, y: Any, mean: np.ndarray, edges: np.ndarray) -> 
 
 
 async def run(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
+    if ctx.data.partition == "vertical":      # every column is one site's (fedpeer/kinds/vertical_stats.py)
+        return await vertical_stats.run_vertical(ch, params, ctx)
     data = ctx.data
     rows, d = rows_of(data), len(data.features)
     parties = len(ch.members)
@@ -121,6 +125,8 @@ def _result(data: Any, n: int, n_pos: int, mean: np.ndarray, std: np.ndarray, ed
 
 def describe(result: Mapping[str, Any]) -> list[str]:
     """`fedpeer job show` lines: the federation's rows and every column's mean and spread."""
+    if result.get("partition") == "vertical":
+        return vertical_stats.describe(result)
     lines: list[str] = []
     lines.append(f"  federation: {result['count']} rows over {', '.join(result['participants'])}; "
                  f"positive share {result['positive_share']:.3f}; std = {result['std_kind']}")
@@ -131,6 +137,8 @@ def describe(result: Mapping[str, Any]) -> list[str]:
 
 
 def site_table(sites: Sequence[Mapping[str, Any]]) -> str:
+    if any((s.get("result") or {}).get("partition") == "vertical" for s in sites):
+        return vertical_stats.site_table(sites)
     rows = [("SITE", "STATE", "LOCAL ROWS", "FEDERATION ROWS", "POSITIVE SHARE", "FIRST COLUMN MEAN ± STD")]
     for s in sites:
         r = s.get("result") or {}
@@ -150,4 +158,5 @@ LIMITS = {
 
 KIND = JobKind(name="stats", help="federation-wide count, mean, std, label prior and histograms (secure sums only)",
                params=PARAMS, run=run, needs_data=True, binary_label=True, limits=LIMITS,
-               dask_support="stats", describe=describe, site_table=site_table)
+               dask_support="stats", describe=describe, site_table=site_table, vertical=True,
+               messages=VERTICAL_MESSAGES)

@@ -46,6 +46,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--positive", help="positive class value of the label column")
     p.add_argument("--ignore", default="", help="comma-separated columns that are not features (e.g. Id)")
     p.add_argument("--missing", default="error", choices=["error", "drop"], help="rows with missing values")
+    p.add_argument("--partition", default="horizontal", choices=["horizontal", "vertical"],
+                   help="vertical: each --site-data file holds other columns of the same entities, named by "
+                        "--id-column; the files go to the sites in ring order, so a job's joined columns (kmeans's "
+                        "centers and init) are in --site-data order")
+    p.add_argument("--id-column", help="the column naming each entity ([data] id_column), with --partition vertical")
     p.add_argument("--seed", type=int, default=0, help="seed for the data split (and the job, where it has one)")
     p.add_argument("--variant", choices=["base", "personalized", "clustered"], help="bofrf: the variant")
     p.add_argument("--baseline", choices=["none", "boppid"], help="bofrf: a baseline reported side by side")
@@ -116,10 +121,15 @@ def _check_arguments(args: argparse.Namespace) -> str | None:
     if args.job != "membership":
         if args.data is None and args.site_data is None and job_kinds()[args.job].needs_data:
             return f"--job {args.job} needs --data CSV or --site-data CSV ..."
-        if not args.label and job_kinds()[args.job].needs_label and job_kinds()[args.job].needs_data:
+        if not args.label and job_kinds()[args.job].needs_label and job_kinds()[args.job].needs_data \
+                and args.partition != "vertical":     # a vertical job needs no label
             return f"--label is required with --job {args.job}"
         if args.site_data is not None and len(args.site_data) != args.sites:
             return f"--site-data has {len(args.site_data)} files for --sites {args.sites}"
+    if (args.partition == "vertical") != bool(args.id_column):
+        return "--partition vertical and --id-column go together"
+    if args.partition == "vertical" and args.job != "membership" and args.site_data is None:
+        return "--partition vertical needs --site-data: one file per site, each a block of columns and the ID column"
     if args.holdout is not None and (args.data is None or args.test_data is not None or not 0 < args.holdout < 1):
         return "--holdout needs --data (not --test-data) and a fraction between 0 and 1"
     led = [name for name, kind in job_kinds().items() if kind.led is not None]
@@ -156,8 +166,11 @@ def _make_harness(args: argparse.Namespace, workdir: Path) -> Harness:
             site_data = [p.resolve() for p in args.site_data]
     data_settings = {"label": args.label or "", "positive": args.positive or "",
                      "ignore": [c.strip() for c in args.ignore.split(",") if c.strip()], "missing": args.missing}
+    if args.partition == "vertical":
+        data_settings.update(partition="vertical", id_column=args.id_column)
     return Harness(workdir, args.sites, site_data=site_data, data_settings=data_settings,
-                   test_data=args.test_data.resolve() if args.test_data else None)
+                   test_data=args.test_data.resolve() if args.test_data else None,
+                   data_in_ring_order=args.partition == "vertical")
 
 
 def _job_params(kind_name: str, pairs: list[str]) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from fedpeer.app.sitefiles import add_peers, init_site
 from fedpeer.config import load as cfg
 from fedpeer.daemon import admin
 from fedpeer.errors import FedpeerError, NoDaemonError
-from fedpeer.identity import encode_public_key
+from fedpeer.identity import encode_public_key, parse_public_key
 from fedpeer.kinds.catalog import load_config
 
 HOST = "127.0.0.1"
@@ -95,6 +95,9 @@ class Harness:
     data_settings: dict[str, Any] = field(default_factory=dict)          # [data] keys other than csv
     test_data: Path | None = None            # a held-out CSV copied into every site as test.csv
     advertise: list[str] | None = None       # per site: the address the others use for it (e.g. a proxy's)
+    # site_data[i] goes to the i-th site in ring order (keys sorted), not to site i: a vertical job's
+    # joined columns (every member's own, in ring order) are then in site_data's order
+    data_in_ring_order: bool = False
     sites: list[Site] = field(default_factory=list)
 
     def create(self) -> None:
@@ -113,11 +116,15 @@ class Harness:
             self.sites.append(site)
         if self.site_data is not None and len(self.site_data) != self.n_sites:
             raise HarnessError(f"{len(self.site_data)} data files for {self.n_sites} sites")
+        files = list(self.site_data or [])
+        if self.data_in_ring_order and files:
+            ring = sorted(range(self.n_sites), key=lambda i: parse_public_key(self.sites[i].public_key))
+            files = [files[ring.index(i)] for i in range(self.n_sites)]
         for i, site in enumerate(self.sites):
             others = [(o.name, o.peer_address, o.public_key) for o in self.sites if o is not site]
             settings = dict(self.settings)
             if self.site_data is not None:
-                shutil.copyfile(self.site_data[i], site.dir / "data.csv")
+                shutil.copyfile(files[i], site.dir / "data.csv")
                 settings["data"] = {**self.data_settings, "csv": "data.csv"}
                 if self.test_data is not None:
                     shutil.copyfile(self.test_data, site.dir / "test.csv")

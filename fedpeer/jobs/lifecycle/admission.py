@@ -21,7 +21,7 @@ from typing import Any
 
 from fedpeer.errors import JobError, RemoteProtocolError
 from fedpeer.identity import fingerprint
-from fedpeer.jobs.kind import JobKind, dask_refusal
+from fedpeer.jobs.kind import JobKind, dask_refusal, vertical_refusal
 from fedpeer.jobs.records import JobRecord
 from fedpeer.jobs.lifecycle.host import Host
 
@@ -108,7 +108,10 @@ class Admission:
         data = config.data
         if data is None:
             raise JobError("this site has no [data] section in peers.toml")
-        if kind.needs_label and not data.label:
+        vertical = data.partition == "vertical"
+        if vertical and not kind.vertical:
+            raise JobError(vertical_refusal(kind, self._registry.kinds))
+        if kind.needs_label and not data.label and not vertical:
             raise JobError(f"[data] label is not set in peers.toml; a {kind.name} job needs the label column")
         if data.engine == "dask":
             refusal = dask_refusal(kind, record.params, self._registry.kinds)
@@ -116,7 +119,8 @@ class Admission:
                 raise JobError(refusal)
         # Off the event loop: parsing (and missing = "impute") takes seconds on a large file.
         load = asyncio.ensure_future(asyncio.to_thread(load_site, data, config.jobs,
-                                                       needs_label=kind.needs_label, binary=kind.binary_label))
+                                                       needs_label=kind.needs_label, binary=kind.binary_label,
+                                                       rows_min=config.policy.rows_min))
         try:
             dataset, test = await asyncio.shield(load)
         except asyncio.CancelledError:   # the thread still ends: a Dask site it opens is released then

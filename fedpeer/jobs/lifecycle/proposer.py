@@ -27,7 +27,7 @@ from fedpeer.errors import DataError, JobError
 from fedpeer.identity import fingerprint
 from fedpeer.jobs import messages as m
 from fedpeer.jobs.kind import JobKind
-from fedpeer.data.spec import schema_difference
+from fedpeer.data.spec import data_difference
 from fedpeer.jobs.lifecycle.admission import NOT_LISTED, PENDING_PER_PROPOSER_MAX
 from fedpeer.jobs.lifecycle.runner import SiteFailure
 from fedpeer.jobs.records import JobRecord
@@ -120,8 +120,8 @@ class ProposerSide:
             if isinstance(answer, m.JobReject):
                 raise SiteFailure(peer, answer.reason)
             if answer.fingerprint != fp:
-                raise SiteFailure(peer, schema_difference(features, answer.features, registry.names[peer],
-                                                          registry.config.node.name))
+                raise SiteFailure(peer, data_difference(fp, features, answer.fingerprint, answer.features,
+                                                        registry.names[peer], registry.config.node.name))
         start = m.JobStart(job_id=record.id, members=list(record.members))
         await asyncio.gather(*(self._send_start(record, p, start) for p in others))
         await registry.runner.execute(record, kind)

@@ -38,6 +38,8 @@ from fedpeer.errors import DataError, JobError
 from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param, checked_total
 from fedpeer.jobs.params import SECURE_SUM_EXPLAINED, seed
 from fedpeer.jobs.report import series, table
+from fedpeer.kinds.aligned import MESSAGES as VERTICAL_MESSAGES
+from fedpeer.kinds.cluster.vertical import run_vertical
 from fedpeer.ml.blas import one_blas_thread
 from fedpeer.ml.cluster import kmeans as cl
 from fedpeer.ml.moments import whole_counts
@@ -184,6 +186,8 @@ async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, offload: 
 
 
 async def run(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
+    if ctx.data.partition == "vertical":      # LLF-CM over vertical sites (fedpeer/kinds/cluster/vertical.py)
+        return await run_vertical(ch, params, ctx)
     return await run_job(ch, params, ctx)
 
 
@@ -349,4 +353,5 @@ KIND = JobKind(name="kmeans", help="exact federated k-means / fuzzy c-means on s
                save_model=save_model,
                model_file="model.npz",
                limits=LIMITS, describe=functools.partial(describe, "kmeans"), site_table=site_table,
-               predict=predict_file, history=functools.partial(history, "inertia"))
+               predict=predict_file, history=functools.partial(history, "inertia"),
+               vertical=True, messages=VERTICAL_MESSAGES)
