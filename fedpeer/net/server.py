@@ -53,12 +53,15 @@ DISCARD_BYTES_MAX = 256 * 1024         # unread bytes dropped at a close (what o
 DISCARD_READ_BYTES = 64 * 1024         # one read of those: the scratch buffer a close reads them into
 LISTEN_BACKLOG = 128                   # connections the kernel queues for us before we accept them
 CONTENT_LENGTH_DIGITS_MAX = 12         # a request's Content-Length digits (< 1 TB; message_bytes_max then bounds it)
+HELLO_RATE_PER_IP_PER_S = 10.0         # session handshakes one address may open per second, sustained ...
+HELLO_BURST_PER_IP = 40                # ... and at once (a restarted site opens one per peer: far fewer)
+HELLO_RATE_IPS_MAX = 4096              # addresses whose handshake rate is tracked (the stalest dropped)
 
 log = logging.getLogger("fedpeer.transport")
 
 _STATUS_TEXT = {200: "OK", 204: "No Content", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout",
                 405: "Method Not Allowed", 411: "Length Required", 413: "Payload Too Large",
-                431: "Request Header Fields Too Large"}
+                429: "Too Many Requests", 431: "Request Header Fields Too Large"}
 
 
 class _Reply(Exception):
@@ -307,6 +310,26 @@ class ByteBudget:
                 self._changed.notify_all()
 
 
+class HelloRate:
+    """A token bucket per address for session handshakes: a hello beyond it is refused ("hello_rate",
+    HTTP 429) before any cryptography, so a flood of hellos — replayed or forged — costs a counter,
+    not a signature check and a key exchange each, on the event loop. `now_s`: monotonic seconds."""
+
+    def __init__(self, rate_per_s: float = HELLO_RATE_PER_IP_PER_S, burst: int = HELLO_BURST_PER_IP,
+                 ips_max: int = HELLO_RATE_IPS_MAX) -> None:
+        self.rate, self.burst, self.ips_max = rate_per_s, burst, ips_max
+        self._buckets: dict[str, tuple[float, float]] = {}    # ip -> (tokens, when), oldest use first
+
+    def allow(self, ip: str, now_s: float) -> bool:
+        tokens, then = self._buckets.pop(ip, (float(self.burst), now_s))
+        tokens = min(float(self.burst), tokens + (now_s - then) * self.rate)
+        allowed = tokens >= 1.0
+        self._buckets[ip] = (tokens - 1.0 if allowed else tokens, now_s)   # re-inserted: the newest
+        while len(self._buckets) > self.ips_max:
+            del self._buckets[next(iter(self._buckets))]
+        return allowed
+
+
 class PeerServer:
     def __init__(self, listen: Address, limits: Limits,
                  admit: Callable[[bytes], FrameHeader],
@@ -337,6 +360,7 @@ class PeerServer:
         self._stopping = False
         self.port: int | None = None
         self.shed = Counter[str]()          # connections closed to keep the budgets, by reason
+        self.hello_rate = HelloRate()
 
     def use_limits(self, limits: Limits) -> None:
         """A reloaded [limits]: timeouts apply to the next request; the budgets sized here at
@@ -463,7 +487,13 @@ class PeerServer:
         return keep
 
     async def _hello(self, conn: _Conn, hello: bytes, keep: bool) -> bool:
-        """Answer a session handshake (small and fixed-size: read within the header deadline)."""
+        """Answer a session handshake (small and fixed-size: read within the header deadline); an
+        address over its handshake rate gets 429 before any cryptography."""
+        if not self.hello_rate.allow(conn.ip, asyncio.get_running_loop().time()):
+            self._on_reject(RemoteProtocolError("hello_rate", "more session handshakes than the address may open"),
+                            conn.ip)
+            await self._respond(conn, 429, "hello_rate", False, "")
+            return False
         try:
             welcome = self._on_hello(hello, conn.ip)
         except RemoteProtocolError as exc:

@@ -441,3 +441,14 @@ async def test_optional_whitespace_around_a_header_value_is_allowed(site: Site) 
     got = await asyncio.to_thread(raw, site.server.port, data)
     assert got.startswith(b"HTTP/1.1 204 No Content"), got
     assert [m.payload for m in site.received] == [b"ows"]
+
+
+def test_hello_rate_is_a_token_bucket_per_address_with_a_bounded_memory() -> None:
+    from fedpeer.net.server import HelloRate
+
+    rate = HelloRate(rate_per_s=2.0, burst=3, ips_max=2)
+    assert [rate.allow("10.0.0.1", 0.0) for _ in range(4)] == [True, True, True, False]   # the burst, then none
+    assert rate.allow("10.0.0.2", 0.0)                            # another address has its own bucket
+    assert not rate.allow("10.0.0.1", 0.25) and rate.allow("10.0.0.1", 0.5)   # 2 per second refill
+    rate.allow("10.0.0.3", 0.5)                                   # a third address: the stalest is forgotten
+    assert len(rate._buckets) == 2 and "10.0.0.2" not in rate._buckets
