@@ -105,9 +105,11 @@ def verify(public_key: bytes, message: bytes, signature: bytes) -> bool:
         return False
 
 
-def create_key_file(path: Path) -> Identity:
-    """Create a new identity at `path` (mode 0600). Refuses to overwrite an existing file."""
-    identity = Identity.generate()
+def create_key_file(path: Path, seed: bytes | None = None) -> Identity:
+    """Create a new identity at `path` (mode 0600). Refuses to overwrite an existing file. `seed`
+    (32 bytes): this very key — only for a local demo federation that must be reproducible
+    (fedpeer/app/harness/federation.py); a site's key is always fresh randomness."""
+    identity = Identity(seed) if seed is not None else Identity.generate()
     seed = bytes(identity._signing)
     text = _KEY_HEADER + base64.b64encode(seed).decode("ascii") + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -68,7 +68,7 @@ HEADER_BYTES_MAX = 1024 * 1024    # `init --data`: the header row is read from a
 
 def init_site(directory: Path, name: str, listen: str, advertise: str | None = None,
               admin: str | None = None, data: Path | None = None, label: str | None = None,
-              positive: str | None = None) -> tuple[Path, Identity]:
+              positive: str | None = None, key_seed: bytes | None = None) -> tuple[Path, Identity]:
     """Create DIR/peers.toml and DIR/identity.key. Refuses to overwrite either. With `data` (a CSV),
     the file gets a [data] table naming it, its `label` column (checked against the header) and
     the `positive` class."""
@@ -95,7 +95,7 @@ def init_site(directory: Path, name: str, listen: str, advertise: str | None = N
     if key_path.exists():
         raise ConfigError(key_path, "", "key file already exists; refusing to overwrite an identity")
     created = not directory.exists()
-    identity = create_key_file(key_path)
+    identity = create_key_file(key_path, key_seed)     # key_seed: the harness's reproducible demo keys
     if created:
         directory.chmod(0o700)        # peers.toml and the key: nobody else may replace them
     try:

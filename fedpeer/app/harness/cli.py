@@ -51,7 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--id-column; the files go to the sites in ring order, so a job's joined columns (kmeans's "
                         "centers and init) are in --site-data order")
     p.add_argument("--id-column", help="the column naming each entity ([data] id_column), with --partition vertical")
-    p.add_argument("--seed", type=int, default=0, help="seed for the data split (and the job, where it has one)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed for the data split, the sites' demo keys (so a run's figures repeat) and the job, "
+                   "where it has one")
     p.add_argument("--variant", choices=["base", "personalized", "clustered"], help="bofrf: the variant")
     p.add_argument("--baseline", choices=["none", "boppid"], help="bofrf: a baseline reported side by side")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
@@ -170,7 +172,7 @@ def _make_harness(args: argparse.Namespace, workdir: Path) -> Harness:
         data_settings.update(partition="vertical", id_column=args.id_column)
     return Harness(workdir, args.sites, site_data=site_data, data_settings=data_settings,
                    test_data=args.test_data.resolve() if args.test_data else None,
-                   data_in_ring_order=args.partition == "vertical")
+                   data_in_ring_order=args.partition == "vertical", key_seed=args.seed)
 
 
 def _job_params(kind_name: str, pairs: list[str]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ difference between two readings (what `fedpeer harness` reports for the job).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import shutil
 import signal
 import socket
@@ -98,6 +99,9 @@ class Harness:
     # site_data[i] goes to the i-th site in ring order (keys sorted), not to site i: a vertical job's
     # joined columns (every member's own, in ring order) are then in site_data's order
     data_in_ring_order: bool = False
+    # Site keys derived from this seed (a demo's results then repeat: every member's seeds derive
+    # from the job's seed and its key); None: fresh random keys, as real sites have
+    key_seed: int | None = None
     sites: list[Site] = field(default_factory=list)
 
     def create(self) -> None:
@@ -111,7 +115,8 @@ class Harness:
                         advertise=self.advertise[i] if self.advertise is not None else None)
             if site.dir.exists():
                 shutil.rmtree(site.dir)
-            _, identity = init_site(site.dir, site.name, site.address, advertise=site.advertise)
+            _, identity = init_site(site.dir, site.name, site.address, advertise=site.advertise,
+                                    key_seed=None if self.key_seed is None else demo_key(self.key_seed, i))
             site.public_key = encode_public_key(identity.public_key)
             self.sites.append(site)
         if self.site_data is not None and len(self.site_data) != self.n_sites:
@@ -403,6 +408,12 @@ def split_fractions(split: str, parts: int) -> list[float]:
     if len(fractions) != parts or any(not x > 0 for x in fractions) or abs(sum(fractions) - 1) > 1e-6:
         raise HarnessError(f"--split {split!r}: need {parts} positive fractions that add up to 1")
     return fractions
+
+
+def demo_key(seed: int, index: int) -> bytes:
+    """Site `index`'s key material in a reproducible local federation: SHA-256 of the seed and the
+    index. Public knowledge — never a real site's key."""
+    return hashlib.sha256(f"fedpeer/harness/demo-key/v1\x00{seed}\x00{index}".encode()).digest()
 
 
 def split_csv(path: Path, label: str | None, parts: int, split: str, seed: int, out_dir: Path) -> list[Path]:
