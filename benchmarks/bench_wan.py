@@ -435,7 +435,7 @@ def job_params(kind: str, X: np.ndarray, args: argparse.Namespace) -> tuple[str,
         return "xgboost", {**common, **XGB, "mode": "bagging", "rounds": args.trees, "nthread": 1,
                            "normalize": "samples"}, "round"
     if kind == "logreg":
-        return "logreg", {**mode, "mode": "exact", "C": 1.0, "tol": 1e-8}, "iteration"
+        return "logreg", {**mode, "mode": "exact", "C": 1.0, "tol": 1e-8, "test_fraction": 0.0}, "iteration"
     if kind == "kmeans":
         init = ";".join(",".join(f"{v:.2f}" for v in row) for row in X[:args.k])
         return "kmeans", {**mode, "k": args.k, "init": init, "n_init": 1,

@@ -203,6 +203,13 @@ class JobLimits:
 
 
 @dataclass(frozen=True)
+class Tracking:
+    """[tracking]: where this site records the jobs it takes part in (fedpeer/daemon/tracking.py)."""
+
+    mlflow_uri: str = ""       # an MLflow tracking URI ("file:///srv/mlruns", "http://mlflow:5000"); "": off
+
+
+@dataclass(frozen=True)
 class NodeSection:
     name: str
     listen: Address
@@ -235,6 +242,7 @@ class Config:
     data: DataSection | None = None
     jobs: JobLimits = field(default_factory=JobLimits)
     election: ElectionConfig = field(default_factory=lambda: SITE_ELECTION)   # [election]
+    tracking: Tracking = field(default_factory=Tracking)
     ignored: tuple[str, ...] = ()     # obsolete keys present in the file (accepted, no effect; logged at start)
 
     def peer_by_key(self, key: bytes) -> PeerEntry | None:
@@ -244,7 +252,7 @@ class Config:
 # [limits] keys of earlier versions that no longer mean anything: accepted (files written by
 # `fedpeer init` hold one) and reported, never an error. Replay protection is per session now.
 OBSOLETE_LIMITS = ("clock_skew_ms_max", "replay_window_ms", "replay_recent_max")
-_TOP_KEYS = {"node", "peer", "policy", "limits", "membership", "data", "jobs", "election"}
+_TOP_KEYS = {"node", "peer", "policy", "limits", "membership", "data", "jobs", "election", "tracking"}
 _NODE_KEYS = {"name", "listen", "advertise", "key_file", "state_dir", "admin", "metrics"}
 _PEER_KEYS = {"name", "address", "public_key"}
 
@@ -277,6 +285,7 @@ def load(path: str | os.PathLike[str]) -> Config:
         data=_data(path, raw["data"]) if "data" in raw else None,
         jobs=_section(path, "jobs", raw.get("jobs", {}), JobLimits),
         election=_section(path, "election", raw.get("election", {}), ElectionConfig, SITE_ELECTION),
+        tracking=_section(path, "tracking", raw.get("tracking", {}), Tracking),
         ignored=ignored,
     )
     _check_peer_uniqueness(config)

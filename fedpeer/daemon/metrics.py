@@ -13,7 +13,12 @@ Rules:
   the shell.
   Durations are measured with `ch.now_ms()`, the node's clock, never `time` directly.
 - Label values are bounded by this site's own configuration and code: peer names from
-  peers.toml, job kinds and states, our own rejection reasons — never words a peer sent.
+  peers.toml, job kinds and states, our own rejection reasons — never words a peer sent. The one
+  exception is bounded by count: a job's id (the proposer chose it) and the names of its
+  history's metrics label `fedpeer_job_metric` / `fedpeer_job_round`, the gauges of the latest
+  history point of the jobs running here (and of those that ended less than JOB_METRICS_LINGER_S
+  ago, so that a short job's last values are scraped too): at most JOB_METRICS_JOBS_MAX jobs ×
+  JOB_METRICS_PER_JOB_MAX metrics, names matching METRIC_LABEL, values escaped by the text format.
 - Served as GET /metrics on the admin API (a unix socket by default) and, when `[node] metrics`
   names one, on a loopback-only TCP listener for a Prometheus that cannot read a unix socket. Both
   answer the 0.0.4 text format, the one every Prometheus version scrapes.
@@ -25,8 +30,9 @@ Fields of `node.status()` read here that the node may not fill yet (each peer's 
 from __future__ import annotations
 
 import asyncio
-
 import logging
+import math
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -69,6 +75,11 @@ SENT_CLASSES = ("reliable", "best_effort")   # transport: jobs | membership and 
 OUTCOMES = ("ok", "failed")
 BROWSER_HEADERS = ("Origin", "Sec-Fetch-Site", "Sec-Fetch-Mode")   # only browsers send these
 LOCAL_HOST_NAMES = ("localhost",)
+JOB_METRICS_JOBS_MAX = 32          # jobs whose latest history point is exported (running first, newest first)
+JOB_METRICS_PER_JOB_MAX = 16       # numbers of one point exported
+JOB_METRICS_LINGER_S = 300         # an ended job's last point stays this long (a scrape every 15-60 s sees it)
+STEP_KEYS = ("round", "iteration")  # a point's step (fedpeer_job_round), the first of these it has
+METRIC_LABEL = re.compile(r"[a-z_][a-z0-9_]{0,63}")
 
 
 class _JobLister(Protocol):
@@ -117,7 +128,10 @@ class NodeCollector:
         yield from _node_families(status)
         yield from _peer_families(status.get("peers", []))
         yield from _traffic_families(status)
-        yield from _job_families(self._node.jobs.list(), getattr(self._node.jobs, "kinds", {}))
+        jobs = self._node.jobs.list()
+        yield from _job_families(jobs, getattr(self._node.jobs, "kinds", {}))
+        now_ms = getattr(self._node, "now_ms", None)
+        yield from _job_metric_families(jobs, now_ms() if now_ms is not None else None)
         yield from _election_families(status)
         yield from _health_families(status)
 
@@ -190,6 +204,41 @@ def _job_families(jobs: list[dict[str, Any]], kinds: Iterable[str]) -> Iterator[
     for (kind, state), n in sorted(counts.items()):
         family.add_metric([kind, state], float(n))
     yield family
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _job_metric_families(jobs: list[dict[str, Any]], now_ms: int | None) -> Iterator[Metric]:
+    """The latest history point of each job running here (and of each that ended less than
+    JOB_METRICS_LINGER_S ago), bounded: JOB_METRICS_JOBS_MAX jobs × JOB_METRICS_PER_JOB_MAX numbers."""
+    def shown(job: dict[str, Any]) -> bool:
+        if not job.get("history"):
+            return False
+        if job.get("state") == "running":
+            return True
+        ended = job.get("finished_ms")
+        return job.get("state") in JOB_STATES and ended is not None and now_ms is not None \
+            and 0 <= now_ms - ended <= JOB_METRICS_LINGER_S * 1000
+    chosen = sorted((j for j in jobs if shown(j)), key=lambda j: (j["state"] != "running", -(j.get("created_ms") or 0)))
+    metric = _gauge("job_metric", "The latest value a job running here (or ended in the last "
+                    f"{JOB_METRICS_LINGER_S} s) reported of each metric it computes per round (AUC, loss, "
+                    "inertia, log-likelihood ...; the job's history in `job show`)", ["job", "kind", "metric"])
+    step = _gauge("job_round", "The round (or iteration) of that latest point", ["job", "kind"])
+    for job in chosen[:JOB_METRICS_JOBS_MAX]:
+        point = job["history"][-1]
+        if not isinstance(point, Mapping):
+            continue
+        labels = [str(job.get("id", "?")), str(job.get("kind", "?"))]
+        at = next((point[k] for k in STEP_KEYS if _number(point.get(k))), len(job["history"]))
+        step.add_metric(labels, float(at))
+        numbers = [(str(k), float(v)) for k, v in point.items()
+                   if k not in STEP_KEYS and _number(v) and METRIC_LABEL.fullmatch(str(k))]
+        for name, value in numbers[:JOB_METRICS_PER_JOB_MAX]:
+            metric.add_metric([*labels, name], value)
+    yield metric
+    yield step
 
 
 def _election_families(status: dict[str, Any]) -> Iterator[Metric]:

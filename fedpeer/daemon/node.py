@@ -37,6 +37,8 @@ from fedpeer.daemon.admin import AdminServer
 from fedpeer.daemon.admin_routes import AdminRoutes
 from fedpeer.daemon.metrics import PATH as METRICS_PATH
 from fedpeer.daemon.metrics import MetricsListener, NodeMetrics
+from fedpeer.daemon.tracking import MlflowTracker
+from fedpeer.daemon.tracking import check as check_tracking
 from fedpeer.errors import ConfigError, FedpeerError, JobError, RemoteProtocolError
 from fedpeer.identity import Identity, encode_public_key, fingerprint
 from fedpeer.jobs.lifecycle.registry import JobRegistry
@@ -63,6 +65,7 @@ def _monotonic_ms() -> int:
 
 class Node:
     def __init__(self, config: Config, identity: Identity) -> None:
+        check_tracking(config.tracking.mlflow_uri, config.path)   # before anything is written
         self.config = config
         self.identity = identity
         self.state = StateDir(config.node.state_dir)
@@ -106,6 +109,12 @@ class Node:
         self.me = identity.public_key
         self.jobs = JobRegistry(config, self, {**self._names, self.me: config.node.name}, job_kinds(),
                                 self._spawn, state=self.state)
+        # [tracking]: each job that ran here, as an MLflow run once it ends (written off the loop)
+        self.tracker = (MlflowTracker(config.tracking.mlflow_uri, config.node.name, config.path)
+                        if config.tracking.mlflow_uri else None)
+        if self.tracker is not None:
+            tracker = self.tracker
+            self.jobs.on_end = lambda record: tracker.job_ended(record.to_json(self.jobs.names, self.now_ms()))
         self._peer_states = {v.node: v.state for v in self.membership.view()}
         term, voted_for = self.state.load_vote()
         self.election = el.Election(
@@ -153,6 +162,8 @@ class Node:
             self._tg = None
             _sd_notify(b"STOPPING=1")
             await self._stop_servers()
+            if self.tracker is not None:
+                self.tracker.close()
             log.info("stopped", extra=fields(name=self.config.node.name))
 
     async def _start_servers(self) -> None:

@@ -6,7 +6,8 @@ name with another key is a rotation (the old key is refused from then on), the s
 another name is a rename, another address for a key is a move.
 
 [node] (name, listen, advertise, key file, state dir, admin, metrics) is bound to open sockets
-and files: a change there is reported as needing a restart and is not applied. Limits that size
+and files, [tracking] to the tracker the daemon built at start: a change there is reported as
+needing a restart and is not applied. Limits that size
 budgets at start (connection counts, inbound budgets) likewise apply at the next
 start; the rest of [limits] is read at use and applies at once.
 """
@@ -34,6 +35,7 @@ class Changes:
     renamed: tuple[tuple[str, str], ...] = ()   # (old, new) names of one key
     sections: tuple[str, ...] = ()   # of SECTIONS, those that differ
     node: bool = False                # [node] differs: needs a restart, not applied
+    tracking: bool = False            # [tracking] differs: needs a restart, not applied
     limits_at_start: tuple[str, ...] = field(default=())   # changed limits that need a restart
 
     @property
@@ -49,6 +51,8 @@ class Changes:
             out["limits"] += f" ({', '.join(self.limits_at_start)} apply at the next start)"
         if self.node:
             out["node"] = "changed: needs a restart (not applied)"
+        if self.tracking:
+            out["tracking"] = "changed: needs a restart (not applied)"
         return out
 
 
@@ -67,15 +71,16 @@ def compare(old: Config, new: Config) -> Changes:
         renamed=tuple(sorted((o.name, n.name) for o, n in kept if o.name != n.name)),
         sections=tuple(s for s in SECTIONS if getattr(old, s) != getattr(new, s)),
         node=old.node != new.node,
+        tracking=old.tracking != new.tracking,
         limits_at_start=tuple(f for f in LIMITS_AT_START if getattr(old.limits, f) != getattr(new.limits, f)),
     )
 
 
 def applicable(old: Config, new: Config) -> Config:
-    """`new` as a running daemon can take it: [node] and the start-time limits stay as they are."""
+    """`new` as a running daemon can take it: [node], [tracking] and the start-time limits stay as they are."""
     keep = {f: getattr(old.limits, f) for f in LIMITS_AT_START}
     limits: Limits = dataclasses.replace(new.limits, **keep)
-    return dataclasses.replace(new, node=old.node, limits=limits)
+    return dataclasses.replace(new, node=old.node, limits=limits, tracking=old.tracking)
 
 
 def one_line(summary: dict[str, str]) -> str:

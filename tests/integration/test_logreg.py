@@ -38,6 +38,7 @@ def test_harness_fits_the_pooled_rows_model_and_predict_and_export_use_it(tmp_pa
     r = subprocess.run([sys.executable, "-m", "fedpeer", "harness", "--sites", "3", "--job", "logreg",
                         "--site-data", *map(str, parts), "--label", "diagnosis", "--positive", "malignant",
                         "--test-data", str(test), "--param", "C=1.0", "--param", "mode=exact",
+                        "--param", "test_fraction=0",   # the pooled rows' model: every row trains
                         "--param", "tol=1e-10", "--workdir", str(tmp_path / "fed"), "--json", "--timeout-s", "120"],
                        capture_output=True, text=True, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -96,7 +97,7 @@ async def test_an_mlp_member_killed_mid_job_leaves_the_survivors_done_with_one_m
     victim, proposer = ring[1], ring[0]
     job_id = await h.propose(proposer, "mlp", {"rounds": 150, "hidden_layer_sizes": "4", "learning_rate": 0.01,
                                                "groups": f"{names[0]},{names[1]};{names[2]}", "global_every": 5,
-                                               "secure_sum": "ring"})
+                                               "secure_sum": "ring", "test_fraction": 0.0})   # rows: training
     await h.wait_step(proposer, job_id, 3, timeout_s=30)
     h.kill9(victim)
     survivors = [i for i in range(3) if i != victim]

@@ -101,3 +101,37 @@ def test_a_non_loopback_metrics_address_is_refused_at_start(tmp_path: Path) -> N
     assert r.returncode == 2, (r.returncode, r.stderr)
     _, key, problem = r.stderr.partition("node.metrics: ")
     assert key and "loopback" in problem, r.stderr   # the problem, not the path (it names this test)
+
+
+async def test_a_running_jobs_latest_history_point_is_a_gauge(make_federation, tmp_path: Path) -> None:
+    """fedpeer_job_metric / fedpeer_job_round: the latest point of a job's live history, while it
+    runs (a kmeans job of many small rounds: caught if a scrape lands mid-job) and, for
+    JOB_METRICS_LINGER_S after it ends, its last one: asserted against `job show`'s history."""
+    from fedpeer.daemon.metrics import JOB_METRICS_LINGER_S
+
+    h, _, _ = await breast_cancer_federation(make_federation, tmp_path, 2, "stratified", seed=4)
+    job_id = await h.propose(0, "kmeans", {"k": 4, "n_init": 1, "max_iter": 300, "tol": 0.0, "seed": 3,
+                                           "secure_sum": "ring"})
+    sock = h.sites[1].config.node.admin_socket
+    seen_running = None
+    for _ in range(600):       # scrape while it runs: a point, once one is reported
+        record = await h.job(1, job_id)
+        if record is not None and record["state"] in ("done", "failed", "cancelled"):
+            break
+        _, scraped = await scrape_unix(sock)
+        got = [v for (name, labels), v in scraped.items() if name == "fedpeer_job_round" and ("job", job_id) in labels]
+        if got and record is not None and record["state"] == "running":
+            seen_running = got[0]
+            break
+    records = await h.wait_job(job_id, timeout_s=120)
+    assert {r["state"] for r in records.values()} == {"done"}, [r["error"] for r in records.values()]
+    for i, site in enumerate(h.sites):
+        last = records[i]["history"][-1]
+        _, scraped = await scrape_unix(site.config.node.admin_socket)   # ended well within JOB_METRICS_LINGER_S
+        assert value(scraped, "fedpeer_job_round", job=job_id, kind="kmeans") == last["round"], site.name
+        assert value(scraped, "fedpeer_job_metric", job=job_id, kind="kmeans", metric="objective") \
+            == pytest.approx(last["objective"])
+        assert not [k for k in scraped if k[0] == "fedpeer_job_metric" and ("metric", "round") in k[1]]
+    assert JOB_METRICS_LINGER_S >= 60
+    if seen_running is not None:      # a scrape that landed mid-job saw a round the job had reached
+        assert 1 <= seen_running <= records[1]["history"][-1]["round"]

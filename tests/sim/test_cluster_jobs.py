@@ -232,3 +232,23 @@ def test_a_member_lost_between_rounds_fails_the_job_rather_than_mixing_populatio
         detect_ms=200.0, unreachable_ms=100.0)[:3]
     assert all(isinstance(r, JobError) for r in survivors), survivors
     assert any("dropped out between two secure sums" in str(r) for r in survivors), survivors
+
+
+def test_gmm_reports_each_em_rounds_log_likelihood_live_in_the_results_units() -> None:
+    """The live history (`job show`, /metrics, MLflow): one point per EM round, equal to the
+    result's history (original units, here far from the standardised ones)."""
+    _, parts = non_iid_blobs(n=600, d=2, seed=6)
+    parts = [p * [1000.0, 0.01] for p in parts]
+    keys, names = member_keys("cluster", len(parts))
+    checked, nets = gj.KIND.check_params({"k": 3, "standardize": True, "seed": 1}), []
+
+    def member(net, i, k):
+        nets.append(net)
+        return gj.run_job(net.channel(k), checked, JobContext(names[k], names, 2_000, data=dataset(parts[i])),
+                          kj._inline)
+
+    fed = same_everywhere(run_members(keys, member))
+    live = [p for who, p in nets[0].points if who == keys[0] and "log_likelihood" in p]
+    assert [p["round"] for p in live] == [h["round"] for h in fed["history"]]
+    assert np.allclose([p["log_likelihood"] for p in live], [h["log_likelihood"] for h in fed["history"]],
+                       rtol=1e-12, atol=0)

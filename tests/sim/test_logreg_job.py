@@ -1,7 +1,8 @@
 """The `logreg` job (fedpeer/kinds/linear/logreg.py), every member in one process over the in-memory network
 in virtual time: every member ends with the same coefficients, bit for bit those of the same pure
 functions on the sites' rows in one process, and equal to scikit-learn's LogisticRegression on the
-pooled standardised rows to 1e-5 relative; a site lacking a class is reported; extreme values and
+pooled standardised rows to 1e-5 relative; by default each site's held-out part (test_fraction)
+is never trained on and is what the federated evaluation counts; a site lacking a class is reported; extreme values and
 non-finite terms end the job naming what to change; a member lost mid-fit leaves the survivors
 with the pooled model of their own rows."""
 
@@ -44,9 +45,11 @@ async def _inline(fn: Any, *args: Any) -> Any:
 
 def run(sites: list[Dataset], params: dict, crash_at_step: int | None = None, victim: int = 1,
         tests: list[Dataset] | None = None, module: Any = logreg) -> tuple[list, list[bytes]]:
-    """Every member's result (or exception) of a job of `module`'s kind (logreg, mlp)."""
+    """Every member's result (or exception) of a job of `module`'s kind (logreg, mlp). Unless
+    `params` say otherwise, test_fraction = 0: these tests compare with fits on the pooled rows
+    (the kinds' default, 0.2 held out: test_held_out_parts_are_evaluated_and_never_trained_on)."""
     keys, names = member_keys("lr", len(sites))
-    checked = module.KIND.check_params(params)
+    checked = module.KIND.check_params({"test_fraction": 0.0, **params})
 
     def member(net: MemoryNetwork, i: int, k: bytes):
         return module.run_job(net.channel(k), checked, JobContext(names[k], names, 2_000, data=sites[i],
@@ -237,3 +240,42 @@ def test_a_poisoned_contribution_ends_the_exact_fit_everywhere_and_no_model_is_k
         assert isinstance(r, ImplausibleTotal), r
         assert "a member's contribution is implausible" in str(r) and "LinAlgError" not in str(r), r
         assert not any(name in str(r) for name in names.values()), r     # no site is blamed
+
+
+@pytest.mark.parametrize("kind", ["logreg", "logreg-fedavg", "mlp"])
+def test_held_out_parts_are_evaluated_and_never_trained_on(kind: str) -> None:
+    """The default test_fraction (0.2, as xgboost's): each site keeps a stratified share drawn from
+    the job's seed and its key out of training; the federated AUC / log-loss / accuracy are over
+    those parts, and say how many rows they are over."""
+    from dataclasses import replace
+
+    from sklearn.datasets import load_breast_cancer
+
+    from fedpeer.data.dataset import split_train_test
+    from fedpeer.jobs.kind import site_seed
+    from fedpeer.kinds.linear import mlp as mlp_job
+
+    X, y = load_breast_cancer(return_X_y=True)
+    sites = [dataset(Xs, ys) for Xs, ys in split(X, y, [300, 150, 119])]
+    module = mlp_job if kind == "mlp" else logreg
+    params = {"C": 0.5, "tol": 1e-10, "secure_sum": "ring", "seed": 7, "test_fraction": None}
+    params = {k: v for k, v in params.items() if v is not None and k in module.PARAMS}
+    if kind != "logreg":
+        params.update({"rounds": 4, "learning_rate": 0.1} | ({"mode": "fedavg"} if kind == "logreg-fedavg" else {}))
+    assert module.KIND.check_params(params)["test_fraction"] == 0.2 == module.PARAMS["test_fraction"].default
+    results, keys = run(sites, {**params, "test_fraction": 0.2}, module=module)
+    assert all(isinstance(r, dict) for r in results), results
+    parts = [split_train_test(replace(ds, y=ds.y.astype(np.int64)), 0.2, seed=site_seed(7, k), stratify=True)
+             for ds, k in zip(sites, keys)]
+    train_rows, test_rows = sum(len(t.y) for t, _ in parts), sum(len(h.y) for _, h in parts)
+    assert test_rows == sum(round(ds.X.shape[0] * 0.2) for ds in sites)
+    for r in results:
+        assert r["rows"] == train_rows and r["test_rows"] == test_rows and r["test_fraction"] == 0.2
+        assert r["federated_eval"]["rows"] == test_rows and "held-out" in r["federated_eval"]["on"]
+        assert "held-out" in r["auc_source"] and r["auc"] == r["federated_eval"]["auc"] > 0.9
+    if kind == "logreg":     # trained on the training parts alone: scikit-learn on those, pooled
+        coef, intercept = sklearn_fit(np.vstack([t.X for t, _ in parts]), np.concatenate([t.y for t, _ in parts]), 0.5)
+        close(results[0]["coef_standardised"], coef)
+        close(results[0]["intercept_standardised"], intercept)
+    else:                    # every round's evaluation is over the held-out rows
+        assert all(h["rows"] == test_rows for h in results[0]["history"])

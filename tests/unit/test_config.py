@@ -165,7 +165,7 @@ def test_example_peers_toml_loads_and_documents_every_key() -> None:
     for f in dc.fields(cfg.DataSection):
         assert f"\n{f.name} = " in example.read_text(), f"peers.toml does not document data.{f.name}"
     text = example.read_text()
-    for section in (cfg.Limits, cfg.MembershipTiming, cfg.Policy, cfg.JobLimits, cfg.ElectionConfig):
+    for section in (cfg.Limits, cfg.MembershipTiming, cfg.Policy, cfg.JobLimits, cfg.ElectionConfig, cfg.Tracking):
         defaults = cfg.SITE_ELECTION if section is cfg.ElectionConfig else section()
         for f in dataclasses.fields(section):
             if section is cfg.Policy and f.name == "limits":
@@ -180,4 +180,4 @@ def test_example_peers_toml_loads_and_documents_every_key() -> None:
 
 def _section_values(config: cfg.Config, section: type) -> object:
     return {cfg.Limits: config.limits, cfg.MembershipTiming: config.membership, cfg.Policy: config.policy,
-            cfg.JobLimits: config.jobs, cfg.ElectionConfig: config.election}[section]
+            cfg.JobLimits: config.jobs, cfg.ElectionConfig: config.election, cfg.Tracking: config.tracking}[section]

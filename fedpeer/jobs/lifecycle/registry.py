@@ -74,6 +74,8 @@ class JobRegistry:
         self.as_member = MemberSide(self)
         self.runner = JobRunner(self)
         self.records = RecordFiles(self.root, state, names, transport.now_ms, spawn, config.node.state_dir)
+        # told of every job that ran here once it ends (the node's tracker: fedpeer/daemon/tracking.py)
+        self.on_end: Callable[[JobRecord], None] | None = None
         for record in self.records.load():
             self.jobs[record.id] = record
 
@@ -223,3 +225,8 @@ class JobRegistry:
             while len(self.unstored) > UNSTORED_RECORDS_MAX:
                 self.unstored.popitem(last=False)
         log.info("job_" + state, extra=fields(job=record.id, kind=record.kind, error=error or "-"))
+        if self.on_end is not None and record.started_ms is not None:
+            try:
+                self.on_end(record)
+            except Exception as exc:   # noqa: BLE001  (what hears of an end never fails the job)
+                log.warning("job_end_hook_failed", extra=fields(job=record.id, error=f"{type(exc).__name__}: {exc}"))

@@ -98,6 +98,8 @@ async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, offload: 
         f_total, c_total = await sums.add(f"em{step}", floats, counts)
         checked_total(sums.tag(f"em{step}"), mx.check_block, n, f_total, c_total, model.means, cov, model)
         history.append(float(f_total[-1]))
+        ch.progress(f"em round {step}", step, params["max_iter"],   # the result's units (original, not standardised)
+                    point={"round": step, "log_likelihood": history[-1] - n * float(np.log(space.scale).sum())})
         if step == params["max_iter"] or (step > 1 and abs(history[-1] - history[-2]) / n < params["tol"]):
             break
         model = mx.mstep(n, f_total, model.means, cov, params["reg_covar"])

@@ -93,7 +93,8 @@ FEDAVG_PARAMS = {
                     "as the job's members are named; every site in one group)"),
     "global_every": Param(int, 1, "fedavg with groups: rounds between federation-wide averages", low=1,
                           high=10_000),
-    "seed": seed("fedavg: seed of the initial weights and of each site's shuffling"),
+    "seed": seed("seed of each site's held-out part (test_fraction) and, fedavg, of the initial weights and each "
+                 "site's shuffling"),
 }
 
 
@@ -194,7 +195,8 @@ class Rounds:
             summed = checked_total(full, whole_counts, total[split:])
             rows = checked_total(full, averaging.check_round, sums[:-2], float(sums[-2]), float(sums[-1]), summed,
                                  m.groups, m.params["eval_bins"], self.fed_rows,
-                                 scope == m.members and not self.lost_at)
+                                 scope == m.members and not self.lost_at,
+                                 None if m.held is None else m.fed_held)
             if not final:
                 self.w = (sums[:-2] / rows).reshape(self.w.shape)
                 self.global_sums += name == "all"
@@ -275,7 +277,8 @@ async def fit_logreg(member: Any) -> dict:
     def train(w: np.ndarray, r: int) -> np.ndarray:
         return sgd_epochs(Z, member.y, w, p["C"], n, p["learning_rate"], p["local_epochs"], p["batch_size"], rng)
 
-    rounds = Rounds(member, train, lambda w: linear.probabilities(Z, w), np.zeros(shape), n)
+    evaluated = member.eval_design(mean, scale, Z)      # the held-out part's rows (test_fraction), else Z
+    rounds = Rounds(member, train, lambda w: linear.probabilities(evaluated, w), np.zeros(shape), n)
     W = await rounds.run(len(member.y))
     state = _Final(W)
     out = await member.result(state, mean, scale, fed_counts, rounds.history, Z)

@@ -12,7 +12,9 @@ and epoch E):
     lr/e<E>/it<k>        [Σ loss, Σ gradient, Σ Hessian (newton: upper triangle)] at the k-th
                          candidate point -> the next candidate (linear.advance)
     lr/e<E>/eval         score histograms, correct predictions, log-loss sum of the final model
-                         on the training rows -> federated AUC / log-loss / accuracy
+                         on the sites' held-out parts (`test_fraction`, 0.2 by default: each site's
+                         stratified, seeded share, never trained on; 0: the training rows) ->
+                         federated AUC / log-loss / accuracy, with the rows they are over
 A member lost (a sum completes over fewer members than the job has, or fails and the failure
 detector declares some member dead within epochs.DEAD_WAIT_MS; fedpeer/protocols/epochs.py): every
 survivor sees the same participants, starts epoch E + 1 over the survivors (fresh tags) and fits
@@ -39,14 +41,17 @@ import functools
 import io
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from fedpeer.errors import DataError, JobError
-from fedpeer.jobs.kind import ImplausibleTotal, JobContext, JobFailsEverywhere, JobKind, Limit, Param, checked_total
-from fedpeer.jobs.params import SECURE_SUM
+from fedpeer.data.dataset import split_train_test
+from fedpeer.jobs.kind import (ImplausibleTotal, JobContext, JobFailsEverywhere, JobKind, Limit, Param, checked_total,
+                               site_seed)
+from fedpeer.jobs.params import SECURE_SUM, test_fraction
 from fedpeer.kinds.linear import text
 from fedpeer.kinds.linear.fedavg import FEDAVG_PARAMS
 from fedpeer.ml import evaluation as evalcounts
@@ -66,6 +71,11 @@ EVAL_HOP_TIMEOUT_MS = 5_000
 MODEL_VERSION = 1
 FEATURES_MAX = 100_000                          # columns a stored model may hold (predict refuses more)
 
+# logreg and mlp: the federated evaluation is over what no site trained on, as xgboost's
+HELD_OUT = test_fraction(0.2, 0.0, "share of each site's rows kept out of training (stratified, drawn from seed): "
+                         "the federated AUC / log-loss / accuracy are over these held-out parts; 0: over the "
+                         "training rows")
+
 PARAMS = {
     "mode": Param(str, "exact", "exact: Newton / L-BFGS on secure-summed gradients (and Hessians); the "
                   "coefficients are those of the pooled rows | fedavg: local SGD, row-weighted averages through "
@@ -83,6 +93,7 @@ PARAMS = {
                      "2 -> binary, the second one positive; empty -> binary with [data] positive"),
     "eval_bins": Param(int, 1000, "score histogram bins for the federated AUC", low=10, high=100_000),
     "secure_sum": SECURE_SUM,
+    "test_fraction": HELD_OUT,
     **FEDAVG_PARAMS,
 }
 
@@ -142,12 +153,19 @@ class Member:
         self.X = np.asarray(ctx.data.X, dtype=np.float64)
         self.epochs = Epochs(ch, TAG, params["secure_sum"], ctx.hop_timeout_ms)
         self.test: tuple[np.ndarray, np.ndarray] | None = None
+        self.held: tuple[np.ndarray, np.ndarray] | None = None    # this site's held-out part (test_fraction)
+        self.fed_held = 0                                         # the federation's held-out rows (scaling)
         try:
             self.y = site_labels(ctx.data, self.names)
             if ctx.test_data is not None:
                 self.test = (np.asarray(ctx.test_data.X, dtype=np.float64), site_labels(ctx.test_data, self.names))
         except DataError as exc:      # the job's classes do not fit this site's labels: not for the others to drop it
             raise JobFailsEverywhere(f"{self.KIND_NAME}: {exc}") from None
+        if params.get("test_fraction", 0) > 0:      # a site too small to split fails alone (DataError)
+            train, held = split_train_test(replace(ctx.data, y=self.y), params["test_fraction"],
+                                           seed=site_seed(params["seed"], ch.me), stratify=True)
+            self.X, self.y = np.asarray(train.X, dtype=np.float64), np.asarray(train.y, dtype=np.int64)
+            self.held = (np.asarray(held.X, dtype=np.float64), np.asarray(held.y, dtype=np.int64))
 
     @property
     def members(self) -> tuple[bytes, ...]:
@@ -189,11 +207,13 @@ class Member:
     async def scaling(self, extra: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                                                       np.ndarray]:
         """The moments and spread sums: (federation class counts, mean, scale, the total of the
-        `extra` counts every member adds to the first sum)."""
+        `extra` counts every member adds to the first sum); the first also counts the
+        federation's held-out rows (`fed_held`)."""
         parties, d = len(self.members), self.X.shape[1]
         self.ch.progress(f"{self.KIND_NAME}: federated mean and class counts", 0, 0)
         counts = class_counts(self.y, self.groups)
         extra = np.zeros(0, dtype=np.int64) if extra is None else extra
+        extra = np.concatenate([extra, [0 if self.held is None else len(self.held[1])]]).astype(np.int64)
         total = await self.sum("moments", np.concatenate([self.encode_columns(linear.moment_sums(self.X)),
                                                           self.encode_columns((self.X * self.X).sum(axis=0), SQUARES),
                                                           encode_counts(counts, parties, COUNT_MAX),
@@ -202,7 +222,8 @@ class Member:
         tag = self.epochs.tag("moments")
         summed = checked_total(tag, whole_counts, total[end:])
         checked_total(tag, check_declared, summed, parties * COUNT_MAX)
-        fed_counts, extra_total = summed[:len(counts)], summed[len(counts):]
+        fed_counts, extra_total = summed[:len(counts)], summed[len(counts):-1]
+        self.fed_held = int(summed[-1])
         n = int(fed_counts.sum())
         self.check_classes(fed_counts)
         sums, squares = MOMENTS.decode(total[:split]), SQUARES.decode(total[split:end])
@@ -286,14 +307,28 @@ class Member:
                 f"{feature!r} (up to {float(np.abs(Z[:, column]).max()):.3g} standard deviations from the "
                 "mean here)") from None
 
+    @property
+    def eval_y(self) -> np.ndarray:
+        """The labels the federated evaluation is over: the held-out part's, else the training rows'."""
+        return self.y if self.held is None else self.held[1]
+
+    def eval_design(self, mean: np.ndarray, scale: np.ndarray, train: np.ndarray) -> np.ndarray:
+        """The standardised rows the evaluation scores (`train`: the training rows', already built)."""
+        return train if self.held is None else linear.design(self.held[0], mean, scale)
+
+    @property
+    def evaluated_on(self) -> str:
+        return "the sites' training rows" if self.held is None else "the sites' held-out parts (test_fraction)"
+
     def eval_counts_of(self, proba: np.ndarray) -> tuple[np.ndarray, float]:
-        return eval_counts(self.y, proba, self.params["eval_bins"])
+        return eval_counts(self.eval_y, proba, self.params["eval_bins"])
 
     def metrics_of(self, counts: np.ndarray, loss: float) -> dict:
         return eval_metrics(counts, loss, self.groups, self.params["eval_bins"])
 
     async def evaluate(self, proba: np.ndarray, bins: int) -> dict | None:
-        counts, loss = eval_counts(self.y, proba, bins)
+        """The federated metrics of `proba` (scores of `eval_y`) with their rows; None if the sum failed."""
+        counts, loss = eval_counts(self.eval_y, proba, bins)
         n = len(self.members)
         vector = np.concatenate([encode_counts(counts, n, COUNT_MAX), MOMENTS.encode(np.array([loss]), n)])
         try:
@@ -312,7 +347,7 @@ class Member:
         coef, intercept = linear.unstandardise(fit.W, mean, scale)
         names, features = self.names, list(self.ctx.data.features)
         labels = names or ["negative", "positive"]
-        proba = linear.probabilities(Z, fit.W)
+        proba = linear.probabilities(self.eval_design(mean, scale, Z), fit.W)
         here = class_counts(self.y, self.groups)
         out: dict[str, Any] = {
             "mode": "exact", "solver": fit.solver, "C": self.params["C"], "status": fit.status,
@@ -321,6 +356,7 @@ class Member:
             "features": features, "classes": names, "coef": coef.tolist(), "intercept": intercept.tolist(),
             "coef_standardised": fit.W[:, :-1].tolist(), "intercept_standardised": fit.W[:, -1].tolist(),
             "mean": mean.tolist(), "scale": scale.tolist(), "rows": int(fed_counts.sum()),
+            "test_rows": self.fed_held, "test_fraction": self.params.get("test_fraction", 0.0),
             "class_counts": {labels[k]: int(c) for k, c in enumerate(fed_counts)},
             "classes_absent_here": [labels[k] for k, c in enumerate(here) if c == 0],
             "history": history, "members": [], "lost": [],
@@ -331,8 +367,8 @@ class Member:
         out["secure_sums"] = self.sums
         out["members"], out["lost"] = self.member_names()
         if fed is not None:
-            out["federated_eval"] = {**fed, "on": "the sites' training rows"}
-            out["auc"], out["auc_source"] = fed["auc"], "federated, on the sites' training rows"
+            out["federated_eval"] = {**fed, "on": self.evaluated_on}
+            out["auc"], out["auc_source"] = fed["auc"], f"federated, on {self.evaluated_on}"
         if self.test is not None:
             test_auc = _auc(self.test[1], linear.predict_proba(coef, intercept, self.test[0]), self.groups)
             out["test_csv"] = {"auc": test_auc, "rows": int(len(self.test[1]))}

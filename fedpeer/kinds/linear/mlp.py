@@ -28,7 +28,7 @@ from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param, site_seed
 from fedpeer.jobs.params import SECURE_SUM
 from fedpeer.kinds.linear import text
 from fedpeer.kinds.linear.fedavg import FEDAVG_PARAMS, Rounds, check_groups, current_groups, group_view
-from fedpeer.kinds.linear.logreg import Member, _auc
+from fedpeer.kinds.linear.logreg import HELD_OUT, Member, _auc
 from fedpeer.ml.linear import mlp
 
 MODEL_VERSION = 1
@@ -41,6 +41,7 @@ PARAMS = {
                      "2 -> binary, the second one positive; empty -> binary with [data] positive"),
     "eval_bins": Param(int, 1000, "score histogram bins for the federated AUC", low=10, high=100_000),
     "secure_sum": SECURE_SUM,
+    "test_fraction": HELD_OUT,
     **FEDAVG_PARAMS,
 }
 
@@ -58,12 +59,13 @@ class MlpMember(Member):
         fed_counts, mean, scale, extra = await self.scaling(view)
         await check_groups(self, extra, view)
         Z = (self.X - mean) / scale
+        evaluated = Z if self.held is None else (self.held[0] - mean) / scale   # held-out part (test_fraction)
         sizes = mlp.layer_sizes(self.X.shape[1], hidden, self.groups)
         trainer = mlp.LocalTrainer(Z, self.y, sizes, self.groups, p["learning_rate"], p["batch_size"], p["alpha"],
                                    site_seed(p["seed"], self.ch.me))
 
         def proba(w: np.ndarray) -> np.ndarray:
-            return mlp.predict_proba(*mlp.unflatten(w, sizes), Z)
+            return mlp.predict_proba(*mlp.unflatten(w, sizes), evaluated)
 
         rounds = Rounds(self, lambda w, r: trainer.train(w, p["local_epochs"]), proba,
                         mlp.initial_weights(sizes, p["seed"]), int(fed_counts.sum()))
@@ -75,13 +77,14 @@ class MlpMember(Member):
             "features": list(self.ctx.data.features),
             "classes": self.names, "coefs": [c.tolist() for c in coefs], "intercepts": [b.tolist() for b in intercepts],
             "mean": mean.tolist(), "scale": scale.tolist(), "rows": int(fed_counts.sum()),
+            "test_rows": self.fed_held, "test_fraction": p["test_fraction"],
             "classes_absent_here": [(self.names or ["negative", "positive"])[k]
                                     for k, c in enumerate(np.bincount(self.y, minlength=len(fed_counts))) if c == 0],
             "history": rounds.history, "fedavg": rounds.summary(), "secure_sums": self.sums,
             "members": self.member_names()[0], "lost": self.member_names()[1],
             "federated_eval": {k: last[k] for k in ("auc", "logloss", "accuracy", "rows")} | {
-                "on": "the sites' training rows"},
-            "auc": last["auc"], "auc_source": "federated, on the sites' training rows",
+                "on": self.evaluated_on},
+            "auc": last["auc"], "auc_source": f"federated, on {self.evaluated_on}",
         }
         if self.test is not None:
             test_auc = _auc(self.test[1], mlp.predict_proba(coefs, intercepts, (self.test[0] - mean) / scale),

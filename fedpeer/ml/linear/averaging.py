@@ -27,10 +27,12 @@ def weights_within_bound(w: np.ndarray) -> bool:
 
 
 def check_round(weighted: np.ndarray, rows: float, loss: float, counts: np.ndarray, groups: int, bins: int,
-                rows_max: int, every_row: bool) -> int:
+                rows_max: int, every_row: bool, eval_rows_max: int | None = None) -> int:
     """ValueError (naming the check) unless a round's decoded total can be honest (module
     docstring): `weighted` = Σ n_k w_k, `rows` = Σ n_k, `loss` and `counts` the evaluation;
-    `rows_max` the federation's rows, all of them summed when `every_row`. Returns the rows."""
+    `rows_max` the federation's rows, all of them summed when `every_row`; `eval_rows_max` the
+    federation's held-out rows when the evaluation is over those (None: over the rows averaged).
+    Returns the rows."""
     if not is_whole(rows, rows_max) or not 1 <= round(rows) <= rows_max:
         raise ValueError("the summed rows are a whole number between 1 and the federation's rows")
     n = round(rows)
@@ -38,7 +40,10 @@ def check_round(weighted: np.ndarray, rows: float, loss: float, counts: np.ndarr
         raise ValueError("with every member in, the summed rows are the federation's rows")
     if not np.isfinite(weighted).all() or (np.abs(weighted) > n * WEIGHT_ABS_MAX + slack(n * WEIGHT_ABS_MAX, n)).any():
         raise ValueError(f"the average weights are within ±WEIGHT_ABS_MAX={WEIGHT_ABS_MAX:g}")
-    if int(counts[-1]) != n:
+    if eval_rows_max is None and int(counts[-1]) != n:
         raise ValueError("the evaluation counts the rows the average weighs")
+    if eval_rows_max is not None and not (1 <= int(counts[-1]) <= eval_rows_max
+                                          and (not every_row or int(counts[-1]) == eval_rows_max)):
+        raise ValueError("the evaluation counts the federation's held-out rows")
     evaluation.check_counts(counts, loss, groups, bins)
     return n
