@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fedpeer.app.jobtext import format_job, jobs_table
 from fedpeer.errors import ConfigError, FedpeerError, JobError, NoDaemonError
 
 if TYPE_CHECKING:
@@ -139,11 +140,14 @@ def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     s.add_argument("--job", required=True, help="the job id whose model to use")
     s.add_argument("--data", required=True, type=Path, help="CSV with the model's feature columns (others are ignored)")
     s.add_argument("--out", type=Path, help="write the scores here as CSV (default: standard output)")
+    s.add_argument("--id-column", metavar="COL", help="a column of --data naming each row: the output's first column "
+                   "holds its values instead of the row number")
 
-    s = sub.add_parser("export", help="write a job's model as JSON arrays (no daemon needed): logreg as scikit-learn "
-                       "LogisticRegression coefficients, mlp its weights, tree scikit-learn's tree arrays")
+    s = sub.add_parser("export", help="write a job's model as JSON (no daemon needed): logreg as scikit-learn "
+                       "LogisticRegression coefficients, mlp its weights, tree scikit-learn's tree arrays, xgboost "
+                       "xgboost's own JSON model (xgboost.Booster(model_file=...) loads it)")
     s.add_argument("--config", type=Path, help=CONFIG_HELP.format(" (its state_dir holds the model)"))
-    s.add_argument("--job", required=True, help="the job id (logreg, mlp or tree) whose model to export")
+    s.add_argument("--job", required=True, help="the job id (logreg, mlp, tree or xgboost) whose model to export")
     s.add_argument("--out", type=Path, help="write the JSON here (default: standard output)")
 
     s = sub.add_parser("data", help="this site's [data]: check it before a job does")
@@ -181,7 +185,8 @@ def _add_job_commands(sub: argparse._SubParsersAction, with_kinds: bool) -> None
         k = kinds.add_parser(kind.name, help=kind.help)
         k.add_argument("--config", type=Path, help=CONFIG_HELP.format(""))
         k.add_argument("--members", help="comma-separated member names (default: this site and every alive peer)")
-        k.add_argument("--wait", action="store_true", help="wait for the result, showing progress")
+        k.add_argument("--wait", action="store_true", help="wait for the result, showing progress on stderr (a "
+                       "terminal: one live line; else a line every few seconds); Ctrl-C asks whether to cancel it")
         k.add_argument("--json", action="store_true", help="print the job record as JSON")
         for name, param in kind.params.items():
             flag = "--" + name.replace("_", "-")
@@ -501,43 +506,18 @@ def _run(args: argparse.Namespace) -> int:
     if not args.wait:
         print(job_id)
         return EXIT_OK
-    import asyncio
+    from fedpeer.app.runwait import wait
 
-    record = asyncio.run(_wait_for_job(config, job_id, live=sys.stderr.isatty()))
+    record, interrupted = wait(config, job_id)
+    if record is None:
+        return interrupted
     print(json.dumps(record, indent=2) if args.json else format_job(record))
     return EXIT_OK if record["state"] == "done" else EXIT_FAILED
 
 
-async def _wait_for_job(config: Config, job_id: str, live: bool, poll_s: float = 0.5) -> dict:
-    import asyncio
-
-    from fedpeer.daemon.adminclient import request
-
-    while True:
-        record = await request(config, "GET", f"/v1/jobs/{job_id}")
-        if live:
-            p = record["progress"]
-            step = f" step {p['step']} of {p['total']}" if p["total"] else ""
-            print(f"\r{job_id}: {record['state']} — {record['phase']}{step}".ljust(100)[:100], end="",
-                  file=sys.stderr, flush=True)
-        if record["state"] in ("done", "failed", "cancelled"):
-            if live:
-                print(file=sys.stderr)
-            return record
-        await asyncio.sleep(poll_s)
-
-
 def _jobs(args: argparse.Namespace) -> int:
-    from fedpeer.jobs.report import table
-
     doc = _ask(_load(args.config), "GET", "/v1/jobs")
-    if args.json:
-        print(json.dumps(doc, indent=2))
-        return EXIT_OK
-    rows = [("JOB", "KIND", "STATE", "PHASE", "ELAPSED")]
-    rows += [(j["id"], j["kind"], j["state"], j["phase"], "-" if j["elapsed_s"] is None else f"{j['elapsed_s']:.1f} s")
-             for j in doc["jobs"]]
-    print(table(rows) if doc["jobs"] else "no jobs")
+    print(json.dumps(doc, indent=2) if args.json else jobs_table(doc["jobs"]))
     return EXIT_OK
 
 
@@ -551,31 +531,10 @@ def _job(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def format_job(record: dict) -> str:
-    p = record["progress"]
-    lines = [f"job {record['id']} ({record['kind']}): {record['state']}",
-             f"  proposed by {record['proposer']}; members: {', '.join(m['name'] for m in record['members'])}",
-             f"  phase: {record['phase']}" + (f" (step {p['step']} of {p['total']})" if p["total"] else ""),
-             f"  parameters: {json.dumps(record['params'], sort_keys=True)}"]
-    lines += [f"  waiting for {wait}" for wait in record.get("waiting_for") or ()]   # "forest from site-3 since 12.4 s"
-    if record.get("elapsed_s") is not None:
-        lines.append(f"  elapsed: {record['elapsed_s']:.1f} s; rows at this site: {record.get('rows')}")
-    if record.get("error"):
-        lines.append(f"  error: {record['error']}")
-    result = record.get("result")
-    if result:
-        from fedpeer.jobs.report import raw
-        from fedpeer.kinds.catalog import job_kinds
-
-        kind = job_kinds().get(record["kind"])
-        lines += kind.describe(result) if kind is not None else raw(result)
-    return "\n".join(lines)
-
-
 def _predict(args: argparse.Namespace) -> int:
     from fedpeer.app.predict import predict_csv
 
-    rows = predict_csv(_load(args.config), args.job, args.data)
+    rows = predict_csv(_load(args.config), args.job, args.data, id_column=args.id_column)
     if not args.out:
         _write_csv(sys.stdout, rows)
         return EXIT_OK
@@ -586,14 +545,16 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from fedpeer.app.predict import export_sklearn
+    from fedpeer.app.predict import export_model
 
-    text = json.dumps(export_sklearn(_load(args.config), args.job), indent=2)
+    doc, note = export_model(_load(args.config), args.job)
+    text = json.dumps(doc, indent=2)
     if not args.out:
         print(text)
+        print(note, file=sys.stderr)
         return EXIT_OK
     args.out.write_text(text + "\n", encoding="utf-8")
-    print(f"wrote the model's scikit-learn coefficients to {args.out}", file=sys.stderr)
+    print(f"wrote job {args.job}'s model to {args.out}: {note}", file=sys.stderr)
     return EXIT_OK
 
 

@@ -2,20 +2,22 @@
 
 The model is read from this site's state directory, never unpickled: BOFRF's validated tree arrays,
 logreg's and mlp's validated arrays (.npz, loaded without pickle), or xgboost's JSON model
-(checked to be one fedpeer built before xgboost loads it). A model is used
-only if its file's bytes hash to the SHA-256 the job record holds (xgboost: `model_sha256`; any
-kind: `model_file_sha256` when the record has it): a file modified or corrupted after the job
-stored it is refused with a one-line message naming it. The CSV is
-read by the same checked reader as job data, keeping only the model's feature columns. Binary
-models give a score (BOFRF: the weighted vote, positive = positive class; xgboost, logreg, mlp:
-P(positive)) and a 0/1 prediction (logreg / mlp trained with two named classes: the class);
-multi-class xgboost, logreg and mlp give the predicted class and one probability per class; a reg:squarederror
-xgboost model gives the predicted value. A tree gives what its leaf holds: P(positive) and 0/1, the
-class mix and its most frequent class, or (regression) the leaf's mean.
-k-means gives each row's cluster (the index in the job's canonical order: centres sorted by
-first coordinate) and its distance to that centre (fuzzy: one membership per cluster); a
-Gaussian mixture gives the most probable component and every component's probability; dbscan the
-cluster of the nearest clustered synthetic point within eps, or -1 (noise).
+(checked to be one fedpeer built before xgboost loads it). A model is used only if its file's
+bytes hash to the SHA-256 the job record holds (xgboost: `model_sha256`; any kind:
+`model_file_sha256` when the record has it): a file modified or corrupted after the job stored it
+is refused with a one-line message naming it. The CSV is read by the same checked reader as job
+data, keeping only the model's feature columns (and, with `--id-column COL`, that column's values,
+which then stand first in every output row instead of the row number).
+
+Binary models give a score, P(positive) (BOFRF: the weighted vote share, with the weighted vote
+itself as `vote_sum`, positive = positive class), and a 0/1 prediction (logreg / mlp trained with
+two named classes: the class); multi-class xgboost, logreg and mlp give the predicted class and
+one probability per class; a reg:squarederror xgboost model gives the predicted value. A tree
+gives what its leaf holds: P(positive) and 0/1, the class mix and its most frequent class, or
+(regression) the leaf's mean. k-means gives each row's cluster (the index in the job's canonical
+order: centres sorted by first coordinate) and its distance to that centre (fuzzy: one membership
+per cluster); a Gaussian mixture gives the most probable component and every component's
+probability; dbscan the cluster of the nearest clustered synthetic point within eps, or -1 (noise).
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ from fedpeer.data.dataset import DataSpec, load_csv
 from fedpeer.errors import DataError, JobError
 
 
-def predict_csv(config: Config, job_id: str, data: Path) -> list[dict]:
+def predict_csv(config: Config, job_id: str, data: Path, id_column: str | None = None) -> list[dict]:
     """Score `data` with job `job_id`'s stored model (the kind's `predict`), after the checks every
-    kind shares: the job is done, its model file is there and its bytes are the stored ones."""
+    kind shares: the job is done, its model file is there and its bytes are the stored ones. With
+    `id_column`, each row's value of that column (which `data` must have) replaces its number."""
     record_path, record, kind = _stored(config, job_id)
     result = record.get("result") or {}
     if record["state"] != "done" or not result.get("model_file") or kind.predict is None:
@@ -45,15 +48,27 @@ def predict_csv(config: Config, job_id: str, data: Path) -> list[dict]:
     if recorded is not None:
         _check_file_sha256(model_path, recorded)
     header = _header(data)
-    return kind.predict(model_path, result, lambda features: _rows(data, header, tuple(features)))
+    if id_column is not None and id_column not in header:
+        raise DataError(f"{data}: no column {id_column!r} (--id-column); its columns: {', '.join(header[:20])}"
+                        + (" ..." if len(header) > 20 else ""))
+    ids: list[np.ndarray] = []
+
+    def rows(features: Any) -> np.ndarray:
+        X, row_ids = _rows(data, header, tuple(features), id_column)
+        ids.append(row_ids)
+        return X
+    scored = kind.predict(model_path, result, rows)
+    if id_column is None or not ids:
+        return scored
+    return [{id_column: str(i), **{k: v for k, v in row.items() if k != "row"}} for i, row in zip(ids[-1], scored)]
 
 
-def export_sklearn(config: Config, job_id: str) -> dict:
-    """`fedpeer export`: a job's stored model as JSON-able arrays (the kind's `export`: logreg as
-    scikit-learn LogisticRegression's attributes, mlp as MLPClassifier's weights with the mean and
-    scale its inputs are standardised with, tree as scikit-learn's tree arrays), after the same
-    checks as predict (the record says done, the file's SHA-256 is the record's, the arrays are
-    valid)."""
+def export_model(config: Config, job_id: str) -> tuple[dict, str]:
+    """`fedpeer export`: a job's stored model as JSON (the kind's `export`: logreg as scikit-learn
+    LogisticRegression's attributes, mlp as MLPClassifier's weights with the mean and scale its
+    inputs are standardised with, tree as scikit-learn's tree arrays, xgboost as xgboost's own
+    JSON model), after the same checks as predict (the record says done, the file's SHA-256 is the
+    record's, the model is valid); and one line on what it is and how to load it."""
     from fedpeer.kinds.catalog import job_kinds
 
     record_path, record, kind = _stored(config, job_id)
@@ -67,7 +82,8 @@ def export_sklearn(config: Config, job_id: str) -> dict:
     if not isinstance(result.get("model_file_sha256"), str):
         raise JobError(f"{record_path}: the job record holds no model_file_sha256 to check {model_path} against")
     _check_file_sha256(model_path, result["model_file_sha256"])
-    return kind.export(model_path, result)
+    note = kind.export_note(result) if kind.export_note is not None else f"the {kind.name} model as JSON arrays"
+    return kind.export(model_path, result), note
 
 
 def _stored(config: Config, job_id: str) -> tuple[Path, dict, Any]:
@@ -98,14 +114,22 @@ def _check_file_sha256(path: Path, expect: object) -> None:
                        "differs from the job record's); restore it from a backup or run the job again")
 
 
-def _rows(data: Path, header: list[str], features: tuple[str, ...]) -> np.ndarray:
-    """The CSV's values of the model's feature columns, in the model's column order."""
+def _rows(data: Path, header: list[str], features: tuple[str, ...],
+          id_column: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The CSV's values of the model's feature columns, in the model's column order, and each
+    row's value of `id_column` (read as a label is: text, checked; None: the row numbers)."""
     missing = [f for f in features if f not in header]
     if missing:
         raise DataError(f"{data}: lacks the model's feature column(s) {missing[:10]}")
-    ignore = tuple(c for c in header if c not in features)
-    dataset = load_csv(DataSpec(csv=data, label=None, ignore=ignore), binary=False)
-    return dataset.X[:, [dataset.features.index(f) for f in features]]
+    label = id_column if id_column is not None and id_column not in features else None
+    ignore = tuple(c for c in header if c not in features and c != label)
+    dataset = load_csv(DataSpec(csv=data, label=label, ignore=ignore), binary=False)
+    X = dataset.X[:, [dataset.features.index(f) for f in features]]
+    if label is not None:
+        return X, dataset.labels
+    if id_column is not None:     # the ID is also one of the model's features
+        return X, np.array([f"{v:g}" for v in X[:, features.index(id_column)]])
+    return X, np.arange(1, len(X) + 1)
 
 
 def _header(path: Path) -> list[str]:

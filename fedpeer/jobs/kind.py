@@ -139,11 +139,14 @@ class JobKind:
     describe: Callable[[Mapping[str, Any]], list[str]] = report.raw
     # `fedpeer harness`: every site's result ({name, rows, state, result}) as one table
     site_table: Callable[[Sequence[Mapping[str, Any]]], str] = report.plain_sites
-    # `fedpeer predict`: (model file, the job's result, rows) -> one dict per row, where rows(features)
+    # `fedpeer predict`: (model file, the job's result, rows) -> one dict per row, its first key "row"
+    # (the row's number from 1; `--id-column` puts the row's ID in its place), where rows(features)
     # reads the operator's CSV's values of those columns; None: the kind stores no model to score with
     predict: Callable[[Path, Mapping[str, Any], Callable[[Sequence[str]], Any]], list[dict]] | None = None
     # `fedpeer export`: (model file, the job's result) -> the model as JSON-able arrays; None: no export
     export: Callable[[Path, Mapping[str, Any]], dict] | None = None
+    # (the job's result) -> one line on what `export` wrote and how to load it; None: a plain line
+    export_note: Callable[[Mapping[str, Any]], str] | None = None
     # the per-round (or per-iteration) series of a result, for curves: series name -> [(step, value)]
     history: Callable[[Mapping[str, Any]], dict[str, list[tuple[float, float]]]] | None = None
     rounds_metric: bool = False     # its rounds are timed in /metrics (fedpeer_round_duration_seconds)

@@ -1,11 +1,16 @@
 """Text every kind's `describe` and harness table share: aligned columns, scores that may be
-missing. (What the lines say is each kind's own: fedpeer/kinds/.)"""
+missing, a metric with the rows it rests on. (What the lines say is each kind's own: fedpeer/kinds/.)"""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+# How a metric's key is written for people, in the order lines list them
+METRIC_NAMES = {"auc": "AUC", "logloss": "log-loss", "accuracy": "accuracy", "rmse": "RMSE", "mae": "MAE",
+                "sensitivity": "sensitivity", "specificity": "specificity", "mcc": "MCC"}
+REGRESSION_METRICS = ("rmse", "mae")
+CLASSIFICATION_METRICS = ("auc", "logloss", "accuracy")
 
 
 def table(rows: Sequence[Sequence[Any]], indent: str = "") -> str:
@@ -20,8 +25,67 @@ def score(value: float | None, digits: int = 4) -> str:
 
 
 def raw(result: Mapping[str, Any]) -> list[str]:
-    """The `describe` of a kind that has no words of its own: its result as indented JSON."""
-    return ["  result: " + json.dumps(result, indent=2).replace("\n", "\n  ")]
+    """The `describe` of a kind that has no words of its own: its result as `key: value` lines
+    (nested blocks indented, lists joined, floats to 6 significant digits); `--json` has it whole."""
+    def value(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.6g}"
+        if isinstance(v, (list, tuple)):
+            shown = ", ".join(value(x) for x in v[:8]) + (f", ... ({len(v)} in all)" if len(v) > 8 else "")
+            return shown or "none"
+        return "none" if v is None else str(v)
+
+    def lines(block: Mapping[str, Any], indent: str) -> list[str]:
+        out: list[str] = []
+        for key, v in block.items():
+            if isinstance(v, Mapping):
+                out += [f"{indent}{key}:" + ("" if v else " none")] + lines(v, indent + "  ")
+            else:
+                out.append(f"{indent}{key}: {value(v)}")
+        return out
+    return lines(result, "  ")
+
+
+def metrics(block: Mapping[str, Any] | None, keys: Sequence[str], digits: int = 4) -> str:
+    """The metrics of `keys` a block holds, in words: "AUC 0.9987, log-loss 0.0799" ("-" with none)."""
+    shown = [f"{METRIC_NAMES.get(k, k)} {score(block[k], digits)}" for k in keys
+             if block is not None and k in block]
+    return ", ".join(shown) or "-"
+
+
+def evaluated_rows(block: Mapping[str, Any]) -> tuple[int | None, str]:
+    """(rows, on what) of an evaluation block: {"rows": N, "on": "the sites' test parts"}, or
+    xgboost's {"test_rows": N, "rows": "the sites' test parts"}, or [data] test_csv's {"rows": N}."""
+    if isinstance(block.get("rows"), str):
+        return block.get("test_rows"), block["rows"]
+    return block.get("rows"), str(block.get("on") or "")
+
+
+def evaluation_lines(result: Mapping[str, Any], keys: Sequence[str], indent: str = "  ") -> list[str]:
+    """A result's scores, each with the rows it rests on: the federated evaluation (summed over
+    the sites, `federated_eval`) and this site's [data] test_csv (`test_csv`), where there are."""
+    lines = []
+    federated = result.get("federated_eval")
+    if isinstance(federated, Mapping):
+        n, on = evaluated_rows(federated)
+        trained = "training" in on
+        lines.append(f"{indent}{metrics(federated, keys)} — federated, on {rows_text(n)}: {on or 'the sites'}"
+                     + ("; the rows it was trained on, an optimistic figure" if trained else ""))
+    test_csv = result.get("test_csv")
+    if isinstance(test_csv, Mapping):
+        lines.append(f"{indent}{metrics(test_csv, keys)} — on {rows_text(test_csv.get('rows'))} of this site's "
+                     "[data] test_csv")
+    if not lines and any(result.get(k) is not None for k in keys):     # a result of before the blocks
+        source = result.get("auc_source") or result.get("score_source") or "rows not recorded"
+        lines.append(f"{indent}{metrics(result, keys)} ({source})")
+    if not lines:
+        lines.append(f"{indent}no rows scored the model")
+    return lines
+
+
+def rows_text(n: Any) -> str:
+    """"114 rows", "1 row", "? rows"."""
+    return f"{n} row{'' if n == 1 else 's'}" if isinstance(n, int) else "? rows"
 
 
 def plain_sites(sites: Sequence[Mapping[str, Any]]) -> str:
@@ -29,6 +93,14 @@ def plain_sites(sites: Sequence[Mapping[str, Any]]) -> str:
     rows = [("SITE", "STATE", "ROWS")]
     rows += [(s["name"], s.get("state", "-"), "-" if s.get("rows") is None else s["rows"]) for s in sites]
     return table(rows)
+
+
+def lead_block(result: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The evaluation a result leads with: [data] test_csv's when the site has one, else the federated one."""
+    for key in ("test_csv", "federated_eval"):
+        if isinstance(result.get(key), Mapping):
+            return result[key]
+    return {}
 
 
 def series(history: Sequence[Mapping[str, Any]], step: str | None,

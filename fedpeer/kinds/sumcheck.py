@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,7 @@ import numpy as np
 from fedpeer.errors import JobError
 from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param
 from fedpeer.jobs.params import SECURE_SUM
+from fedpeer.jobs.report import table
 from fedpeer.protocols.securesum.api import CHUNK_ENTRIES_MAX, DEFAULT_CHUNK_ENTRIES, secure_sum
 from fedpeer.protocols.securesum.masks import MASK_BLOCK_ENTRIES, apply_mask
 
@@ -89,7 +90,7 @@ async def _compute(entries: int, fn: Any, *args: Any) -> Any:
 
 async def run(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
     entries = params["entries"]
-    ch.progress("secure sum", 0, 1)
+    ch.progress("secure sum of the test vectors", 0, 1)
     mine = await _compute(entries, contribution, ch.me, entries)     # before the clock starts
     started, cpu_started = time.perf_counter(), time.process_time()   # measurements for the report
     outcome = await secure_sum(ch, "sumcheck", mine, mode=params["secure_sum"],
@@ -111,6 +112,32 @@ LIMITS = {
 }
 
 
+def describe(result: Mapping[str, Any]) -> list[str]:
+    """`fedpeer job show` lines: whether the total was right, over whom, and how fast."""
+    tries = "" if result["attempts"] == 1 else f" (after {result['attempts']} attempts)"
+    return [f"  total {'correct' if result['ok'] else 'WRONG'}: {result['entries']} entries "
+            f"({_size(result['mib'])}) secure-summed ({result['secure_sum']}) over "
+            f"{', '.join(result['participants'])}{tries}",
+            f"  {result['seconds'] * 1000:.1f} ms, {result['mib_per_s']:.1f} MiB/s; this daemon's CPU "
+            f"{result['cpu_seconds'] * 1000:.1f} ms"]
+
+
+def site_table(sites: Sequence[Mapping[str, Any]]) -> str:
+    """One row per site: its state, whether its total was right, the time and throughput it saw."""
+    rows = [("SITE", "STATE", "TOTAL", "ENTRIES", "MS", "MIB/S", "CPU MS", "ATTEMPTS")]
+    for s in sites:
+        r = s.get("result") or {}
+        rows.append((s["name"], s.get("state", "-"), ("correct" if r["ok"] else "WRONG") if r else "-",
+                     r.get("entries", "-"), f"{r['seconds'] * 1000:.1f}" if r else "-",
+                     f"{r['mib_per_s']:.1f}" if r else "-", f"{r['cpu_seconds'] * 1000:.1f}" if r else "-",
+                     r.get("attempts", "-")))
+    return table(rows)
+
+
+def _size(mib: float) -> str:
+    return f"{mib:.1f} MiB" if mib >= 1 else f"{mib * 1024:.1f} KiB"
+
+
 KIND = JobKind(name="sumcheck", help="check the secure-sum ring end to end (no data involved) and time it",
                params=PARAMS, run=run, needs_data=False, binary_label=False,
-               limits=LIMITS)
+               limits=LIMITS, describe=describe, site_table=site_table)

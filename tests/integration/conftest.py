@@ -38,13 +38,13 @@ def make_federation(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
         h.stop()
 
 
-def predict_scores(config_path: Path, job_id: str, data: Path, out: Path) -> np.ndarray:
-    """`fedpeer predict` as an operator runs it; the CSV's score column."""
+def predict_scores(config_path: Path, job_id: str, data: Path, out: Path, column: str = "score") -> np.ndarray:
+    """`fedpeer predict` as an operator runs it; the CSV's score column (or another)."""
     r = subprocess.run([sys.executable, "-m", "fedpeer", "predict", "--config", str(config_path),
                         "--job", job_id, "--data", str(data), "--out", str(out)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     with open(out) as f:
-        return np.array([float(row["score"]) for row in csv.DictReader(f)])
+        return np.array([float(row[column]) for row in csv.DictReader(f)])
 
 
 def ml_loaded(site, timeout_s: float = 60) -> None:

@@ -41,8 +41,8 @@ async def test_decentralized_equals_reference(make_federation, tmp_path: Path, v
         assert np.array_equal(weights, ref_weights)
         assert np.array_equal(forest.threshold, ref_forest.threshold) and np.array_equal(forest.value, ref_forest.value)
         assert "auc" in result["boppid"]
-    # fedpeer predict with the stored model gives the reference model's scores
-    scores = predict_scores(h.sites[order[0]].config_path, job_id, full, tmp_path / "scores.csv")
+    # fedpeer predict with the stored model gives the reference model's vote sums
+    scores = predict_scores(h.sites[order[0]].config_path, job_id, full, tmp_path / "scores.csv", "vote_sum")
     data = load_csv(DataSpec(csv=full, label="diagnosis", positive="malignant"))
     want = bofrf.predict((expected[0][1], expected[0][2]), data.X, data.features)
     assert np.allclose(scores, want, rtol=0, atol=1e-12) and len(scores) == 569

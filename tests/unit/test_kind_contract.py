@@ -111,6 +111,7 @@ def test_a_tiny_job_reads_draws_and_predicts(name: str, site_files: list[Path], 
 
     lines = kind.describe(result)
     assert lines and all(isinstance(line, str) and line.startswith("  ") for line in lines), lines
+    read_as_text(name, result, lines)
     sites = [{"name": f"site-{i + 1}", "rows": 100, "state": "done", "result": r} for i, r in enumerate(results)]
     table = kind.site_table(sites)
     assert "site-1" in table and "site-3" in table
@@ -138,3 +139,48 @@ def test_a_tiny_job_reads_draws_and_predicts(name: str, site_files: list[Path], 
     if kind.export is not None:
         exported = kind.export(path, result)
         assert isinstance(exported, dict) and exported
+        assert kind.export_note is None or kind.export_note(result)
+    if name == "xgboost":      # the export is xgboost's own model: xgboost loads it and predicts the same
+        import json
+
+        import xgboost
+
+        (tmp_path / "exported.json").write_text(json.dumps(exported, indent=2))
+        booster = xgboost.Booster(model_file=str(tmp_path / "exported.json"))
+        got = booster.predict(xgboost.DMatrix(rows(result["features"])))
+        assert np.allclose(got, [p["score"] for p in predictions], rtol=0, atol=1e-7)
+    if name == "bofrf":        # a probability, the vote sum under its own name, the same prediction
+        assert all(0 <= p["score"] <= 1 and (p["score"] > 0.5) == (p["vote_sum"] > 0) == p["prediction"]
+                   for p in predictions if abs(p["vote_sum"]) > 1e-12)
+
+
+def read_as_text(name: str, result: dict, lines: list[str]) -> None:
+    """A result's `describe` is text: no JSON dump, no Python None, and every score it gives names
+    the rows it rests on."""
+    from fedpeer.jobs.report import evaluated_rows
+
+    text = "\n".join(lines)
+    assert "{" not in text and "None" not in text, f"{name}: {text}"
+    for key in ("federated_eval", "test_csv"):
+        if isinstance(result.get(key), dict) and name != "tree":   # kinds/tree words its own (not yet with n)
+            n, _ = evaluated_rows(result[key])
+            assert f"on {n} row" in text, f"{name}: {key} without its {n} rows: {text}"
+    if name == "bofrf":
+        assert f"{result['rows']['test']} rows" in text
+
+
+def test_regression_reads_rmse_and_mae_with_its_rows(site_files: list[Path], tmp_path: Path) -> None:
+    """An xgboost regression (reg:squarederror) reads and tabulates RMSE and MAE, never "AUC -"."""
+    kind = KINDS["xgboost"]
+    params = kind.check_params({**TINY["xgboost"], "objective": "reg:squarederror"})
+    results = _run(kind, params, site_files, tmp_path)
+    for r in results:
+        r.pop("_model", None)
+    text = "\n".join(kind.describe(results[0]))
+    n = results[0]["federated_eval"]["test_rows"]
+    assert "RMSE" in text and "MAE" in text and "AUC" not in text and f"on {n} rows" in text, text
+    read_as_text("xgboost", results[0], text.splitlines())
+    table = kind.site_table([{"name": f"site-{i + 1}", "rows": 100, "state": "done", "result": r}
+                             for i, r in enumerate(results)] + [{"name": "site-4", "rows": None, "state": "failed",
+                                                                 "result": None}])
+    assert "RMSE" in table.splitlines()[0] and "LOG" not in table and "failed" in table

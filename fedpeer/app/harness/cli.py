@@ -208,9 +208,12 @@ async def _run_job(harness: Harness, args: argparse.Namespace) -> dict:
     if args.kill_leader_at_round is not None:
         failover = asyncio.create_task(kill_leader_at_round(harness, job_id, args.kill_leader_at_round,
                                                             args.timeout_s))
+    shown = asyncio.create_task(_show_progress(harness, job_id))
     try:
         records = await harness.wait_job(job_id, args.timeout_s)
     finally:
+        shown.cancel()
+        await asyncio.gather(shown, return_exceptions=True)
         if failover is not None and not failover.done():
             failover.cancel()
     after = await harness.traffic()
@@ -232,6 +235,22 @@ async def _run_job(harness: Harness, args: argparse.Namespace) -> dict:
     if failover is not None:
         job["failover"] = chaos
     return {"job": job, "sites": sites}
+
+
+async def _show_progress(harness: Harness, job_id: str) -> None:
+    """The proposer's view of the job on stderr while it runs, as `fedpeer run --wait` shows it
+    (a terminal: one live line; else a line every PROGRESS_PIPE_INTERVAL_S)."""
+    from fedpeer.app.runwait import POLL_S, Progress
+
+    progress = Progress(sys.stderr, live=sys.stderr.isatty())
+    try:
+        while True:
+            record = await harness.job(0, job_id)
+            if record is not None:
+                progress.show(record)
+            await asyncio.sleep(POLL_S)
+    finally:
+        progress.end()
 
 
 async def _chaos(harness: Harness, timeout_s: float) -> dict:

@@ -6,6 +6,9 @@ dead (`DeathWatch`). What the node gives the registry is `Transport` (fedpeer/jo
   retrying for a whole hop timeout; the registry hears the declaration (`on_peer_state`).
 - A running job's phase is written when it changes (`progress`), so a site restarted after a
   crash says which phase its interrupted job was in.
+- The secure sum's own progress (its chunks) is a detail of the kind's phase, never in its place:
+  "histogram mode: round 3 of 20 (secure sum: chunk 2 of 8)", and nothing for a one-chunk sum, so
+  `job show` and `run --wait` keep the phase and round that matter.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fedpeer.jobs.records import JobRecord
+from fedpeer.protocols.securesum.core import PHASE as SECURE_SUM_PHASE
 from fedpeer.runtime.channel import PeerUnreachable
 from fedpeer.jobs.lifecycle.host import Host
 
@@ -81,6 +85,7 @@ class NodeChannel:
         self.job_id = record.id
         self.metrics = getattr(registry.transport, "metrics", None)   # fedpeer/daemon/metrics.py observe_*
         self._saved_ms = -PHASE_SAVE_INTERVAL_MS      # when progress last saved the record
+        self._phase = record.phase                    # the kind's own phase (a secure sum's chunks aside)
 
     def now_ms(self) -> int:
         return self._registry.transport.now_ms()
@@ -107,6 +112,12 @@ class NodeChannel:
         if point is not None:
             record.history.append({str(k): v for k, v in point.items()})
             del record.history[:-HISTORY_POINTS_MAX]
+        if phase == SECURE_SUM_PHASE:                 # a secure sum's chunks, within the kind's phase
+            if total <= 1:
+                return
+            phase, step, total = f"{self._phase} (secure sum: chunk {step} of {total})", record.step, record.total
+        else:
+            self._phase = phase
         changed = phase != record.phase
         record.phase, record.step, record.total = phase, step, total
         now = self.now_ms()

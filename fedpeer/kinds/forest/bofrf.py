@@ -41,7 +41,7 @@ from fedpeer.data import dataset as mldata
 from fedpeer.errors import JobError, LocalProtocolError
 from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param, site_seed
 from fedpeer.jobs.params import SECURE_SUM, seed, test_fraction
-from fedpeer.jobs.report import table
+from fedpeer.kinds.forest import text
 from fedpeer.kinds.forest.boppid import MESSAGE as BOPPID_MESSAGE
 from fedpeer.protocols.fixedpoint import encode_counts
 from fedpeer.protocols.securesum.api import secure_sum
@@ -458,29 +458,19 @@ def predict(model: tuple[Any, np.ndarray], X: np.ndarray, features: Sequence[str
     return mb.ensemble_score(treepredict.predict_trees(forest, X, features), weights)
 
 
-def site_table(sites: Sequence[Mapping[str, Any]]) -> str:
-    """Per-site table in the shape of the thesis' tables 7.1–7.6."""
-    def auc(block: dict | None) -> str:
-        return "-" if not block or block.get("auc") is None else f"{block['auc']:.3f}"
-    rows = [("SITE", "ROWS", "LOCAL RF AUC", "BOFRF AUC", "CHANGE", "BOPPID AUC", "MODEL", "TAU", "TREES KEPT")]
-    for s in sites:
-        r = s.get("result") or {}
-        if not r:
-            rows.append((s["name"], s.get("rows") or "-", s.get("state", "-"), "-", "-", "-", "-", "-", "-"))
-            continue
-        base, final = r["local_rf"].get("auc"), r["final"].get("auc")
-        change = f"{100 * (final - base) / base:+.1f} %" if base and final is not None else "-"
-        rows.append((s["name"], s.get("rows") or "-", auc(r["local_rf"]), auc(r["final"]), change,
-                     auc(r.get("boppid")), r["final"]["model"], f"{r['tau']:.2f}",
-                     f"{r['trees_kept']}/{r['trees_total']}"))
-    return table(rows)
-
-
 def predict_file(path: Path, result: Mapping[str, Any], rows: Callable[[Sequence[str]], np.ndarray]) -> list[dict]:
-    """`fedpeer predict` with the kept ensemble: the weighted vote (positive: the positive class)."""
-    model = load_model(path)
-    scores = predict(model, rows(model[0].features), model[0].features)
-    return [{"row": i + 1, "score": float(s), "prediction": int(s > 0)} for i, s in enumerate(scores)]
+    """`fedpeer predict` with the kept ensemble: `score`, P(positive) as the weighted vote share
+    (the α-weighted mean of the kept trees' P(positive), among the trees that vote on the row);
+    `vote_sum`, the weighted vote Σ α (2 p − 1) the job scores with; `prediction`, 1 when the vote
+    sum is positive (the same as score > 0.5)."""
+    from fedpeer.ml.forest import bofrf as mb
+    from fedpeer.ml.forest import treepredict
+
+    forest, weights = load_model(path)
+    proba = treepredict.predict_trees(forest, rows(forest.features), forest.features)
+    votes, shares = mb.ensemble_score(proba, weights), mb.vote_share(proba, weights)
+    return [{"row": i + 1, "score": float(p), "vote_sum": float(v), "prediction": int(v > 0)}
+            for i, (p, v) in enumerate(zip(shares, votes))]
 
 
 # [policy.bofrf]: the largest (or smallest) parameters of a job this site agrees to run; each bounds
@@ -503,6 +493,7 @@ def dask_refused(params: Mapping[str, Any]) -> str | None:
 
 KIND = JobKind(name="bofrf", help="decentralized Boosting-based Federated Random Forest (secure sums only)",
                params=PARAMS, run=run, needs_data=True, binary_label=True, save_model=save_model,
-               limits=LIMITS, in_effect=policy_values, site_table=site_table, predict=predict_file,
+               limits=LIMITS, in_effect=policy_values, describe=text.describe, site_table=text.site_table,
+               predict=predict_file,
                messages=(*MESSAGES, BOPPID_MESSAGE),
                dask_support='bofrf (variant "base" or "personalized", baseline "none")', dask_refused=dask_refused)

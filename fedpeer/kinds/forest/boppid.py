@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -33,6 +33,7 @@ class StumpsMsg:
     polarity: np.ndarray      # int64, -1 or +1
     alpha: np.ndarray         # float64
     rows: int                 # the sender's training rows (the thesis' n^p)
+    WAITING_FOR: ClassVar[str] = "BOPPID model"
 
 
 # registered by the job catalogue as one of bofrf's messages (fedpeer/kinds/catalog.py)

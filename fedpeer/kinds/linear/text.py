@@ -8,14 +8,13 @@ from typing import Any
 
 import numpy as np
 
-from fedpeer.jobs.report import series, table
+from fedpeer.jobs.report import CLASSIFICATION_METRICS, evaluated_rows, evaluation_lines, lead_block, series, table
 from fedpeer.kinds.scoring import binary_rows, class_rows
 
 
 def describe(kind: str, result: Mapping[str, Any]) -> list[str]:
     """`fedpeer job show` lines for a logreg or mlp result: the fit, its log and (logreg) the coefficients."""
     lines: list[str] = []
-    auc = "-" if result.get("auc") is None else f"{result['auc']:.4f}"
     over = (f"{result['secure_sums']} secure sums over {', '.join(result['members'])}; "
             f"members lost: {', '.join(result.get('lost') or []) or 'none'}")
     if kind == "mlp":
@@ -24,7 +23,8 @@ def describe(kind: str, result: Mapping[str, Any]) -> list[str]:
     else:
         lines.append(f"  model: {result['mode']} logistic regression, solver {result['solver']}, C "
                      f"{result['C']:g}: {result['status']} after {result['iterations']} iterations ({over})")
-    lines.append(f"  AUC {auc} ({result.get('auc_source') or '-'}); model file {result.get('model_file', '-')}")
+    lines += evaluation_lines(result, CLASSIFICATION_METRICS)
+    lines.append(f"  model file {result.get('model_file', '-')}")
     if result.get("classes_absent_here"):
         lines.append(f"  this site's rows lack class(es) {', '.join(result['classes_absent_here'])} "
                      "(the federation's sums still hold them)")
@@ -55,18 +55,22 @@ def describe(kind: str, result: Mapping[str, Any]) -> list[str]:
 def site_table(sites: Sequence[Mapping[str, Any]]) -> str:
     """logreg / mlp: one row per site: the fit's end, its federated training log-loss and AUC, and
     the classes the site's own rows lack (the coefficients and weights are in --json)."""
-    rows = [("SITE", "ROWS HERE", "STATUS", "ITERATIONS", "SECURE SUMS", "LOGLOSS", "AUC", "AUC ON", "LACKS CLASSES")]
+    rows = [("SITE", "ROWS HERE", "STATUS", "ITERATIONS", "SECURE SUMS", "LOGLOSS", "AUC", "AUC ON ROWS", "OF",
+             "LACKS CLASSES")]
     for s in sites:
         r = s["result"] or {}
         if not r:
-            rows.append((s["name"], s["rows"] or "-", s["state"], "-", "-", "-", "-", "-", "-"))
+            rows.append((s["name"], s["rows"] or "-", s["state"], "-", "-", "-", "-", "-", "-", "-"))
             continue
         last = r["history"][-1] if r.get("history") else {}
         loss = f"{last.get('loss', last.get('logloss')):.6f}" if last else "-"
         auc = "-" if r.get("auc") is None else f"{r['auc']:.4f}"
+        block = lead_block(r)
+        n, on = evaluated_rows(block) if block else (None, "")
         rows.append((s["name"], s["rows"], r.get("status", "rounds done"), r.get("iterations", r.get("rounds")),
-                     r["secure_sums"], loss, auc,
-                     r.get("auc_source") or "-", ", ".join(r["classes_absent_here"]) or "-"))
+                     r["secure_sums"], loss, auc, "-" if n is None else n,
+                     "[data] test_csv" if "test_csv" in r else on or r.get("auc_source") or "-",
+                     ", ".join(r["classes_absent_here"]) or "-"))
     return table(rows)
 
 

@@ -219,6 +219,22 @@ def predict_file(path: Path, result: Mapping[str, Any], rows: Callable[[Sequence
     return binary_rows(proba) if not classes else class_rows(proba, classes)
 
 
+def export_file(path: Path, result: Mapping[str, Any]) -> dict:
+    """`fedpeer export`: the stored model, checked as `predict` checks it, as xgboost's own JSON
+    model document: `xgboost.Booster(model_file=...)` loads it and predicts what `fedpeer
+    predict` gives, from the columns of `result["features"]` in that order."""
+    if not isinstance(result.get("model_sha256"), str):
+        raise JobError(f"{path.parent / 'job.json'}: the job record holds no model_sha256 to check {path} against")
+    return json.loads(load_model(path, result["model_sha256"]))
+
+
+def export_note(result: Mapping[str, Any]) -> str:
+    features = list(result.get("features") or [])
+    shown = ", ".join(features[:6]) + (f", ... ({len(features)} in all)" if len(features) > 6 else "")
+    return (f"xgboost's own JSON model: load it with xgboost.Booster(model_file=FILE) (the file name ending "
+            f".json); booster.predict(xgboost.DMatrix(X)) takes X's columns in this order: {shown}")
+
+
 # [policy.xgboost]: the largest (or smallest) parameters of a job this site agrees to run; each bounds
 # one parameter, and the defaults are the kind's own bounds, so an unset limit refuses nothing.
 LIMITS = {
@@ -235,7 +251,8 @@ KIND = JobKind(name="xgboost", help="federated XGBoost: tree bagging / tree+ in 
                save_model=save_model, model_file="model.json", member_failure_aborts=False,
                serve_done=serve_done, serve_done_kinds=(SyncAsk,),
                messages=MESSAGES, limits=LIMITS, describe=text.describe, site_table=text.site_table,
-               predict=predict_file, history=text.history, rounds_metric=True, led=lambda p: p.get("mode") == "bagging",
+               predict=predict_file, export=export_file, export_note=export_note, history=text.history,
+               rounds_metric=True, led=lambda p: p.get("mode") == "bagging",
                dask_support='xgboost with mode = "histogram"',
                dask_refused=lambda p: None if p.get("mode", "histogram") == "histogram" else
                f"xgboost with mode = {p.get('mode')!r}")

@@ -70,7 +70,7 @@ class Reply:
     model: bytes             # fetch: the member's committed model
     history: bytes           # fetch: its history entries (JSON)
     error: str               # "" or why not: "stale_term", "need_model", a training error
-    WAITING_FOR: ClassVar[str] = "reply"
+    WAITING_FOR: ClassVar[str] = "member's reply"
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,7 @@ class SyncAsk:
 
     tag: str                 # SYNC_TAG
     round: int
+    WAITING_FOR: ClassVar[str] = "a member's request for the job's end"
 
 
 def _reply_tag(term: int, op: str, rnd: int) -> str:

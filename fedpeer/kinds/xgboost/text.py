@@ -1,28 +1,47 @@
-"""What people read of an xgboost job: `job show` lines and the harness table."""
+"""What people read of an xgboost job: `job show` lines and the harness table. Classification
+leads with AUC, log-loss and accuracy, regression (reg:squarederror) with RMSE and MAE; every
+figure says how many rows it rests on."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fedpeer.jobs.report import series, table
+from fedpeer.jobs.report import (
+    CLASSIFICATION_METRICS,
+    METRIC_NAMES,
+    REGRESSION_METRICS,
+    evaluated_rows,
+    evaluation_lines,
+    lead_block,
+    score,
+    series,
+    table,
+)
+
+
+def metric_keys(result: Mapping[str, Any]) -> tuple[str, ...]:
+    """The metrics of this result's objective: RMSE and MAE (regression), else AUC, log-loss, accuracy."""
+    return REGRESSION_METRICS if str(result.get("objective", "")).startswith("reg:") else CLASSIFICATION_METRICS
 
 
 def describe(result: Mapping[str, Any]) -> list[str]:
-    """`fedpeer job show` lines for an xgboost result: the model, its AUC, and the rounds (bagging)."""
-    lines: list[str] = []
-    auc = "-" if result.get("auc") is None else f"{result['auc']:.4f}"
-    lines.append(f"  model: {result['rounds']} rounds, {result['trees']} trees, SHA-256 {result['model_sha256']}")
-    lines.append(f"  AUC {auc} ({result.get('auc_source') or '-'}); model file {result.get('model_file', '-')}")
+    """`fedpeer job show` lines for an xgboost result: the model, its scores with their rows, and
+    the rounds (bagging)."""
+    keys = metric_keys(result)
+    lines = [f"  model: {result.get('objective', '-')}, {result['rounds']} rounds, {result['trees']} trees, "
+             f"SHA-256 {result['model_sha256']}"]
+    lines += evaluation_lines(result, keys)
+    lines.append(f"  model file {result.get('model_file', '-')} (`fedpeer export` writes it for xgboost to load)")
     if result.get("mode") == "histogram":
         lost = ", ".join(result["lost"]) or "none"
         lines.append(f"  histogram mode: {result['secure_sums']} secure sums over {', '.join(result['members'])}; "
                      f"members lost: {lost}")
         return lines
-    rows = [("ROUND", "TERM", "LEADER", "SITES", "TREES", "FED. AUC", "LOGLOSS", "ACCURACY")]
+    rows = [("ROUND", "TERM", "LEADER", "SITES", "TREES", *(f"FED. {METRIC_NAMES[k].upper()}" for k in keys))]
     for h in result["history"]:
-        scores = ("-" if h.get(k) is None else f"{h[k]:.4f}" for k in ("auc", "logloss", "accuracy"))
-        rows.append((h["round"], h["term"], h["leader"], len(h["participants"]), h["trees_added"], *scores))
+        rows.append((h["round"], h["term"], h["leader"], len(h["participants"]), h["trees_added"],
+                     *(score(h.get(k)) for k in keys)))
     lines.append(table(rows, indent="  "))
     for h in result["history"]:
         for site, why in (h.get("excluded") or {}).items():
@@ -31,21 +50,23 @@ def describe(result: Mapping[str, Any]) -> list[str]:
 
 
 def site_table(sites: Sequence[Mapping[str, Any]]) -> str:
-    rows = [("SITE", "ROWS", "STATE", "ROUNDS", "AUC", "AUC OF", "FED. LOGLOSS", "FED. ACCURACY", "TREES",
-             "MODEL SHA-256")]
+    """One row per site: its rows, state, the model's size, its scores and the rows they rest on."""
+    keys = next((metric_keys(s["result"]) for s in sites if s.get("result")), CLASSIFICATION_METRICS)
+    rows = [("SITE", "ROWS", "STATE", "ROUNDS", "TREES", *(METRIC_NAMES[k].upper() for k in keys), "ON ROWS",
+             "OF", "MODEL SHA-256")]
     for s in sites:
         r = s.get("result") or {}
         if not r:
-            rows.append((s["name"], s.get("rows") or "-", s.get("state", "-"), *["-"] * 7))
+            rows.append((s["name"], s.get("rows") or "-", s.get("state", "-"), *["-"] * (len(keys) + 5)))
             continue
-        fed = r.get("federated_eval") or {}
-        rows.append((s["name"], s.get("rows") or "-", s.get("state", "-"), r["rounds"],
-                     "-" if r.get("auc") is None else f"{r['auc']:.4f}", r.get("auc_source") or "-",
-                     f"{fed['logloss']:.4f}" if fed else "-", f"{fed['accuracy']:.4f}" if fed else "-", r["trees"],
+        block = lead_block(r)
+        n, on = evaluated_rows(block) if "test_csv" not in r else (block.get("rows"), "[data] test_csv")
+        rows.append((s["name"], s.get("rows") or "-", s.get("state", "-"), r["rounds"], r["trees"],
+                     *(score(block.get(k)) for k in keys), "-" if n is None else n, on or "-",
                      r["model_sha256"][:16]))
     return table(rows)
 
 
 def history(result: Mapping[str, Any]) -> dict[str, list[tuple[float, float]]]:
     """The curves of an xgboost result: the federated evaluation of each committed round."""
-    return series(result.get("history") or [], "round", ("auc", "logloss", "accuracy"))
+    return series(result.get("history") or [], "round", metric_keys(result))

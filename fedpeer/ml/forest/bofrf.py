@@ -10,7 +10,8 @@ BOFRF, per tree i of site n (the job moves the arrays, this module does the arit
 - the job secure-sums the matrices: C_i^n = Σ_q c_i^n(q) (eq. 3.5, docs/algorithms.md).
 - `mcc`: M(C) (eq. 3.6), 0 where the denominator is 0; `tree_weights`: eq. 3.7 / 3.14.
 - `ensemble_score`: F(x) = Σ_i α_i (2 p_i(x) − 1) (eq. 3.8–3.10 with the trees' class
-  probabilities instead of ±1 votes, so that AUC is defined; sign = prediction).
+  probabilities instead of ±1 votes, so that AUC is defined; sign = prediction); `vote_share`:
+  the same vote as P(positive) in [0, 1] (`fedpeer predict`'s score).
 - `select_final`: eq. 3.11; `choose_tau`: personalized BOFRF (§3.3, eq. 3.14–3.18) on the
   site's validation rows (docs/algorithms.md; the thesis does not say which rows it tuned on).
 - `characteristic_vector`, `farthest_first_clusters`: clustered BOFRF (ch. 5, eq. 5.3–5.6).
@@ -60,6 +61,7 @@ from fedpeer.ml.forest.stumps import (
 
 __all__ = [
     "CONFUSION_FIELDS", "TAU_GRID", "confusion_per_tree", "mcc", "tree_weights", "ensemble_score",
+    "vote_share",
     "binary_metrics", "local_rf_score", "choose_tau", "characteristic_vector", "farthest_first_clusters",
     "site_metrics", "train_local_forest", "select_final", "MIN_SAMPLES_LEAF",
     "Stumps", "stumps_score", "exact_cuts", "uniform_cuts", "boost_init_weights", "boost_local_stats",
@@ -155,6 +157,24 @@ def ensemble_score(proba: np.ndarray, alpha: np.ndarray) -> np.ndarray:
         raise ValueError(f"{a.shape} weights for {p.shape[0]} trees")
     votes = np.where(np.isnan(p), 0.0, 2.0 * p - 1.0)
     return a @ votes if p.shape[0] else np.zeros(p.shape[1], dtype=np.float64)
+
+
+def vote_share(proba: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+    """P(positive) of the weighted vote: Σ |α_i| p'_i(x) / Σ |α_i| over the trees that vote on x
+    (not NaN), where p' = p for α ≥ 0 and 1 − p for a tree with a negative weight (it votes
+    against its own probability, as in `ensemble_score`). Then ensemble_score = W (2 P − 1) with
+    W = Σ |α_i| ≥ 0: P > 0.5 exactly where the score is positive, and P = 0.5 where no tree with a
+    weight votes. A BOFRF model keeps only trees with α > 0: P is their α-weighted mean P(positive)."""
+    p = _as_proba(proba)
+    a = np.asarray(alpha, dtype=np.float64)
+    if a.shape != (p.shape[0],):
+        raise ValueError(f"{a.shape} weights for {p.shape[0]} trees")
+    voted = ~np.isnan(p)
+    toward = np.where(a[:, None] >= 0, p, 1.0 - p)
+    weight = np.abs(a)[:, None] * voted
+    total = weight.sum(axis=0)
+    share = (weight * np.where(voted, toward, 0.0)).sum(axis=0)
+    return np.divide(share, total, out=np.full(p.shape[1], 0.5), where=total > 0)
 
 
 

@@ -43,6 +43,7 @@ class RingBroken:
     tag: str
     peer: bytes
     fault: str
+    WAITING_FOR: ClassVar[str] = "word of a broken ring edge"
 
 
 @dataclass(frozen=True)
@@ -60,12 +61,14 @@ class SumRestart:
 class SeedRequest:
     """The initiator -> members (pairwise mode): every chunk came back, reveal your self-mask seed."""
     tag: str
+    WAITING_FOR: ClassVar[str] = "request to reveal the self-mask seeds"
 
 
 @dataclass(frozen=True)
 class SeedReveal:
     tag: str
     seed: bytes
+    WAITING_FOR: ClassVar[str] = "self-mask seed"
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,7 @@ class SumWhere:
     """The initiator -> members: chunk `chunk` did not come back; did you get it, pass it on?"""
     tag: str
     chunk: int
+    WAITING_FOR: ClassVar[str] = "question about a lost secure-sum chunk"
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,7 @@ class SumHere:
     chunk: int
     got: bool
     passed: bool
+    WAITING_FOR: ClassVar[str] = "answer about a lost secure-sum chunk"
 
 
 @dataclass(frozen=True, eq=False)
