@@ -2,10 +2,12 @@
 variance reduction) — the job kind, its parameters, its stored model (the tree's canonical JSON,
 fedpeer/ml/tree/model.py), `fedpeer predict` and `fedpeer export`. The protocol is
 fedpeer/kinds/tree/job.py (its arithmetic without the network fedpeer/kinds/tree/site.py), its text
-fedpeer/kinds/tree/text.py."""
+fedpeer/kinds/tree/text.py. Mode `icdta` instead aggregates the members' own trees (ICDTA4FL
+without a server): fedpeer/kinds/tree/icdta.py."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -18,14 +20,23 @@ from fedpeer.errors import JobError
 from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param
 from fedpeer.jobs.params import SECURE_SUM_LARGE, seed, test_fraction
 from fedpeer.kinds.scoring import binary_rows, class_rows
-from fedpeer.kinds.tree import text
+from fedpeer.kinds.tree import icdta, text
 from fedpeer.kinds.tree.job import run_job
 from fedpeer.ml.tree.cart import CCP_ALPHA_MAX, CRITERIA, DEPTH_MAX, MAX_BIN_MAX, MIN_LEAF_ROWS_MAX
 from fedpeer.ml.tree.model import MODEL_BYTES_MAX, load_model, model_doc, predict_value
 
 LABEL_ABS_MAX_MAX = 1e12
 
+MODES = ("exact", "icdta")
+
 PARAMS = {
+    "mode": Param(str, "exact", "exact: the pooled rows' CART tree from secure-summed histograms | icdta: ICDTA4FL "
+                  "without a server — every member's own scikit-learn tree, scored at the others through a secure sum, "
+                  "filtered, their rules aggregated by Cartesian product into one global tree (classification)",
+                  choices=MODES),
+    "icdta_threshold": Param(float, 0.0, "icdta: the filter of the members' trees; 0: keep those whose federated "
+                             "accuracy and macro-F1 are both at least the mean over the trees; above 0: keep those "
+                             "whose accuracy is at least this (none passing: the most accurate)", low=0.0, high=1.0),
     "criterion": Param(str, "gini", "gini or entropy (classification: the label's classes) | squared_error "
                        "(regression on a numeric label: variance reduction from Σy, Σy², rows)", choices=CRITERIA),
     "classes": Param(str, "", "classification: the label values, comma-separated, in class order (2 or more); "
@@ -96,12 +107,20 @@ def export_file(path: Path, result: Mapping[str, Any]) -> dict:
     return model_doc(cart, features, classes)
 
 
-def _run(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> Any:
-    return run_job(ch, params, ctx)
+def run(ch: Any, params: Mapping[str, Any], ctx: JobContext, offload: Callable[..., Any] | None = None) -> Any:
+    """The kind's run(): the exact tree, or in mode icdta the aggregated one; `offload` runs the
+    core's steps (asyncio.to_thread in the daemon; inline in simulations under virtual time)."""
+    if params["mode"] == "icdta":
+        return icdta.run_icdta(ch, params, ctx, offload or asyncio.to_thread)
+    return run_job(ch, params, ctx, offload)
+
+
+def describe(result: Mapping[str, Any]) -> list[str]:
+    return icdta.describe(result) if result.get("mode") == "icdta" else text.describe(result)
 
 
 KIND = JobKind(name="tree", help="one exact federated CART tree (gini, entropy or squared_error) from secure-summed "
                "histograms; scikit-learn's tree on the pooled rows when max_bin is above the rows",
-               params=PARAMS, run=_run, needs_data=True, binary_label=False, save_model=save_model,
-               model_file="model.json", member_failure_aborts=False, limits=LIMITS, describe=text.describe,
-               site_table=text.site_table, predict=predict_file, export=export_file)
+               params=PARAMS, run=run, needs_data=True, binary_label=False, save_model=save_model,
+               model_file="model.json", member_failure_aborts=False, limits=LIMITS, describe=describe,
+               site_table=text.site_table, predict=predict_file, export=export_file, messages=icdta.MESSAGES)

@@ -29,8 +29,8 @@ import numpy as np
 
 from fedpeer.ml.tree.cart import CRITERIA, REGRESSION, Growth, impurity, node_rows, node_value
 
-__all__ = ["BinValues", "Cart", "finish_tree", "load_model", "model_bytes", "predict_value", "prune", "rules",
-           "to_sklearn"]
+__all__ = ["BinValues", "Cart", "check_cart", "finish_tree", "load_model", "model_bytes", "predict_value", "prune",
+           "rules", "to_sklearn"]
 
 MODEL_FORMAT = "fedpeer.tree"
 MODEL_VERSION = 1
@@ -285,6 +285,12 @@ def load_model(data: bytes) -> tuple[Cart, list[str], list[str]]:
     cart = Cart(criterion=criterion, n_features=len(features), **ints, **floats)
     _check(cart, max(1, len(classes)))
     return cart, features, classes
+
+
+def check_cart(cart: Cart, width: int) -> None:
+    """ValueError naming what is wrong unless `cart` is a well-formed tree in scikit-learn's arrays
+    with `width` values per node (as `load_model` checks a stored tree)."""
+    _check(cart, width)
 
 
 def _check(cart: Cart, width: int) -> None:
