@@ -5,7 +5,8 @@ Data: make_classification, `--rows` training rows (default 80,000) x `--features
 informative), split evenly over `--sites` daemons (5), plus 20 % as many held-out rows (the
 default: 20,000) every site scores the final model on (`[data] test_csv`). Per repeat, in order:
   1. histogram job: `--trees` rounds (50), depth 6, max_bin 256, eta 0.3, the default secure sum
-     (the all-reduce), test_fraction 0, eval_every 0 (no evaluation rounds: training only) —
+     (the all-reduce), test_fraction 0, eval_every 0 (no evaluation rounds: training only),
+     once every daemon has loaded its ML libraries —
      time = the slowest member's elapsed_s (proposal -> done); CPU = utime + stime of every
      daemon process over the job (/proc), i.e. all the federation's work on this one machine;
   2. (--bagging) bagging jobs with the same trees and with the same rounds;
@@ -36,6 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench_bofrf import peak_rss_mib  # noqa: E402
+from bench_kinds import wait_loaded  # noqa: E402
 
 from fedpeer.app.harness.federation import Harness  # noqa: E402
 
@@ -139,6 +141,7 @@ async def main(args: argparse.Namespace) -> dict:
                                                              "builder_in_process"]}
         try:
             await h.wait_all_alive(60)
+            await wait_loaded(h, 180)       # the daemons' ML imports are not the job's CPU
             for rep in range(args.repeats):
                 for name, params in variants.items():
                     runs[name].append(await run_job(h, params, args.timeout_s))
