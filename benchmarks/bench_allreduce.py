@@ -21,19 +21,11 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench_kinds import cpu_seconds  # noqa: E402
+
 from fedpeer.app.harness.federation import Harness  # noqa: E402
 
 MODES = ("pairwise", "allreduce")
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    total = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])       # utime, stime
-    return total / TICKS
 
 
 async def sent(h: Harness, n: int) -> list[int]:

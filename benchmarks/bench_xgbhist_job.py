@@ -37,24 +37,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench_bofrf import peak_rss_mib  # noqa: E402
-from bench_kinds import wait_loaded  # noqa: E402
+from bench_kinds import cpu_seconds, wait_loaded  # noqa: E402
 
 from fedpeer.app.harness.federation import Harness  # noqa: E402
 
 DATA = {"label": "label", "positive": "1", "ignore": [], "missing": "error"}
 COMMON = {"max_depth": 6, "eta": 0.3, "max_bin": 256, "test_fraction": 0.0, "nthread": 1, "reg_lambda": 1.0,
           "min_child_weight": 1.0, "eval_every": 0}
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    """utime + stime of these processes so far (/proc/PID/stat)."""
-    total = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / TICKS
 
 
 def write_csv(path: Path, X: np.ndarray, y: np.ndarray) -> Path:

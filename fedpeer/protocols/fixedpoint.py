@@ -23,6 +23,7 @@ maximum: count_max * n_parties must be < 2^63.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +36,17 @@ PARTIES_MAX = (1 << LIMB_BITS) - 1        # more parties could carry a limb sum 
 FRAC_BITS_MAX = 512                       # keeps 2^-frac_bits a normal float64
 LIMBS_MAX = 32
 COUNT_SUM_LIMIT = 1 << 63                 # summed counts must stay below this (exclusive)
+
+
+def fraction_bits(bound: float, magnitude_bits: int) -> int:
+    """Fraction bits for values bounded by `bound`: the largest b with bound * 2^b <= 2^magnitude_bits
+    (a value scaled by them stays within magnitude_bits). ValueError unless the bound is positive
+    and finite."""
+    bound = float(bound)
+    if not math.isfinite(bound) or bound <= 0:
+        raise ValueError(f"a bound must be positive and finite, got {bound!r}")
+    mantissa, exponent = math.frexp(bound)          # bound = mantissa * 2^exponent, mantissa in [0.5, 1)
+    return int(magnitude_bits) - (exponent - 1 if mantissa == 0.5 else exponent)
 
 
 def _check_parties(n_parties: int) -> int:

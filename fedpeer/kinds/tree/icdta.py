@@ -30,7 +30,6 @@ the federation's training rows.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -39,9 +38,8 @@ import numpy as np
 
 from fedpeer.errors import JobError, LocalProtocolError
 from fedpeer.jobs.kind import JobContext, JobFailsEverywhere, checked_total, site_seed
-from fedpeer.kinds.tree.job import COUNT_MAX, RULES_MAX, TreeJob, local_score
+from fedpeer.kinds.tree.job import COUNT_MAX, TreeJob, finish_result
 from fedpeer.ml.tree import icdta
-from fedpeer.ml.tree.model import model_bytes
 from fedpeer.protocols.epochs import Lost as _Lost
 from fedpeer.protocols.fixedpoint import encode_counts
 from fedpeer.protocols.securesum.wire import VECTOR_ENTRIES_MAX
@@ -199,37 +197,13 @@ async def run_icdta(ch: Any, params: Mapping[str, Any], ctx: JobContext, offload
             break
         except _Lost:
             continue
-    features = list(ctx.data.features)
-    model = model_bytes(cart, features, job.classes)
     every = info.pop("rules_text")
     out: dict[str, Any] = {
         "mode": "icdta", "criterion": params["criterion"], "max_depth": params["max_depth"],
         "min_leaf_rows": params["min_leaf_rows"], "ccp_alpha": params["ccp_alpha"],
-        "icdta_threshold": params["icdta_threshold"], "features": features, "classes": job.classes,
-        "federation_rows": job.rows,
-        "rows": {"train": int(len(job.fit[1])), "test": int(len(job.test[1])) if params["test_fraction"] else 0},
-        "n_leaves": cart.n_leaves, "depth": cart.depth, "n_nodes": cart.n_nodes, "rules": every[:RULES_MAX],
-        "icdta": info,
-        "tree": {"feature": cart.feature.tolist(), "threshold": cart.threshold.tolist(), "left": cart.left.tolist(),
-                 "right": cart.right.tolist(), "value": cart.value.tolist(),
-                 "n_node_samples": cart.n_node_samples.tolist()},
-        "model_sha256": hashlib.sha256(model).hexdigest(),
+        "icdta_threshold": params["icdta_threshold"], "icdta": info,
     }
-    if len(every) > RULES_MAX:
-        out["rules_omitted"] = len(every) - RULES_MAX
-    fed = await job.evaluate(cart)
-    on = "the sites' test parts" if params["test_fraction"] > 0 else "the sites' training rows"
-    out["federated_eval"] = None if fed is None else {**fed, "on": on}
-    out["auc"], out["score_source"] = (fed["auc"], f"federated, on {on}") if fed is not None else (None, None)
-    if job.local_test is not None:
-        local = await job.offload(local_score, cart, *job.local_test)
-        out["test_csv"] = local
-        out["auc"], out["score_source"] = local["auc"], "[data] test_csv"
-    out["secure_sums"] = job.epochs.sums
-    out["members"] = [job.name(m) for m in job.members]
-    out["lost"] = [job.name(m) for m in job.epochs.lost]
-    out["_model"] = model
-    return out
+    return await finish_result(job, cart, every, out)
 
 
 RULES_SHOWN_MAX = 64       # aggregated rules `job show` prints; the rest are in the result

@@ -268,20 +268,29 @@ async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext,
     job = TreeJob(ch, params, ctx, offload or asyncio.to_thread)
     cart = await job.run()
     features = list(ctx.data.features)
-    model = model_bytes(cart, features, job.classes)
-    every = rules(cart, features, job.classes, params["min_leaf_rows"])
     out: dict[str, Any] = {
         "criterion": params["criterion"], "max_depth": params["max_depth"], "max_bin": params["max_bin"],
         "min_leaf_rows": params["min_leaf_rows"], "ccp_alpha": params["ccp_alpha"],
+        "exact_features": int(job.bins.exact.sum()) if job.bins is not None else 0,
+    }
+    return await finish_result(job, cart, rules(cart, features, job.classes, params["min_leaf_rows"]), out)
+
+
+async def finish_result(job: TreeJob, cart: Any, every: list[str], out: dict[str, Any]) -> dict:
+    """What every tree result holds after its mode's own fields `out`: the data's shape, the tree
+    as scikit-learn's arrays and as rules, the model's hash, its federated score (and on [data]
+    test_csv), the sums, members and the model itself."""
+    params, features = job.params, list(job.ctx.data.features)
+    model = model_bytes(cart, features, job.classes)
+    out.update({
         "features": features, "classes": job.classes, "federation_rows": job.rows,
         "rows": {"train": int(len(job.fit[1])), "test": int(len(job.test[1])) if params["test_fraction"] else 0},
-        "exact_features": int(job.bins.exact.sum()) if job.bins is not None else 0,
-        "n_leaves": cart.n_leaves, "depth": cart.depth, "rules": every[:RULES_MAX],
+        "n_leaves": cart.n_leaves, "depth": cart.depth, "n_nodes": cart.n_nodes, "rules": every[:RULES_MAX],
         "tree": {"feature": cart.feature.tolist(), "threshold": cart.threshold.tolist(), "left": cart.left.tolist(),
                  "right": cart.right.tolist(), "value": cart.value.tolist(),
                  "n_node_samples": cart.n_node_samples.tolist()},
         "model_sha256": hashlib.sha256(model).hexdigest(),
-    }
+    })
     if len(every) > RULES_MAX:
         out["rules_omitted"] = len(every) - RULES_MAX
     fed = await job.evaluate(cart)

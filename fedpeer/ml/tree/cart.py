@@ -34,13 +34,13 @@ scikit-learn's arrays.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from fedpeer.errors import DataError
+from fedpeer.protocols.fixedpoint import fraction_bits
 
 __all__ = ["CRITERIA", "EPSILON", "CartParams", "Growth", "Layout", "TreeParams", "decode_level", "encode_level",
            "grow_level", "impurity", "label_channels", "level_histograms", "node_rows", "node_value", "route_rows",
@@ -64,11 +64,10 @@ _LN2 = float(np.log(2.0))
 
 def scale_bits(bound: float) -> int:
     """Fraction bits for values bounded by `bound`: the largest b with bound * 2^b <= 2^ROW_Q_BITS."""
-    bound = float(bound)
-    if not math.isfinite(bound) or bound <= 0:
-        raise ValueError(f"a label bound must be positive and finite, got {bound!r}")
-    mantissa, exponent = math.frexp(bound)          # bound = mantissa * 2^exponent, mantissa in [0.5, 1)
-    return ROW_Q_BITS - (exponent - 1 if mantissa == 0.5 else exponent)
+    try:
+        return fraction_bits(bound, ROW_Q_BITS)
+    except ValueError:
+        raise ValueError(f"a label bound must be positive and finite, got {bound!r}") from None
 
 
 @dataclass(frozen=True)

@@ -33,13 +33,13 @@ lane value decodes to some fields in range: a member's garbage is checked like a
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from fedpeer.errors import DataError
+from fedpeer.protocols.fixedpoint import fraction_bits
 
 __all__ = [
     "CHANNELS",
@@ -65,11 +65,10 @@ _INT_SUM_LIMIT = 1 << 63   # a secure-summed int64 cell must stay below this in 
 
 def scale_bits(bound: float) -> int:
     """Fraction bits for values bounded by `bound`: the largest b with bound * 2^b <= 2^ROW_Q_BITS."""
-    bound = float(bound)
-    if not math.isfinite(bound) or bound <= 0:
-        raise ValueError(f"a gradient bound must be positive and finite, got {bound!r}")
-    mantissa, exponent = math.frexp(bound)          # bound = mantissa * 2^exponent, mantissa in [0.5, 1)
-    return ROW_Q_BITS - (exponent - 1 if mantissa == 0.5 else exponent)
+    try:
+        return fraction_bits(bound, ROW_Q_BITS)
+    except ValueError:
+        raise ValueError(f"a gradient bound must be positive and finite, got {bound!r}") from None
 
 
 def gradients(objective: str, margins: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
