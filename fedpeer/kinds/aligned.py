@@ -152,16 +152,21 @@ class VerticalSums:
         self.sent_entries.append(len(vector))
         return FIXED.decode(out.total)
 
-    async def gather(self, name: str, placed_values: np.ndarray) -> np.ndarray:
+    async def gather(self, name: str, placed_values: np.ndarray, own: slice) -> np.ndarray:
         """Every member's values side by side, exactly: each member sends the float64 bits of its
-        own values in its own entries (`placed`) and zeros elsewhere, so the sum modulo 2^64 is
-        every member's bits. For values each member computes alone (its columns' statistics, its
-        projection of the centres), with no fixed-point rounding."""
-        bits = np.ascontiguousarray(placed_values, dtype=np.float64).ravel().view(np.uint64)
+        own values in its own entries (`placed`; its rows `own` of placed_values) and zeros
+        elsewhere, so the sum modulo 2^64 is every member's bits. For values each member computes
+        alone (its columns' statistics, its projection of the centres), with no fixed-point
+        rounding. Every member checks that its own values came back bit for bit: a member that
+        shifts another's entries is caught by that member, and the job ends everywhere."""
+        placed_values = np.ascontiguousarray(placed_values, dtype=np.float64)
+        bits = placed_values.ravel().view(np.uint64)
         out = await secure_sum(self.ch, self.tag(name), bits, mode=self.mode, hop_timeout_ms=self.ctx.hop_timeout_ms)
         if out.participants != tuple(self.ch.members):
             raise JobError("a member dropped out of a secure sum; a vertical job needs every member's columns")
         self.sent_entries.append(len(bits))
+        mine = out.total.reshape(placed_values.shape)[own]
+        checked_total(self.tag(name), _own_values_back, mine, placed_values[own].view(np.uint64))
         return checked_total(self.tag(name), _finite, out.total.view(np.float64))
 
     def tag(self, name: str) -> str:
@@ -169,6 +174,11 @@ class VerticalSums:
 
     def names(self) -> list[str]:
         return [self.ctx.names.get(k, k.hex()[:16]) for k in self.ch.members]
+
+
+def _own_values_back(got: np.ndarray, sent: np.ndarray) -> None:
+    if not np.array_equal(got, sent):
+        raise ValueError("this member's own values come back as it sent them")
 
 
 def _finite(values: np.ndarray) -> np.ndarray:

@@ -2,7 +2,7 @@
 extreme in a value's top limb, or a count made huge or wrapped below zero, at a random entry of a
 random sum): every member fails the job with the check's one line, naming the sum and no site;
 no member returns a model. One hypothesis test per kind: stats, kmeans (hard and fuzzy), gmm,
-dbscan, FedAvg (logreg mode fedavg, mlp) and bagging xgboost's label and evaluation sums. (Exact
+dbscan, FedAvg (logreg mode fedavg, mlp), bagging xgboost's label and evaluation sums and bofrf. (Exact
 logreg: tests/sim/test_logreg_job.py; histogram xgboost: tests/sim/test_xgbhist_job.py.)"""
 
 from __future__ import annotations
@@ -240,3 +240,15 @@ def test_bagging_xgboost(which: int, at: float, amount: int, member: int) -> Non
             net.channel(k), checked, JobContext(names[k], names, 10_000, data=sites[i]),
             xkind.Tools(offload=exp._inline)))
     fails_everywhere(results, names, labels + evals)
+
+
+@settings(max_examples=8, deadline=None)
+@given(which=st.integers(0, 1), at=AT, amount=AMOUNT, member=MEMBER)
+def test_bofrf(which: int, at: float, amount: int, member: int) -> None:
+    """BOFRF's roster (who holds which forest) and its trees' summed confusion matrices: counts."""
+    from fedpeer.kinds.forest import bofrf
+
+    params = bofrf.KIND.check_params({"n_estimators": 4, "max_depth": 3, "seed": 1, "secure_sum": "ring"})
+    results, names, poisoned = run_kind(bofrf.run, blobs(labelled=True), params, bofrf, member,
+                                        poison_one(which, at, amount, lambda tag, vector: (0, 1, 0)))
+    fails_everywhere(results, names, poisoned)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fedpeer.data.vertical import VerticalBlock
 from fedpeer.jobs.kind import ImplausibleTotal, JobContext, JobFailsEverywhere
@@ -204,3 +206,35 @@ def test_vertical_stats_equal_numpy_on_the_joined_rows() -> None:
         np.testing.assert_array_equal(h["counts"], np.histogram(joined[:, j], bins=h["edges"])[0])
     assert list(fed["ids_per_site"].values()) == [s.rows for s in sites]
     assert vs.describe(fed)[0].startswith(f"  federation: {len(joined)} aligned entities")
+
+
+@settings(max_examples=6, deadline=None)
+@given(entry=st.integers(0, 10_000), amount=st.integers(1, 2**64 - 1), gather=st.sampled_from(["moments", "spread"]),
+       liar=st.integers(0, 2))
+def test_a_member_shifting_anothers_gathered_values_is_caught_by_that_member(entry: int, amount: int, gather: str,
+                                                                              liar: int) -> None:
+    """A gathered sum carries every member's exact values side by side; a member that adds
+    anything to another member's entries is caught by the member whose values changed: the job
+    ends (there, at once, naming the sum and the check; no member returns a result)."""
+    sites, _ = three_sites(seed=1)
+    keys, _ = member_keys("vertical", 3)
+    widths = [s.X.shape[1] for s in sites]           # sites' own columns, in ring order = key order
+    ring = sorted(range(3), key=lambda i: keys[i])
+    per_column = 2 if gather == "moments" else 1 + 8 + 2
+    starts = np.cumsum([0] + [widths[i] for i in ring])
+    mine = ring.index(liar)
+
+    def poison(tag, vector):
+        if not tag.endswith("/" + gather):
+            return None
+        others = [j for j in range(int(starts[-1]) * per_column)
+                  if not starts[mine] * per_column <= j < starts[mine + 1] * per_column]
+        out = vector.copy()
+        out[others[entry % len(others)]] += np.uint64(amount)
+        return out
+    with poisoned_sums(al, keys[liar], poison) as poisoned:
+        results = run_job(vs.run_vertical, sites, {"bins": 8, "secure_sum": "pairwise"})
+    assert poisoned, "nothing was gathered"
+    assert not any(isinstance(r, dict) for r in results), results
+    caught = [str(r) for r in results if isinstance(r, ImplausibleTotal)]
+    assert any("own values come back" in text for text in caught), results

@@ -113,7 +113,7 @@ async def gather_centres(sums: VerticalSums, aligned: Aligned, best: vc.VRestart
     """Step 3: (joined centres in clustering space, shift, scale), the same at every member."""
     k, d = best.centers.shape[0], len(aligned.features)
     own = np.concatenate([best.centers.T, space.shift[:, None], space.scale[:, None]], axis=1)  # (d_m, k + 2)
-    joined = (await sums.gather("centres", placed(aligned, own, k + 2))).reshape(d, k + 2)
+    joined = (await sums.gather("centres", placed(aligned, own, k + 2), aligned.own_slice())).reshape(d, k + 2)
     C, shift, scale = joined[:, :k].T.copy(), joined[:, k], joined[:, k + 1]
     checked_total(sums.tag("centres"), check_centres, C, S)
     if (scale <= 0).any():

@@ -39,10 +39,11 @@ import numpy as np
 
 from fedpeer.data import dataset as mldata
 from fedpeer.errors import JobError, LocalProtocolError
-from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param, site_seed
+from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param, checked_total, site_seed
 from fedpeer.jobs.params import SECURE_SUM, seed, test_fraction
 from fedpeer.kinds.forest import text
 from fedpeer.kinds.forest.boppid import MESSAGE as BOPPID_MESSAGE
+from fedpeer.ml.moments import whole_counts
 from fedpeer.protocols.fixedpoint import encode_counts
 from fedpeer.protocols.securesum.api import secure_sum
 from fedpeer.runtime.channel import MalformedFrom, PeerDead, PeerRefused, SubChannel
@@ -258,6 +259,7 @@ async def run(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
 
 async def _federate(ch: Any, part: SitePart, params: Mapping[str, Any],
                     ctx: JobContext) -> tuple[dict, Any, np.ndarray]:
+    from fedpeer.ml.forest import bofrf as mb
     from fedpeer.ml.forest import trees
 
     members = list(ch.members)
@@ -273,7 +275,9 @@ async def _federate(ch: Any, part: SitePart, params: Mapping[str, Any],
     held = np.array([1 if m in forests else 0 for m in members], dtype=np.int64)
     roster = await secure_sum(ch, "bofrf/roster", encode_counts(held, len(members), count_max=1),
                               mode=params["secure_sum"], hop_timeout_ms=ctx.hop_timeout_ms)
-    agreed = [m for i, m in enumerate(members) if int(roster.total[i]) == len(roster.participants)]
+    held_by = checked_total("bofrf/roster", whole_counts, roster.total)
+    checked_total("bofrf/roster", mb.check_roster, held_by, len(roster.participants))
+    agreed = [m for i, m in enumerate(members) if int(held_by[i]) == len(roster.participants)]
     # every site derives the same list from the roster sum; `evidence` is what this site saw itself
     evidence["forests_left_out"] = [ctx.names.get(m, m.hex()[:16]) for m in members if m not in agreed]
     ch.progress("scoring every tree on this site's rows", 3, 5)
@@ -284,7 +288,8 @@ async def _federate(ch: Any, part: SitePart, params: Mapping[str, Any],
                               mode=params["secure_sum"], hop_timeout_ms=ctx.hop_timeout_ms)
     if ch.me not in summed.participants:
         raise JobError("this site was left out of the secure sum")
-    total = summed.total.astype(np.int64).reshape(-1, 4)
+    total = checked_total("bofrf/confusion", whole_counts, summed.total).reshape(-1, 4)
+    checked_total("bofrf/confusion", mb.check_confusion, total, len(summed.participants), COUNT_MAX)
     survivors = [m for m in agreed if m in summed.participants]
     if survivors != agreed:     # forests of members lost during the sum are dropped
         keep = np.flatnonzero(np.isin(owners, [members.index(m) for m in survivors]))
@@ -386,7 +391,7 @@ async def _cluster(ch: Any, part: SitePart, params: Mapping[str, Any], ctx: JobC
     during the bounds sum is left out of the clustering; one lost after it fails the job cleanly
     (its vector never arrives, or sending to it fails)."""
     from fedpeer.ml.forest import bofrf as mb
-    from fedpeer.ml.moments import FIXED, local_moments
+    from fedpeer.ml.moments import FIXED, check_moments, local_moments
 
     members = list(ch.members)
     X = part.fit.X
@@ -394,6 +399,7 @@ async def _cluster(ch: Any, part: SitePart, params: Mapping[str, Any], ctx: JobC
                                mode=params["secure_sum"], hop_timeout_ms=ctx.hop_timeout_ms)
     totals = FIXED.decode(moments.total)
     d = X.shape[1]
+    checked_total("bofrf/bounds", check_moments, totals, d)
     n = totals[0]
     mean = totals[2:2 + d] / n
     std = np.sqrt(np.maximum(totals[2 + d:] / n - mean * mean, 0.0))

@@ -113,6 +113,22 @@ def confusion_per_tree(proba: np.ndarray, y: np.ndarray) -> np.ndarray:
     return out
 
 
+def check_roster(held: np.ndarray, parties: int) -> None:
+    """ValueError unless the summed roster (per member: how many participants hold its forest) can
+    be honest: whole counts between 0 and the participants."""
+    if (held < 0).any() or (held > parties).any():
+        raise ValueError("every forest is held by between 0 and all the participants")
+
+
+def check_confusion(total: np.ndarray, parties: int, count_max: int) -> None:
+    """ValueError unless summed confusion matrices (T, 4) of tp, tn, fp, fn can be honest: whole
+    counts, none negative, no tree scored on more rows than the participants' declared maximum."""
+    if (total < 0).any():
+        raise ValueError("no summed confusion count is negative")
+    if (total.sum(axis=1) > parties * count_max).any():
+        raise ValueError("no tree is scored on more rows than the participants can hold")
+
+
 def mcc(conf: np.ndarray) -> np.ndarray:
     """Matthews correlation (eq. 3.6) of each row (tp, tn, fp, fn) of `conf`; float64 (T,).
 
