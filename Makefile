@@ -1,15 +1,26 @@
-# The two set-up commands of the README. Each does all set-up on a fresh machine:
-# it creates .venv, installs fedpeer with its test tools, then runs.
+# The two set-up commands of the README. Each does all set-up on a fresh machine: it creates
+# .venv, installs what it uses, then runs. `make demo` installs fedpeer alone (the core every
+# site needs); `make test` installs it with every extra and the test tools (and, as root,
+# Debian's Chromium for the console's browser test).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
+TEST_STAMP := $(VENV)/.installed-test
 
 .PHONY: demo test clean
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+
+$(DEMO_STAMP): pyproject.toml $(BIN)/python
+	@echo "make: installing fedpeer into $(VENV) (a minute or two on a fresh machine)"
+	$(BIN)/pip install --quiet -e .
+	touch $(DEMO_STAMP)
+
+$(TEST_STAMP): pyproject.toml $(BIN)/python
+	@echo "make: installing fedpeer with every extra and its test tools into $(VENV) (a few minutes on a fresh machine)"
 	$(BIN)/pip install --quiet -e '.[test]'
 	@# The console's browser test (tests/integration/test_console.py) drives Debian's headless Chromium.
 	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
@@ -17,13 +28,13 @@ $(STAMP): pyproject.toml
 	else echo "make: chromium and chromium-driver are not installed and this is not root: run" \
 		"'sudo apt-get install chromium chromium-driver' for the console's browser test" \
 		"(it fails under CI=true without them, and is skipped otherwise)" >&2; fi
-	touch $(STAMP)
+	touch $(TEST_STAMP)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/fedpeer harness --sites 3 --job bofrf --data builtin:sonar --split 0.5,0.3,0.2 \
 		--baseline boppid --seed 2 --workdir .demo
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(BIN)/ruff check fedpeer tests scripts benchmarks
 	$(BIN)/python -m pytest -q -n 2
 
