@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from fedpeer.errors import DataError, JobError
-from fedpeer.jobs.kind import JobContext, JobFailsEverywhere, checked_total
+from fedpeer.jobs.kind import ImplausibleTotal, JobContext, JobFailsEverywhere, checked_total
 from fedpeer.protocols import psi
 from fedpeer.protocols.fixedpoint import FixedPoint
 from fedpeer.protocols.securesum.api import VECTOR_ENTRIES_MAX, secure_sum
@@ -39,6 +39,7 @@ from fedpeer.wire import frame as wire
 FIXED = FixedPoint(frac_bits=32, limbs=3)     # |x| · members < 2^63 at 2^-32 resolution
 COLUMNS_MAX = 100_000                          # feature columns of one member
 COLUMN_NAME_BYTES_MAX = 256
+GATHER_CHECK_WAIT_HOPS = 2                     # a member waits this many hops for the others' word after a gather
 
 Offload = Callable[..., Awaitable[Any]]
 
@@ -51,11 +52,21 @@ class Columns:
     WAITING_FOR: ClassVar[str] = "a member's columns"
 
 
+@dataclass(frozen=True)
+class GatherCheck:
+    """After a gather: whether the sender's own values came back bit for bit (VerticalSums.gather)."""
+    tag: str
+    intact: bool
+    WAITING_FOR: ClassVar[str] = "a member's word that its gathered values came back"
+
+
 # registered by the job catalogue with the kinds that run over vertical sites (their `messages`)
 MESSAGES = (*psi.MESSAGES,
             wire.declare("vertical_columns", Columns, {
                 "tag": wire.v_str(psi.TAG_BYTES_MAX),
-                "features": wire.v_list(wire.v_str(COLUMN_NAME_BYTES_MAX), COLUMNS_MAX)}))
+                "features": wire.v_list(wire.v_str(COLUMN_NAME_BYTES_MAX), COLUMNS_MAX)}),
+            wire.declare("vertical_gather_check", GatherCheck, {"tag": wire.v_str(psi.TAG_BYTES_MAX),
+                                                                "intact": wire.v_bool}))
 
 
 @dataclass(frozen=True)
@@ -157,16 +168,22 @@ class VerticalSums:
         own values in its own entries (`placed`; its rows `own` of placed_values) and zeros
         elsewhere, so the sum modulo 2^64 is every member's bits. For values each member computes
         alone (its columns' statistics, its projection of the centres), with no fixed-point
-        rounding. Every member checks that its own values came back bit for bit: a member that
-        shifts another's entries is caught by that member, and the job ends everywhere."""
+        rounding. Every member checks that its own values came back bit for bit and tells every
+        other member (one message each way): a member that shifts another's entries is caught by
+        that member, and every member ends the job, the last gather of a job included."""
         placed_values = np.ascontiguousarray(placed_values, dtype=np.float64)
         bits = placed_values.ravel().view(np.uint64)
         out = await secure_sum(self.ch, self.tag(name), bits, mode=self.mode, hop_timeout_ms=self.ctx.hop_timeout_ms)
         if out.participants != tuple(self.ch.members):
             raise JobError("a member dropped out of a secure sum; a vertical job needs every member's columns")
         self.sent_entries.append(len(bits))
-        mine = out.total.reshape(placed_values.shape)[own]
-        checked_total(self.tag(name), _own_values_back, mine, placed_values[own].view(np.uint64))
+        intact = bool(np.array_equal(out.total.reshape(placed_values.shape)[own], placed_values[own].view(np.uint64)))
+        tag, others = f"{self.tag(name)}/check", [p for p in self.ch.members if p != self.ch.me]
+        wait_ms = self.ctx.hop_timeout_ms * GATHER_CHECK_WAIT_HOPS
+        await asyncio.gather(*(self.ch.send(p, GatherCheck(tag, intact)) for p in others))
+        words = await asyncio.gather(*(self.ch.recv(GatherCheck, tag, src=p, timeout_ms=wait_ms) for p in others))
+        if not intact or not all(msg.intact for _, msg in words):
+            raise ImplausibleTotal.of(self.tag(name), "every member's own values come back as it sent them")
         return checked_total(self.tag(name), _finite, out.total.view(np.float64))
 
     def tag(self, name: str) -> str:
@@ -174,11 +191,6 @@ class VerticalSums:
 
     def names(self) -> list[str]:
         return [self.ctx.names.get(k, k.hex()[:16]) for k in self.ch.members]
-
-
-def _own_values_back(got: np.ndarray, sent: np.ndarray) -> None:
-    if not np.array_equal(got, sent):
-        raise ValueError("this member's own values come back as it sent them")
 
 
 def _finite(values: np.ndarray) -> np.ndarray:
