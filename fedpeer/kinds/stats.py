@@ -34,12 +34,18 @@ from fedpeer.jobs.params import SECURE_SUM
 from fedpeer.jobs.report import table
 from fedpeer.kinds import vertical_stats
 from fedpeer.kinds.aligned import MESSAGES as VERTICAL_MESSAGES
-from fedpeer.ml.moments import FIXED, check_moments, check_spread, local_moments, whole_counts
+from fedpeer.ml.moments import (  # noqa: F401  (bin_edges, local_histograms: importable from here)
+    FIXED,
+    bin_edges,
+    check_moments,
+    check_spread,
+    column_summaries,
+    local_histograms,
+    local_moments,
+    whole_counts,
+)
 from fedpeer.protocols.fixedpoint import encode_counts
 from fedpeer.protocols.securesum.api import secure_sum
-
-SPREAD_SIGMAS = 3.0
-STD_KIND = "sample standard deviation (denominator n - 1)"
 
 PARAMS = {
     "bins": Param(int, 10, "histogram bins per column between mean-3sd and mean+3sd (plus one below, one above)",
@@ -47,24 +53,6 @@ PARAMS = {
     "secure_sum": dataclasses.replace(SECURE_SUM, help="secure-sum mode: 'ring' (neighbours together could learn "
                                       "a site's value) or 'pairwise' (only all other sites together could)"),
 }
-
-
-def bin_edges(mean: np.ndarray, std: np.ndarray, bins: int) -> np.ndarray:
-    """(columns, bins + 1) edges over mean ± 3 std; a constant column gets mean ± 0.5."""
-    half = np.where(std > 0, SPREAD_SIGMAS * std, 0.5)
-    steps = np.linspace(-1.0, 1.0, bins + 1)
-    return mean[:, None] + half[:, None] * steps[None, :]
-
-
-def local_histograms(X: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """(columns, bins + 2) counts: below the first edge, each bin (right edge open, last closed), above."""
-    counts = np.empty((X.shape[1], edges.shape[1] + 1), dtype=np.int64)
-    for j in range(X.shape[1]):
-        inner, _ = np.histogram(X[:, j], bins=edges[j])
-        counts[j, 0] = int((X[:, j] < edges[j, 0]).sum())
-        counts[j, 1:-1] = inner
-        counts[j, -1] = int((X[:, j] > edges[j, -1]).sum())
-    return counts
 
 
 def local_spread(X: np.ndarray, y: Any, mean: np.ndarray, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -113,12 +101,7 @@ def _result(data: Any, n: int, n_pos: int, mean: np.ndarray, std: np.ndarray, ed
         "participants": [ctx.names.get(k, k.hex()[:16]) for k in participants],
         "class_counts": {"positive": n_pos, "negative": n - n_pos},
         "positive_share": n_pos / n,
-        "mean": {c: float(v) for c, v in zip(cols, mean)},
-        "std": {c: float(v) for c, v in zip(cols, std)},
-        "std_kind": STD_KIND,
-        "histograms": {c: {"edges": [float(e) for e in edges[j]], "below": int(counts[j, 0]),
-                           "counts": [int(v) for v in counts[j, 1:-1]], "above": int(counts[j, -1])}
-                       for j, c in enumerate(cols)},
+        **column_summaries(cols, mean, std, edges, counts),
         "secure_sum": mode,
     }
 

@@ -29,29 +29,9 @@ import numpy as np
 from fedpeer.jobs.kind import JobContext, JobFailsEverywhere, checked_total
 from fedpeer.jobs.report import table
 from fedpeer.kinds.aligned import Offload, VerticalSums, align, alignment_result, placed
-from fedpeer.ml.moments import check_columns, check_spread
+from fedpeer.ml.moments import bin_edges, check_columns, check_spread, column_summaries, local_histograms
 
 PREFIX = "stats"
-SPREAD_SIGMAS = 3.0
-STD_KIND = "sample standard deviation (denominator n - 1)"
-
-
-def bin_edges(mean: np.ndarray, std: np.ndarray, bins: int) -> np.ndarray:
-    """(columns, bins + 1) edges over mean ± 3 std; a constant column gets mean ± 0.5 (the
-    horizontal job's bins)."""
-    half = np.where(std > 0, SPREAD_SIGMAS * std, 0.5)
-    return mean[:, None] + half[:, None] * np.linspace(-1.0, 1.0, bins + 1)[None, :]
-
-
-def histograms(X: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """(columns, bins + 2) counts: below the first edge, each bin (right edge open, last closed), above."""
-    counts = np.empty((X.shape[1], edges.shape[1] + 1), dtype=np.int64)
-    for j in range(X.shape[1]):
-        counts[j, 1:-1] = np.histogram(X[:, j], bins=edges[j])[0]
-        counts[j, 0], counts[j, -1] = int((X[:, j] < edges[j, 0]).sum()), int((X[:, j] > edges[j, -1]).sum())
-    return counts
-
-
 def _whole(counts: np.ndarray) -> np.ndarray:
     if (counts != np.round(counts)).any() or (counts < 0).any():
         raise ValueError("every histogram count is a whole number, not negative")
@@ -75,7 +55,7 @@ async def run_vertical(ch: Any, params: Mapping[str, Any], ctx: JobContext,
 
     ch.progress("spread and histograms (secure sum 2 of 2)", 2, 2)
     width = params["bins"] + 2
-    own_part = np.concatenate([((X - mean[own]) ** 2).sum(axis=0)[:, None], histograms(X, edges[own])], axis=1)
+    own_part = np.concatenate([((X - mean[own]) ** 2).sum(axis=0)[:, None], local_histograms(X, edges[own])], axis=1)
     second = (await sums.gather("spread", placed(aligned, own_part, 1 + width),
                                 own)).reshape(-1, 1 + width)
     centred = second[:, 0]
@@ -85,12 +65,7 @@ async def run_vertical(ch: Any, params: Mapping[str, Any], ctx: JobContext,
     cols = aligned.features
     return {
         "count": n, "participants": sums.names(), **alignment_result(aligned, ctx, tuple(ch.members)),
-        "mean": {c: float(v) for c, v in zip(cols, mean)},
-        "std": {c: float(v) for c, v in zip(cols, std)},
-        "std_kind": STD_KIND,
-        "histograms": {c: {"edges": [float(e) for e in edges[j]], "below": int(hist[j, 0]),
-                           "counts": [int(v) for v in hist[j, 1:-1]], "above": int(hist[j, -1])}
-                       for j, c in enumerate(cols)},
+        **column_summaries(cols, mean, std, edges, hist),
         "secure_sum": params["secure_sum"],
     }
 

@@ -13,6 +13,8 @@ make a total the checks know to be impossible.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from fedpeer.protocols.fixedpoint import FixedPoint, decode_counts
@@ -101,3 +103,40 @@ def check_spread(n: int, sums: np.ndarray, squares: np.ndarray, centred: np.ndar
     beyond = np.where(reach > 0, spread / np.maximum(reach, np.finfo(np.float64).tiny) ** 2, np.inf)
     if (tails > np.floor(beyond * (1 + PLAUSIBLE_RTOL))).any():
         raise ValueError("every column's histogram tails hold no more rows than its spread allows")
+
+
+# -- what stats reports of every column (horizontal and vertical sites alike) ------------------
+
+SPREAD_SIGMAS = 3.0
+STD_KIND = "sample standard deviation (denominator n - 1)"
+
+
+def bin_edges(mean: np.ndarray, std: np.ndarray, bins: int) -> np.ndarray:
+    """(columns, bins + 1) edges over mean ± 3 std; a constant column gets mean ± 0.5."""
+    half = np.where(std > 0, SPREAD_SIGMAS * std, 0.5)
+    steps = np.linspace(-1.0, 1.0, bins + 1)
+    return mean[:, None] + half[:, None] * steps[None, :]
+
+
+def local_histograms(X: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """(columns, bins + 2) counts: below the first edge, each bin (right edge open, last closed), above."""
+    counts = np.empty((X.shape[1], edges.shape[1] + 1), dtype=np.int64)
+    for j in range(X.shape[1]):
+        inner, _ = np.histogram(X[:, j], bins=edges[j])
+        counts[j, 0] = int((X[:, j] < edges[j, 0]).sum())
+        counts[j, 1:-1] = inner
+        counts[j, -1] = int((X[:, j] > edges[j, -1]).sum())
+    return counts
+
+
+def column_summaries(columns: Sequence[str], mean: np.ndarray, std: np.ndarray, edges: np.ndarray,
+                     counts: np.ndarray) -> dict:
+    """The result's per-column part: mean, std (and what kind), every histogram."""
+    return {
+        "mean": {c: float(v) for c, v in zip(columns, mean)},
+        "std": {c: float(v) for c, v in zip(columns, std)},
+        "std_kind": STD_KIND,
+        "histograms": {c: {"edges": [float(e) for e in edges[j]], "below": int(counts[j, 0]),
+                           "counts": [int(v) for v in counts[j, 1:-1]], "above": int(counts[j, -1])}
+                       for j, c in enumerate(columns)},
+    }

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -31,18 +32,25 @@ def _fedpeer(*args: str) -> str:
     return r.stdout
 
 
-async def test_every_member_stores_the_pooled_tree_which_reads_predicts_and_exports(make_federation,
-                                                                                    tmp_path: Path) -> None:
+async def run_tree(make_federation: Any, tmp_path: Path, params: dict) -> tuple[Any, list[Path], str, list[dict]]:
+    """Breast cancer over 3 real daemons (stratified thirds), one tree job of `params` to its end:
+    (harness, the sites' files, job id, every member's result)."""
     full = breast_cancer_csv(tmp_path / "bc.csv")
     parts = split_csv(full, "diagnosis", 3, "stratified", seed=5, out_dir=tmp_path / "parts")
     h = make_federation(3, start=False)
     _attach_data(h, parts, label="diagnosis", positive="malignant")
     h.start()
     await h.wait_all_alive(timeout_s=30)
-    job_id = await h.propose(0, "tree", PARAMS)
+    job_id = await h.propose(0, "tree", params)
     records = await h.wait_job(job_id, timeout_s=60)
     assert {r["state"] for r in records.values()} == {"done"}, [r["error"] for r in records.values()]
-    results = [r["result"] for r in records.values()]
+    return h, parts, job_id, [r["result"] for r in records.values()]
+
+
+async def test_every_member_stores_the_pooled_tree_which_reads_predicts_and_exports(make_federation,
+                                                                                    tmp_path: Path) -> None:
+    h, parts, job_id, results = await run_tree(make_federation, tmp_path, PARAMS)
+    full = tmp_path / "bc.csv"        # the pooled rows run_tree split
     assert len({r["model_sha256"] for r in results}) == 1 and results[0]["exact_features"] == 30
 
     sites = [load_csv(DataSpec(csv=p, label="diagnosis", positive="malignant")) for p in parts]

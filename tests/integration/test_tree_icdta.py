@@ -13,33 +13,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedpeer.app.harness.federation import split_csv
 from fedpeer.data.dataset import DataSpec, load_csv
 from fedpeer.ml.tree.model import load_model, predict_value
-from tests.integration.test_jobs import _attach_data, breast_cancer_csv
+from tests.integration.test_tree import _fedpeer, run_tree
 
 pytestmark = pytest.mark.integration
 PARAMS = {"mode": "icdta", "max_depth": 3, "min_leaf_rows": 5, "test_fraction": 0.2, "secure_sum": "ring"}
 
 
-def _fedpeer(*args: str) -> str:
-    r = subprocess.run([sys.executable, "-m", "fedpeer", *args], capture_output=True, text=True, timeout=120,
-                       stdin=subprocess.DEVNULL)
-    assert r.returncode == 0, r.stderr
-    return r.stdout
-
-
 async def test_every_member_stores_the_same_global_tree_and_reports_its_auc(make_federation, tmp_path: Path) -> None:
-    full = breast_cancer_csv(tmp_path / "bc.csv")
-    parts = split_csv(full, "diagnosis", 3, "stratified", seed=5, out_dir=tmp_path / "parts")
-    h = make_federation(3, start=False)
-    _attach_data(h, parts, label="diagnosis", positive="malignant")
-    h.start()
-    await h.wait_all_alive(timeout_s=30)
-    job_id = await h.propose(0, "tree", PARAMS)
-    records = await h.wait_job(job_id, timeout_s=60)
-    assert {r["state"] for r in records.values()} == {"done"}, [r["error"] for r in records.values()]
-    results = [r["result"] for r in records.values()]
+    h, parts, job_id, results = await run_tree(make_federation, tmp_path, PARAMS)
+    full = tmp_path / "bc.csv"        # the pooled rows run_tree split
     assert len({r["model_sha256"] for r in results}) == 1 and {r["mode"] for r in results} == {"icdta"}
     assert 0.8 < results[0]["auc"] <= 1.0 and results[0]["score_source"] == "federated, on the sites' test parts"
     assert results[0]["icdta"]["trees_kept"] and results[0]["secure_sums"] == 3

@@ -194,7 +194,7 @@ class HistJob:
         tag, total = await self.sum("labels", await self.compute(self.site.label_vector))
         self.rows = checked_total(tag, check_label_stats, decode_ints(total), self.p, len(self.members))
         if self.site.rows > self.rows:
-            raise _impossible(tag, "the federation's training rows are fewer than this member's own")
+            raise ImplausibleTotal.of(tag, "the federation's training rows are fewer than this member's own")
         base = checked_total(tag, base_score_from_stats, decode_ints(total), self.p)
         sk, step = sketch_start(self.n_features, self.p.max_bin), 0
         while not sk.done:
@@ -299,10 +299,6 @@ def _evaluated(rnd: int, params: Mapping[str, Any]) -> bool:
     """Is round `rnd` (from 1) an evaluation round: every `eval_every` (0: the last only)."""
     every = params["eval_every"]
     return rnd == params["rounds"] or (every > 0 and rnd % every == 0)
-
-
-def _impossible(tag: str, what: Any) -> ImplausibleTotal:
-    return ImplausibleTotal.of(tag, str(what))
 
 
 async def run_hist(ch: Any, params: Mapping[str, Any], ctx: JobContext,
