@@ -288,3 +288,13 @@ def test_shared_cluster_descriptions_that_no_honest_site_sends_are_refused() -> 
     db.check_counts(shared, 9, 2)
     with pytest.raises(ValueError, match="add up to the rows"):
         db.check_counts(shared, 9, 1)
+
+
+def test_too_many_local_clusters_tells_other_sites_no_count() -> None:
+    from fedpeer.errors import DataError, public_reason
+    from fedpeer.ml.cluster import dbscan as db
+
+    with pytest.raises(DataError) as caught:
+        db.pack([None] * 7, 0, 3, 5, 2, 2)
+    assert "7 local clusters" in str(caught.value)                   # this site's operator sees the count
+    assert "7" not in public_reason(caught.value) and "local_clusters_max" in public_reason(caught.value)

@@ -67,7 +67,11 @@ async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, offload: 
     ch.progress("local DBSCAN and descriptions", 0, 2)
     described, moments = await offload(one_blas_thread, db.describe_with_moments, X, p["eps"], p["min_samples"],
                                        comps, p["seed"], p["reg_covar"])
-    vector = np.concatenate([db.pack(described, members.index(ch.me), len(members), slots, comps, d), moments])
+    try:
+        packed = db.pack(described, members.index(ch.me), len(members), slots, comps, d)
+    except DataError as exc:      # this site's count stays here: the others hear its public text
+        raise JobError(str(exc)) from exc
+    vector = np.concatenate([packed, moments])
     clustered = sum(n for n, *_ in described)
     ch.progress("descriptions (secure sum 1 of 2)", 1, 2)
     total, counts = await sums.add("descriptions", vector,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedpeer.errors import JobError
+from fedpeer.errors import DataError, JobError
 from fedpeer.ml.moments import PLAUSIBLE_RTOL, slack
 
 DESCRIPTION_WEIGHTS_TOL = 1e-6          # |Σ weights - 1| of an honest description after rounding
@@ -68,8 +68,10 @@ def describe_with_moments(X: np.ndarray, eps: float, min_samples: int, component
 def pack(descriptions: list, position: int, members: int, slots: int, components: int, d: int) -> np.ndarray:
     """This site's descriptions in its own slots (position in member order); zeros elsewhere."""
     if len(descriptions) > slots:
-        raise JobError(f"this site found {len(descriptions)} local clusters, more than local_clusters_max "
-                       f"{slots}; raise local_clusters_max (or eps / min_samples)")
+        raise DataError(f"this site found {len(descriptions)} local clusters, more than local_clusters_max "
+                        f"{slots}; raise local_clusters_max (or eps / min_samples)",
+                        public="more local clusters than local_clusters_max; raise local_clusters_max "
+                        "(or eps / min_samples)")
     size = slot_size(components, d)
     vector = np.zeros(members * slots * size)
     iu = np.triu_indices(d)
