@@ -106,7 +106,7 @@ class HistSite:
         return encode_ints(site_counts(self._prepared, keys), self.n_parties)
 
     def set_cuts(self, cuts: Cuts) -> None:
-        self.cuts, self.bins, self._prepared = cuts, bin_matrix(self.X, cuts), None
+        self.cuts, self.bins, self._prepared = cuts, bin_matrix(self.X, cuts, column_major=False), None
 
     def start_round(self) -> None:
         """g, h of every class at the round's margins (the K trees of a round share them)."""

@@ -220,13 +220,15 @@ def sketch_cuts(sketch: Sketch) -> Cuts:
     return Cuts(values=values, ptr=ptr, max_bin=sketch.max_bin)
 
 
-def bin_matrix(X: Any, cuts: Cuts) -> np.ndarray:
-    """A site's matrix -> bin indices (rows, F), column-major: uint8 when max_bin <= 255, else uint16. Bin
-    #{cuts <= x} for a value, `cuts.missing_bin` for NaN. Vectorised: one searchsorted."""
+def bin_matrix(X: Any, cuts: Cuts, column_major: bool = True) -> np.ndarray:
+    """A site's matrix -> bin indices (rows, F): uint8 when max_bin <= 255, else uint16. Bin
+    #{cuts <= x} for a value, `cuts.missing_bin` for NaN. Vectorised: one searchsorted.
+    Column-major for readers of one feature at a time (the tree's histograms), else row-major
+    (histogram XGBoost gathers a node's rows whole)."""
     keys = float_keys(_features_f32(X, cuts.n_features))
     feature_of_cut = np.repeat(np.arange(cuts.n_features, dtype=np.uint64), cuts.counts())
     cut_keys = float_keys(cuts.values).astype(np.uint64) | (feature_of_cut << np.uint64(32))   # ascending
     bins = np.searchsorted(cut_keys, _combined(keys), side="right") - cuts.ptr[:-1][None, :]
     bins[keys == KEY_MISSING] = cuts.missing_bin
-    # Column-major: level_histograms reads one feature at a time.
-    return np.asfortranarray(bins.astype(np.uint8 if cuts.max_bin <= 255 else np.uint16))
+    bins = bins.astype(np.uint8 if cuts.max_bin <= 255 else np.uint16)
+    return np.asfortranarray(bins) if column_major else bins
