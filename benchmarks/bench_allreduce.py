@@ -3,8 +3,9 @@
 One `sumcheck` job per run (a vector of --mib MiB of uint64, secure-summed over N daemons with
 masks and the wire's encryption), alternating secure_sum=pairwise and secure_sum=allreduce, each
 --repeats times. Per mode, best-of and median: the job's own secure-sum seconds at site 0, the CPU
-seconds of all daemon processes together per MiB summed (utime + stime from /proc, before and
-after the job), and the bytes each site sent during the job (its reliable-class counter in
+seconds of all daemon processes together per MiB summed (their threads' on-CPU nanoseconds from
+/proc/PID/task/*/schedstat, before and after the job; proposals paced at the members' proposal
+rate), and the bytes each site sent during the job (its reliable-class counter in
 `status`): the most any site sent, the mean, and their ratio.
 
 Run: .venv/bin/python benchmarks/bench_allreduce.py --sites 5 --mib 8 --repeats 3
@@ -18,14 +19,17 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench_kinds import cpu_seconds  # noqa: E402
+from bench_transport import cpu_seconds  # noqa: E402
 
 from fedpeer.app.harness.federation import Harness  # noqa: E402
+from fedpeer.jobs.lifecycle.admission import PROPOSAL_REFILL_MS  # noqa: E402
 
 MODES = ("pairwise", "allreduce")
+_last_proposal = [0.0]   # monotonic seconds: proposals are paced at the members' refill rate (else job_limit)
 
 
 async def sent(h: Harness, n: int) -> list[int]:
@@ -34,11 +38,14 @@ async def sent(h: Harness, n: int) -> list[int]:
 
 
 async def one(h: Harness, n: int, mode: str, entries: int) -> dict:
+    await asyncio.sleep(max(0.0, _last_proposal[0] + PROPOSAL_REFILL_MS / 1000 + 0.1 - time.monotonic()))
+    _last_proposal[0] = time.monotonic()
     pids = [site.process.pid for site in h.sites]
     cpu0, sent0 = cpu_seconds(pids), await sent(h, n)
     job = await h.propose(0, "sumcheck", {"entries": entries, "secure_sum": mode})
     records = await h.wait_job(job, timeout_s=600)
-    assert {r["state"] for r in records.values()} == {"done"}, [r["error"] for r in records.values()]
+    states = {i: (r["state"], r["error"]) if r is not None else ("unknown", "no record") for i, r in records.items()}
+    assert {s for s, _ in states.values()} == {"done"}, states
     cpu1, sent1 = cpu_seconds(pids), await sent(h, n)
     per_site = [b - a for a, b in zip(sent0, sent1)]
     return {"seconds": records[0]["result"]["seconds"], "cpu_ms_per_mib": 1000 * (cpu1 - cpu0) / (entries * 8 / 2**20),

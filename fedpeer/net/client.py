@@ -6,7 +6,9 @@ Connections are kept alive and pooled per peer address (at most OUTBOUND_PER_PEE
 peer and OUTBOUND_CONNECTIONS_MAX in all; a send waits for one within its timeout; an idle one is
 closed after KEEPALIVE_S, or when the peer closed it). A frame is written with one `sendmsg` of the
 request head and the frame (no join, no copy into a transport's buffer; the rest of a large frame
-with `loop.sock_sendall`, which sends from the frame itself). A reliable send retries connection
+with `loop.sock_sendall`, which sends from the frame itself). A connection stays registered with the
+event loop for reading from its connect to its close (`_Link`), so an answer costs no epoll_ctl
+calls: it is read as it arrives into the buffer its request armed. A reliable send retries connection
 failures with exponential backoff and full jitter; a peer's answer (a 400 with its reason and its
 refusal tag) is not retried; best-effort sends (gossip) are tried once.
 """
@@ -51,6 +53,7 @@ STATUS_LINE_CHARS_SHOWN = 40        # characters of a status line we do not read
 log = logging.getLogger("fedpeer.transport")
 
 _NO_BODY = (204, 304)
+_PEEK_NOW = int(socket.MSG_PEEK | socket.MSG_DONTWAIT)   # an int once: IntFlag's `|` costs a third of the recv
 
 
 class BadAnswer(ConnectionError):
@@ -74,7 +77,7 @@ class PeerClient:
         self._best_effort = asyncio.Semaphore(limits.outbound_inflight_max)
         self._in_use = asyncio.Semaphore(OUTBOUND_CONNECTIONS_MAX)
         self._per_peer: dict[str, asyncio.Semaphore] = {}
-        self._idle: dict[str, list[tuple[socket.socket, float]]] = {}   # address -> (socket, idle since), LIFO
+        self._idle: dict[str, list[tuple[_Link, float]]] = {}   # address -> (connection, idle since), LIFO
         self._heads: dict[tuple[str, str], bytes] = {}                   # (address, path) -> request head prefix
         self._sweep: asyncio.TimerHandle | None = None
         self._running = False
@@ -97,8 +100,8 @@ class PeerClient:
     async def stop(self) -> None:
         self._running = False
         for idle in self._idle.values():
-            for sock, _ in idle:
-                sock.close()
+            for link, _ in idle:
+                link.close()
         self._idle.clear()
         if self._sweep is not None:
             self._sweep.cancel()
@@ -106,20 +109,20 @@ class PeerClient:
 
     # -- connections ---------------------------------------------------------------------------
 
-    def _take_idle(self, address: str, now: float) -> socket.socket | None:
+    def _take_idle(self, address: str, now: float) -> _Link | None:
         idle = self._idle.get(address)
         while idle:
-            sock, since = idle.pop()
-            if now - since < KEEPALIVE_S and _still_open(sock):
-                return sock
-            sock.close()
+            link, since = idle.pop()
+            if now - since < KEEPALIVE_S and link.still_open():
+                return link
+            link.close()
         return None
 
-    def _release(self, address: str, sock: socket.socket, now: float) -> None:
+    def _release(self, address: str, link: _Link, now: float) -> None:
         if not self._running:
-            sock.close()
+            link.close()
             return
-        self._idle.setdefault(address, []).append((sock, now))
+        self._idle.setdefault(address, []).append((link, now))
         if self._sweep is None:
             self._sweep = asyncio.get_running_loop().call_later(KEEPALIVE_S, self._sweep_idle)
 
@@ -129,11 +132,11 @@ class PeerClient:
         now = asyncio.get_running_loop().time()
         for address in list(self._idle):
             keep = []
-            for sock, since in self._idle[address]:
-                if now - since < KEEPALIVE_S and _still_open(sock):
-                    keep.append((sock, since))
+            for link, since in self._idle[address]:
+                if now - since < KEEPALIVE_S and link.still_open():
+                    keep.append((link, since))
                 else:
-                    sock.close()
+                    link.close()
             if keep:
                 self._idle[address] = keep
             else:
@@ -141,7 +144,7 @@ class PeerClient:
         if self._idle:
             self._sweep = asyncio.get_running_loop().call_later(IDLE_SWEEP_S, self._sweep_idle)
 
-    async def _connect(self, address: str) -> socket.socket:
+    async def _connect(self, address: str) -> _Link:
         loop = asyncio.get_running_loop()
         try:
             where = parse_address(address)     # 'host:port' or '[v6]:port'
@@ -164,7 +167,7 @@ class PeerClient:
                 sock.setblocking(False)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 await loop.sock_connect(sock, sockaddr)
-                return sock
+                return _Link(loop, sock)
             except OSError as exc:
                 sock.close()
                 error = exc
@@ -192,18 +195,18 @@ class PeerClient:
         if per_peer is None:
             per_peer = self._per_peer[address] = asyncio.Semaphore(OUTBOUND_PER_PEER_MAX)
         async with asyncio.timeout((timeout_ms or limits.http_timeout_ms) / 1000), per_peer, self._in_use:
-            sock = self._take_idle(address, loop.time())
-            if sock is None:
+            link = self._take_idle(address, loop.time())
+            if link is None:
                 async with asyncio.timeout(limits.http_connect_timeout_ms / 1000):
-                    sock = await self._connect(address)
+                    link = await self._connect(address)
             answer = None
             try:
-                answer = await _exchange(loop, sock, self._head(address, path, len(frame)), frame)
+                answer = await link.exchange(self._head(address, path, len(frame)), frame)
             finally:
-                if answer is not None and answer.keep:
-                    self._release(address, sock, loop.time())
+                if answer is not None and answer.keep and not link.broken:
+                    self._release(address, link, loop.time())
                 else:
-                    sock.close()
+                    link.close()
         want = 200 if path == HELLO_PATH else 204
         if answer.status != want:
             reason = answer.body[:REFUSAL_BODY_BYTES_READ].decode("utf-8", "replace")[:REFUSAL_REASON_CHARS_MAX]
@@ -287,80 +290,154 @@ class PeerClient:
                 return False
 
 
-def _still_open(sock: socket.socket) -> bool:
-    """An idle keep-alive connection the peer has not closed (nor sent anything on)."""
-    try:
-        sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)   # b"": closed; a byte: not an answer of ours
-        return False
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
+class _Link:
+    """A kept-alive connection to a peer. It is registered with the event loop for reading once,
+    from its connect to its close: `loop.sock_recv_into` would first try a recv (the answer is not
+    there yet), then register and unregister the socket for every answer (two epoll_ctl calls and
+    a handle each). A request arms a buffer and a future, and the answer is read into that buffer
+    as it arrives (the same reads, growth and cap as before). Bytes or an end that arrive when no
+    answer is awaited mean the connection is of no further use: it is marked `broken` and
+    unregistered (so an unread end does not wake the loop again), and closed by its owner."""
 
+    __slots__ = ("sock", "broken", "_loop", "_fd", "_waiter", "_buf", "_got")
 
-async def _exchange(loop: asyncio.AbstractEventLoop, sock: socket.socket, head: bytes,
-                    frame: bytes | bytearray) -> _Answer:
-    """Write one request (head, then the frame from its own memory) and read its answer."""
-    try:
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+        self.sock = sock
+        self.broken = False                  # the peer ended it, or sent what no request asked for
+        self._loop = loop
+        self._fd = sock.fileno()
+        self._waiter: asyncio.Future[_Answer] | None = None   # set while a request awaits its answer
+        self._buf = bytearray()
+        self._got = 0
+        loop.add_reader(self._fd, self._readable)
+
+    def close(self) -> None:
+        self._stop_reading()     # before the close: the descriptor's number may be reused at once
+        self.sock.close()
+
+    def still_open(self) -> bool:
+        """An idle connection the peer has not closed (nor sent anything on): asked of the socket,
+        not only of what the loop has seen (the peer may have closed it since the loop last looked)."""
+        if self.broken:
+            return False
+        try:
+            self.sock.recv(1, _PEEK_NOW)   # b"": closed; a byte: not an answer of ours
+            return False
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+
+    def _stop_reading(self) -> None:
+        if self._fd >= 0:
+            self._loop.remove_reader(self._fd)
+            self._fd = -1
+
+    def _break(self) -> None:
+        self.broken = True
+        self._stop_reading()
+
+    async def exchange(self, head: bytes, frame: bytes | bytearray) -> _Answer:
+        """Write one request (head, then the frame from its own memory) and read its answer."""
+        waiter = self._waiter = self._loop.create_future()
+        self._buf, self._got = bytearray(ANSWER_BUFFER_BYTES_FIRST), 0
+        try:
+            try:
+                await self._send(head, frame)
+            except OSError:
+                # the peer may have answered before reading the whole frame (a refusal from its
+                # header, or oversize) and closed: that answer, if it is here already, says why
+                answer = self._answer_already_here(waiter)
+                if answer is None:
+                    raise
+                return answer
+            return await waiter
+        finally:
+            self._waiter = None
+            if not waiter.done():
+                waiter.cancel()
+            elif not waiter.cancelled():
+                waiter.exception()       # retrieved (an answer that failed while the frame was still sent)
+            self._buf = bytearray()
+
+    async def _send(self, head: bytes, frame: bytes | bytearray) -> None:
+        sock = self.sock
         try:
             sent = sock.sendmsg((head, frame), (), socket.MSG_NOSIGNAL)
         except (BlockingIOError, InterruptedError):
             sent = 0
         if sent < len(head):
-            await loop.sock_sendall(sock, memoryview(head)[sent:])
+            await self._loop.sock_sendall(sock, memoryview(head)[sent:])
             sent = len(head)
         if sent < len(head) + len(frame):
             with memoryview(frame) as view:
-                await loop.sock_sendall(sock, view[sent - len(head):])
-    except OSError:
-        # the peer may have answered before reading the whole frame (a refusal from its header,
-        # or oversize) and closed: that answer, if it is here already, says why
-        answer = _answer_already_here(sock)
-        if answer is None:
-            raise
-        return answer
-    return await _read_answer(loop, sock)
+                await self._loop.sock_sendall(sock, view[sent - len(head):])
 
-
-def _answer_already_here(sock: socket.socket) -> _Answer | None:
-    buf = bytearray(ANSWER_BYTES_MAX)
-    got = 0
-    try:
-        while got < len(buf):
-            n = sock.recv_into(memoryview(buf)[got:], 0, socket.MSG_DONTWAIT)
-            if n == 0:
-                break
-            got += n
-    except OSError:
-        pass
-    try:
-        answer = _parse_answer(buf, got, eof=True)
-    except BadAnswer:
-        return None
-    if answer is not None:
-        answer.keep = False
-    return answer
-
-
-async def _read_answer(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> _Answer:
-    buf = bytearray(ANSWER_BUFFER_BYTES_FIRST)
-    got = 0
-    while True:
+    def _readable(self) -> None:
+        """The loop saw bytes (or the end) on the socket: read them into the armed answer."""
+        waiter = self._waiter
+        if waiter is None or waiter.done():    # no answer awaited: the peer closed, or sent what is no answer
+            self._break()
+            return
+        buf, got = self._buf, self._got
         if got == len(buf):
             if len(buf) >= ANSWER_BYTES_MAX:
-                raise BadAnswer("answer too large")
+                self._fail(waiter, BadAnswer("answer too large"))
+                return
             bigger = bytearray(min(2 * len(buf), ANSWER_BYTES_MAX))    # (not extend: a view of buf may still be alive)
             bigger[:got] = buf
-            buf = bigger
-        n = await loop.sock_recv_into(sock, memoryview(buf)[got:])
-        got += n
-        if n and got == len(NO_CONTENT) and buf.startswith(NO_CONTENT):
-            return _DELIVERED
-        answer = _parse_answer(buf, got, eof=n == 0)
-        if answer is not None:
-            return answer
+            buf = self._buf = bigger
+        try:
+            n = self.sock.recv_into(memoryview(buf)[got:])
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._fail(waiter, exc)
+            return
+        got = self._got = got + n
+        try:
+            if n and got == len(NO_CONTENT) and buf.startswith(NO_CONTENT):
+                answer: _Answer | None = _DELIVERED
+            else:
+                answer = _parse_answer(buf, got, eof=n == 0)
+        except BadAnswer as exc:
+            self._fail(waiter, exc)
+            return
         if n == 0:
-            raise ConnectionError("the peer closed the connection before its answer was complete")
+            self._break()                       # the end stays readable: stop listening for it
+        if answer is not None:
+            waiter.set_result(answer)
+        elif n == 0:
+            waiter.set_exception(ConnectionError("the peer closed the connection before its answer was complete"))
+
+    def _fail(self, waiter: asyncio.Future[_Answer], exc: BaseException) -> None:
+        self._break()
+        waiter.set_exception(exc)
+
+    def _answer_already_here(self, waiter: asyncio.Future[_Answer]) -> _Answer | None:
+        """After a failed write: the answer the peer sent before it closed, if it is here (read
+        by the loop already, or now), never kept."""
+        if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+            answer: _Answer | None = waiter.result()
+        else:
+            buf = bytearray(ANSWER_BYTES_MAX)
+            got = self._got
+            buf[:got] = self._buf[:got]
+            try:
+                while got < len(buf):
+                    n = self.sock.recv_into(memoryview(buf)[got:], 0, socket.MSG_DONTWAIT)
+                    if n == 0:
+                        break
+                    got += n
+            except OSError:
+                pass
+            try:
+                answer = _parse_answer(buf, got, eof=True)
+            except BadAnswer:
+                return None
+        if answer is None:
+            return None
+        return _Answer(answer.status, answer.headers, answer.body, False)
 
 
 def _parse_answer(buf: bytearray, got: int, eof: bool) -> _Answer | None:

@@ -9,14 +9,18 @@ nothing refers to it any more. Only the ciphertext is pooled: a received message
 lives on in the message (arrays are views of it).
 
 Buffers come in size classes (a quarter of a power of two apart), frames under POOLED_BYTES_MIN or
-over POOLED_BYTES_MAX are not pooled, and at most KEEP_BYTES_MAX of idle buffers are kept.
+over POOLED_BYTES_MAX are not pooled, and at most KEEP_BYTES_MAX of idle buffers are kept. Frames
+from 64 KiB on are pooled, not only MiB-sized ones: a fresh buffer of 160-256 KiB per frame made
+glibc's heap grow and shrink on every frame (3 brk calls, and its pages faulted in again: 1,000
+frames of 192 KiB between two processes took 3,100 brk calls and ~2x the receiver's CPU; pooled,
+none), and those are a histogram all-reduce's usual segment sizes.
 """
 
 from __future__ import annotations
 
 import threading
 
-POOLED_BYTES_MIN = 256 * 1024
+POOLED_BYTES_MIN = 64 * 1024
 POOLED_BYTES_MAX = 16 * 1024 * 1024
 KEEP_BYTES_MAX = 48 * 1024 * 1024
 SIZE_CLASS_STEP_LOG2_MIN = 16     # size classes are at least 2**16 bytes (64 KiB) apart

@@ -89,6 +89,7 @@ class _Conn(asyncio.BufferedProtocol):
         self._waiter: asyncio.Future[None] | None = None
         self._ended = False                         # EOF or connection lost
         self._reading_paused = False
+        self._full = False                          # the head buffer filled: a check that pauses reading is due
         self._drained: asyncio.Future[None] | None = None   # set while the transport's writes are paused
         self.task: asyncio.Task | None = None
 
@@ -111,14 +112,21 @@ class _Conn(asyncio.BufferedProtocol):
             if self._into_at < len(self._into):
                 return
             self._into = None
-        else:
-            self._end += nbytes
-            if self._end == len(self._buf):
-                self._compact()
-                if self._end == len(self._buf):
-                    self._reading_paused = True
-                    self.transport.pause_reading()   # type: ignore[union-attr]
+            self._wake()
+            return
+        self._end += nbytes
         self._wake()
+        if self._end == len(self._buf):
+            self._compact()
+            if self._end == len(self._buf) and not self._full:
+                # Full: no read may come before the task made room or gave a body's buffer. The
+                # check runs after the task (woken above, before it was queued) and before any read
+                # the next poll finds (queued after both), so the usual frame, a head and header
+                # then a body that fills the buffer, gets its body's buffer without reading being
+                # paused and resumed (epoll_ctl DEL + ADD per frame); when the task could not (it
+                # waits for a read slot, say), the check pauses, and the queued read is cancelled.
+                self._full = True
+                asyncio.get_running_loop().call_soon(self._pause_if_full)
 
     def eof_received(self) -> bool:
         self._ended = True
@@ -138,6 +146,14 @@ class _Conn(asyncio.BufferedProtocol):
     def resume_writing(self) -> None:
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
+
+    def _pause_if_full(self) -> None:
+        self._full = False
+        if self._into is None and self._end == len(self._buf):
+            self._compact()
+            if self._end == len(self._buf):
+                self._reading_paused = True
+                self.transport.pause_reading()   # type: ignore[union-attr]
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():

@@ -106,17 +106,24 @@ def v_list(item: Validator, max_len: int) -> Validator:
 
 
 def v_map(fields: Mapping[str, Validator], optional: frozenset[str] = frozenset()) -> Validator:
-    """A map with exactly these string keys (those in `optional` may be absent)."""
+    """A map with exactly these string keys (those in `optional` may be absent). The fields are
+    taken as they are when the validator is made (it runs for every map of every message: its key
+    sets are built once, and a map holding exactly the fields is told by one comparison)."""
+    keys = frozenset(fields)
+    required = keys - optional
+    items = tuple(fields.items())
+
     def check(value: Any, where: str) -> dict:
         if not isinstance(value, dict):
             raise _bad(where, "expected a map")
-        extra = set(value) - set(fields)
-        if extra:
-            raise _bad(where, f"unexpected keys {sorted(map(str, extra))[:5]}")
-        missing = set(fields) - set(value) - optional
-        if missing:
-            raise _bad(where, f"missing keys {sorted(missing)}")
-        return {k: fields[k](value[k], f"{where}.{k}") for k in fields if k in value}
+        if value.keys() != keys:
+            extra = value.keys() - keys
+            if extra:
+                raise _bad(where, f"unexpected keys {sorted(map(str, extra))[:5]}")
+            missing = required - value.keys()
+            if missing:
+                raise _bad(where, f"missing keys {sorted(missing)}")
+        return {k: field(value[k], f"{where}.{k}") for k, field in items if k in value}
     return check
 
 
@@ -298,13 +305,13 @@ def encode_array(array: Any) -> dict:
 def v_array(max_elements: int, dtypes: frozenset[str] = ARRAY_DTYPES) -> Validator:
     """Validates and decodes to a numpy array, zero copy over the frame's bytes (read-only for
     arrays inside msgpack; a writable view of the decrypted frame for those sent after it)."""
-    shape_check = v_list(v_int(0, max_elements), ARRAY_DIMS_MAX)
+    fields = v_map({"dtype": v_str(8, dtypes & ARRAY_DTYPES), "shape": v_list(v_int(0, max_elements), ARRAY_DIMS_MAX),
+                    "data": _v_buffer})
 
     def check(value: Any, where: str) -> Any:
         import numpy as np
 
-        raw = v_map({"dtype": v_str(8, dtypes & ARRAY_DTYPES), "shape": shape_check,
-                     "data": _v_buffer})(value, where)
+        raw = fields(value, where)
         count = math.prod(raw["shape"])
         dtype = np.dtype(raw["dtype"])
         if count > max_elements:

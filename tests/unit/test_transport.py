@@ -140,6 +140,7 @@ async def test_a_connection_the_server_closed_is_not_reused(site: Site, client: 
     for conn in list(site.server._books.conns):
         conn.transport.close()
     await asyncio.sleep(0.05)
+    assert [link.broken for link, _ in client._idle[site.address]] == [True]   # seen by the loop, unregistered
     await client.send(site.address, site.frame(b"b"))
     assert [m.payload for m in site.received] == [b"a", b"b"]
 
@@ -248,6 +249,34 @@ async def test_many_requests_in_one_write_overflow_the_head_buffer_and_are_all_s
     assert [bytes(m.payload[:2]).rstrip(b"\0") for m in site.received] == [b"%d" % i for i in range(80)]
 
 
+async def test_reading_pauses_when_the_head_buffer_fills_while_a_frame_is_handled(site: Site) -> None:
+    """The same 80 pipelined frames, the first one's handler slow: the rest fill the head buffer
+    while the task cannot make room, so reading pauses (no read may find the buffer full), and
+    resumes once the served requests made room."""
+    frames_ = [site.frame(b"%d" % i + bytes(200)) for i in range(80)]
+    data = b"".join(f"POST {PATH} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(f)}\r\n\r\n".encode() + f
+                    for f in frames_)
+    data += f"POST {PATH} HTTP/1.1\r\nConnection: close\r\nContent-Length: 0\r\n\r\n".encode()
+    pauses = 0
+
+    async def slow_once() -> None:
+        nonlocal pauses
+        site.frame_hook = None
+        conn = next(iter(site.server._books.conns))
+        pause = conn.transport.pause_reading
+
+        def counted() -> None:
+            nonlocal pauses
+            pauses += 1
+            pause()
+        conn.transport.pause_reading = counted
+        await asyncio.sleep(0.2)
+    site.frame_hook = slow_once
+    got = await asyncio.to_thread(raw, site.server.port, data)
+    assert got.count(b"HTTP/1.1 204 No Content\r\n\r\n") == 80 and pauses >= 1
+    assert [bytes(m.payload[:2]).rstrip(b"\0") for m in site.received] == [b"%d" % i for i in range(80)]
+
+
 async def test_a_head_larger_than_the_limit_is_refused(site: Site) -> None:
     head = f"POST {PATH} HTTP/1.1\r\n".encode() + b"X-Pad: " + b"a" * 9000 + b"\r\n\r\n"
     got = await asyncio.to_thread(raw, site.server.port, head)
@@ -336,34 +365,41 @@ def test_answers_are_parsed_strictly() -> None:
         answer(b"HTTP/1.1 400 X\r\nContent-Length: 9\r\n\r\nabc", eof=True)
 
 
-async def test_an_answers_buffer_grows_to_its_cap_and_not_past_it(monkeypatch: pytest.MonkeyPatch) -> None:
+class _RecordedReads:
+    """A socket whose reads are recorded: the answer buffer's length at each (what was read + the
+    room left)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock, self.sizes, self.got = sock, [], 0
+
+    def __getattr__(self, name: str):   # noqa: ANN204
+        return getattr(self._sock, name)
+
+    def recv_into(self, view: memoryview, *args: int) -> int:
+        self.sizes.append(self.got + len(view))
+        n = self._sock.recv_into(view, *args)
+        self.got += n
+        return n
+
+
+async def test_an_answers_buffer_grows_to_its_cap_and_not_past_it() -> None:
     loop = asyncio.get_running_loop()
     cap = client_module.ANSWER_HEAD_BYTES_MAX + client_module.ANSWER_BODY_BYTES_MAX
     ours, theirs = socket.socketpair()
     ours.setblocking(False)
     theirs.setblocking(False)
-    sizes: list[int] = []   # the buffer's length at each read (what was read + the room left)
-    got = 0
-    real = loop.sock_recv_into
-
-    async def recv_into(sock: socket.socket, view: memoryview) -> int:
-        nonlocal got
-        sizes.append(got + len(view))
-        n = await real(sock, view)
-        got += n
-        return n
-
-    monkeypatch.setattr(loop, "sock_recv_into", recv_into)
+    recorded = _RecordedReads(ours)
+    link = client_module._Link(loop, recorded)   # type: ignore[arg-type]
     sender = loop.create_task(loop.sock_sendall(
         theirs, b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n" + bytes(2 * cap)))   # no length
     try:
-        answer = await client_module._read_answer(loop, ours)
+        answer = await link.exchange(b"POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n", b"")
     finally:
         sender.cancel()
-        ours.close()
+        link.close()
         theirs.close()
     assert answer.status == 400 and len(answer.body) == client_module.ANSWER_BODY_BYTES_MAX and not answer.keep
-    assert max(sizes) == cap
+    assert max(recorded.sizes) == cap
 
 
 async def test_a_frame_handler_error_keeps_the_connection_serving(site: Site, client: PeerClient) -> None:
