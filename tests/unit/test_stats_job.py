@@ -50,3 +50,25 @@ def test_an_inconsistent_spread_fails_naming_the_check(lie, words) -> None:
     centred, counts = lie(centred, counts)
     with pytest.raises(ValueError, match=words):
         moments.check_spread(n, s1, s2, centred, edges, counts)
+
+
+def test_histograms_count_as_numpy_does() -> None:
+    """local_histograms against np.histogram per column (below, bins, above): rows on the edges,
+    NaN (in no count), ±inf, integers, a constant column, edges that rounding collapsed."""
+    rng = np.random.default_rng(3)
+    for trial in range(200):
+        n, d, bins = int(rng.integers(1, 200)), int(rng.integers(1, 5)), int(rng.integers(1, 12))
+        X = rng.normal(size=(n, d)) if trial % 4 else rng.integers(-3, 4, size=(n, d))
+        if trial % 4 == 1:
+            X[rng.random((n, d)) < 0.1] = np.nan
+            X[rng.random((n, d)) < 0.05] = np.inf
+            X[rng.random((n, d)) < 0.05] = -np.inf
+        finite = np.nan_to_num(X.astype(float), nan=0.0, posinf=0.0, neginf=0.0)
+        edges = stats.bin_edges(finite.mean(axis=0), finite.std(axis=0) * (trial % 5 != 0), bins)
+        if trial % 3 == 0 and X.dtype.kind == "f":
+            X[:min(n, bins + 1), 0] = edges[0, :min(n, bins + 1)]
+        if trial % 11 == 0:
+            edges = np.full_like(edges, 1e20)
+        want = np.array([[(X[:, j] < e[0]).sum(), *np.histogram(X[:, j], bins=e)[0], (X[:, j] > e[-1]).sum()]
+                         for j, e in enumerate(edges)])
+        np.testing.assert_array_equal(stats.local_histograms(X, edges), want)
