@@ -3,8 +3,12 @@
 Rules:
 - Whole files are replaced atomically (write temp -> fsync -> rename -> fsync directory), so a crash
   leaves either the old or the new content, never a torn one; a failed write leaves no temp file
-  and no open descriptor behind. Temps a kill left between write and rename (`.NAME.PID.tmp`) are
-  removed when `StateDir` opens. Nothing here is pickled: JSON for documents.
+  and no open descriptor behind. `durable=False` skips the two fsyncs, for a file nothing reads
+  after a crash of the machine (a running job's intermediate state: a daemon restarted mid-job
+  marks the job failed): every reader still sees the old or the new file whole, and a killed
+  process loses nothing; only a power loss or kernel crash may leave the old, an empty or no file.
+  Temps a kill left between write and rename (`.NAME.PID.tmp`) are removed when `StateDir` opens.
+  Nothing here is pickled: JSON for documents.
 - State files fail closed. Every file `StateDir` reads is validated by type and range; a file that
   lies raises `StateError` (one line: the file, what is wrong, the fix), never a traceback.
   (Replay protection needs nothing on disk: it is per session, in memory, see fedpeer/wire/session.py;
@@ -73,22 +77,25 @@ def _monotonic_ms() -> int:
 # Atomic files.
 # ---------------------------------------------------------------------------------------------
 
-def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
-    """Replace `path` with `data` whole, or raise OSError leaving the old content and no temp."""
+def atomic_write(path: Path, data: bytes, mode: int = 0o600, durable: bool = True) -> None:
+    """Replace `path` with `data` whole, or raise OSError leaving the old content and no temp.
+    `durable=False`: without the fsyncs (module docstring: only for what no restart reads)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
         try:
             _write_all(fd, data)
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         _unlink_quietly(tmp)
         raise
-    _fsync_dir(path.parent)
+    if durable:
+        _fsync_dir(path.parent)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -114,8 +121,8 @@ def _fsync_dir(directory: Path) -> None:
         os.close(dir_fd)
 
 
-def write_json(path: Path, doc: Any) -> None:
-    atomic_write(path, json.dumps(doc, indent=1, sort_keys=True).encode("utf-8") + b"\n")
+def write_json(path: Path, doc: Any, durable: bool = True) -> None:
+    atomic_write(path, json.dumps(doc, indent=1, sort_keys=True).encode("utf-8") + b"\n", durable=durable)
 
 
 def read_json(path: Path, default: Any = None) -> Any:

@@ -218,8 +218,8 @@ def test_bagging_xgboost(which: int, at: float, amount: int, member: int) -> Non
     import xgboost_experiment as exp
     from sklearn.datasets import load_breast_cancer
 
+    from fedpeer.kinds.xgboost import evaluation as xeval
     from fedpeer.kinds.xgboost import kind as xkind
-    from fedpeer.kinds.xgboost import site as xsite
 
     raw = load_breast_cancer()
     features = tuple(n.replace(" ", "_") for n in raw.feature_names)
@@ -235,7 +235,7 @@ def test_bagging_xgboost(which: int, at: float, amount: int, member: int) -> Non
         return 1, 3, len(vector) - 3                         # counts, then the log-loss (3 limbs)
 
     poison = poison_one(which, at, amount, layout)
-    with poisoned_sums(xkind, keys[member], poison) as labels, poisoned_sums(xsite, keys[member], poison) as evals:
+    with poisoned_sums(xkind, keys[member], poison) as labels, poisoned_sums(xeval, keys[member], poison) as evals:
         results = run_members(keys, lambda net, i, k: xkind.run_job(
             net.channel(k), checked, JobContext(names[k], names, 10_000, data=sites[i]),
             xkind.Tools(offload=exp._inline)))

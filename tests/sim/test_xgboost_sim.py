@@ -66,7 +66,7 @@ def seeds(n: int, start: int = 0) -> range:
 # ---------------------------------------------------------------------------------------------
 
 def fake_train(model: bytes | None, X: np.ndarray, y: np.ndarray, params: dict, n: int, eta: float,
-               seed: int) -> bytes:
+               seed: int, cache: Any = None) -> bytes:
     groups = params.get("num_class", 1) if params["objective"] == "multi:softprob" else 1
     rng = random.Random(seed * 1_000_003 + (0 if model is None else boosting.model_info(model).n_trees))
     trees = []
@@ -83,7 +83,7 @@ def fake_train(model: bytes | None, X: np.ndarray, y: np.ndarray, params: dict, 
     return boosting._trees_doc(trees, groups)
 
 
-def fake_predict(model: bytes, X: np.ndarray, nthread: Any = None) -> np.ndarray:
+def fake_predict(model: bytes, X: np.ndarray, nthread: Any = None, cache: Any = None) -> np.ndarray:
     """A score that depends on the model and the rows (what the evaluation needs to sum)."""
     salt = int(boosting.model_sha256(model)[:8], 16) % 997 / 997
     return 1 / (1 + np.exp(-(X[:, 0] - X[:, 0].mean() + salt)))

@@ -148,6 +148,7 @@ async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, tools: To
     site.base, site.total_rows = base_from_total(out.total, params)
     site.adopt(0, 0, None)
     try:
+        site.train_ahead(None)     # round 1 needs only the base score: its trees, while a leader takes over
         return await site.run()
     finally:
         await site.close()

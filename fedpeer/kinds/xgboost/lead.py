@@ -134,7 +134,7 @@ class Leading:
         own_reply = Reply(tag="", commit_term=0, commit_round=0, commit_sha="", trees=own[0], model=b"",
                           history=b"", error=own[1])
         answered = {m: r for m, r in zip(targets, replies) if r is not None}
-        docs, gains, excluded = {}, {}, {}
+        docs, batches, gains, excluded = {}, {}, {}, {}
         for m in ch.members:
             reply = own_reply if m == self.me else answered.get(m)
             if reply is None:
@@ -149,16 +149,17 @@ class Leading:
             except boosting.TreesError as exc:
                 excluded[m.hex()] = f"trees refused: {exc}"[:200]
                 continue
-            docs[m], gains[m] = reply.trees, batch.gain
+            docs[m], batches[m], gains[m] = reply.trees, batch, batch.gain
         if not docs:     # nobody can train (bad parameters, data every site refuses): stop everyone
             reasons = "; ".join(f"{self.name(bytes.fromhex(k))}: {why}" for k, why in excluded.items())
             raise JobFailsEverywhere(f"round {rnd}: no site delivered valid trees ({reasons})")
         if not self.leading(term):
             raise _Deposed()
         order = [m for m in ch.members if m in docs]
-        model = await self.tools.offload(self.build, [docs[m] for m in order])
+        model = await self.built([batches[m] for m in order])
         self.adopt(term, rnd, model)
         self.last_gains = gains
+        self.train_ahead(self.gain_share(self.me))      # my next trees while the members store this round
         sha = self.commit[2]
         commit = _directive(term, "commit", rnd, prev_sha=prev_sha, sha=sha, trees=[docs[m] for m in order],
                             participants=order)

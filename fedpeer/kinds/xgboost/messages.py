@@ -24,6 +24,7 @@ OPS = ("state", "fetch", "round", "commit", "finish", "release", "done")   # don
 SYNC_SILENCE_MS = 10_000         # a member without a directive this long asks the leader where the job is
 SYNC_TAG = "xgb/sync"
 HISTORY_FILE = "xgb-history.json"
+STORE_EVERY_MS = 1_000           # a member's files hold its committed model at most this old (and the last round)
 HELD_DIRECTIVES_MAX = 16         # directives held while a member evaluates (a leader sends one at a time)
 LINGER_MS = 20_000               # a member told "finish" stays this long for sites that did not hear it
                                  # (unless the leader says "release": every live member has finished)

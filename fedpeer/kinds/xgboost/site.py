@@ -61,40 +61,45 @@ leader's current term. The member obeys it as any directive (its election must s
 leads that term; the model passes `check_model` and its SHA-256), stores it and ends at once. A
 leader still running the job ignores the question: its own directives bring the member up to date.
 
-A member stores every committed round (model first, then its commit record; both atomic) under
-the job's directory, so any member can lead. Members that fail leave the job; the others go on
-(`member_failure_aborts=False`). Messages and every wait are bounded: directives and replies
-are size-capped wire messages, replies are awaited in slices that give up when the peer is dead
-(failure detector), when the leader is deposed, or after member_timeout_ms.
+A member keeps every committed round in memory (a new leader fetches it from there) and stores
+it under the job's directory (model, then commit record; both atomic): the first, then at most
+every STORE_EVERY_MS, and the last, fsynced, which `serve_done` reads once the job is done.
+Nothing reads the others after a crash: a daemon restarted mid-job marks the job failed.
+Members that fail leave the job; the others go on (`member_failure_aborts=False`). Messages and
+every wait are bounded: directives and replies are size-capped wire messages, replies are awaited
+in slices that give up when the peer is dead (failure detector), when the leader is deposed, or
+after member_timeout_ms. A member may start a round's trees before the directive (training.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from fedpeer.base.logs import fields as log_fields
 from fedpeer.base.store import atomic_write, write_json
-from fedpeer.errors import DataError, JobError, public_reason
-from fedpeer.jobs.kind import ImplausibleTotal, JobContext, checked_total, site_seed
+from fedpeer.errors import DataError, JobError
+from fedpeer.jobs.kind import ImplausibleTotal, JobContext
+from fedpeer.kinds.xgboost.evaluation import Evaluating
 from fedpeer.kinds.xgboost.fencing import Fence
 from fedpeer.kinds.xgboost.lead import Leading
 from fedpeer.kinds.xgboost.messages import (
     DIRECTIVE_TAG,
-    EVAL_HOP_TIMEOUT_MS,
-    HELD_DIRECTIVES_MAX,
     HISTORY_ENTRY_BYTES_MAX,
     HISTORY_FILE,
     LEADER_SILENCE_MS,
     PARK_MS,
     POLL_MS,
     STATE_TIMEOUT_MS,
+    STORE_EVERY_MS,
     SYNC_SILENCE_MS,
     SYNC_TAG,
     Directive,
@@ -102,29 +107,25 @@ from fedpeer.kinds.xgboost.messages import (
     SyncAsk,
     Tools,
     _Deposed,
-    _Died,
     _reply_tag,
-    train_params,
 )
 from fedpeer.kinds.xgboost.target import (
-    check_eval,
     class_names,
-    eval_metrics,
-    eval_vector,
     is_regression,
     metric_keys,
-    model_score,
-    site_labels,
+    test_csv_score,
 )
+from fedpeer.kinds.xgboost.training import Training
 from fedpeer.ml.xgb import boosting
-from fedpeer.protocols.securesum.api import secure_sum
-from fedpeer.runtime.channel import RecvTimeout, SubChannel
+from fedpeer.ml.xgb.margins import RoundCache
+from fedpeer.runtime.channel import RecvTimeout
 
 log = logging.getLogger("fedpeer.jobs.xgboost")
+BUILD_OFF_LOOP_BYTES_MIN = 2 << 20     # a model this large is extended in a worker thread (a few ms of work)
 
 
 @dataclass
-class Site(Leading):
+class Site(Leading, Training, Evaluating):
     ch: Any
     params: Mapping[str, Any]
     ctx: JobContext
@@ -145,6 +146,13 @@ class Site(Leading):
     finished_ms: int | None = None    # when this site learned the job is over (it then lingers)
     released: bool = False
     held: list = field(default_factory=list)         # (sender, Directive) taken while evaluating, followed after
+    round_cache: RoundCache = field(default_factory=RoundCache)   # training rows and margins between rounds
+    eval_cache: RoundCache = field(default_factory=RoundCache)    # the same for the test part
+    ahead: Any = None                 # the next round's trees, started early (training.py)
+    scoring: Any = None               # (model sha, task): its score on [data] test_csv (score_ahead)
+    stored_ms: int = 0                # when `store` last wrote the committed round
+    _writer: Any = None               # the thread that writes the job's files, in order (store)
+    _written: Any = None              # the last write handed to it
     _replies: dict = field(default_factory=dict)     # reply tasks in flight (a dict: ordered, deterministic)
 
     @property
@@ -214,8 +222,8 @@ class Site(Leading):
     # -- state ---------------------------------------------------------------------------------
 
     def adopt(self, term: int, rnd: int, model: bytes | None, expect: str | None = None) -> None:
-        """Store a committed round: the model file first, then the commit record (both atomic).
-        `expect`: the SHA-256 the sender announced for a model that came over the network."""
+        """Hold a committed round and store it (`store`). `expect`: the SHA-256 the sender
+        announced for a model that came over the network."""
         sha = boosting.model_sha256(model) if model is not None else ""
         if expect is not None and sha != expect:
             raise JobError(f"received a model whose SHA-256 is not the announced {expect[:12]}")
@@ -228,22 +236,48 @@ class Site(Leading):
             if expect is not None:
                 self.check_model(model, rnd)
         self.model, self.commit = model, (term, rnd, sha)
-        workdir = self.ctx.workdir
-        if workdir is not None:
-            if model is not None:
-                atomic_write(workdir / f"xgb-round-{rnd}.json", model)
-            write_json(workdir / "xgb-commit.json", {"term": term, "round": rnd, "model_sha256": sha,
-                                                     "model_file": f"xgb-round-{rnd}.json" if model else None})
-            for old in workdir.glob("xgb-round-*.json"):
-                if old.name != f"xgb-round-{rnd}.json":
-                    old.unlink(missing_ok=True)
+        if rnd == self.params["rounds"]:
+            self.score_ahead()
+        self.store()
         self.ch.progress(f"round {min(rnd + 1, self.params['rounds'])} of {self.params['rounds']}", rnd,
                          self.params["rounds"])
 
-    def build(self, trees: list[bytes]) -> bytes:
+    def store(self) -> None:
+        """The committed round under the job's directory (module docstring): rounds 0 and 1, the
+        last (fsynced), and in between at most every STORE_EVERY_MS (not every round: a growing
+        model written each round costs O(rounds²)). Written by one thread of its own, in the
+        order of the commits, off the loop (fsyncs took 5-20 ms); `stored` awaits the last."""
+        rnd, workdir, now = self.commit[1], self.ctx.workdir, self.ch.now_ms()
+        last = rnd == self.params["rounds"]
+        if workdir is None or not (last or rnd <= 1 or now - self.stored_ms >= STORE_EVERY_MS):
+            return
+        self.stored_ms = now
+        self._write(_write_round, workdir, self.commit, self.model, last)
+
+    def _write(self, fn: Callable[..., None], *args: Any) -> None:
+        if self._writer is None:
+            self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="xgb-files")
+        self._written = self._writer.submit(fn, *args)
+
+    async def stored(self) -> None:
+        """The job's end: its files on disk (the last round's, then the rounds' history, fsynced):
+        what serve_done hands a member that missed the end."""
+        if self.ctx.workdir is not None:
+            self._write(atomic_write, self.ctx.workdir / HISTORY_FILE, self.history_bytes())
+        if self._written is not None:
+            await asyncio.wrap_future(self._written)
+
+    def build(self, trees: list) -> bytes:          # trees documents, or the batches check_trees returned
         p = self.params
         return boosting.append_round(self.model, trees, self.base, self.fit[0].shape[1],
                                      self.groups if self.groups > 1 else 0, p["objective"])
+
+    async def built(self, trees: list) -> bytes:
+        """`build`: on the loop while the model is small (a worker thread's wake-up, on a busy host,
+        costs more than the work), in a worker thread once its bytes would stall the loop."""
+        if len(self.model or b"") < BUILD_OFF_LOOP_BYTES_MIN:
+            return self.build(trees)
+        return await self.tools.offload(self.build, trees)
 
     def stale(self, term: int) -> bool:
         return self.fence.stale(term, self.ch.leadership())
@@ -315,6 +349,11 @@ class Site(Leading):
         self._background(send())
 
     async def close(self) -> None:
+        self.drop_ahead()
+        if self.scoring is not None:
+            self.scoring[1].cancel()
+        if self._writer is not None:
+            self._writer.shutdown(wait=False)      # what was submitted still lands, in order
         if self._replies:     # the last acknowledgements; a dead leader's are not worth a long wait
             await asyncio.wait(list(self._replies), timeout=min(self.ctx.hop_timeout_ms, STATE_TIMEOUT_MS) / 1000)
         for task in list(self._replies):
@@ -350,7 +389,9 @@ class Site(Leading):
                 self.ask_for_sync(leader)
                 continue
             await self.follow(src, msg)
-        return self.result()
+        test_csv = await self.test_score()
+        await self.stored()
+        return self.result(test_csv)
 
     async def follow(self, src: bytes, msg: Directive) -> None:
         action, error = self.fence.judge(src, msg, self.ch.leadership(), self.ch.now_ms())
@@ -435,128 +476,38 @@ class Site(Leading):
         trees, error = await self.local_trees(msg.round, msg.gain_share)
         self.reply(src, msg, trees=trees, error=error)
 
-    async def local_trees(self, rnd: int, gain_share: float) -> tuple[bytes, str]:
-        """This site's trees of round `rnd` on top of its committed model: (document, "") or (b"", why not)."""
-        p = self.params
-        self.ch.progress(f"round {rnd} of {p['rounds']}: training", rnd - 1, p["rounds"])
-        if p["normalize"] == "gain" and gain_share >= 0:
-            eta_i = boosting.normalized_eta(p["eta"], 0, 0, "gain", gain_share, 1.0)
-        elif p["normalize"] != "none":
-            eta_i = boosting.normalized_eta(p["eta"], len(self.fit[1]), self.total_rows, "samples")
-        else:
-            eta_i = p["eta"]
-        if eta_i <= 0:           # a site whose trees gained nothing last round sits this one out
-            return b"", "no_gain"
-        params = {**train_params(p), "base_score": self.base if self.groups == 1 else list(self.base)}
-        seed = (site_seed(p["seed"], self.me) + rnd) % 2**31
-        try:
-            return await self.tools.offload(self.tools.train, self.model, self.fit[0], self.fit[1], params,
-                                            p["num_local_round"], eta_i, seed), ""
-        except (DataError, ValueError) as exc:
-            why = public_reason(exc) if isinstance(exc, DataError) else f"{type(exc).__name__}: {exc}"
-            return b"", f"training failed: {why}"[:2000]
-
     async def _apply_commit(self, src: bytes, msg: Directive) -> None:
         if not msg.model:
             if self.commit[1:] != (msg.round - 1, msg.prev_sha):
                 self.reply(src, msg, error="need_model")
                 return
-            for doc in msg.trees:        # the leader's trees pass the policy a member's pass
-                self.check_trees(doc)
-            model = await self.tools.offload(self.build, list(msg.trees))
+            # the leader's trees pass the policy a member's pass
+            model = await self.built([self.check_trees(doc) for doc in msg.trees])
             if boosting.model_sha256(model) != msg.sha:
                 self.reply(src, msg, error="need_model")     # cannot happen with honest members
                 return
             self.adopt(msg.term, msg.round, model)
         self.reply(src, msg)
+        self.train_ahead(None)
         await self.evaluate(msg.term, msg.round, src, msg)
-
-    # -- evaluation ------------------------------------------------------------------------------
-
-    async def evaluate(self, term: int, rnd: int, leader: bytes, commit: Directive) -> None:
-        """The round's history entry (first, so that it stays even if the evaluation is cut short);
-        then its participants evaluate the model with one secure sum."""
-        participants = tuple(commit.participants)
-        if not participants:
-            return       # a model sent to bring us up to date: its history came with it
-        entry = {"round": rnd, "term": term, "leader": leader.hex(), "model_sha256": self.commit[2],
-                 "participants": [m.hex() for m in participants],
-                 "trees_added": len(participants) * self.params["num_local_round"] * self.groups,
-                 "committed_ms": self.ch.now_ms()}      # when this site stored the round (its clock)
-        self.history = [h for h in self.history if h["round"] < rnd] + [entry]
-        p = self.params
-        every = p["eval_every"]
-        if rnd != p["rounds"] and (every == 0 or rnd % every):
-            return       # not an evaluation round (eval_every)
-        if self.me not in participants or len(participants) < 2:
-            return
-        # The rounds' curve with few bins, the final model's AUC with eval_bins (the same bins at
-        # every participant: they follow from the round and the job's parameters)
-        p = {**p, "eval_bins": p["eval_bins"] if rnd == p["rounds"] else min(p["eval_round_bins"], p["eval_bins"])}
-        entry["eval_bins"] = p["eval_bins"]
-        proba = await self.tools.offload(self.tools.predict, self.model, self.test[0], p["nthread"] or None)
-        vector = eval_vector(self.test[1], proba, p, len(participants))
-        ring = tuple(sorted(participants))
-        # The sum's initiator (first member) dying would hold everyone for many hops, and a new
-        # leader's term means the round's leader is gone: its successor must not find us busy.
-        try:
-            out = await self.while_alive(ring[0], secure_sum(
-                SubChannel(self.ch, ring), f"xgb/eval/{term}/{rnd}", vector, mode=p["secure_sum"],
-                hop_timeout_ms=min(self.ctx.hop_timeout_ms, EVAL_HOP_TIMEOUT_MS)), term=term,
-                ended=None if leader == self.me else self.ended_at_leader)
-        except (JobError, _Died) as exc:
-            entry["eval_error"] = str(exc)[:300]
-            return
-        checked_total(f"xgb/eval/{term}/{rnd}", check_eval, out.total, p)   # every participant: the job ends
-        metrics = eval_metrics(out.total, p)
-        entry.update(metrics)
-        self.ch.progress(f"round {rnd} of {p['rounds']}", rnd, p["rounds"], point={"round": rnd, **metrics})
-        entry["evaluated_by"] = [m.hex() for m in out.participants]
-
-    async def while_alive(self, peer: bytes, work: Any, term: int | None = None,
-                          ended: Callable[[], Any] | None = None) -> Any:
-        """Await `work`, but give up (raise _Died) once the failure detector reports `peer` dead
-        (a send to a dead peer would retry for a whole hop timeout, a sum led by it for many),
-        with `term`, once the election has moved past that term, and with `ended`, once that
-        check says the job ended without us."""
-        task = asyncio.ensure_future(work)
-        try:
-            while True:
-                done, _ = await asyncio.wait({task}, timeout=POLL_MS / 1000)
-                if done:
-                    return task.result()
-                if peer != self.me and not self.ch.alive(peer):
-                    raise _Died(f"{self.name(peer)} is no longer alive")
-                if term is not None and self.ch.leadership()[0] > term:
-                    raise _Died(f"a new leader was elected (term {self.ch.leadership()[0]})")
-                if ended is not None and await ended():
-                    raise _Died("the job ended at the leader")
-        finally:
-            if not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-
-    async def ended_at_leader(self) -> bool:
-        """While a member evaluates a round, whether the leader has told it the job ended ("done").
-        A member cut off (or frozen) around a commit evaluates it once it runs again, with sites
-        that may have finished the job meanwhile: they are alive but never send their part, so the
-        sum would wait out a member's whole patience (2 (n + 1) + 5 hops, over a minute). So it
-        asks the leader too, as in its main loop (`ask_for_sync`, after SYNC_SILENCE_MS without a
-        directive), and holds every directive that arrives meanwhile, to follow once the sum is over."""
-        self.ask_for_sync(self.ch.leadership()[1])
-        while len(self.held) < HELD_DIRECTIVES_MAX:
-            try:
-                self.held.append(await self.ch.recv(Directive, DIRECTIVE_TAG, timeout_ms=0))
-            except RecvTimeout:
-                break
-        return any(msg.op == "done" and self.authority(src, msg.term) == "obey" for src, msg in self.held)
 
     # -- result ----------------------------------------------------------------------------------
 
-    def result(self) -> dict:
+    def score_ahead(self) -> None:
+        """Score the last round's model on [data] test_csv in a worker thread, while the job finishes
+        (the evaluation's sum, "finish" and "release" are round trips; the loop keeps answering)."""
+        if self.ctx.test_data is None or self.model is None or (self.scoring and self.scoring[0] == self.commit[2]):
+            return
+        task = asyncio.ensure_future(self.tools.offload(test_csv_score, self.model, self.ctx.test_data, self.params))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())    # raised where it is awaited
+        self.scoring = (self.commit[2], task)
+
+    async def test_score(self) -> dict | None:
+        self.score_ahead()      # (started when the last round was committed, unless the model changed since)
+        return None if self.scoring is None else await self.scoring[1]
+
+    def result(self, test_csv: dict | None = None) -> dict:
         p = self.params
-        if self.ctx.workdir is not None:    # what serve_done hands a member that missed the end
-            atomic_write(self.ctx.workdir / HISTORY_FILE, self.history_bytes())
         out: dict[str, Any] = {
             "rounds": self.round, "model_sha256": self.commit[2], "history": [self.named(h) for h in self.history],
             "trees": boosting.model_info(self.model).n_trees if self.model else 0,
@@ -570,12 +521,23 @@ class Site(Leading):
         last = next((h for h in reversed(self.history) if h.get(keys[0]) is not None), None)
         on = "the sites' test parts" if p["test_fraction"] else "the sites' training rows"
         score_result(out, p, {k: last[k] for k in keys} if last else None, on)
-        if self.ctx.test_data is not None and self.model is not None:
-            X, y = self.ctx.test_data.X, site_labels(self.ctx.test_data, p)
-            score_result(out, p, None, on, model_score(self.model, X, y, p, p["nthread"] or None))
+        if test_csv is not None:
+            score_result(out, p, None, on, test_csv)
         out["_model"] = self.model
         return out
 
+
+def _write_round(workdir: Path, commit: tuple[int, int, str], model: bytes | None, last: bool) -> None:
+    """A committed round's model file, then its commit record (both atomic; fsynced if `last`)."""
+    term, rnd, sha = commit
+    name = f"xgb-round-{rnd}.json"
+    if model is not None:
+        atomic_write(workdir / name, model, durable=last)
+    write_json(workdir / "xgb-commit.json", {"term": term, "round": rnd, "model_sha256": sha,
+                                             "model_file": name if model else None}, durable=last)
+    for old in workdir.glob("xgb-round-*.json"):
+        if old.name != name:
+            old.unlink(missing_ok=True)
 
 
 def score_result(out: dict, params: Mapping[str, Any], federated: dict | None, on: str,

@@ -206,6 +206,11 @@ def model_score(model: bytes, X: np.ndarray, y: np.ndarray, params: Mapping[str,
     return {"auc": float(roc_auc_score(y, pred, multi_class="ovr", labels=list(range(groups)))), **out}
 
 
+def test_csv_score(model: bytes, data: Any, params: Mapping[str, Any]) -> dict:
+    """`model_score` on a site's [data] test_csv (a Dataset)."""
+    return model_score(model, data.X, site_labels(data, params), params, params["nthread"] or None)
+
+
 def prepare(site: Any) -> None:
     """Split a bagging Site's rows (stratified, seeded by the job seed and the site's key): its
     `fit` and `test` parts and its label groups."""

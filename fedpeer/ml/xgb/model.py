@@ -22,6 +22,7 @@ a peer passes the same checks as a member's trees document before anything reach
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -41,6 +42,7 @@ from fedpeer.ml.xgb.tree import (
     MODEL_OBJECTIVES,
     NODES_PER_TREE_MAX,
     TREES_MAX,
+    TreeBatch,
     TreesError,
     _dumps,
     _f32,
@@ -162,7 +164,14 @@ def _objective_json(objective: str, groups: int) -> dict:
     return {"name": objective, "softmax_multiclass_param": {"num_class": str(groups)}}
 
 
+_TREES_SLOT = b'"trees":[]'      # where `_model_bytes` puts the trees' own encodings
+
+
 def _model_bytes(trees: Sequence[_Tree], base: np.ndarray, num_feature: int, groups: int, objective: str) -> bytes:
+    """The canonical bytes of the model (`_dumps` of the document below). The trees are spliced in
+    from each tree's kept encoding (`_Tree.xgboost_json`): json.dumps writes a list as "[" + its
+    items' encodings joined by "," + "]", so the bytes are those of one `_dumps` of the whole,
+    without encoding R rounds' trees again in every round."""
     n = len(trees)
     assert n % groups == 0
     model = {
@@ -175,7 +184,7 @@ def _model_bytes(trees: Sequence[_Tree], base: np.ndarray, num_feature: int, gro
                     "gbtree_model_param": {"num_parallel_tree": "1", "num_trees": str(n)},
                     "iteration_indptr": list(range(0, n + 1, groups)),
                     "tree_info": [t % groups for t in range(n)],
-                    "trees": [tree.xgboost(i, num_feature) for i, tree in enumerate(trees)],
+                    "trees": [],
                 },
                 "name": "gbtree",
             },
@@ -186,7 +195,9 @@ def _model_bytes(trees: Sequence[_Tree], base: np.ndarray, num_feature: int, gro
         },
         "version": list(MODEL_VERSION),
     }
-    return _dumps(model)
+    head, tail = _dumps(model).split(_TREES_SLOT)     # the one key of that name
+    return b"".join((head, b'"trees":[', b",".join(tree.xgboost_json(i, num_feature) for i, tree in enumerate(trees)),
+                     b"]", tail))
 
 
 def _get(obj: Any, path: Sequence[str], kind: type) -> Any:
@@ -212,18 +223,44 @@ def _read_model(model: Any) -> ModelInfo:
     times: every simulated site, then append_round); ModelInfo and its arrays are immutable."""
     if not isinstance(model, (bytes, bytearray, memoryview)):
         raise TreesError("xgb_model", f"global model must be bytes, got {type(model).__name__}")
-    digest = hashlib.sha256(model).digest()
+    digest = _digest(model)
     with _MODEL_CACHE_LOCK:
         info = _MODEL_CACHE.get(digest)
         if info is not None:
             _MODEL_CACHE.move_to_end(digest)
             return info
     info = _read_model_uncached(bytes(model))
+    _remember(digest, info)
+    return info
+
+
+_DIGESTS: OrderedDict[int, tuple[bytes, bytes]] = OrderedDict()   # id -> (the bytes object, its SHA-256)
+_DIGESTS_SIZE = 2
+
+
+def _digest(model: Any) -> bytes:
+    """SHA-256 of a model's bytes; of the last few `bytes` objects (immutable) computed once: a
+    round hashes its new model when building it, storing it and training on it (a growing model:
+    O(rounds) each time). The entries hold their objects, so an id is never another's."""
+    if type(model) is not bytes:
+        return hashlib.sha256(model).digest()
+    with _MODEL_CACHE_LOCK:
+        held = _DIGESTS.get(id(model))
+        if held is not None and held[0] is model:
+            return held[1]
+    digest = hashlib.sha256(model).digest()
+    with _MODEL_CACHE_LOCK:
+        _DIGESTS[id(model)] = (model, digest)
+        while len(_DIGESTS) > _DIGESTS_SIZE:
+            _DIGESTS.popitem(last=False)
+    return digest
+
+
+def _remember(digest: bytes, info: ModelInfo) -> None:
     with _MODEL_CACHE_LOCK:
         _MODEL_CACHE[digest] = info
         while len(_MODEL_CACHE) > _MODEL_CACHE_SIZE:
             _MODEL_CACHE.popitem(last=False)
-    return info
 
 
 def _read_model_uncached(model: bytes) -> ModelInfo:
@@ -306,8 +343,10 @@ def append_round(global_model: bytes | None, trees_from_members: Sequence[Any], 
     on any machine. Predictions of the result are base_score plus the sum of the parts.
 
     The documents must already have passed `validate_trees` against the round's policy; here they
-    are checked again for structure only (so nothing malformed can reach a model). With a global
-    model, objective, num_class, num_feature and base_score must agree with it."""
+    are checked again for structure only (so nothing malformed can reach a model). A document may
+    be given as the TreeBatch `validate_trees` returned for it (with this num_feature and classes:
+    checked again, it would be parsed twice). With a global model, objective, num_class,
+    num_feature and base_score must agree with it."""
     groups = _groups(objective, num_class)
     if isinstance(num_feature, bool) or not isinstance(num_feature, (int, np.integer)) \
             or not 1 <= num_feature <= FEATURES_MAX:
@@ -323,6 +362,11 @@ def append_round(global_model: bytes | None, trees_from_members: Sequence[Any], 
             raise ValueError(f"base_score {base.tolist()} differs from the global model's {list(info.base_score)}")
         trees.extend(info.trees)
     for m, doc in enumerate(trees_from_members):
+        if isinstance(doc, TreeBatch):
+            if doc.groups != groups or any(int(t.feature.max()) >= num_feature for t in doc.trees):
+                raise TreesError("xgb_trees", f"member {m}: trees validated for another model")
+            trees.extend(doc.trees)
+            continue
         try:
             batch = _parse_trees(doc, num_feature=int(num_feature), groups=groups, expected=None, trees_max=TREES_MAX,
                                  nodes_max=NODES_PER_TREE_MAX, depth_max=DEPTH_MAX, leaf_abs_max=math.inf)
@@ -331,12 +375,19 @@ def append_round(global_model: bytes | None, trees_from_members: Sequence[Any], 
         trees.extend(batch.trees)
     if len(trees) > TREES_MAX:
         raise ValueError(f"the model would hold {len(trees)} trees, more than {TREES_MAX}")
-    return _model_bytes(trees, base, int(num_feature), groups, objective)
+    model = _model_bytes(trees, base, int(num_feature), groups, objective)
+    # What `_read_model` would find in these bytes (every tree passed the same checks, the bytes are
+    # canonical by construction): the member that stores the model, and trains on it next round,
+    # need not parse it again.
+    _remember(_digest(model), ModelInfo(
+        objective=objective, num_class=groups if objective == "multi:softprob" else 0, num_feature=int(num_feature),
+        base_score=tuple(float(v) for v in base), trees=tuple(trees)))
+    return model
 
 
 def model_sha256(model_bytes: bytes) -> str:
     """Hex SHA-256 of a model's bytes: what members compare to know they hold the same model."""
-    return hashlib.sha256(bytes(model_bytes)).hexdigest()
+    return _digest(model_bytes).hex()
 
 
 def load_booster(model: bytes) -> Any:
@@ -350,15 +401,42 @@ def load_booster(model: bytes) -> Any:
     return booster
 
 
-def predict_proba(model: bytes, X: Any, nthread: int | None = None) -> np.ndarray:
-    """Probabilities of a global model: (rows,) P(positive) for binary, (rows, K) for multi-class."""
+def predict_proba(model: bytes, X: Any, nthread: int | None = None, cache: Any = None) -> np.ndarray:
+    """Probabilities of a global model: (rows,) P(positive) for binary, (rows, K) for multi-class.
+    `cache`: a fedpeer.ml.xgb.margins.RoundCache of these rows, the same values faster."""
     import xgboost as xgb
 
-    X = _features(X, _read_model(model).num_feature)
-    booster = load_booster(model)
-    if nthread is not None:
-        booster.set_param("nthread", int(nthread))
-    return booster.predict(xgb.DMatrix(X, nthread=_nthread(nthread)))
+    info = _read_model(model)
+    rows, X = X, _features(X, info.num_feature)
+    with xgb_threads(nthread):
+        if cache is not None:
+            return cache.predict(rows, X, info, nthread)
+        booster = load_booster(model)
+        if nthread is not None:
+            booster.set_param("nthread", int(nthread))
+        return booster.predict(xgb.DMatrix(X, nthread=_nthread(nthread)))
+
+
+_OPENMP: Any = None                 # threadpoolctl's handle on the loaded OpenMP runtimes, found once
+_OPENMP_LOCK = threading.Lock()
+
+
+def xgb_threads(nthread: Any) -> contextlib.AbstractContextManager:
+    """Within it, OpenMP regions started by this thread use at most `nthread` threads (None or
+    <= 0: no limit), also those a Booster's nthread does not reach: `load_model` runs one on every
+    core, whose worker then spins (on 3 daemons sharing 2 cores: ~6 % of a bagging job's CPU,
+    measured). OpenMP's thread count is per thread, and the limit is lifted on leaving (not
+    xgboost's global `nthread`: it cannot be set back to 0 once set)."""
+    n = 0 if nthread is None else int(nthread)
+    if n <= 0:
+        return contextlib.nullcontext()
+    global _OPENMP
+    with _OPENMP_LOCK:
+        if _OPENMP is None:
+            import xgboost  # noqa: F401  (its OpenMP runtime must be loaded to be found)
+            from threadpoolctl import ThreadpoolController
+            _OPENMP = ThreadpoolController().select(user_api="openmp")
+    return _OPENMP.limit(limits=n)
 
 
 def _nthread(value: Any) -> int:

@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -145,6 +145,9 @@ class _Tree:
     gain: np.ndarray          # float64 (float32 values) >= 0, 0 at a leaf
     cover: np.ndarray         # float64 (float32 values) >= 0
     depth: int
+    # (tree id, num_feature) -> canonical JSON of `xgboost(...)`: a growing model writes its old
+    # trees again every round (`xgboost_json`)
+    _json: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("left", "right", "feature", "value", "default_left", "gain", "cover"):
@@ -175,6 +178,15 @@ class _Tree:
                 "split_indices": self.feature.tolist(), "split_type": [0] * n, "sum_hessian": self.cover.tolist(),
                 "tree_param": {"num_deleted": "0", "num_feature": str(num_feature), "num_nodes": str(n),
                                "size_leaf_vector": "1"}}
+
+    def xgboost_json(self, tree_id: int, num_feature: int) -> bytes:
+        """`_dumps(self.xgboost(tree_id, num_feature))`, computed once: the tree's arrays never
+        change, and a model of R rounds would otherwise encode its first trees R times."""
+        key = (tree_id, num_feature)
+        out = self._json.get(key)
+        if out is None:
+            out = self._json[key] = _dumps(self.xgboost(tree_id, num_feature))
+        return out
 
     def same_as(self, other: _Tree) -> bool:
         return all(np.array_equal(getattr(self, k), getattr(other, k))
