@@ -121,12 +121,11 @@ def bin_edges(mean: np.ndarray, std: np.ndarray, bins: int) -> np.ndarray:
 def local_histograms(X: np.ndarray, edges: np.ndarray) -> np.ndarray:
     """(columns, bins + 2) counts: below the first edge, each bin (right edge open, last closed),
     above; NaN in none. np.histogram's own counting (sort, then find each edge: `left` for all but
-    the last, `right` for the last), with every column sorted in one call (a third faster on a
-    site's 10,000 x 20 rows: this runs between a job's two secure sums)."""
-    ordered = np.sort(X, axis=0)                  # NaN last, after +inf
+    the last, `right` for the last), one sorted column at a time (a copy of one column, not of the
+    site's matrix; a third faster than np.histogram on 10,000 x 20 rows)."""
     counts = np.empty((X.shape[1], edges.shape[1] + 1), dtype=np.int64)
     for j in range(X.shape[1]):
-        column, e = ordered[:, j], edges[j]
+        column, e = np.sort(X[:, j]), edges[j]          # NaN last, after +inf
         below = column.searchsorted(e[:-1], "left")              # rows < each edge but the last
         last, finite = column.searchsorted([e[-1], np.inf], "right")
         counts[j, 0] = below[0]

@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 import numpy as np
+import pytest
 from sklearn.datasets import make_classification
 
 from fedpeer.data.dataset import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint
@@ -109,7 +110,7 @@ def test_rounds_are_stored_at_most_once_a_second_and_the_last_one_fsynced(tmp_pa
     monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real(fd))
 
     def stored() -> tuple[int, bytes]:
-        s._written.result()                                        # the writes so far have landed
+        s._writer.submit(lambda: None).result()           # the writes so far have landed (one thread, in order)
         commit = json.loads((tmp_path / "xgb-commit.json").read_bytes())
         return commit["round"], (tmp_path / commit["model_file"]).read_bytes()
 
@@ -152,3 +153,36 @@ def test_the_test_csv_score_starts_when_the_last_round_is_stored(tmp_path):
 
     s, score = asyncio.run(go())
     assert score == model_score(s.model, X, y.astype(np.int64), s.params, 1)
+
+
+def test_a_last_round_that_cannot_be_written_fails_the_site_not_the_record(tmp_path, monkeypatch):
+    """The last round's files are what serve_done hands a member that missed the end: if they
+    cannot be written, this site's part of the job fails (naming the fix, not the path), while
+    a failed write of a round in between is only logged."""
+    import fedpeer.kinds.xgboost.site as site_module
+    from fedpeer.errors import JobError
+
+    s = site(tmp_path, rounds=2)
+    real = site_module.atomic_write
+    full = {"on": False}
+
+    def atomic_write(path, data, *args, **kwargs):
+        if full["on"]:
+            raise OSError(28, "No space left on device", str(path))
+        return real(path, data, *args, **kwargs)
+
+    monkeypatch.setattr(site_module, "atomic_write", atomic_write)
+    full["on"] = True
+    commit_round(s, 1, plain_trees(s, None, 1, 0.1))          # in between: logged, the job goes on
+    full["on"] = False
+    commit_round(s, 2, plain_trees(s, s.model, 2, 0.1))
+    asyncio.run(s.stored())
+    assert json.loads((tmp_path / "xgb-commit.json").read_bytes())["round"] == 2
+    full["on"] = True
+    s2 = site(tmp_path / "again", rounds=1)
+    commit_round(s2, 1, plain_trees(s2, None, 1, 0.1))
+    with pytest.raises(JobError, match="free space") as failed:
+        asyncio.run(s2.stored())
+    assert str(tmp_path) not in str(failed.value)
+    asyncio.run(s.close())
+    asyncio.run(s2.close())

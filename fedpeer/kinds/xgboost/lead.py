@@ -62,7 +62,7 @@ class Leading:
 
     async def lead(self, term: int) -> None:
         """Lead term `term` to the end of the job. A round counts as committed only once a majority
-        of the job's members (me included) store it; without one, start over from take_over."""
+        of the job's members (me included) hold it; without one, start over from take_over."""
         self.seen_term = term
         while True:
             known = await self.take_over(term)
@@ -70,7 +70,7 @@ class Leading:
                 while self.round < self.params["rounds"]:
                     started_ms = self.ch.now_ms()
                     known = self.majority(await self.lead_round(term, known), f"round {self.round}")
-                    observe_round(self.ch, "xgboost", started_ms)   # committed: stored by a majority
+                    observe_round(self.ch, "xgboost", started_ms)   # committed: held by a majority
                 await self.finish(term, known)
                 return
             except _NoMajority:

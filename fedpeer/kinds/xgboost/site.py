@@ -43,12 +43,12 @@ A leader of term T:
   depth, node count, leaf magnitudes, tree count and class order), leaves out members whose
   trees fail or do not come, appends the rest in member order (`boosting.append_round`), stores
   round r and sends "commit r" (the round's trees documents) to every member; each member
-  rebuilds the model, checks its SHA-256, stores it and acknowledges;
+  rebuilds the model, checks its SHA-256, holds it and acknowledges (its files: below);
 - after the commit, the round's participants evaluate the model on their test parts with one
   secure sum (log-loss, accuracy, per-class score histograms -> AUC); a total no honest
   participants can give (target.py `check_eval`) ends the job everywhere naming no site, as does
   such a label-count total at the start (`check_labels`);
-- when round `rounds` is committed and a majority stores it, sends "finish" to every live member
+- when round `rounds` is committed and a majority holds it, sends "finish" to every live member
   and, once all confirmed, "release". A member told "finish" lingers (LINGER_MS) until released,
   so that if the leader dies half-way, a finished member elected next can still finish the rest.
 
@@ -62,8 +62,9 @@ leads that term; the model passes `check_model` and its SHA-256), stores it and 
 leader still running the job ignores the question: its own directives bring the member up to date.
 
 A member keeps every committed round in memory (a new leader fetches it from there) and stores
-it under the job's directory (model, then commit record; both atomic): the first, then at most
-every STORE_EVERY_MS, and the last, fsynced, which `serve_done` reads once the job is done.
+it under the job's directory (model, then commit record; both atomic): rounds 0 and 1, then at
+most every STORE_EVERY_MS, and the last, fsynced, which `serve_done` reads once the job is done
+(a member whose last round or history cannot be written fails its part of the job).
 Nothing reads the others after a crash: a daemon restarted mid-job marks the job failed.
 Members that fail leave the job; the others go on (`member_failure_aborts=False`). Messages and
 every wait are bounded: directives and replies are size-capped wire messages, replies are awaited
@@ -152,7 +153,7 @@ class Site(Leading, Training, Evaluating):
     scoring: Any = None               # (model sha, task): its score on [data] test_csv (score_ahead)
     stored_ms: int = 0                # when `store` last wrote the committed round
     _writer: Any = None               # the thread that writes the job's files, in order (store)
-    _written: Any = None              # the last write handed to it
+    _written: Any = None              # the last round's write (stored awaits it)
     _replies: dict = field(default_factory=dict)     # reply tasks in flight (a dict: ordered, deterministic)
 
     @property
@@ -252,20 +253,32 @@ class Site(Leading, Training, Evaluating):
         if workdir is None or not (last or rnd <= 1 or now - self.stored_ms >= STORE_EVERY_MS):
             return
         self.stored_ms = now
-        self._write(_write_round, workdir, self.commit, self.model, last)
+        written = self._write(_write_round, workdir, self.commit, self.model, last)
+        if last:
+            self._written = written
+        else:                     # nothing reads a round in between: a failed write is only logged
+            written.add_done_callback(_log_failed_write)
 
-    def _write(self, fn: Callable[..., None], *args: Any) -> None:
+    def _write(self, fn: Callable[..., None], *args: Any) -> concurrent.futures.Future:
         if self._writer is None:
             self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="xgb-files")
-        self._written = self._writer.submit(fn, *args)
+        return self._writer.submit(fn, *args)
 
     async def stored(self) -> None:
         """The job's end: its files on disk (the last round's, then the rounds' history, fsynced):
-        what serve_done hands a member that missed the end."""
+        what serve_done hands a member that missed the end. Either write failing fails this
+        site's part of the job (a "done" it could not serve would hold such a member forever)."""
+        writes = [self._written]
         if self.ctx.workdir is not None:
-            self._write(atomic_write, self.ctx.workdir / HISTORY_FILE, self.history_bytes())
-        if self._written is not None:
-            await asyncio.wrap_future(self._written)
+            writes.append(self._write(atomic_write, self.ctx.workdir / HISTORY_FILE, self.history_bytes()))
+        for written in writes:
+            if written is None:
+                continue
+            try:
+                await asyncio.wrap_future(written)
+            except OSError as exc:
+                raise JobError(f"cannot store the final model in this site's state dir: {exc.strerror or exc}; "
+                               "free space there") from None
 
     def build(self, trees: list) -> bytes:          # trees documents, or the batches check_trees returned
         p = self.params
@@ -525,6 +538,11 @@ class Site(Leading, Training, Evaluating):
             score_result(out, p, None, on, test_csv)
         out["_model"] = self.model
         return out
+
+
+def _log_failed_write(written: concurrent.futures.Future) -> None:
+    if not written.cancelled() and written.exception() is not None:
+        log.warning("xgb_round_not_stored", extra=log_fields(error=str(written.exception())[:200]))
 
 
 def _write_round(workdir: Path, commit: tuple[int, int, str], model: bytes | None, last: bool) -> None:

@@ -10,6 +10,9 @@ under normalize = "gain", which comes with the directive (such a member waits fo
 directive takes the head start's trees only if it asks for exactly those inputs; otherwise the
 head start is dropped and the site trains as asked. What it saves: the training overlaps the
 leader collecting the round's acknowledgements and sending the next directive (a round trip).
+A dropped head start (another model came, or the job ended) stops only its coroutine: its worker
+thread finishes the one round's training it began, holding the site's RoundCache (whose lock
+makes the next training wait for it), and its trees are thrown away.
 """
 
 from __future__ import annotations

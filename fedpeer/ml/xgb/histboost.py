@@ -7,7 +7,7 @@ A job (every member runs the same steps; "sum" = one secure sum over the members
   1. p = HistParams.from_mapping(job params); sum `label_stats(y, p)` (encode_ints) ->
      base = base_score_from_stats(total, p).
   2. Cut points: the step machine of fedpeer.ml.xgb.sketch (33 sums of F * (max_bin - 1) counts),
-     then bins = bin_matrix(X, cuts) once.
+     then bins = bin_matrix(X, cuts, column_major=False) once.
   3. Per boosting round: g, h = gradients(objective, margins, y) (rows, K); per class k one tree:
      gq, hq = quantize_gradients(g[:, k], h[:, k], *p.bounds()); growth = start_tree(...);
      per level: sum encode_histograms(level_histograms(bins, gq, hq, positions, growth.build,

@@ -376,6 +376,8 @@ def append_round(global_model: bytes | None, trees_from_members: Sequence[Any], 
     if len(trees) > TREES_MAX:
         raise ValueError(f"the model would hold {len(trees)} trees, more than {TREES_MAX}")
     model = _model_bytes(trees, base, int(num_feature), groups, objective)
+    if len(model) > MODEL_BYTES_MAX:          # what any member's `_read_model` refuses
+        raise TreesError("xgb_model", f"global model is {len(model)} bytes, more than the {MODEL_BYTES_MAX} allowed")
     # What `_read_model` would find in these bytes (every tree passed the same checks, the bytes are
     # canonical by construction): the member that stores the model, and trains on it next round,
     # need not parse it again.
