@@ -213,6 +213,42 @@ async def test_answers_of_other_servers_are_read(client: PeerClient) -> None:
             await client.send(address, b"x")
 
 
+async def test_bytes_a_peer_sends_on_an_idle_connection_are_never_taken_as_an_answer(client: PeerClient) -> None:
+    """A peer that answers, keeps the connection open, then writes an answer nobody asked for
+    (one it would like the next request to read): the client stops using that connection the
+    moment the bytes arrive, and the next send goes on a new one and reads its own answer."""
+    connections = 0
+    stray_sent = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        first = connections == 1
+        try:
+            while True:
+                await read_request(reader)
+                writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+                if first:
+                    await writer.drain()
+                    await asyncio.sleep(0.05)      # after the client took its answer (else one read holds both)
+                    writer.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 6\r\n\r\nforged")
+                    await writer.drain()
+                    stray_sent.set()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    address = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    async with server:
+        await client.send(address, b"x")
+        await stray_sent.wait()
+        await asyncio.sleep(0.05)
+        assert [link.broken for link, _ in client._idle[address]] == [True]   # seen by the loop, unregistered
+        await client.send(address, b"y")          # not refused with "forged": its own answer, on a new connection
+        await client.send(address, b"z")
+        assert connections == 2
+
+
 def raw(port: int, data: bytes, *, wait_s: float = 5.0) -> bytes:
     """Send `data` on a fresh connection and read until the server closes it (or `wait_s`)."""
     with socket.create_connection(("127.0.0.1", port), timeout=wait_s) as s:
