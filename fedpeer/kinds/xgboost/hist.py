@@ -20,7 +20,9 @@ round, reported live as the job runs (the console's curves, `job show`).
 A member lost (why the model is still well defined): a sum completes over fewer members when one
 drops out, and every survivor gets the same `participants`. When they are not the current member
 set, every survivor drops what the lost member's rows were in, starts a new epoch E + 1 (fresh
-tags, so no mask is ever reused) and goes on over the survivors only:
+tags, so no mask is ever reused) and goes on over the survivors only, from the least progress
+any survivor made (the new epoch's first sum, `resume_point`: a member lost while it delivered a
+sum can leave one survivor past that sum and another not):
 * lost before the cut points are agreed (label or sketch sums): everything restarts over the
   survivors; the final model is exactly the pooled-rows model of the survivors' rows.
 * lost later: the unfinished tree is dropped; the finished trees, the base score and the cut
@@ -177,16 +179,35 @@ class HistJob:
         """Every tree, through as many epochs as members are lost; the model's bytes."""
         while True:
             try:
+                if self.epochs.lost:
+                    await self.resume_point()
                 if self.cuts is None:
                     await self.agree()
                 await self.boost()
                 break
             except _Lost:
-                if self.cuts is None:
-                    self.base = None          # restart over the survivors from the first sum
                 continue
         assert self.base is not None
         return model_bytes(self.trees, self.base, self.n_features, self.p)
+
+    async def resume_point(self) -> None:
+        """The first sum of a new epoch: where every survivor goes on from. A member lost while
+        it delivered a sum's last messages can leave one survivor with that sum done (a tree, or
+        the cut points, further) and another without it; each survivor adds a one-hot of its
+        progress (0: no cut points yet, else 1 + its finished trees) and all go on from the least:
+        they drop the trees beyond it (or the cut points and base score, at 0)."""
+        progress = 0 if self.cuts is None else 1 + len(self.trees)
+        vector = np.zeros(self.total_trees + 2, dtype=np.uint64)
+        vector[progress] = 1
+        tag, total = await self.sum("resume", vector)
+        if int(total.sum()) != len(self.members) or int(total.max()) > len(self.members):
+            raise ImplausibleTotal.of(tag, "the survivors' progress does not count each survivor once")
+        least = int(np.flatnonzero(total)[0])
+        if least == 0:
+            self.cuts = self.base = None      # restart over the survivors from the first sum
+            self.trees = []
+        else:
+            del self.trees[least - 1:]
 
     async def agree(self) -> None:
         """The base score and the cut points (1 + 33 sums)."""
