@@ -387,10 +387,12 @@ def _start(args: argparse.Namespace) -> int:
     from fedpeer.base import logs
     from fedpeer.config import load as cfg
     from fedpeer.daemon.node import Node
+    from fedpeer.daemon.warmup import tune_gc
     from fedpeer.identity import load_key_file
 
     config = _load(args.config)
     identity = load_key_file(config.node.key_file, config.path)
+    tune_gc()
     cfg.check_own_key_not_peer(config, identity.public_key)
     cfg.check_secret_files(config)
     logs.setup(args.log_level)

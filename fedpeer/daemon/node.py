@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from fedpeer.base.logs import fields
+from fedpeer.daemon.warmup import preload_ml
 from fedpeer.base.store import StateDir
 from fedpeer.config import load as cfg
 from fedpeer.config import locate
@@ -153,7 +154,7 @@ class Node:
                 tg.create_task(self._tick_loop())
                 tg.create_task(self.loop_lag.run())
                 if self.config.jobs.preload_ml:
-                    tg.create_task(self._supervised(asyncio.to_thread(_preload_ml)))
+                    tg.create_task(self._supervised(asyncio.to_thread(preload_ml)))
                 await stop.wait()
                 raise _Stopping   # the group cancels every task it owns: loops, sends, jobs
         except* _Stopping:
@@ -587,15 +588,6 @@ class Node:
         """Seal and deliver with retries under the session to `dst`; raises SendError. `large`
         messages (over OFF_LOOP_BYTES_MIN) are sealed in a worker thread so the loop keeps serving."""
         await self._links.send_reliable(dst, address, msg, job=job, term=term, large=large)
-
-def _preload_ml() -> None:
-    """Import the training libraries in a worker thread once the daemon serves: a job's first
-    step no longer pays for it (xgboost + scikit-learn: ~4 s of a 3-round job's 4.5 s, cold)."""
-    started = time.perf_counter()
-    import sklearn.ensemble  # noqa: F401
-    import xgboost  # noqa: F401
-    log.info("ml_libraries_loaded", extra=fields(seconds=round(time.perf_counter() - started, 2)))
-
 
 class _Stopping(Exception):
     """Raised inside the TaskGroup on SIGTERM/SIGINT so that it cancels all its tasks."""

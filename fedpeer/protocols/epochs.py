@@ -23,13 +23,14 @@ A member left out of a sum (slow, cut off) gets JobError from the secure sum and
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from fedpeer.errors import JobError
-from fedpeer.protocols.securesum.api import secure_sum
+from fedpeer.protocols.securesum.api import OwnerFn, SegmentRefused, secure_reduce_map, secure_sum
 from fedpeer.runtime.channel import SubChannel
 
 DEAD_WAIT_MS = 30_000            # after a failed sum, how long to wait for the failure detector to name the dead
@@ -50,6 +51,13 @@ class Summed:
     tag: str
     total: np.ndarray | None        # None: the sum failed and `lost` were declared dead; redo it without them
     lost: tuple[bytes, ...]         # the members of the scope it went without, in key order
+
+
+@dataclass(frozen=True)
+class Mapped:
+    tag: str
+    results: tuple[np.ndarray, ...] | None   # None: the reduce-map failed and `lost` were declared dead
+    lost: tuple[bytes, ...]
 
 
 class Epochs:
@@ -80,6 +88,25 @@ class Epochs:
             return Summed(tag, None, dead)     # the sum gave up on a member that has since died
         self.sums += 1
         return Summed(tag, out.total, tuple(m for m in scope if m not in out.participants))
+
+    async def reduce_map(self, name: str, vector: np.ndarray, bounds: Sequence[int], owner_fn: OwnerFn, *,
+                         hop_timeout_ms: int | None = None) -> Mapped:
+        """`sum`'s twin for a secure reduce-map over every current member (securesum/reducemap.py):
+        each owner's result, or the members it went without. An owner's refusal (SegmentRefused)
+        ends it at once: nobody died."""
+        tag = self.tag(name)
+        try:
+            out = await secure_reduce_map(SubChannel(self.ch, self.members), tag, vector, bounds, owner_fn,
+                                          hop_timeout_ms=hop_timeout_ms or self.hop_timeout_ms)
+        except SegmentRefused:
+            raise
+        except JobError:
+            dead = await self.declared_dead(self.members)
+            if not dead:
+                raise
+            return Mapped(tag, None, dead)
+        self.sums += 1
+        return Mapped(tag, out.results, ())
 
     def new_epoch(self, lost: tuple[bytes, ...]) -> None:
         """Every survivor, on the same `lost`: go on over the others, under fresh tags."""

@@ -98,7 +98,7 @@ async def test_a_member_killed_mid_job_leaves_the_survivors_done_with_one_model(
     assert len(models) == 1
 
 
-# Levels large enough for the all-reduce (deeper levels' histograms pass ALLREDUCE_ENTRIES_MIN)
+# Levels large enough for the reduce-map and the all-reduce (sums past ALL_TO_ALL_BYTES_MAX)
 ALLREDUCE = {**PARAMS, "secure_sum": "allreduce", "max_depth": 4, "max_bin": 256}
 
 

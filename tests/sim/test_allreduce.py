@@ -19,8 +19,7 @@ from fedpeer.protocols.securesum.api import SumChunk
 from fedpeer.testing.memory import MemoryNetwork
 from tests.sim.test_securesum import check_consistent, keys, random_vectors, run_sum, run_virtual
 
-MIN = ar.ALLREDUCE_ENTRIES_MIN
-SIZE = max(MIN, 1 << 12)        # a vector of several pieces and segments
+SIZE = (1 << 15) + 1             # past the all-to-all's line at up to 3 members: several pieces and segments
 
 
 def test_segments_cover_the_vector_on_whole_aes_blocks() -> None:
@@ -39,11 +38,12 @@ def test_segments_cover_the_vector_on_whole_aes_blocks() -> None:
 
 
 @settings(max_examples=25, deadline=None)
-@given(n=st.integers(2, 6), extra=st.integers(0, 3000), chunk=st.sampled_from([4096, 10_000, 1 << 18]),
-       seed=st.integers(0, 2**16))
-def test_exact_total_at_every_member(n: int, extra: int, chunk: int, seed: int) -> None:
+@given(n=st.integers(2, 6), length=st.sampled_from([1, 17, 3000, 40_000, 40_001]),
+       chunk=st.sampled_from([4096, 10_000, 1 << 18]), seed=st.integers(0, 2**16))
+def test_exact_total_at_every_member(n: int, length: int, chunk: int, seed: int) -> None:
+    """Both paths: all to all (small vectors, alltoall.py) and the all-reduce."""
     members = keys(n)
-    vectors = random_vectors(members, MIN + extra, seed)
+    vectors = random_vectors(members, length, seed)
     net = MemoryNetwork(members, seed=seed)
     results, _ = run_virtual(run_sum(net, vectors, mode="allreduce", chunk_entries=chunk))
     outcome = check_consistent(results, vectors, seed)
@@ -51,15 +51,48 @@ def test_exact_total_at_every_member(n: int, extra: int, chunk: int, seed: int) 
 
 
 @pytest.mark.looptime
-async def test_small_vectors_take_the_pairwise_ring() -> None:
+async def test_small_vectors_go_all_to_all_in_two_legs() -> None:
+    """Below ALL_TO_ALL_BYTES_MAX every member sends its masked vector to every other, then its
+    seed and digests: two legs of 10 ms, and no ring message."""
     members = keys(3)
-    vectors = random_vectors(members, MIN - 1, 1)
-    net = MemoryNetwork(members, seed=1)
-    seen: list[str] = []
-    net.refuse = lambda src, dst, msg: seen.append(getattr(msg, "tag", "")) and None
-    results, _ = await run_sum(net, vectors, mode="allreduce")
+    vectors = random_vectors(members, 100, 1)
+    net = MemoryNetwork(members, seed=1, delay_ms=(10.0, 10.0))
+    seen: list[tuple[str, np.ndarray | None]] = []
+    net.refuse = lambda src, dst, msg: seen.append((msg.tag, getattr(msg, "data", None))) and None
+    results, ended = await run_sum(net, vectors, mode="allreduce")
     check_consistent(results, vectors, 1)
-    assert seen and all("/ss-pairwise/" in tag for tag in seen)
+    assert len(seen) == 2 * 3 * 2 and all("/ss-allreduce/" in tag for tag, _ in seen)
+    assert all(0.020 <= t < 0.030 for t in ended.values()), ended
+    sent = np.concatenate([d for _, d in seen if d is not None])
+    assert (np.concatenate(list(vectors.values()))[:, None] == sent[None, :]).sum() == 0   # every copy masked
+
+
+class Equivocator:
+    """A member that sends one peer another vector than the rest."""
+
+    def __init__(self, inner: Any, victim: bytes) -> None:
+        self.inner, self.victim = inner, victim
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def send(self, dst: bytes, msg: object) -> None:
+        if dst == self.victim and isinstance(msg, SumChunk):
+            data = msg.data.copy()
+            data[0] += np.uint64(1)
+            msg = SumChunk(msg.tag, data)
+        return await self.inner.send(dst, msg)
+
+
+@pytest.mark.looptime
+async def test_a_member_sending_different_small_vectors_is_named() -> None:
+    members = keys(3)
+    vectors = random_vectors(members, 50, 8)
+    cheat = members[0]
+    results, _ = await run_sum(MemoryNetwork(members, seed=8), vectors, mode="allreduce",
+                               wrap={cheat: lambda ch: Equivocator(ch, members[1])})
+    errors = [str(r) for m, r in results.items() if m != cheat]
+    assert all(f"vector of {cheat.hex()[:16]}" in e for e in errors), results
 
 
 @pytest.mark.looptime

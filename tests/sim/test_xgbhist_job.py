@@ -56,9 +56,13 @@ def run(sites: list, params: dict, crash_after_trees: int | None = None, victim:
     return run_members(keys, member, crash, victim), keys
 
 
-def test_federated_model_is_byte_identical_to_the_pooled_reference() -> None:
+SECURE_SUMS = pytest.mark.parametrize("secure_sum", ["ring", "allreduce"])   # allreduce: levels by reduce-map
+
+
+@SECURE_SUMS
+def test_federated_model_is_byte_identical_to_the_pooled_reference(secure_sum: str) -> None:
     sites, _, _ = breast_cancer_sites(3)
-    results, _ = run(sites, PARAMS)
+    results, _ = run(sites, {**PARAMS, "secure_sum": secure_sum})
     assert all(isinstance(r, dict) for r in results), results
     models = {r["_model"] for r in results}
     assert len(models) == 1 and len({r["model_sha256"] for r in results}) == 1
@@ -81,11 +85,12 @@ def test_default_test_part_gives_a_federated_evaluation() -> None:
     assert results[0]["rows"]["test"] > 0
 
 
-def test_a_member_crashed_mid_job_leaves_the_survivors_with_one_model() -> None:
+@SECURE_SUMS
+def test_a_member_crashed_mid_job_leaves_the_survivors_with_one_model(secure_sum: str) -> None:
     sites, _, _ = breast_cancer_sites(3)
     # member 1 is the ring successor of the sums' initiator (member 0): the initiator sees the
     # crash itself and re-runs the sum over the survivors
-    results, keys = run(sites, {**PARAMS, "rounds": 6}, crash_after_trees=2, victim=1)
+    results, keys = run(sites, {**PARAMS, "rounds": 6, "secure_sum": secure_sum}, crash_after_trees=2, victim=1)
     survivors = [r for r in results if isinstance(r, dict)]
     assert len(survivors) == 2, results
     assert len({r["model_sha256"] for r in survivors}) == 1
@@ -123,14 +128,15 @@ def test_histogram_mode_refuses_what_it_cannot_do() -> None:
     assert xj.KIND.check_params({})["mode"] == "histogram"
 
 
-def test_subsample_and_colsample_give_the_reference_model_with_the_same_seeds() -> None:
+@SECURE_SUMS
+def test_subsample_and_colsample_give_the_reference_model_with_the_same_seeds(secure_sum: str) -> None:
     """Item 3: the features of each tree come from the job seed (the same everywhere), each
     member's rows from its own seed (site_seed(job seed, its key)): the federated model equals
     the in-process reference run with those seeds — and differs from the unsampled model."""
     from fedpeer.jobs.kind import site_seed
 
     sites, _, _ = breast_cancer_sites(3)
-    params = {**PARAMS, "subsample": 0.6, "colsample_bytree": 0.5, "seed": 11}
+    params = {**PARAMS, "subsample": 0.6, "colsample_bytree": 0.5, "seed": 11, "secure_sum": secure_sum}
     results, keys = run(sites, params)
     assert all(isinstance(r, dict) for r in results), results
     model = results[0]["_model"]
@@ -169,7 +175,8 @@ def test_bounds_and_impossible_sums_end_the_job_everywhere_naming_what() -> None
         asyncio.run(job.compute(beyond))
 
 
-def test_multiclass_model_is_the_pooled_reference() -> None:
+@SECURE_SUMS
+def test_multiclass_model_is_the_pooled_reference(secure_sum: str) -> None:
     from sklearn.datasets import load_wine
 
     from fedpeer.data.dataset import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint
@@ -183,7 +190,8 @@ def test_multiclass_model_is_the_pooled_reference() -> None:
         return Dataset(features, np.ascontiguousarray(raw.data[rows]), None, names[raw.target[rows]], 0,
                        schema_fingerprint(features, [FEATURE_TYPE_FLOAT] * len(features)))
 
-    params = {**PARAMS, "objective": "multi:softprob", "classes": "barolo,grignolino,barbera", "rounds": 3}
+    params = {**PARAMS, "objective": "multi:softprob", "classes": "barolo,grignolino,barbera", "rounds": 3,
+              "secure_sum": secure_sum}
     results, _ = run([ds(p) for p in parts], params)
     assert all(isinstance(r, dict) for r in results), results
     assert len({r["model_sha256"] for r in results}) == 1 and results[0]["trees"] == 3 * 3
@@ -208,9 +216,11 @@ def diabetes_sites(n: int) -> tuple[list, list[np.ndarray]]:
     return sites, [raw.target[p] for p in parts]
 
 
-def test_regression_histogram_mode_is_the_pooled_model_and_reports_rmse() -> None:
+@SECURE_SUMS
+def test_regression_histogram_mode_is_the_pooled_model_and_reports_rmse(secure_sum: str) -> None:
     sites, ys = diabetes_sites(3)
-    params = {**PARAMS, "objective": "reg:squarederror", "grad_abs_max": 400.0, "test_fraction": 0.0}
+    params = {**PARAMS, "objective": "reg:squarederror", "grad_abs_max": 400.0, "test_fraction": 0.0,
+              "secure_sum": secure_sum}
     results, _ = run(sites, params)
     assert all(isinstance(r, dict) for r in results), results
     model = results[0]["_model"]
@@ -247,14 +257,14 @@ def test_regression_in_bagging_mode() -> None:
 
 @settings(max_examples=6, deadline=None)
 @given(poison=st.integers(2**40, 2**64 - 1), target=st.sampled_from(["label_vector", "level_vector"]),
-       member=st.integers(0, 2))
+       member=st.integers(0, 2), secure_sum=st.sampled_from(["ring", "allreduce"]))
 def test_a_poisoned_contribution_ends_the_job_everywhere_and_no_model_is_adopted(poison: int, target: str,
-                                                                                 member: int) -> None:
+                                                                                 member: int, secure_sum: str) -> None:
     """One member adds `poison` (mod 2^64) to every entry of its label counts or of its level
     histograms: every member fails the job naming the sum and the check; none returns a model."""
     sites, _, _ = breast_cancer_sites(3)
     keys, names = member_keys("xgbh", 3)
-    checked = xj.KIND.check_params(PARAMS)
+    checked = xj.KIND.check_params({**PARAMS, "secure_sum": secure_sum})
 
     def tools_for(i: int) -> xj.Tools:
         async def offload(fn, *args):

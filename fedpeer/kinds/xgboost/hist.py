@@ -8,7 +8,8 @@ same cut points and trees from the same totals (one sum per arrow, tags unique p
     xgbh/e<E>/labels                 label statistics -> base score
     xgbh/e<E>/sketch/<s>, s < 33     counts "rows <= threshold" -> cut points (fedpeer.ml.xgb.sketch)
     xgbh/e<E>/r<R>/c<K>/d<D>         the (node, feature, bin) sums of g, h, rows of level D of the
-                                     tree of round R, class K -> that level's splits
+                                     tree of round R, class K -> that level's splits (a reduce-map
+                                     under allreduce: each member sums one block of features)
 then model = histboost.model_bytes(trees, base, F, p), the canonical xgboost JSON model, stored by
 every member as bagging mode stores its model (so `fedpeer predict` works unchanged). With a
 test part (`test_fraction` > 0) one last sum, xgbh/e<E>/eval, gives the federated AUC, log-loss
@@ -42,10 +43,18 @@ else the job fails with the sum's reason (this bookkeeping is fedpeer/protocols/
 with logreg and FedAvg). Not covered: an initiator that dies while delivering a
 total can leave the members that got it waiting for a takeover by one that did not (it fails).
 
+Levels under `secure_sum = "allreduce"` (the default) go through the secure reduce-map instead
+of a sum (`level_by_blocks`, fedpeer/protocols/securesum/reducemap.py): each member owns a block
+of features, gets their summed histograms only, and sends everyone its block's best split of
+every node; the split taken is the best over the blocks (histtree.decide_level), the model the
+same byte for byte.
+
 Who learns what: every member learns the federation-wide totals of each sum (label counts, the
-sketch's counts, every level's histograms) and hence the cut points (each one a pooled row's
-exact value) and the trees; no member sees another site's vector (the secure sum's guarantee:
-ring mode unless a site's two ring neighbours collude, pairwise mode unless all others collude).
+sketch's counts; under ring or pairwise, every level's histograms; under allreduce, the summed
+histograms of its own block of features and every node's best split and sums) and hence the cut
+points (each one a pooled row's exact value) and the trees; no member sees another site's vector
+(the secure sum's guarantee: ring mode unless a site's two ring neighbours collude, pairwise and
+allreduce unless all others collude).
 
 Errors: a site whose gradients leave the declared fixed-point bounds, or whose counts could wrap
 the sum, raises DataError naming the bound -> the job fails everywhere with that message
@@ -78,7 +87,7 @@ from fedpeer.kinds.xgboost.target import (
     site_labels,
 )
 from fedpeer.ml.xgb import boosting
-from fedpeer.ml.xgb.hist import Packing, check_plausible, check_root
+from fedpeer.ml.xgb.hist import FeatureBlocks, Packing, check_plausible, check_root
 from fedpeer.ml.xgb.histboost import (
     HistParams,
     base_score_from_stats,
@@ -88,11 +97,20 @@ from fedpeer.ml.xgb.histboost import (
     tree_features,
 )
 from fedpeer.ml.xgb.histrun import HistSite
-from fedpeer.ml.xgb.histtree import Growth, finish_tree, grow_level, start_tree
+from fedpeer.ml.xgb.histtree import (
+    CANDIDATE_FIELDS,
+    Growth,
+    block_candidates,
+    decide_level,
+    finish_tree,
+    grow_level,
+    start_tree,
+)
 from fedpeer.ml.xgb.sketch import Cuts, sketch_advance, sketch_cuts, sketch_start
 from fedpeer.ml.xgb.tree import _Tree
 from fedpeer.protocols.epochs import DEAD_WAIT_MS, POLL_MS, Epochs  # noqa: F401  (the loss logic, shared: fedpeer/protocols/epochs.py)
 from fedpeer.protocols.epochs import Lost as _Lost
+from fedpeer.protocols.securesum.api import SegmentRefused
 
 TAG = "xgbh"
 EVAL_HOP_TIMEOUT_MS = 5_000      # the final evaluation sum is small
@@ -142,6 +160,9 @@ class HistJob:
         self.packing: Packing | None = None    # how levels' histograms travel, once rows are known
         self.trees: list[_Tree] = []
         self.history: list[dict] = []          # the evaluated rounds (evaluate_rounds)
+        self.by_blocks = params["secure_sum"] == "allreduce"    # levels by the secure reduce-map
+        self._blocks: FeatureBlocks | None = None
+        self._parent: np.ndarray | None = None   # my block's histograms of the frontier's parents
         self.eval_round: Callable[[int], Any] | None = None
 
     @property
@@ -260,10 +281,57 @@ class HistJob:
                             tree_features(self.p, len(self.trees), cuts.n_features))
         depth = 0
         while not growth.done:
-            tag, total = await self.sum(f"r{r}/c{k}/d{depth}", await self.compute(self.site.level_vector, growth))
-            growth = await self.compute(self._advance, tag, growth, total)
+            name = f"r{r}/c{k}/d{depth}"
+            if self.by_blocks:
+                growth = await self.level_by_blocks(name, growth)
+            else:
+                tag, total = await self.sum(name, await self.compute(self.site.level_vector, growth))
+                growth = await self.compute(self._advance, tag, growth, total)
             depth += 1
         return finish_tree(growth, cuts)
+
+    async def level_by_blocks(self, name: str, growth: Growth) -> Growth:
+        """One level by the secure reduce-map (fedpeer/protocols/securesum/reducemap.py): member k
+        gets the summed histograms of its block of features only, checks them and finds their best
+        split of every node; every member gets every block's candidates and takes the best
+        (histtree.decide_level: the split the search over all features picks). The summed
+        histograms never travel: half the bytes of the all-reduce, one n-th of the search each."""
+        assert self.cuts is not None and self.packing is not None
+        if self._blocks is None or len(self._blocks.features) != len(self.members) + 1:
+            self._blocks = FeatureBlocks.of(self.packing, self.cuts.n_features, self.cuts.n_slots, len(self.members))
+        blocks, nodes = self._blocks, len(growth.build)
+        vector = await self.compute(blocks.by_block, await self.compute(self.site.level_vector, growth), nodes)
+        found: list[np.ndarray] = []
+
+        def owner_fn(k: int, total: np.ndarray) -> np.ndarray:
+            f0, f1 = blocks.features[k], blocks.features[k + 1]
+            if f0 == f1:
+                return np.zeros(0, dtype=np.uint64)
+            hist = blocks.decode(k, total, nodes)
+            check_plausible(hist, self.rows)
+            if growth.build.tolist() == [0]:
+                check_root(hist, self.rows, self.p.subsample == 1.0 and not self.lost)
+            candidates, frontier = block_candidates(growth, hist, self._parent, f0)
+            found.append(frontier)
+            return candidates.view(np.uint64).ravel()
+
+        tag = self.epochs.tag(name)
+        try:
+            out = await self.epochs.reduce_map(name, vector, blocks.bounds(nodes), owner_fn)
+        except SegmentRefused as exc:
+            raise ImplausibleTotal.of(tag, exc.reason) from None
+        if out.lost:
+            self.epochs.new_epoch(out.lost)
+            raise _Lost(out.lost)
+        assert out.results is not None
+        grown = await self.compute(self._decide, tag, growth, blocks, out.results)
+        self._parent = found[0][np.flatnonzero(grown.left[growth.frontier] >= 0)] if found else None
+        return grown
+
+    def _decide(self, tag: str, growth: Growth, blocks: FeatureBlocks, results: tuple[np.ndarray, ...]) -> Growth:
+        grown = checked_total(tag, _decide_blocks, growth, blocks, results)
+        self.site.after_level(grown)
+        return grown
 
     def _advance(self, tag: str, growth: Growth, total: np.ndarray) -> Growth:
         cuts = self.cuts
@@ -314,6 +382,18 @@ class HistJob:
             self.ch.progress(f"histogram mode: round {rnd} of {self.p.num_round}", len(self.trees),
                              self.total_trees, point=metrics and {"round": rnd, **metrics})
         self.eval_round = eval_round
+
+
+def _decide_blocks(growth: Growth, blocks: FeatureBlocks, results: tuple[np.ndarray, ...]) -> Growth:
+    """Every block's candidates (uint64 from the wire) -> the level's splits; ValueError if an
+    owner sent what no honest owner sends."""
+    parts = []
+    for k, r in enumerate(results):
+        r = np.asarray(r)
+        if r.dtype != np.uint64 or r.ndim != 1 or r.size % CANDIDATE_FIELDS:
+            raise ValueError(f"the split candidates of block {k} have the wrong size")
+        parts.append((r.view(np.int64).reshape(-1, CANDIDATE_FIELDS), blocks.features[k], blocks.features[k + 1]))
+    return decide_level(growth, parts)
 
 
 def _evaluated(rnd: int, params: Mapping[str, Any]) -> bool:

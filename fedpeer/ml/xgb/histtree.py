@@ -35,8 +35,8 @@ from fedpeer.ml.xgb.hist import CHANNELS
 from fedpeer.ml.xgb.sketch import Cuts
 from fedpeer.ml.xgb.tree import _f32, _Tree
 
-__all__ = ["Growth", "SplitParams", "best_splits", "finish_tree", "grow_level", "route_rows", "start_tree",
-           "tree_leaf_values"]
+__all__ = ["CANDIDATE_FIELDS", "Growth", "SplitParams", "best_splits", "block_candidates", "decide_level",
+           "finish_tree", "grow_level", "route_rows", "start_tree", "tree_leaf_values"]
 
 RT_EPS = 1e-6     # xgboost's kRtEps: a split must gain more than this
 
@@ -100,13 +100,29 @@ class Splits:
 
 def best_splits(hist: np.ndarray, cut_counts: np.ndarray, p: SplitParams,
                 cumulative: np.ndarray | None = None) -> Splits:
+    """The best split of every node (`_best`), and whether it is made: it gains more than
+    RT_EPS and at least gamma."""
+    chg, f, cut, d, left, total = _best(hist, cut_counts, p, cumulative)
+    return _splits(chg, f, cut, d, left, total, p)
+
+
+def _splits(chg: np.ndarray, f: np.ndarray, cut: np.ndarray, d: np.ndarray, left: np.ndarray, total: np.ndarray,
+            p: SplitParams) -> Splits:
+    made = (chg > RT_EPS) & (chg >= p.gamma)
+    return Splits(made=made, feature=f, cut=cut, default_left=d, loss_chg=np.where(made, chg, 0.0), left=left,
+                  right=total - left)
+
+
+def _best(hist: np.ndarray, cut_counts: np.ndarray, p: SplitParams,
+          cumulative: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
     """xgboost's split enumeration over summed histograms int64 (n, F, S, 3), vectorised over
     nodes, features, cuts and both missing directions. Candidates are ordered (feature, cut,
     direction) and the first maximum wins; without missing rows in the level both directions
     score alike, so only "missing right" (the first) is scored. A candidate's change is
     G_L^2/(H_L+lambda) + G_R^2/(H_R+lambda) - G^2/(H+lambda), as xgboost computes it (in place:
     the level's largest arrays are made once). `cumulative`: np.cumsum(hist, axis=2), if the
-    caller has it."""
+    caller has it. Returns, per node, the best candidate's loss change (-inf if none is allowed),
+    feature, cut, direction (1: missing left), left child's sums and the node's sums."""
     n, n_features, n_slots, _ = hist.shape
     n_cuts = n_slots - 2                                   # cuts k = 1..max_bin-1
     cum = np.cumsum(hist, axis=2) if cumulative is None else cumulative
@@ -151,10 +167,8 @@ def best_splits(hist: np.ndarray, cut_counts: np.ndarray, p: SplitParams,
     best = np.argmax(flat, axis=1)                         # first maximum: the fixed tie rule
     best_chg = flat[np.arange(n), best]
     f, kk, d = np.unravel_index(best, (n_features, n_cuts, len(directions)))
-    made = (best_chg > RT_EPS) & (best_chg >= p.gamma)
     left = below[np.arange(n), f, kk] + d[:, None] * missing[np.arange(n), f]             # exact integers
-    return Splits(made=made, feature=f.astype(np.int64), cut=kk.astype(np.int64) + 1, default_left=d.astype(np.int64),
-                  loss_chg=np.where(made, best_chg, 0.0), left=left, right=total - left)
+    return best_chg, f.astype(np.int64), kk.astype(np.int64) + 1, d.astype(np.int64), left, total
 
 
 @dataclass(frozen=True, eq=False)
@@ -194,7 +208,7 @@ def start_tree(cut_counts: np.ndarray, params: SplitParams, features: np.ndarray
                   done=params.max_depth == 0)
 
 
-def _frontier_hists(g: Growth, summed: np.ndarray) -> np.ndarray:
+def _frontier_hists(g: Growth, summed: np.ndarray, parent: np.ndarray) -> np.ndarray:
     """Histograms of every frontier node: the built ones as summed, each sibling = parent - built.
     The frontier is pairs of siblings in order and `build` holds one of each pair, ascending, so
     summed[i] belongs to pair i."""
@@ -202,7 +216,7 @@ def _frontier_hists(g: Growth, summed: np.ndarray) -> np.ndarray:
         return summed
     right_built = ((g.build - g.frontier[0]) % 2 == 1)[:, None, None, None]
     out = np.empty((len(g.build), 2) + summed.shape[1:], dtype=np.int64)
-    np.subtract(g.parent_hist, summed, out=out[:, 1])
+    np.subtract(parent, summed, out=out[:, 1])
     out[:, 0] = summed
     np.copyto(out[:, 0], out[:, 1], where=right_built)         # a right child built: the left is derived
     np.copyto(out[:, 1], summed, where=right_built)
@@ -231,14 +245,84 @@ def grow_level(g: Growth, summed: np.ndarray) -> Growth:
     summed = np.asarray(summed)
     if summed.ndim != 4 or summed.shape[0] != len(g.build) or summed.shape[1] != len(g.cut_counts):
         raise ValueError(f"summed histograms must be ({len(g.build)}, {len(g.cut_counts)}, S, 3), got {summed.shape}")
-    hist = _frontier_hists(g, summed.astype(np.int64))
+    candidates, hist = block_candidates(g, summed, g.parent_hist, 0)
+    grown = decide_level(g, [(candidates, 0, len(g.cut_counts))])
+    return replace(grown, parent_hist=hist[np.flatnonzero(grown.left[g.frontier] >= 0)])
+
+
+CANDIDATE_FIELDS = 10     # per node: loss change (float64 bits), feature, cut, default_left, left sums (3), sums (3)
+
+
+def block_candidates(g: Growth, summed: np.ndarray, parent: np.ndarray, first: int) -> tuple[np.ndarray, np.ndarray]:
+    """The best split of every frontier node among the features first .. first + F_b - 1, from
+    their summed histograms of `g.build` (int64 (len(build), F_b, S, 3)) and their histograms
+    of the frontier's parents (`parent`, as block_candidates returned them a level up, the nodes
+    that split): int64 (frontier, CANDIDATE_FIELDS), and the frontier's histograms of the block
+    (the next level's `parent`, once decide_level says which nodes split). ValueError on
+    histograms a member can prove wrong."""
+    if g.done:
+        raise ValueError("the tree is done")
+    if summed.ndim != 4 or summed.shape[0] != len(g.build) or first + summed.shape[1] > len(g.cut_counts):
+        raise ValueError(f"summed histograms of a block must be ({len(g.build)}, F_b, S, 3), got {summed.shape}")
+    hist = _frontier_hists(g, summed.astype(np.int64), parent)
     root = len(g.frontier) == 1 and g.frontier[0] == 0
     cumulative = np.cumsum(hist, axis=2)
     _check_hists(hist, cumulative, None if root else g.sums[g.frontier])
+    chg, f, cut, d, left, total = _best(hist, g.cut_counts[first:first + hist.shape[1]], g.params, cumulative)
+    out = np.empty((len(g.frontier), CANDIDATE_FIELDS), dtype=np.int64)
+    out[:, 0] = chg.view(np.int64)
+    out[:, 1], out[:, 2], out[:, 3] = f + first, cut, d
+    out[:, 4:7], out[:, 7:10] = left, total
+    return out, hist
+
+
+def decide_level(g: Growth, blocks: list[tuple[np.ndarray, int, int]]) -> Growth:
+    """Every frontier node's split from its blocks' candidates (block_candidates of features
+    [f0, f1), in feature order; empty arrays for blocks without features): the largest loss
+    change, the first block on a tie — the full search's order (feature, cut, direction), so
+    the split is the one grow_level picks over all features. ValueError on candidates no honest
+    owner gives: a wrong shape, a feature outside its block, a cut beyond the feature's cut
+    points, node sums that differ between blocks or from the parent's split."""
+    n = len(g.frontier)
+    best: np.ndarray | None = None
+    for cands, f0, f1 in blocks:
+        cands = np.asarray(cands)
+        if f0 == f1:
+            if cands.size:
+                raise ValueError("a block without features sent split candidates")
+            continue
+        if cands.dtype != np.int64 or cands.shape != (n, CANDIDATE_FIELDS):
+            raise ValueError(f"split candidates must be int64 ({n}, {CANDIDATE_FIELDS}), got {cands.shape}")
+        chg, f, cut, d = cands[:, 0].view(np.float64), cands[:, 1], cands[:, 2], cands[:, 3]
+        beyond = cut > g.cut_counts[np.clip(f, 0, len(g.cut_counts) - 1)]
+        if (np.isnan(chg).any() or (f < f0).any() or (f >= f1).any() or ((d != 0) & (d != 1)).any()
+                or (cut < 1).any() or (beyond & (chg > -np.inf)).any()):
+            raise ValueError("a split candidate names no cut of its block's features")
+        left, total = cands[:, 4:7], cands[:, 7:10]
+        if (left[:, 1:] < 0).any() or (left[:, 1:] > total[:, 1:]).any():
+            raise ValueError("a split candidate's left child holds more than its node")
+        if best is None:
+            best = cands.copy()
+            continue
+        if (total != best[:, 7:10]).any():
+            raise ValueError("summed histograms: features disagree on a node's totals")
+        better = chg > best[:, 0].view(np.float64)
+        best[better] = cands[better]
+    if best is None:
+        raise ValueError("no block holds a feature")
+    root = n == 1 and g.frontier[0] == 0
+    if not root and (best[:, 7:10] != g.sums[g.frontier]).any():
+        raise ValueError("summed histograms: a node's totals differ from its parent's split")
+    s = _splits(best[:, 0].view(np.float64), best[:, 1], best[:, 2], best[:, 3], best[:, 4:7], best[:, 7:10], g.params)
+    return _decide(g, s, best[:, 7:10], root)
+
+
+def _decide(g: Growth, s: Splits, totals: np.ndarray, root: bool) -> Growth:
+    """The tree after the frontier's splits `s` (and its nodes' sums `totals`): the children, and
+    which of them the next level builds."""
     sums = g.sums.copy()
     if root:
-        sums[0] = cumulative[0, 0, -1]
-    s = best_splits(hist, g.cut_counts, g.params, cumulative)
+        sums[0] = totals[0]
     split = np.flatnonzero(s.made & (g.depth[g.frontier] < g.params.max_depth))
     nodes = g.frontier[split]
     first = g.n_nodes
@@ -258,7 +342,7 @@ def grow_level(g: Growth, summed: np.ndarray) -> Growth:
                    cut=np.concatenate((cut, pad)), default_left=np.concatenate((dleft, pad)),
                    loss_chg=np.concatenate((chg, pad.astype(np.float64))), sums=np.concatenate((sums, child_sums)),
                    depth=np.concatenate((g.depth, child_depth)), frontier=frontier if not done else pad[:0],
-                   build=build if not done else pad[:0], parent_hist=hist[split], done=done)
+                   build=build if not done else pad[:0], parent_hist=np.zeros((0,), dtype=np.int64), done=done)
 
 
 def route_rows(g: Growth, bins: np.ndarray, positions: np.ndarray, missing_bin: int) -> np.ndarray:

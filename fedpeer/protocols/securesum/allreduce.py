@@ -20,8 +20,8 @@ per participant and every member both sends and receives about 2(n-1)/n of the v
    segment k differs from another's fails the sum naming segment k's owner, who sent them
    different sums.
 Three one-way legs (scatter, gather, reveal), against the ring's n + 3 (n hops, seed request and
-reveal, delivery): faster over a WAN for every vector the histogram job sums
-(ALLREDUCE_ENTRIES_MIN says where the ring stays). The price: every member removes all n self
+reveal, delivery). Small vectors take two legs all to all instead (alltoall.py,
+ALL_TO_ALL_BYTES_MAX). The price: every member removes all n self
 masks from the whole vector (n AES passes) where an owner removed them from its segment only.
 
 Who learns what: an owner sees, of each member, its segment plus pairwise masks shared with the
@@ -63,12 +63,6 @@ from fedpeer.protocols.securesum.wire import ArReveal, SumChunk
 from fedpeer.runtime.channel import Channel, MalformedFrom, PeerUnreachable, RecvTimeout
 
 MODE = "allreduce"
-# Vectors shorter than this take the pairwise ring (`secure_sum(mode="allreduce")`): there the
-# all-reduce's n(n-1) messages per step are all overhead. Measured over the emulated WAN
-# (benchmarks/bench_wan.py, 25 ms one way, 100 Mbit/s; histogram XGBoost, 20,000 x 20, depth 6):
-# with this line at 16 entries, 2.22 s per tree at 5 sites and 2.69 at 10; at 16 Ki entries (the
-# first guess, leaving a tree's first levels and the 33 cut-point sums to the ring) 2.27 and 3.17.
-ALLREDUCE_ENTRIES_MIN = 16
 WAIT_HOPS = 2                            # a member waits this many hops for each message it expects
 
 
@@ -107,12 +101,12 @@ def digests(total: np.ndarray, segs: Sequence[slice]) -> list[bytes]:
 class _Run:
     """One member's all-reduce: the plan, the participants, the segments and what it holds."""
 
-    def __init__(self, ch: Channel, plan: _Plan) -> None:
+    def __init__(self, ch: Channel, plan: _Plan, segs: Sequence[slice] | None = None) -> None:
         self.ch, self.plan = ch, plan
         self.members = tuple(ch.members)
         self.others = [m for m in self.members if m != ch.me]
         self.mine = self.members.index(ch.me)
-        self.segs = segments(len(plan.vector), len(self.members))
+        self.segs = list(segs) if segs is not None else segments(len(plan.vector), len(self.members))
         self.prefix = plan.prefix(1)
 
     def name(self, member: bytes) -> str:
@@ -148,10 +142,10 @@ class _Run:
         except PeerUnreachable as exc:
             raise self.fail(f"{self.name(dst)} did not take what it was sent: {exc}") from None
 
-    async def recv_pieces(self, seg: slice, src: bytes, kind: str) -> list[tuple[slice, np.ndarray]]:
-        """src's pieces of segment `seg` ("p": masked contributions, "t": totals), checked: each
+    async def recv_pieces(self, owner: int, src: bytes, kind: str) -> list[tuple[slice, np.ndarray]]:
+        """src's pieces of segment `owner` ("p": masked contributions, "t": totals), checked: each
         with its entries' place in the vector (the data: a view of the frame that carried it)."""
-        owner = self.segs.index(seg)
+        seg = self.segs[owner]
         out = []
         for j, piece in enumerate(pieces(seg, self.plan.chunk_entries)):
             msg = await self.recv(SumChunk, f"{self.prefix}{kind}{owner}/{j}", src, f"piece {j} of segment {owner}")
@@ -161,8 +155,9 @@ class _Run:
             out.append((piece, msg.data))
         return out
 
-    def messages(self, data: np.ndarray, seg: slice, kind: str) -> list[SumChunk]:
-        owner = self.segs.index(seg)
+    def messages(self, data: np.ndarray, owner: int, kind: str) -> list[SumChunk]:
+        """`data` (segment `owner`'s entries) in pieces, tagged <prefix><kind><owner>/<piece>."""
+        seg = self.segs[owner]
         return [SumChunk(f"{self.prefix}{kind}{owner}/{j}", data[p.start - seg.start:p.stop - seg.start])
                 for j, p in enumerate(pieces(seg, self.plan.chunk_entries))]
 
@@ -184,12 +179,12 @@ async def all_reduce(ch: Channel, plan: _Plan) -> SumOutcome:
     own = run.segs[run.mine]
 
     async def scatter() -> None:       # my masked segment k to owner k
-        await asyncio.gather(*(run.send_all(p, run.messages(y[run.segs[k]], run.segs[k], "p"))
+        await asyncio.gather(*(run.send_all(p, run.messages(y[run.segs[k]], k, "p"))
                                for k, p in enumerate(run.members) if p != ch.me))
 
     async def reduce() -> np.ndarray:  # the n masked contributions of my segment
         acc = y[own].copy()
-        for parts in await asyncio.gather(*(run.recv_pieces(own, p, "p") for p in run.others)):
+        for parts in await asyncio.gather(*(run.recv_pieces(run.mine, p, "p") for p in run.others)):
             for piece, data in parts:       # added where it lies: no concatenation
                 part = acc[piece.start - own.start:piece.stop - own.start]
                 np.add(part, data, out=part)
@@ -198,12 +193,12 @@ async def all_reduce(ch: Channel, plan: _Plan) -> SumOutcome:
     total = np.empty(len(plan.vector), dtype=np.uint64)
 
     async def gather_from(k: int, src: bytes) -> None:
-        for piece, data in await run.recv_pieces(run.segs[k], src, "t"):
+        for piece, data in await run.recv_pieces(k, src, "t"):
             total[piece] = data
 
     async def reduce_and_share() -> None:     # my segment's sum, as soon as it is complete, to everyone
         total[own] = await reduce()
-        await asyncio.gather(*(run.send_all(p, run.messages(total[own], own, "t")) for p in run.others))
+        await asyncio.gather(*(run.send_all(p, run.messages(total[own], run.mine, "t")) for p in run.others))
     await asyncio.gather(scatter(), reduce_and_share(),
                          *(gather_from(k, p) for k, p in enumerate(run.members) if p != ch.me))
     mine = await run.compute(digests, total, run.segs)

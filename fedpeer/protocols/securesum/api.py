@@ -191,6 +191,8 @@ pairwise mode (collusion-resistant)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from fedpeer.errors import JobError
@@ -211,9 +213,11 @@ from fedpeer.protocols.securesum.core import (  # noqa: F401  (the protocol's li
     _Plan,
     _plan,
 )
-from fedpeer.protocols.securesum.allreduce import ALLREDUCE_ENTRIES_MIN, all_reduce
+from fedpeer.protocols.securesum.allreduce import all_reduce
+from fedpeer.protocols.securesum.alltoall import ALL_TO_ALL_BYTES_MAX, all_to_all, takes_all_to_all  # noqa: F401
 from fedpeer.protocols.securesum.allreduce import MODE as ALLREDUCE
 from fedpeer.protocols.securesum.follow import _follow
+from fedpeer.protocols.securesum.reducemap import MapOutcome, OwnerFn, SegmentRefused, reduce_map
 from fedpeer.protocols.securesum.lead import _lead
 from fedpeer.protocols.securesum.masks import PAIR_DOMAIN as _PAIR_DOMAIN  # noqa: F401  (tests reconstruct masks)
 from fedpeer.protocols.securesum.masks import (
@@ -241,7 +245,8 @@ from fedpeer.protocols.securesum.wire import (  # noqa: F401  (the messages, for
 )
 from fedpeer.runtime.channel import Channel
 
-__all__ = ["MODES", "SumOutcome", "expand_mask", "pairwise_label", "secure_sum"]
+__all__ = ["MODES", "MapOutcome", "SegmentRefused", "SumOutcome", "expand_mask", "pairwise_label", "secure_reduce_map",
+           "secure_sum"]
 
 
 async def secure_sum(ch: Channel, tag: str, vector: np.ndarray, *, mode: str = "ring",
@@ -251,13 +256,12 @@ async def secure_sum(ch: Channel, tag: str, vector: np.ndarray, *, mode: str = "
 
     `tag` must be unique per sum within the job (masks derive from it). Raises JobError when the
     sum fails or this member is left out, LocalProtocolError on bad arguments."""
-    if mode == ALLREDUCE and np.asarray(vector).shape[-1:] < (ALLREDUCE_ENTRIES_MIN,):
-        mode = "pairwise"          # small vectors: the ring's fixed cost is lower (allreduce.py)
     plan = _plan(ch, tag, vector, mode, hop_timeout_ms, chunk_entries, attempts_max)
     started_ms = ch.now_ms()
     try:
-        if mode == ALLREDUCE:
-            outcome = await all_reduce(ch, plan)
+        if mode == ALLREDUCE:       # small vectors: two legs, all to all (alltoall.py)
+            small = takes_all_to_all(len(plan.vector), len(ch.members))
+            outcome = await (all_to_all if small else all_reduce)(ch, plan)
         elif ch.me == ch.members[0]:
             outcome = await _lead(ch, plan, _Attempt(1, tuple(ch.members)))
         else:
@@ -268,6 +272,25 @@ async def secure_sum(ch: Channel, tag: str, vector: np.ndarray, *, mode: str = "
     finally:
         ch.discard(plan.prefix())
     _observe(ch, mode, started_ms, ok=True, attempts=outcome.attempts)
+    return outcome
+
+
+async def secure_reduce_map(ch: Channel, tag: str, vector: np.ndarray, bounds: Sequence[int], owner_fn: OwnerFn, *,
+                            hop_timeout_ms: int = 10_000, chunk_entries: int = DEFAULT_CHUNK_ENTRIES) -> MapOutcome:
+    """Sum `vector` (1-D uint64) over the job's members segment by segment: member k gets the total
+    of vector[bounds[k]:bounds[k + 1]] only, and every member gets owner_fn(k, that total) of
+    every k (fedpeer/protocols/securesum/reducemap.py). JobError when it fails, SegmentRefused
+    when an owner's owner_fn raised ValueError."""
+    plan = _plan(ch, tag, vector, ALLREDUCE, hop_timeout_ms, chunk_entries, 1)
+    started_ms = ch.now_ms()
+    try:
+        outcome = await reduce_map(ch, plan, bounds, owner_fn)
+    except JobError:
+        _observe(ch, ALLREDUCE, started_ms, ok=False, attempts=0)
+        raise
+    finally:
+        ch.discard(plan.prefix())
+    _observe(ch, ALLREDUCE, started_ms, ok=True, attempts=1)
     return outcome
 
 

@@ -69,6 +69,21 @@ def apply_mask(op: Any, target: np.ndarray, domain: bytes, seed: bytes, chunk: i
         op(part, block[:len(part)], out=part)
 
 
+def apply_mask_at(op: Any, target: np.ndarray, domain: bytes, seed: bytes, start: int) -> None:
+    """target = op(target, entries start .. start + len(target) of the chunk-0 mask), in place, for
+    any start (apply_mask wants offsets on AES blocks: an odd start takes its first entry from the
+    block before), so a segment that begins mid-block is masked exactly where its owner unmasks it."""
+    if len(target) == 0:
+        return
+    if start % 2:
+        block = np.zeros(2, dtype=np.uint64)
+        apply_mask(np.add, block, domain, seed, 0, start - 1)
+        op(target[:1], block[1:], out=target[:1])
+        target, start = target[1:], start + 1
+    if len(target):
+        apply_mask(op, target, domain, seed, 0, start)
+
+
 _ZEROS = bytes(8 * MASK_BLOCK_ENTRIES)      # AES-CTR of zeros is the keystream
 _scratch = threading.local()
 

@@ -108,6 +108,34 @@ class ArReveal:
     WAITING_FOR: ClassVar[str] = "all-reduce seeds and digests"
 
 
+@dataclass(frozen=True)
+class ArComplete:
+    """Reduce-map (reducemap.py): segment `tag`'s owner holds every member's contribution."""
+
+    tag: str
+    WAITING_FOR: ClassVar[str] = "word that an owner holds its segment's contributions"
+
+
+@dataclass(frozen=True, eq=False)
+class ArResult:
+    """Reduce-map: what an owner made of its segment's total (`data`), or why it refused the
+    total (`refused`, non-empty; `data` then empty)."""
+
+    tag: str
+    data: np.ndarray          # uint64
+    refused: str
+    WAITING_FOR: ClassVar[str] = "an owner's result"
+
+
+@dataclass(frozen=True)
+class ArCheck:
+    """Reduce-map: the SHA-256 of each owner's result as the sender received it."""
+
+    tag: str
+    digests: list
+    WAITING_FOR: ClassVar[str] = "digests of the owners' results"
+
+
 def _register() -> None:
     tag = v_str(WIRE_TAG_BYTES_MAX)
     chunk = v_array(max_elements=CHUNK_ENTRIES_MAX, dtypes=frozenset({"<u8"}))
@@ -143,7 +171,10 @@ def _register() -> None:
             ("ss_here", SumHere, {"tag": tag, "chunk": v_int(0, VECTOR_ENTRIES_MAX),
                                   "got": v_bool, "passed": v_bool}),
             ("ss_ar_reveal", ArReveal, {"tag": tag, "seed": v_bytes(exact=SEED_BYTES),
-                                        "digests": v_list(v_bytes(exact=32), PARTICIPANTS_MAX)})):
+                                        "digests": v_list(v_bytes(exact=32), PARTICIPANTS_MAX)}),
+            ("ss_rm_complete", ArComplete, {"tag": tag}),
+            ("ss_rm_result", ArResult, {"tag": tag, "data": chunk, "refused": v_str(REASON_BYTES_MAX)}),
+            ("ss_rm_check", ArCheck, {"tag": tag, "digests": v_list(v_bytes(exact=32), PARTICIPANTS_MAX)})):
         wire.register(kind, cls, fields, to_body=to_body, from_body=from_body(cls))
 
 

@@ -1,0 +1,153 @@
+"""The secure reduce-map (fedpeer/protocols/securesum/reducemap.py) over the in-memory network, in
+virtual time: each owner's function sees exactly its segment's total (any bounds: odd, empty,
+uneven), every member gets every owner's result, what an owner receives is masked, no total
+travels, an owner's refusal fails the sum at every member naming it, one that sends members
+different results is named, and a lost member fails the sum without a hang."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedpeer.errors import JobError
+from fedpeer.protocols.securesum.api import SegmentRefused, SumChunk, secure_reduce_map
+from fedpeer.protocols.securesum.wire import ArResult
+from fedpeer.testing.memory import MemoryNetwork
+from tests.sim.test_securesum import HOP_MS, TAG, channel, exact_sum, keys, random_vectors, run_virtual
+
+
+def summary(k: int, total: np.ndarray) -> np.ndarray:
+    """An owner's result: its index, its segment's length and the segment's total itself."""
+    return np.concatenate([np.array([k, len(total)], dtype=np.uint64), total])
+
+
+async def run_map(net: MemoryNetwork, vectors: dict[bytes, np.ndarray], bounds: list[int], owner_fn: Any = summary,
+                  wrap: dict[bytes, Any] | None = None, **kw: Any) -> tuple[dict[bytes, Any], dict[bytes, float]]:
+    ended: dict[bytes, float] = {}
+
+    async def one(node: bytes) -> Any:
+        ch = channel(net, node, "job")
+        ch = (wrap or {}).get(node, lambda c: c)(ch)
+        try:
+            return await secure_reduce_map(ch, TAG, vectors[node], bounds, owner_fn, hop_timeout_ms=HOP_MS, **kw)
+        finally:
+            ended[node] = asyncio.get_running_loop().time()
+    async with asyncio.timeout(600):
+        results = await asyncio.gather(*(one(n) for n in net.members), return_exceptions=True)
+    return dict(zip(net.members, results)), ended
+
+
+def random_bounds(length: int, n: int, rng: np.random.Generator) -> list[int]:
+    return [0, *sorted(int(x) for x in rng.integers(0, length + 1, n - 1)), length]
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(2, 6), length=st.integers(1, 3000), chunk=st.sampled_from([7, 1000, 1 << 18]),
+       seed=st.integers(0, 2**16))
+def test_each_owner_maps_exactly_its_segment_and_everyone_gets_every_result(n: int, length: int, chunk: int,
+                                                                             seed: int) -> None:
+    members = keys(n)
+    vectors = random_vectors(members, length, seed)
+    bounds = random_bounds(length, n, np.random.default_rng(seed))
+    results, _ = run_virtual(run_map(MemoryNetwork(members, seed=seed), vectors, bounds, chunk_entries=chunk))
+    total = exact_sum(vectors, members)
+    for node, r in results.items():
+        assert not isinstance(r, BaseException), (node.hex()[:8], r)
+        assert r.participants == tuple(members)
+        for k, res in enumerate(r.results):
+            assert res[:2].tolist() == [k, bounds[k + 1] - bounds[k]]
+            assert res[2:].tolist() == total[bounds[k]:bounds[k + 1]], f"seed {seed}: segment {k}"
+
+
+@pytest.mark.looptime
+async def test_what_an_owner_receives_is_masked_and_no_total_travels() -> None:
+    members = keys(4)
+    length = 4096
+    vectors = {m: np.zeros(length, dtype=np.uint64) for m in members}   # all zeros: any zero seen leaks
+    net = MemoryNetwork(members, seed=3)
+    parts: list[np.ndarray] = []
+    sent = dict.fromkeys(members, 0)
+
+    def watch(src: bytes, dst: bytes, msg: Any) -> None:
+        if isinstance(msg, SumChunk):
+            parts.append(msg.data.copy())
+            sent[src] += msg.data.nbytes
+        return None
+    net.refuse = watch
+    bounds = [0, 1001, 2048, 3000, length]          # odd bounds: masks addressed by entry
+    results, _ = await run_map(net, vectors, bounds, lambda k, t: np.array([int(t.any())], dtype=np.uint64))
+    assert all(r.results == (np.zeros(1, np.uint64),) * 4 or [x.tolist() for x in r.results] == [[0]] * 4
+               for r in results.values())
+    seen = np.concatenate(parts)
+    assert len(seen) and (seen == 0).mean() < 0.001
+    for k, m in enumerate(members):                 # each member sent the segments it does not own, once
+        assert sent[m] == 8 * (length - (bounds[k + 1] - bounds[k]))
+
+
+@pytest.mark.looptime
+async def test_an_owner_refusing_its_total_fails_the_sum_everywhere_naming_it() -> None:
+    members = keys(3)
+    vectors = random_vectors(members, 600, 7)
+
+    def picky(k: int, total: np.ndarray) -> np.ndarray:
+        if k == 1:
+            raise ValueError("summed histograms: features disagree on a node's totals")
+        return total[:1]
+    results, _ = await run_map(MemoryNetwork(members, seed=7), vectors, [0, 200, 400, 600], picky)
+    for node, r in results.items():
+        assert isinstance(r, SegmentRefused), r
+        assert r.reason == "summed histograms: features disagree on a node's totals"
+        assert r.owner == ("this member" if node == members[1] else members[1].hex()[:16])
+
+
+class TwoFaced:
+    """An owner that adds 1 to its result for one member only."""
+
+    def __init__(self, inner: Any, victim: bytes) -> None:
+        self.inner, self.victim = inner, victim
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def send(self, dst: bytes, msg: object) -> None:
+        if dst == self.victim and isinstance(msg, ArResult):
+            data = msg.data.copy()
+            data[0] += np.uint64(1)
+            msg = ArResult(msg.tag, data, msg.refused)
+        return await self.inner.send(dst, msg)
+
+
+@pytest.mark.looptime
+async def test_an_owner_sending_different_results_is_named() -> None:
+    members = keys(3)
+    vectors = random_vectors(members, 900, 5)
+    cheat = members[1]
+    results, _ = await run_map(MemoryNetwork(members, seed=5), vectors, [0, 300, 600, 900],
+                               wrap={cheat: lambda ch: TwoFaced(ch, members[2])})
+    errors = [str(r) for m, r in results.items() if isinstance(r, JobError) and m != cheat]
+    assert errors and all(f"owner {cheat.hex()[:16]}" in e for e in errors), results
+
+
+@pytest.mark.looptime
+async def test_a_member_lost_mid_sum_fails_it_at_the_others_without_hanging() -> None:
+    members = keys(4)
+    vectors = random_vectors(members, 8000, 4)
+    net = MemoryNetwork(members, seed=4)
+    crashed: list[bytes] = []
+
+    def crash_after_first_part(src: bytes, dst: bytes, msg: Any) -> None:
+        if not crashed and isinstance(msg, SumChunk) and src == members[2]:
+            crashed.append(src)
+            net.crash(src)
+        return None
+    net.refuse = crash_after_first_part
+    results, ended = await run_map(net, vectors, [0, 2000, 4000, 6000, 8000], chunk_entries=500)
+    for m in members:
+        if m != members[2]:
+            assert isinstance(results[m], JobError), results[m]
+    assert max(ended.values()) < 10 * HOP_MS / 1000
