@@ -113,11 +113,6 @@ def test_level_histograms_sum_over_sites_to_the_pooled_histogram():
             for f in range(features):
                 want[slot, f, bins[r, f]] += (gq[r], hq[r], 1)
     assert np.array_equal(pooled, want)
-    index = H.CellIndex.of(bins, slots)                     # a site's cells made ready once: the same
-    assert index is not None and np.array_equal(H.level_histograms(bins, gq, hq, pos, build, slots, index=index), want)
-    sampled = rng.random(rows) < 0.5
-    assert np.array_equal(H.level_histograms(bins, gq, hq, pos, build, slots, sampled, index),
-                          H.level_histograms(bins, gq, hq, pos, build, slots, sampled))
     parts = [H.level_histograms(bins[s], gq[s], hq[s], pos[s], build, slots)
              for s in np.array_split(np.arange(rows), 3)]
     total = sum(H.encode_histograms(p, 3) for p in parts)

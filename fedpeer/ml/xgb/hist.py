@@ -44,7 +44,6 @@ from fedpeer.protocols.fixedpoint import fraction_bits
 
 __all__ = [
     "CHANNELS",
-    "CellIndex",
     "FeatureBlocks",
     "Packing",
     "ROW_Q_BITS",
@@ -119,28 +118,8 @@ def quantize_gradients(g: Any, h: Any, grad_abs_max: float, hess_max: float) -> 
     return gq, hq
 
 
-@dataclass(frozen=True, eq=False)
-class CellIndex:
-    """A site's bins made ready for every level's product once (level_histograms): each (row,
-    feature)'s cell within a node (bin + feature * slots, int32), and the product's constant
-    parts (its ones and column pointers). Only for sites of at most CELLS_PER_PRODUCT cells."""
-
-    base: np.ndarray          # int32 (rows, F)
-    ones: np.ndarray          # float64 (rows * F,)
-    indptr: np.ndarray        # int32 (rows + 1,): row r's cells are r * F .. (r + 1) * F - 1
-
-    @classmethod
-    def of(cls, bins: np.ndarray, n_slots: int) -> CellIndex | None:
-        rows, n_features = bins.shape
-        if rows * n_features > CELLS_PER_PRODUCT or n_features * int(n_slots) >= 1 << 31:
-            return None
-        base = bins.astype(np.int32) + (np.arange(n_features, dtype=np.int32) * int(n_slots))[None, :]
-        return cls(base, np.ones(rows * n_features), np.arange(0, rows * n_features + 1, n_features, dtype=np.int32))
-
-
 def level_histograms(bins: np.ndarray, gq: np.ndarray, hq: np.ndarray, positions: np.ndarray,
-                     build_nodes: Any, n_slots: int, sampled: np.ndarray | None = None,
-                     index: CellIndex | None = None) -> np.ndarray:
+                     build_nodes: Any, n_slots: int, sampled: np.ndarray | None = None) -> np.ndarray:
     """This site's histograms of the nodes `build_nodes` (tree node ids): int64
     (len(build_nodes), F, n_slots, 3) of (Σ gq, Σ hq, rows) per (node, feature, bin).
 
@@ -151,13 +130,12 @@ def level_histograms(bins: np.ndarray, gq: np.ndarray, hq: np.ndarray, positions
     three channels in one compiled pass and no call per feature: three np.bincount calls per
     feature took twice as long (30 trees of 80,000 x 50 rows over 5 sites in one process: 1.55
     s against 0.76 s), most of it per-call overhead at a site's few thousand rows per node. The
-    float64 sums of integers below 2^52 are exact in any order (module docstring). `index`:
-    CellIndex.of(bins, n_slots), made once per site: the product's cell indices are then one add
-    per level (80,000 x 50 rows over 5 sites, the deepest level: 1.8 against 9 ms per site)."""
+    float64 sums of integers below 2^52 are exact in any order (module docstring)."""
     build = np.asarray(build_nodes, dtype=np.int64)
     n_features, n_slots, n_build = bins.shape[1], int(n_slots), len(build)
+    out = np.zeros((n_build, n_features, n_slots, CHANNELS), dtype=np.int64)
     if n_build == 0:
-        return np.zeros((n_build, n_features, n_slots, CHANNELS), dtype=np.int64)
+        return out
     if bins.size and int(bins.max()) >= n_slots:        # the product below trusts every cell index
         raise ValueError(f"a bin index is beyond the {n_slots} slots")
     slot_of = np.full(int(max(positions.max(initial=0), build.max())) + 1, -1, dtype=np.int64)
@@ -169,14 +147,6 @@ def level_histograms(bins: np.ndarray, gq: np.ndarray, hq: np.ndarray, positions
     m = len(slot[rows])
     weights = np.empty((m, CHANNELS), dtype=np.float64)
     weights[:, 0], weights[:, 1], weights[:, 2] = gq[rows], hq[rows], 1.0
-    width = n_features * n_slots
-    if index is not None and n_build * width < 1 << 31:
-        cells = index.base[rows]                                # a copy: one (row, feature) cell per entry
-        cells += (slot[rows] * width).astype(np.int32)[:, None]
-        product = sparse.csc_array((index.ones[:cells.size], cells.ravel(), index.indptr[:m + 1]),
-                                   shape=(n_build * width, m))
-        return (product @ weights).astype(np.int64).reshape(n_build, n_features, n_slots, CHANNELS)
-    out = np.zeros((n_build, n_features, n_slots, CHANNELS), dtype=np.int64)
     step = max(1, min(n_features, CELLS_PER_PRODUCT // max(m, 1)))
     for f0 in range(0, n_features, step):
         f1 = min(n_features, f0 + step)

@@ -31,7 +31,6 @@ from fedpeer.ml.xgb.hist import (
     Packing,
     encode_histograms,
     gradients,
-    CellIndex,
     level_histograms,
     quantize_gradients,
 )
@@ -78,7 +77,6 @@ class HistSite:
         self._prepared: np.ndarray | None = None
         self.cuts: Cuts | None = None
         self.bins: np.ndarray | None = None
-        self._cells: CellIndex | None = None       # the bins made ready for every level's product
         self.margins = np.zeros((0, params.groups))
         self._derivs: tuple[np.ndarray, np.ndarray] | None = None
         self._gq = self._hq = self.positions = np.zeros(0, dtype=np.int64)
@@ -109,7 +107,6 @@ class HistSite:
 
     def set_cuts(self, cuts: Cuts) -> None:
         self.cuts, self.bins, self._prepared = cuts, bin_matrix(self.X, cuts, column_major=False), None
-        self._cells = CellIndex.of(self.bins, cuts.n_slots)
 
     def start_round(self) -> None:
         """g, h of every class at the round's margins (the K trees of a round share them)."""
@@ -128,7 +125,7 @@ class HistSite:
     def level_vector(self, growth: Growth) -> np.ndarray:
         assert self.bins is not None and self.cuts is not None, "set_cuts first"
         hist = level_histograms(self.bins, self._gq, self._hq, self.positions, growth.build, self.cuts.n_slots,
-                                self.sampled, self._cells)
+                                self.sampled)
         return self.packing.encode(hist) if self.packing else encode_histograms(hist, self.n_parties)
 
     def after_level(self, growth: Growth) -> None:
