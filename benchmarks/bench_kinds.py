@@ -373,7 +373,7 @@ def cases(args: argparse.Namespace) -> list[Case]:
     ]
 
 
-def pick(all_cases: list[Case], wanted: list[str] | None, known: dict) -> list[Case]:
+def pick(all_cases: list[Case], wanted: list[str] | None, known: dict, secure_sum: str | None = None) -> list[Case]:
     chosen = [c for c in all_cases if c.kind in known]
     if wanted:
         unknown = [w for w in wanted if not any(w in (c.name, c.kind) for c in all_cases)]
@@ -387,6 +387,8 @@ def pick(all_cases: list[Case], wanted: list[str] | None, known: dict) -> list[C
         bad = sorted(set(c.params) - set(known[c.kind].params))
         assert not bad, f"{c.name}: {bad} are not parameters of the {c.kind} kind"
         c.full = {k: v.default for k, v in known[c.kind].params.items()} | c.params
+        if secure_sum and "secure_sum" in c.full:
+            c.full["secure_sum"] = secure_sum
     return chosen
 
 
@@ -533,7 +535,7 @@ def table(rows: dict[str, dict]) -> str:
 
 async def main(args: argparse.Namespace) -> dict:
     known = job_kinds()
-    chosen = pick(cases(args), args.kinds, known)
+    chosen = pick(cases(args), args.kinds, known, args.secure_sum)
     started, load_start = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), load1()
     runs: dict[str, dict[str, list]] = {c.name: {"job": [], "reference": [], "load": []} for c in chosen}
     feds = []
@@ -580,4 +582,6 @@ if __name__ == "__main__":
     ap.add_argument("--trees", type=int, default=20, help="xgboost rounds (both sides)")
     ap.add_argument("--forest-trees", type=int, default=100, help="bofrf n_estimators per site")
     ap.add_argument("--timeout-s", type=float, default=900)
+    ap.add_argument("--secure-sum", choices=["ring", "pairwise", "allreduce"],
+                    help="every kind's secure-sum mode (default: each kind's own)")
     print(json.dumps(asyncio.run(main(ap.parse_args()))))

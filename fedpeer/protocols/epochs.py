@@ -30,7 +30,13 @@ from typing import Any
 import numpy as np
 
 from fedpeer.errors import JobError
-from fedpeer.protocols.securesum.api import OwnerFn, SegmentRefused, secure_reduce_map, secure_sum
+from fedpeer.protocols.securesum.api import (
+    OwnerFn,
+    SegmentRefused,
+    secure_reduce_map,
+    secure_results_check,
+    secure_sum,
+)
 from fedpeer.runtime.channel import SubChannel
 
 DEAD_WAIT_MS = 30_000            # after a failed sum, how long to wait for the failure detector to name the dead
@@ -58,6 +64,7 @@ class Mapped:
     tag: str
     results: tuple[np.ndarray, ...] | None   # None: the reduce-map failed and `lost` were declared dead
     lost: tuple[bytes, ...]
+    digests: tuple[bytes, ...]               # SHA-256 of each result (for a later check_results)
 
 
 class Epochs:
@@ -90,23 +97,36 @@ class Epochs:
         return Summed(tag, out.total, tuple(m for m in scope if m not in out.participants))
 
     async def reduce_map(self, name: str, vector: np.ndarray, bounds: Sequence[int], owner_fn: OwnerFn, *,
-                         hop_timeout_ms: int | None = None) -> Mapped:
+                         hop_timeout_ms: int | None = None, check: bool = True) -> Mapped:
         """`sum`'s twin for a secure reduce-map over every current member (securesum/reducemap.py):
         each owner's result, or the members it went without. An owner's refusal (SegmentRefused)
         ends it at once: nobody died."""
         tag = self.tag(name)
         try:
             out = await secure_reduce_map(SubChannel(self.ch, self.members), tag, vector, bounds, owner_fn,
-                                          hop_timeout_ms=hop_timeout_ms or self.hop_timeout_ms)
+                                          hop_timeout_ms=hop_timeout_ms or self.hop_timeout_ms, check=check)
         except SegmentRefused:
             raise
         except JobError:
             dead = await self.declared_dead(self.members)
             if not dead:
                 raise
-            return Mapped(tag, None, dead)
+            return Mapped(tag, None, dead, ())
         self.sums += 1
-        return Mapped(tag, out.results, ())
+        return Mapped(tag, out.results, (), out.digests)
+
+    async def check_results(self, name: str, digests: Sequence[bytes]) -> tuple[bytes, ...]:
+        """securesum's results check over every current member: the members it went without
+        (declared dead after it failed), or (); JobError when it failed otherwise."""
+        try:
+            await secure_results_check(SubChannel(self.ch, self.members), self.tag(name), digests,
+                                       hop_timeout_ms=self.hop_timeout_ms)
+        except JobError:
+            dead = await self.declared_dead(self.members)
+            if not dead:
+                raise
+            return dead
+        return ()
 
     def new_epoch(self, lost: tuple[bytes, ...]) -> None:
         """Every survivor, on the same `lost`: go on over the others, under fresh tags."""

@@ -151,3 +151,33 @@ async def test_a_member_lost_mid_sum_fails_it_at_the_others_without_hanging() ->
         if m != members[2]:
             assert isinstance(results[m], JobError), results[m]
     assert max(ended.values()) < 10 * HOP_MS / 1000
+
+
+@pytest.mark.looptime
+async def test_results_left_unchecked_are_checked_later_naming_the_two_faced_owner() -> None:
+    """check=False skips step 4; check_results over a hash of each owner's results (histogram
+    XGBoost: once per tree) names the owner that sent members different results."""
+    import hashlib
+
+    from fedpeer.protocols.securesum.api import secure_results_check
+
+    members = keys(3)
+    vectors = random_vectors(members, 900, 9)
+    cheat = members[2]
+    net = MemoryNetwork(members, seed=9)
+
+    async def one(node: bytes) -> Any:
+        ch = channel(net, node, "job")
+        if node == cheat:
+            ch = TwoFaced(ch, members[0])
+        hashes = [hashlib.sha256() for _ in members]
+        for level in range(2):
+            out = await secure_reduce_map(ch, f"{TAG}{level}", vectors[node], [0, 300, 600, 900], summary,
+                                          hop_timeout_ms=HOP_MS, check=False)
+            for h, d in zip(hashes, out.digests):
+                h.update(d)
+        await secure_results_check(ch, f"{TAG}check", [h.digest() for h in hashes], hop_timeout_ms=HOP_MS)
+        return out
+    results = await asyncio.gather(*(one(n) for n in members), return_exceptions=True)
+    errors = [str(r) for m, r in zip(members, results) if m != cheat]
+    assert all(f"owner {cheat.hex()[:16]}" in e for e in errors), results

@@ -302,3 +302,40 @@ def test_rounds_are_evaluated_every_eval_every_and_reported_live() -> None:
     assert history[-1]["auc"] == results[0]["auc"]
     live = sorted((member, point["round"]) for member, point in nets[0].points)
     assert live == sorted((k, rnd) for k in keys for rnd in (2, 4, 5))
+
+
+def test_an_owner_sending_members_different_splits_is_named_and_no_model_is_adopted() -> None:
+    """Under allreduce each member sends everyone its block's best splits (reduce-map). One that
+    sends one member a loss change a hair off (the same split wins) leaves the trees alike: the
+    once-per-tree check of the owners' results catches it and names that owner."""
+    from fedpeer.protocols.securesum.wire import ArResult
+
+    sites, _, _ = breast_cancer_sites(3)
+    keys, names = member_keys("xgbh", 3)
+    checked = xj.KIND.check_params({**PARAMS, "secure_sum": "allreduce"})
+    cheat, victim = keys[1], keys[0]
+
+    class TwoFaced:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        async def send(self, dst, msg):
+            if dst == victim and isinstance(msg, ArResult) and len(msg.data):
+                data = msg.data.copy()
+                data[0] += np.uint64(1)               # node 0's loss change, one ulp up
+                msg = ArResult(msg.tag, data, msg.refused)
+            return await self.inner.send(dst, msg)
+
+    def member(net: MemoryNetwork, i: int, k: bytes):
+        ch = net.channel(k)
+        return xj.run_job(TwoFaced(ch) if k == cheat else ch, checked,
+                          JobContext(names[k], names, 2_000, data=sites[i]), xj.Tools(offload=exp._inline))
+
+    results = run_members(keys, member)
+    assert not any(isinstance(r, dict) for k, r in zip(keys, results) if k != cheat), results
+    for k, r in zip(keys, results):
+        if k != cheat:
+            assert isinstance(r, JobError) and f"owner {cheat.hex()[:16]}" in str(r), r

@@ -66,6 +66,7 @@ honest members can give) fails the job everywhere naming the sum and the check, 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
@@ -280,22 +281,29 @@ class HistJob:
         growth = start_tree(cuts.counts(), self.p.split_params(),
                             tree_features(self.p, len(self.trees), cuts.n_features))
         depth = 0
+        owners = [hashlib.sha256() for _ in self.members]     # each owner's results over the tree's levels
         while not growth.done:
             name = f"r{r}/c{k}/d{depth}"
             if self.by_blocks:
-                growth = await self.level_by_blocks(name, growth)
+                growth = await self.level_by_blocks(name, growth, owners)
             else:
                 tag, total = await self.sum(name, await self.compute(self.site.level_vector, growth))
                 growth = await self.compute(self._advance, tag, growth, total)
             depth += 1
+        if self.by_blocks:          # did every owner send every member the same splits? (reducemap.py, step 4)
+            lost = await self.epochs.check_results(f"r{r}/c{k}/check", [h.digest() for h in owners])
+            if lost:
+                self.epochs.new_epoch(lost)
+                raise _Lost(lost)
         return finish_tree(growth, cuts)
 
-    async def level_by_blocks(self, name: str, growth: Growth) -> Growth:
+    async def level_by_blocks(self, name: str, growth: Growth, owners: list[Any]) -> Growth:
         """One level by the secure reduce-map (fedpeer/protocols/securesum/reducemap.py): member k
         gets the summed histograms of its block of features only, checks them and finds their best
         split of every node; every member gets every block's candidates and takes the best
         (histtree.decide_level: the split the search over all features picks). The summed
-        histograms never travel: half the bytes of the all-reduce, one n-th of the search each."""
+        histograms never travel: half the bytes of the all-reduce, one n-th of the search each.
+        The owners' results are compared once per tree (`owners`: a hash of each one's, in grow)."""
         assert self.cuts is not None and self.packing is not None
         if self._blocks is None or len(self._blocks.features) != len(self.members) + 1:
             self._blocks = FeatureBlocks.of(self.packing, self.cuts.n_features, self.cuts.n_slots, len(self.members))
@@ -317,13 +325,15 @@ class HistJob:
 
         tag = self.epochs.tag(name)
         try:
-            out = await self.epochs.reduce_map(name, vector, blocks.bounds(nodes), owner_fn)
+            out = await self.epochs.reduce_map(name, vector, blocks.bounds(nodes), owner_fn, check=False)
         except SegmentRefused as exc:
             raise ImplausibleTotal.of(tag, exc.reason) from None
         if out.lost:
             self.epochs.new_epoch(out.lost)
             raise _Lost(out.lost)
         assert out.results is not None
+        for owner, digest in zip(owners, out.digests):
+            owner.update(digest)
         grown = await self.compute(self._decide, tag, growth, blocks, out.results)
         self._parent = found[0][np.flatnonzero(grown.left[growth.frontier] >= 0)] if found else None
         return grown

@@ -217,7 +217,7 @@ from fedpeer.protocols.securesum.allreduce import all_reduce
 from fedpeer.protocols.securesum.alltoall import ALL_TO_ALL_BYTES_MAX, all_to_all, takes_all_to_all  # noqa: F401
 from fedpeer.protocols.securesum.allreduce import MODE as ALLREDUCE
 from fedpeer.protocols.securesum.follow import _follow
-from fedpeer.protocols.securesum.reducemap import MapOutcome, OwnerFn, SegmentRefused, reduce_map
+from fedpeer.protocols.securesum.reducemap import MapOutcome, OwnerFn, SegmentRefused, check_results, reduce_map
 from fedpeer.protocols.securesum.lead import _lead
 from fedpeer.protocols.securesum.masks import PAIR_DOMAIN as _PAIR_DOMAIN  # noqa: F401  (tests reconstruct masks)
 from fedpeer.protocols.securesum.masks import (
@@ -246,7 +246,7 @@ from fedpeer.protocols.securesum.wire import (  # noqa: F401  (the messages, for
 from fedpeer.runtime.channel import Channel
 
 __all__ = ["MODES", "MapOutcome", "SegmentRefused", "SumOutcome", "expand_mask", "pairwise_label", "secure_reduce_map",
-           "secure_sum"]
+           "secure_results_check", "secure_sum"]
 
 
 async def secure_sum(ch: Channel, tag: str, vector: np.ndarray, *, mode: str = "ring",
@@ -276,7 +276,8 @@ async def secure_sum(ch: Channel, tag: str, vector: np.ndarray, *, mode: str = "
 
 
 async def secure_reduce_map(ch: Channel, tag: str, vector: np.ndarray, bounds: Sequence[int], owner_fn: OwnerFn, *,
-                            hop_timeout_ms: int = 10_000, chunk_entries: int = DEFAULT_CHUNK_ENTRIES) -> MapOutcome:
+                            hop_timeout_ms: int = 10_000, chunk_entries: int = DEFAULT_CHUNK_ENTRIES,
+                            check: bool = True) -> MapOutcome:
     """Sum `vector` (1-D uint64) over the job's members segment by segment: member k gets the total
     of vector[bounds[k]:bounds[k + 1]] only, and every member gets owner_fn(k, that total) of
     every k (fedpeer/protocols/securesum/reducemap.py). JobError when it fails, SegmentRefused
@@ -284,7 +285,7 @@ async def secure_reduce_map(ch: Channel, tag: str, vector: np.ndarray, bounds: S
     plan = _plan(ch, tag, vector, ALLREDUCE, hop_timeout_ms, chunk_entries, 1)
     started_ms = ch.now_ms()
     try:
-        outcome = await reduce_map(ch, plan, bounds, owner_fn)
+        outcome = await reduce_map(ch, plan, bounds, owner_fn, check)
     except JobError:
         _observe(ch, ALLREDUCE, started_ms, ok=False, attempts=0)
         raise
@@ -292,6 +293,17 @@ async def secure_reduce_map(ch: Channel, tag: str, vector: np.ndarray, bounds: S
         ch.discard(plan.prefix())
     _observe(ch, ALLREDUCE, started_ms, ok=True, attempts=1)
     return outcome
+
+
+async def secure_results_check(ch: Channel, tag: str, digests: Sequence[bytes], *,
+                               hop_timeout_ms: int = 10_000) -> None:
+    """The reduce-map's last step on its own (reducemap.check_results): every member's digest of
+    each owner's results compared; JobError naming an owner that sent members different ones."""
+    plan = _plan(ch, tag, np.zeros(1, dtype=np.uint64), ALLREDUCE, hop_timeout_ms, DEFAULT_CHUNK_ENTRIES, 1)
+    try:
+        await check_results(ch, plan, digests)
+    finally:
+        ch.discard(plan.prefix())
 
 
 def _observe(ch: Channel, mode: str, started_ms: int, *, ok: bool, attempts: int) -> None:

@@ -6,34 +6,35 @@ best split of each node; LightGBM's data-parallel learner and XGBoost's column-w
 cut the work the same way: the vector is cut into one segment per member at bounds the caller
 chooses (a block of features each), member k owns segment k, finds its block's best splits and
 sends everyone those few entries. Against the all-reduce (allreduce.py) this halves the bytes
-(no all-gather of the totals), makes each member search one n-th of the candidates, and removes
-the self masks from one segment instead of the whole vector.
+(no all-gather of the totals) and makes each member search one n-th of the candidates.
 
 1. Mask: member i adds to every segment k it sends (k != i), for every other member j with
    j != k, a pairwise mask (+ by the smaller key, - by the other: they cancel in the segment's
-   sum), and its self mask from a fresh seed. Pairwise masks shared with k would hide nothing
-   from k, who knows their seeds, so they are left out; its own segment is not sent, so not
-   masked. Masks are addressed by entry (masks.apply_mask_at): any bound works.
+   sum). Pairwise masks shared with k would hide nothing from k, who knows their seeds, so they
+   are left out; its own segment is not sent, so not masked. Masks are addressed by entry
+   (masks.apply_mask_at): any bound works.
 2. Reduce-scatter: every member sends its masked segment k to owner k, in pieces of at most
-   `chunk_entries`; owner k adds them to its own entries: the total plus the n - 1 self masks.
-3. Complete: an owner holding every contribution tells everyone (ArComplete).
-4. Reveal: a member that has heard every owner complete sends everyone its self-mask seed.
-5. Map: owner k removes the n - 1 self masks from its segment: the total of segment k; then
-   `owner_fn(k, total)` gives its result (uint64, at most CHUNK_ENTRIES_MAX entries), sent to
-   everyone (ArResult). An owner_fn that raises ValueError refuses the total: the owner sends
-   its reason instead and every member, the owner too, raises SegmentRefused naming it.
-6. Check: every member sends everyone the SHA-256 of each result as it received it; a member
+   `chunk_entries`; owner k adds them to its own entries: the segment's total.
+3. Map: `owner_fn(k, total)` gives owner k's result (uint64, at most CHUNK_ENTRIES_MAX entries),
+   sent to everyone (ArResult). An owner_fn that raises ValueError refuses the total: the owner
+   sends its reason instead and every member, the owner too, raises SegmentRefused naming it.
+4. Check: every member sends everyone the SHA-256 of each result as it received it; a member
    whose digest of owner k's result differs from another's fails the sum naming k, who sent
-   them different results.
-Five one-way legs (the all-reduce's three: scatter, gather, reveal), all but the first tiny.
+   them different results. A caller may leave this step out and run it once over several
+   reduce-maps (`check_results` with a hash of each owner's results: histogram XGBoost, once
+   per tree): a member then learns of a two-faced owner only then, or when what the others
+   do next stops matching what it does.
+Three one-way legs (the all-reduce's three: scatter, gather, reveal), the last two a few bytes.
 
 Who learns what: owner k, of member i's segment k, sees it under the pairwise masks i shares
-with every member but k and under i's self mask until i reveals it: a coalition short of all
-other members learns nothing of it (as in pairwise mode). Owner k learns its segment's total
-over all members (a part of what the all-reduce gives everyone); every member learns the n
-results. A self mask is revealed only once every owner holds every contribution, so an attempt
-that fails earlier leaves no owner a total it could compare with a re-run's; the exception is
-the all-reduce's: a failure during the reveal can leave an owner every seed of its segment.
+with every member but k: a coalition short of all other members learns nothing of it (pairwise
+mode's guarantee). Owner k learns its segment's total over all members (a part of what the
+all-reduce gives everyone); every member learns the n results. There are no self masks (the
+all-reduce's protection of a failed attempt): an attempt that fails after owner k got every
+contribution leaves k that segment's total over the old members, and a re-run over fewer can
+show k the lost members' part of it. Histogram XGBoost, the one caller, re-grows an unfinished
+tree over the survivors after a loss, and its finished levels of that tree show the same
+(docs/algorithms.md): self masks would hide one level of it, at two more legs per level.
 
 Failures: as in the all-reduce (JobError naming who did not answer or sent what the gate
 refused; PeerDead when the failure detector declared a member dead): the caller re-runs over the
@@ -57,9 +58,7 @@ from fedpeer.protocols.securesum.wire import (
     CHUNK_ENTRIES_MAX,
     REASON_BYTES_MAX,
     ArCheck,
-    ArComplete,
     ArResult,
-    SeedReveal,
 )
 from fedpeer.runtime.channel import Channel
 
@@ -79,6 +78,7 @@ class SegmentRefused(JobError):
 class MapOutcome:
     results: tuple[np.ndarray, ...]      # each owner's result, in member order
     participants: tuple[bytes, ...]
+    digests: tuple[bytes, ...]           # SHA-256 of each result as this member received it
 
 
 def segment_slices(bounds: Sequence[int], length: int, n: int) -> list[slice]:
@@ -90,7 +90,7 @@ def segment_slices(bounds: Sequence[int], length: int, n: int) -> list[slice]:
 
 
 def masked_segments(vector: np.ndarray, segs: Sequence[slice], mine: int, members: Sequence[bytes],
-                    pair_seeds: dict[bytes, bytes], self_seed: bytes) -> np.ndarray:
+                    pair_seeds: dict[bytes, bytes]) -> np.ndarray:
     """vector with every segment but mine masked (module docstring, step 1), in a fresh array."""
     out = vector.astype(np.uint64)          # a copy
     me = members[mine]
@@ -100,25 +100,18 @@ def masked_segments(vector: np.ndarray, segs: Sequence[slice], mine: int, member
         for peer, seed in pair_seeds.items():
             if peer != members[k]:
                 sm.apply_mask_at(np.add if me < peer else np.subtract, out[seg], sm.PAIR_DOMAIN, seed, seg.start)
-        sm.apply_mask_at(np.add, out[seg], sm.SELF_DOMAIN, self_seed, seg.start)
     return out
 
 
-def unmask_segment(total: np.ndarray, seg: slice, seeds: Sequence[bytes]) -> np.ndarray:
-    """Segment `seg`'s masked sum (`total`, its entries) less the others' self masks, in place."""
-    for seed in seeds:
-        sm.apply_mask_at(np.subtract, total, sm.SELF_DOMAIN, seed, seg.start)
-    return total
-
-
-async def reduce_map(ch: Channel, plan: _Plan, bounds: Sequence[int], owner_fn: OwnerFn) -> MapOutcome:
+async def reduce_map(ch: Channel, plan: _Plan, bounds: Sequence[int], owner_fn: OwnerFn,
+                     check: bool = True) -> MapOutcome:
     """The reduce-map of `plan.vector` over ch.members (module docstring); JobError on failure,
-    SegmentRefused when an owner refused its total."""
+    SegmentRefused when an owner refused its total. `check` False leaves step 4 to the caller
+    (check_results, once over several reduce-maps: the digests are in the outcome)."""
     run = _Run(ch, plan, segment_slices(bounds, len(plan.vector), len(ch.members)))
     label = sm.pairwise_label(plan, 1)
     pair_seeds = {p: ch.pairwise_seed(p, label) for p in run.others}
-    self_seed = ch.random_bytes(sm.SEED_BYTES)
-    y = await run.compute(masked_segments, plan.vector, run.segs, run.mine, run.members, pair_seeds, self_seed)
+    y = await run.compute(masked_segments, plan.vector, run.segs, run.mine, run.members, pair_seeds)
     own = run.segs[run.mine]
     pre = run.prefix
 
@@ -126,22 +119,15 @@ async def reduce_map(ch: Channel, plan: _Plan, bounds: Sequence[int], owner_fn: 
         await asyncio.gather(*(run.send_all(p, run.messages(y[run.segs[k]], k, "p"))
                                for k, p in enumerate(run.members) if p != ch.me))
 
-    async def reduce_and_tell() -> np.ndarray:
+    async def reduce() -> np.ndarray:  # my segment's total: my entries plus the others' masked ones
         acc = y[own].copy()
         for parts in await asyncio.gather(*(run.recv_pieces(run.mine, p, "p") for p in run.others)):
             for piece, data in parts:
                 part = acc[piece.start - own.start:piece.stop - own.start]
                 np.add(part, data, out=part)
-        await asyncio.gather(*(run.send_all(p, [ArComplete(f"{pre}complete")]) for p in run.others))
         return acc
 
-    async def heard_complete() -> None:
-        await asyncio.gather(*(run.recv(ArComplete, f"{pre}complete", p, "word that its segment is complete")
-                               for p in run.others))
-
-    acc, _, _ = await asyncio.gather(reduce_and_tell(), scatter(), heard_complete())
-    seeds = await run.barrier(SeedReveal, "seed", SeedReveal(f"{pre}seed", self_seed), "self-mask seed")
-    total = await run.compute(unmask_segment, acc, own, [r.seed for r in seeds])
+    total, _ = await asyncio.gather(reduce(), scatter())
     refused = ""
     try:
         mine = await run.compute(owner_fn, run.mine, total)
@@ -165,11 +151,28 @@ async def reduce_map(ch: Channel, plan: _Plan, bounds: Sequence[int], owner_fn: 
     await asyncio.gather(share(), *(result_of(k, p) for k, p in enumerate(run.members) if p != ch.me))
     if refused:
         raise SegmentRefused(plan.tag, "this member", refused)
-    digests = [hashlib.sha256(memoryview(r).cast("B")).digest() for r in results]
-    checks = await run.barrier(ArCheck, "check", ArCheck(f"{pre}check", digests), "digests of the results")
+    digests = tuple(hashlib.sha256(memoryview(r).cast("B")).digest() for r in results)
+    if check:
+        await compare_digests(run, digests, "result")
+    return MapOutcome(tuple(results), run.members, digests)
+
+
+async def compare_digests(run: _Run, digests: Sequence[bytes], what: str) -> None:
+    """Send every other member my digest of each owner's `what` and compare theirs (step 4):
+    JobError naming the first owner whose digests differ."""
+    mine = ArCheck(f"{run.prefix}check", list(digests))
+    checks = await run.barrier(ArCheck, "check", mine, f"digests of the {what}s")
     for src, other in zip(run.others, checks):
         differ = [k for k in range(len(run.members)) if k >= len(other.digests) or other.digests[k] != digests[k]]
         if differ:
-            raise run.fail(f"{run.name(src)} holds another result of segment {differ[0]} than this member: its "
-                           f"owner {run.name(run.members[differ[0]])} sent them different results")
-    return MapOutcome(tuple(results), run.members)
+            raise run.fail(f"{run.name(src)} holds another {what} of segment {differ[0]} than this member: its "
+                           f"owner {run.name(run.members[differ[0]])} sent them different {what}s")
+
+
+async def check_results(ch: Channel, plan: _Plan, digests: Sequence[bytes]) -> None:
+    """Step 4 on its own, for a caller that ran reduce_map(check=False) several times: `digests`,
+    one per member (e.g. a hash of every result it sent over a whole tree), compared with every
+    other member's; JobError naming an owner whose results differed between members."""
+    if len(digests) != len(ch.members):
+        raise ValueError(f"one digest per member, got {len(digests)} for {len(ch.members)}")
+    await compare_digests(_Run(ch, plan), digests, "result")

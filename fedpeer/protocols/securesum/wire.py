@@ -108,14 +108,6 @@ class ArReveal:
     WAITING_FOR: ClassVar[str] = "all-reduce seeds and digests"
 
 
-@dataclass(frozen=True)
-class ArComplete:
-    """Reduce-map (reducemap.py): segment `tag`'s owner holds every member's contribution."""
-
-    tag: str
-    WAITING_FOR: ClassVar[str] = "word that an owner holds its segment's contributions"
-
-
 @dataclass(frozen=True, eq=False)
 class ArResult:
     """Reduce-map: what an owner made of its segment's total (`data`), or why it refused the
@@ -172,7 +164,6 @@ def _register() -> None:
                                   "got": v_bool, "passed": v_bool}),
             ("ss_ar_reveal", ArReveal, {"tag": tag, "seed": v_bytes(exact=SEED_BYTES),
                                         "digests": v_list(v_bytes(exact=32), PARTICIPANTS_MAX)}),
-            ("ss_rm_complete", ArComplete, {"tag": tag}),
             ("ss_rm_result", ArResult, {"tag": tag, "data": chunk, "refused": v_str(REASON_BYTES_MAX)}),
             ("ss_rm_check", ArCheck, {"tag": tag, "digests": v_list(v_bytes(exact=32), PARTICIPANTS_MAX)})):
         wire.register(kind, cls, fields, to_body=to_body, from_body=from_body(cls))
