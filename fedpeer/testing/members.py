@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -95,3 +96,23 @@ def poison_entry(vector: Any, at: float, floats: int, limbs: int, amount: int, c
         i = entry if entry < counts_first else entry + floats * (limbs - 1)
         out[i] += np.uint64(amount % (1 << 64))
     return out
+
+
+class TwoFaced:
+    """A member's channel that sends one peer (`victim`) the messages `pick` selects with their
+    first array entry one higher than everyone else gets them: the two-faced member whose
+    digests the all-reduce, the all-to-all and the reduce-map must catch."""
+
+    def __init__(self, inner: Any, victim: bytes, pick: Callable[[Any], bool]) -> None:
+        self.inner, self.victim, self.pick = inner, victim, pick
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def send(self, dst: bytes, msg: Any) -> None:
+        if dst == self.victim and self.pick(msg) and len(msg.data):
+            data = msg.data.copy()
+            data[0] += data.dtype.type(1)
+            msg = dataclasses.replace(msg, data=data)
+        return await self.inner.send(dst, msg)
+

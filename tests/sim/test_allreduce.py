@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from fedpeer.errors import JobError
 from fedpeer.protocols.securesum import allreduce as ar
 from fedpeer.protocols.securesum.api import SumChunk
+from fedpeer.testing.members import TwoFaced
 from fedpeer.testing.memory import MemoryNetwork
 from tests.sim.test_securesum import check_consistent, keys, random_vectors, run_sum, run_virtual
 
@@ -67,30 +68,13 @@ async def test_small_vectors_go_all_to_all_in_two_legs() -> None:
     assert (np.concatenate(list(vectors.values()))[:, None] == sent[None, :]).sum() == 0   # every copy masked
 
 
-class Equivocator:
-    """A member that sends one peer another vector than the rest."""
-
-    def __init__(self, inner: Any, victim: bytes) -> None:
-        self.inner, self.victim = inner, victim
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    async def send(self, dst: bytes, msg: object) -> None:
-        if dst == self.victim and isinstance(msg, SumChunk):
-            data = msg.data.copy()
-            data[0] += np.uint64(1)
-            msg = SumChunk(msg.tag, data)
-        return await self.inner.send(dst, msg)
-
-
 @pytest.mark.looptime
 async def test_a_member_sending_different_small_vectors_is_named() -> None:
     members = keys(3)
     vectors = random_vectors(members, 50, 8)
     cheat = members[0]
     results, _ = await run_sum(MemoryNetwork(members, seed=8), vectors, mode="allreduce",
-                               wrap={cheat: lambda ch: Equivocator(ch, members[1])})
+                               wrap={cheat: lambda ch: TwoFaced(ch, members[1], lambda m: isinstance(m, SumChunk))})
     errors = [str(r) for m, r in results.items() if m != cheat]
     assert all(f"vector of {cheat.hex()[:16]}" in e for e in errors), results
 
@@ -161,21 +145,9 @@ async def test_a_member_lost_mid_sum_fails_it_at_the_others_without_hanging() ->
     assert max(ended[m] for m in others) < 300
 
 
-class TwoFaced:
-    """An owner's channel that sends one member (`victim`) another total of its segment."""
-
-    def __init__(self, inner: Any, victim: bytes) -> None:
-        self.inner, self.victim = inner, victim
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    async def send(self, dst: bytes, msg: object) -> None:
-        if dst == self.victim and isinstance(msg, SumChunk) and "/t" in msg.tag:
-            data = msg.data.copy()
-            data[0] += np.uint64(1)
-            msg = SumChunk(msg.tag, data)
-        return await self.inner.send(dst, msg)
+def a_total(msg: Any) -> bool:
+    """An owner's sum of its segment (all-gather), not a member's contribution."""
+    return isinstance(msg, SumChunk) and "/t" in msg.tag
 
 
 @pytest.mark.looptime
@@ -184,6 +156,7 @@ async def test_an_owner_sending_different_totals_is_named() -> None:
     vectors = random_vectors(members, SIZE, 5)
     net = MemoryNetwork(members, seed=5)
     cheat = members[1]
-    results, _ = await run_sum(net, vectors, mode="allreduce", wrap={cheat: lambda ch: TwoFaced(ch, members[2])})
+    results, _ = await run_sum(net, vectors, mode="allreduce",
+                               wrap={cheat: lambda ch: TwoFaced(ch, members[2], a_total)})
     errors = [str(r) for m, r in results.items() if isinstance(r, JobError) and m != cheat]
     assert errors and all(f"owner {cheat.hex()[:16]}" in e for e in errors), results

@@ -188,13 +188,14 @@ def test_extreme_values_and_non_finite_terms_name_what_to_change(monkeypatch: py
     assert any("lower C" in str(r) for r in results), results
 
 
-def test_a_member_lost_mid_fit_leaves_the_survivors_with_their_pooled_model() -> None:
+@pytest.mark.parametrize("secure_sum", ["ring", "allreduce"])     # allreduce: the default, all to all
+def test_a_member_lost_mid_fit_leaves_the_survivors_with_their_pooled_model(secure_sum: str) -> None:
     from sklearn.datasets import load_breast_cancer
 
     X, y = load_breast_cancer(return_X_y=True)
     parts = split(X, y, [200, 200, 169])
     sites = [dataset(*p) for p in parts]
-    results, keys = run(sites, {"C": 1.0, "tol": 1e-10, "secure_sum": "ring"}, crash_at_step=2, victim=1)
+    results, keys = run(sites, {"C": 1.0, "tol": 1e-10, "secure_sum": secure_sum}, crash_at_step=2, victim=1)
     survivors = [r for r in results if isinstance(r, dict)]
     assert len(survivors) == 2, results
     assert all(r["lost"] == ["site-2"] and r["members"] == ["site-1", "site-3"] for r in survivors)

@@ -17,8 +17,13 @@ from hypothesis import strategies as st
 from fedpeer.errors import JobError
 from fedpeer.protocols.securesum.api import SegmentRefused, SumChunk, secure_reduce_map
 from fedpeer.protocols.securesum.wire import ArResult
+from fedpeer.testing.members import TwoFaced
 from fedpeer.testing.memory import MemoryNetwork
 from tests.sim.test_securesum import HOP_MS, TAG, channel, exact_sum, keys, random_vectors, run_virtual
+
+
+def is_result(msg: Any) -> bool:
+    return isinstance(msg, ArResult)
 
 
 def summary(k: int, total: np.ndarray) -> np.ndarray:
@@ -105,30 +110,13 @@ async def test_an_owner_refusing_its_total_fails_the_sum_everywhere_naming_it() 
         assert r.owner == ("this member" if node == members[1] else members[1].hex()[:16])
 
 
-class TwoFaced:
-    """An owner that adds 1 to its result for one member only."""
-
-    def __init__(self, inner: Any, victim: bytes) -> None:
-        self.inner, self.victim = inner, victim
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    async def send(self, dst: bytes, msg: object) -> None:
-        if dst == self.victim and isinstance(msg, ArResult):
-            data = msg.data.copy()
-            data[0] += np.uint64(1)
-            msg = ArResult(msg.tag, data, msg.refused)
-        return await self.inner.send(dst, msg)
-
-
 @pytest.mark.looptime
 async def test_an_owner_sending_different_results_is_named() -> None:
     members = keys(3)
     vectors = random_vectors(members, 900, 5)
     cheat = members[1]
     results, _ = await run_map(MemoryNetwork(members, seed=5), vectors, [0, 300, 600, 900],
-                               wrap={cheat: lambda ch: TwoFaced(ch, members[2])})
+                               wrap={cheat: lambda ch: TwoFaced(ch, members[2], is_result)})
     errors = [str(r) for m, r in results.items() if isinstance(r, JobError) and m != cheat]
     assert errors and all(f"owner {cheat.hex()[:16]}" in e for e in errors), results
 
@@ -169,7 +157,7 @@ async def test_results_left_unchecked_are_checked_later_naming_the_two_faced_own
     async def one(node: bytes) -> Any:
         ch = channel(net, node, "job")
         if node == cheat:
-            ch = TwoFaced(ch, members[0])
+            ch = TwoFaced(ch, members[0], is_result)
         hashes = [hashlib.sha256() for _ in members]
         for level in range(2):
             out = await secure_reduce_map(ch, f"{TAG}{level}", vectors[node], [0, 300, 600, 900], summary,

@@ -26,7 +26,7 @@ from fedpeer.ml.xgb import (
     histrun,  # noqa: E402
 )
 from fedpeer.testing.memory import MemoryNetwork  # noqa: E402
-from fedpeer.testing.members import after_step, member_keys, run_members  # noqa: E402
+from fedpeer.testing.members import TwoFaced, after_step, member_keys, run_members  # noqa: E402
 
 PARAMS = {"mode": "histogram", "rounds": 4, "max_depth": 3, "eta": 0.3, "secure_sum": "ring", "test_fraction": 0.0,
           "max_bin": 32, "nthread": 1}
@@ -315,23 +315,9 @@ def test_an_owner_sending_members_different_splits_is_named_and_no_model_is_adop
     checked = xj.KIND.check_params({**PARAMS, "secure_sum": "allreduce"})
     cheat, victim = keys[1], keys[0]
 
-    class TwoFaced:
-        def __init__(self, inner):
-            self.inner = inner
-
-        def __getattr__(self, name):
-            return getattr(self.inner, name)
-
-        async def send(self, dst, msg):
-            if dst == victim and isinstance(msg, ArResult) and len(msg.data):
-                data = msg.data.copy()
-                data[0] += np.uint64(1)               # node 0's loss change, one ulp up
-                msg = ArResult(msg.tag, data, msg.refused)
-            return await self.inner.send(dst, msg)
-
     def member(net: MemoryNetwork, i: int, k: bytes):
         ch = net.channel(k)
-        return xj.run_job(TwoFaced(ch) if k == cheat else ch, checked,
+        return xj.run_job(TwoFaced(ch, victim, lambda m: isinstance(m, ArResult)) if k == cheat else ch, checked,
                           JobContext(names[k], names, 2_000, data=sites[i]), xj.Tools(offload=exp._inline))
 
     results = run_members(keys, member)

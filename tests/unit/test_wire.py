@@ -264,6 +264,22 @@ def test_authenticated_garbage_bodies_are_rejected_or_typed(body, kind: str) -> 
     assert isinstance(env.msg, (mb.Ping, mb.Ack, mb.PingReq, mb.IndirectAck))
 
 
+@settings(max_examples=300, deadline=None)
+@given(_msgpack_values | st.fixed_dictionaries({"tag": st.text(max_size=8), "refused": st.text(max_size=8)},
+                                               optional={"data": _msgpack_values, "digests": _msgpack_values}),
+       st.sampled_from(["ss_rm_result", "ss_rm_check", "ss_ar_reveal", "ss_chunk"]))
+def test_authenticated_garbage_secure_sum_bodies_are_rejected_or_typed(body, kind: str) -> None:
+    """The secure sum's messages (the reduce-map's results and digests among them) pass the same
+    gate: a typed message or RemoteProtocolError, never another exception."""
+    from fedpeer.protocols.securesum import wire as ssw
+
+    try:
+        env = _FUZZ.gate.open(seal_raw(_FUZZ, frames.envelope(body, kind)), NOW_MS)
+    except RemoteProtocolError:
+        return
+    assert isinstance(env.msg, (ssw.ArResult, ssw.ArCheck, ssw.ArReveal, ssw.SumChunk))
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.binary(min_size=1, max_size=400))
 def test_garbage_plaintext_from_an_authenticated_peer(plaintext: bytes) -> None:

@@ -51,7 +51,7 @@ from fedpeer.errors import DataError, JobError
 from fedpeer.data.dataset import split_train_test
 from fedpeer.jobs.kind import (ImplausibleTotal, JobContext, JobFailsEverywhere, JobKind, Limit, Param, checked_total,
                                site_seed)
-from fedpeer.jobs.params import SECURE_SUM, test_fraction
+from fedpeer.jobs.params import SECURE_SUM_LARGE, test_fraction
 from fedpeer.kinds.linear import text
 from fedpeer.kinds.linear.fedavg import FEDAVG_PARAMS
 from fedpeer.ml import evaluation as evalcounts
@@ -92,7 +92,7 @@ PARAMS = {
     "classes": Param(str, "", "the label values, comma-separated, in class order: 3 or more -> multinomial; "
                      "2 -> binary, the second one positive; empty -> binary with [data] positive"),
     "eval_bins": Param(int, 1000, "score histogram bins for the federated AUC", low=10, high=100_000),
-    "secure_sum": SECURE_SUM,
+    "secure_sum": SECURE_SUM_LARGE,
     "test_fraction": HELD_OUT,
     **FEDAVG_PARAMS,
 }
