@@ -11,7 +11,9 @@ identically at every survivor, who the job's members still are.
   DEAD_WAIT_MS for this member's failure detector (`ch.alive`, polled every POLL_MS): the scope's
   members it declares dead are `lost` and the sum has no total (`Summed.total` None: the caller
   redoes it over the survivors under a fresh tag); if it declares nobody dead, the sum's JobError
-  stands.
+  stands. A failure that names a member and involves no death (Equivocation: members hold
+  different copies of what it sent them; SegmentRefused: an owner refused its total) stands at
+  once.
 * `Epochs.new_epoch(lost)`, called by every survivor on the same `lost` of a sum over every
   member: the members without them, epoch E + 1 (so every later tag, hence every mask, is
   fresh), and `lost` extended. What a job keeps of its work across a loss is its own business
@@ -31,6 +33,7 @@ import numpy as np
 
 from fedpeer.errors import JobError
 from fedpeer.protocols.securesum.api import (
+    Equivocation,
     OwnerFn,
     SegmentRefused,
     secure_reduce_map,
@@ -88,6 +91,8 @@ class Epochs:
         try:
             out = await secure_sum(SubChannel(self.ch, scope), tag, vector, mode=self.mode,
                                    hop_timeout_ms=hop_timeout_ms or self.hop_timeout_ms)
+        except Equivocation:
+            raise                                  # a member named, nobody died: nothing to wait for
         except JobError:
             dead = await self.declared_dead(scope)
             if not dead:
@@ -105,8 +110,8 @@ class Epochs:
         try:
             out = await secure_reduce_map(SubChannel(self.ch, self.members), tag, vector, bounds, owner_fn,
                                           hop_timeout_ms=hop_timeout_ms or self.hop_timeout_ms, check=check)
-        except SegmentRefused:
-            raise
+        except (SegmentRefused, Equivocation):
+            raise                                  # nobody died: nothing to wait for
         except JobError:
             dead = await self.declared_dead(self.members)
             if not dead:
@@ -121,6 +126,8 @@ class Epochs:
         try:
             await secure_results_check(SubChannel(self.ch, self.members), self.tag(name), digests,
                                        hop_timeout_ms=self.hop_timeout_ms)
+        except Equivocation:
+            raise
         except JobError:
             dead = await self.declared_dead(self.members)
             if not dead:

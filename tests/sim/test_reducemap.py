@@ -169,3 +169,28 @@ async def test_results_left_unchecked_are_checked_later_naming_the_two_faced_own
     results = await asyncio.gather(*(one(n) for n in members), return_exceptions=True)
     errors = [str(r) for m, r in zip(members, results) if m != cheat]
     assert all(f"owner {cheat.hex()[:16]}" in e for e in errors), results
+
+
+@pytest.mark.looptime
+async def test_a_two_faced_owner_fails_the_epochs_sum_at_once_without_waiting_for_the_dead() -> None:
+    """Epochs (fedpeer/protocols/epochs.py) waits up to DEAD_WAIT_MS for the failure detector
+    after a failed sum; an Equivocation names a member and nobody died, so it fails at once."""
+    import hashlib
+
+    from fedpeer.protocols.epochs import DEAD_WAIT_MS, Epochs
+    from fedpeer.protocols.securesum.api import Equivocation
+
+    members = keys(3)
+    vectors = random_vectors(members, 900, 10)
+    cheat = members[1]
+    net = MemoryNetwork(members, seed=10)
+
+    async def one(node: bytes) -> Any:
+        ch = channel(net, node, "job")
+        epochs = Epochs(TwoFaced(ch, members[2], is_result) if node == cheat else ch, "t", "allreduce", HOP_MS)
+        out = await epochs.reduce_map("level", vectors[node], [0, 300, 600, 900], summary, check=False)
+        await epochs.check_results("check", [hashlib.sha256(d).digest() for d in out.digests])
+    started = asyncio.get_running_loop().time()
+    results = await asyncio.gather(*(one(n) for n in members), return_exceptions=True)
+    assert all(isinstance(r, Equivocation) for m, r in zip(members, results) if m != cheat), results
+    assert asyncio.get_running_loop().time() - started < DEAD_WAIT_MS / 1000 / 2

@@ -58,7 +58,7 @@ import numpy as np
 
 from fedpeer.errors import JobError
 from fedpeer.protocols.securesum import masks as sm
-from fedpeer.protocols.securesum.core import OFF_LOOP_BYTES_MIN, SumOutcome, _Plan, _send
+from fedpeer.protocols.securesum.core import OFF_LOOP_BYTES_MIN, Equivocation, SumOutcome, _Plan, _send
 from fedpeer.protocols.securesum.wire import ArReveal, SumChunk
 from fedpeer.runtime.channel import Channel, MalformedFrom, PeerUnreachable, RecvTimeout
 
@@ -112,8 +112,8 @@ class _Run:
     def name(self, member: bytes) -> str:
         return member.hex()[:16]
 
-    def fail(self, what: str) -> JobError:
-        return JobError(f"secure sum '{self.plan.tag}' (all-reduce): {what}")
+    def fail(self, what: str, kind: type[JobError] = JobError) -> JobError:
+        return kind(f"secure sum '{self.plan.tag}' (all-reduce): {what}")
 
     async def compute(self, fn: Any, *args: Any) -> Any:
         if 8 * len(self.plan.vector) >= OFF_LOOP_BYTES_MIN:
@@ -209,6 +209,6 @@ async def all_reduce(ch: Channel, plan: _Plan) -> SumOutcome:
         if differ:
             owner = run.members[differ[0]]
             raise run.fail(f"{run.name(src)} holds another sum of segment {differ[0]} than this member: its "
-                           f"owner {run.name(owner)} sent them different sums")
+                           f"owner {run.name(owner)} sent them different sums", Equivocation)
     await run.compute(unmask_selves, total, [self_seed, *(r.seed for r in reveals)])
     return SumOutcome(total, run.members, 1)

@@ -37,7 +37,7 @@ import numpy as np
 
 from fedpeer.protocols.securesum import masks as sm
 from fedpeer.protocols.securesum.allreduce import _Run, masked, unmask_selves
-from fedpeer.protocols.securesum.core import SumOutcome, _Plan
+from fedpeer.protocols.securesum.core import Equivocation, SumOutcome, _Plan
 from fedpeer.protocols.securesum.wire import ArReveal, SumChunk
 from fedpeer.runtime.channel import Channel
 
@@ -75,7 +75,7 @@ async def all_to_all(ch: Channel, plan: _Plan) -> SumOutcome:
         differ = [k for k in range(len(run.members)) if k >= len(other.digests) or other.digests[k] != digests[k]]
         if differ:
             raise run.fail(f"{run.name(src)} holds another vector of {run.name(run.members[differ[0]])} than this "
-                           "member: that member sent them different vectors (or the first misreports it)")
+                           "member: that member sent them different vectors (or the first misreports it)", Equivocation)
     total = mine.copy()
     for src in run.others:
         np.add(total, vectors[src], out=total)

@@ -197,6 +197,7 @@ import numpy as np
 
 from fedpeer.errors import JobError
 from fedpeer.protocols.securesum.core import (  # noqa: F401  (the protocol's limits, for callers and tests)
+    Equivocation,
     CHUNKS_IN_FLIGHT_MAX,
     DEFAULT_CHUNK_ENTRIES,
     HOP_TIMEOUT_MS_MAX,
@@ -245,8 +246,8 @@ from fedpeer.protocols.securesum.wire import (  # noqa: F401  (the messages, for
 )
 from fedpeer.runtime.channel import Channel
 
-__all__ = ["MODES", "MapOutcome", "SegmentRefused", "SumOutcome", "expand_mask", "pairwise_label", "secure_reduce_map",
-           "secure_results_check", "secure_sum"]
+__all__ = ["MODES", "Equivocation", "MapOutcome", "SegmentRefused", "SumOutcome", "expand_mask", "pairwise_label",
+           "secure_reduce_map", "secure_results_check", "secure_sum"]
 
 
 async def secure_sum(ch: Channel, tag: str, vector: np.ndarray, *, mode: str = "ring",

@@ -32,6 +32,12 @@ TAG_BYTES_MAX = 128                 # the caller's tag; our suffix adds at most 
 PHASE = "secure sum"
 
 
+class Equivocation(JobError):
+    """Members hold different copies of what one member sent them all (the digests differ): that
+    member is named. Nobody died, so the caller has no one to wait for or drop
+    (fedpeer/protocols/epochs.py fails the job at once)."""
+
+
 @dataclass(frozen=True, eq=False)
 class SumOutcome:
     total: np.ndarray                     # uint64: the sum mod 2^64 over `participants`

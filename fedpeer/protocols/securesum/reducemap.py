@@ -53,7 +53,7 @@ import numpy as np
 from fedpeer.errors import JobError
 from fedpeer.protocols.securesum import masks as sm
 from fedpeer.protocols.securesum.allreduce import _Run
-from fedpeer.protocols.securesum.core import _Plan
+from fedpeer.protocols.securesum.core import Equivocation, _Plan
 from fedpeer.protocols.securesum.wire import (
     CHUNK_ENTRIES_MAX,
     REASON_BYTES_MAX,
@@ -166,7 +166,7 @@ async def compare_digests(run: _Run, digests: Sequence[bytes], what: str) -> Non
         differ = [k for k in range(len(run.members)) if k >= len(other.digests) or other.digests[k] != digests[k]]
         if differ:
             raise run.fail(f"{run.name(src)} holds another {what} of segment {differ[0]} than this member: its "
-                           f"owner {run.name(run.members[differ[0]])} sent them different {what}s")
+                           f"owner {run.name(run.members[differ[0]])} sent them different {what}s", Equivocation)
 
 
 async def check_results(ch: Channel, plan: _Plan, digests: Sequence[bytes]) -> None:
