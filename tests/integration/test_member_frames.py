@@ -194,3 +194,56 @@ async def test_a_members_gossip_cannot_evict_a_site(make_federation) -> None:
     assert seen == {("alive", victim.address)}, seen
     assert (await h.status(1))["node"]["incarnation"] <= 1 + 2 * 9      # refutes at most 2 per second
     assert all(code is None for name, code in h.exit_codes().items() if name != h.sites[3].name)
+
+
+# -- the reduce-map's messages from a member's key in hostile hands ------------------------------
+
+async def test_forged_reduce_map_messages_leave_a_histogram_job_and_the_site_unharmed(make_federation,
+                                                                                      tmp_path) -> None:
+    """While site-1 and site-2 run a histogram job (levels by the secure reduce-map), the holder of
+    site-3's key, allow-listed but not a member, sends site-1 what the reduce-map carries under the
+    job's own tags: results with wrong sizes and refusals, digests that differ, pieces of floats.
+    Every frame is refused at the gate or never waited on (the job takes each message from the
+    member it expects), the job ends done with one model at both sites, and site-1 keeps serving."""
+    import numpy as np
+
+    from fedpeer.app.harness.federation import split_csv
+    from fedpeer.protocols.securesum.wire import ArCheck, ArResult, SumChunk
+    from tests.integration.test_jobs import _attach_data, breast_cancer_csv
+
+    full = breast_cancer_csv(tmp_path / "bc.csv")
+    parts = split_csv(full, "diagnosis", 3, "stratified", seed=3, out_dir=tmp_path / "parts")
+    h: Harness = make_federation(3, start=False)
+    _attach_data(h, parts, label="diagnosis", positive="malignant")
+    h.start(0)
+    h.start(1)
+    await h.wait_all_alive(timeout_s=30, among=[0, 1])
+    mallory = load_key_file(h.sites[2].config.node.key_file)
+    site1 = load_key_file(h.sites[0].config.node.key_file).public_key
+    forger = await frames.connected(mallory, h, [0])
+    rounds = 40
+    job_id = await h.propose(1, "xgboost", {"mode": "histogram", "rounds": rounds, "max_depth": 3, "max_bin": 32,
+                                            "test_fraction": 0.0, "nthread": 1})     # secure_sum: allreduce
+    await h.wait_step(0, job_id, 1, timeout_s=60)     # forge while site-1 grows the trees (tried: at step 5 of 40
+                                                      # when the last frame went in)
+    forged = []
+    for r in range(rounds):
+        for d in range(3):
+            pre = f"xgbh/e0/r{r}/c0/d{d}/ss-allreduce/a1/"
+            forged += [ArResult(f"{pre}r0", np.full(7, 2**63, dtype=np.uint64), ""),
+                       ArResult(f"{pre}r1", np.zeros(0, dtype=np.uint64), "x" * 2048),
+                       SumChunk(f"{pre}p0/0", np.arange(5, dtype=np.float64))]
+        forged.append(ArCheck(f"xgbh/e0/r{r}/c0/check/ss-allreduce/a1/check", [b"\x00" * 32] * 3))
+    async with aiohttp.ClientSession() as s:
+        for msg in forged:
+            status, _ = await _post(s, h.sites[0].port, forger.seal(site1, msg, job=job_id))
+            assert status in (204, 400), status
+    records = await h.wait_job(job_id, timeout_s=120, among=[0, 1])
+    assert {r["state"] for r in records.values()} == {"done"}, [r["error"] for r in records.values()]
+    assert len({r["result"]["model_sha256"] for r in records.values()}) == 1
+    doc = await h.status(0, timeout_ms=1000)
+    assert doc["rejected"].get("internal_error", 0) == 0, doc["rejected"]
+    assert doc["rejected"].get("schema", 0) + doc["rejected"].get("decode", 0) >= 1, doc["rejected"]
+    assert next(p for p in doc["peers"] if p["name"] == "site-2")["state"] == "alive"
+    assert h.exit_codes()[h.sites[0].name] is None
+    assert "Traceback" not in h.sites[0].log_path.read_text()
