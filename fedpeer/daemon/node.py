@@ -26,7 +26,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from fedpeer.base.logs import fields
-from fedpeer.daemon.warmup import preload_ml
 from fedpeer.base.store import StateDir
 from fedpeer.config import load as cfg
 from fedpeer.config import locate
@@ -40,6 +39,7 @@ from fedpeer.daemon.metrics import PATH as METRICS_PATH
 from fedpeer.daemon.metrics import MetricsListener, NodeMetrics
 from fedpeer.daemon.tracking import MlflowTracker
 from fedpeer.daemon.tracking import check as check_tracking
+from fedpeer.daemon.warmup import preload_ml
 from fedpeer.errors import ConfigError, FedpeerError, JobError, RemoteProtocolError
 from fedpeer.identity import Identity, encode_public_key, fingerprint
 from fedpeer.jobs.lifecycle.registry import JobRegistry

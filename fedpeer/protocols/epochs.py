@@ -25,9 +25,9 @@ A member left out of a sum (slow, cut off) gets JobError from the secure sum and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -42,6 +42,7 @@ from fedpeer.protocols.securesum.api import (
 )
 from fedpeer.runtime.channel import SubChannel
 
+T = TypeVar("T")
 DEAD_WAIT_MS = 30_000            # after a failed sum, how long to wait for the failure detector to name the dead
 POLL_MS = 200                    # how often the failure detector's view is read meanwhile
 
@@ -88,16 +89,11 @@ class Epochs:
         and the failure detector declares none of the scope dead within DEAD_WAIT_MS."""
         scope = scope or self.members
         tag = self.tag(name)
-        try:
-            out = await secure_sum(SubChannel(self.ch, scope), tag, vector, mode=self.mode,
-                                   hop_timeout_ms=hop_timeout_ms or self.hop_timeout_ms)
-        except Equivocation:
-            raise                                  # a member named, nobody died: nothing to wait for
-        except JobError:
-            dead = await self.declared_dead(scope)
-            if not dead:
-                raise
+        out, dead = await self._or_dead(scope, secure_sum(SubChannel(self.ch, scope), tag, vector, mode=self.mode,
+                                                          hop_timeout_ms=hop_timeout_ms or self.hop_timeout_ms))
+        if dead:
             return Summed(tag, None, dead)     # the sum gave up on a member that has since died
+        assert out is not None
         self.sums += 1
         return Summed(tag, out.total, tuple(m for m in scope if m not in out.participants))
 
@@ -107,33 +103,35 @@ class Epochs:
         each owner's result, or the members it went without. An owner's refusal (SegmentRefused)
         ends it at once: nobody died."""
         tag = self.tag(name)
-        try:
-            out = await secure_reduce_map(SubChannel(self.ch, self.members), tag, vector, bounds, owner_fn,
-                                          hop_timeout_ms=hop_timeout_ms or self.hop_timeout_ms, check=check)
-        except (SegmentRefused, Equivocation):
-            raise                                  # nobody died: nothing to wait for
-        except JobError:
-            dead = await self.declared_dead(self.members)
-            if not dead:
-                raise
+        out, dead = await self._or_dead(self.members, secure_reduce_map(
+            SubChannel(self.ch, self.members), tag, vector, bounds, owner_fn,
+            hop_timeout_ms=hop_timeout_ms or self.hop_timeout_ms, check=check))
+        if dead:
             return Mapped(tag, None, dead, ())
+        assert out is not None
         self.sums += 1
         return Mapped(tag, out.results, (), out.digests)
 
     async def check_results(self, name: str, digests: Sequence[bytes]) -> tuple[bytes, ...]:
         """securesum's results check over every current member: the members it went without
         (declared dead after it failed), or (); JobError when it failed otherwise."""
+        _, dead = await self._or_dead(self.members, secure_results_check(
+            SubChannel(self.ch, self.members), self.tag(name), digests, hop_timeout_ms=self.hop_timeout_ms))
+        return dead
+
+    async def _or_dead(self, scope: tuple[bytes, ...], run: Awaitable[T]) -> tuple[T | None, tuple[bytes, ...]]:
+        """(run's outcome, ()), or, when it fails with a JobError, (None, the members of `scope`
+        the failure detector then declares dead); the JobError stands if it declares none, and at
+        once when it names a member and involves no death (module docstring)."""
         try:
-            await secure_results_check(SubChannel(self.ch, self.members), self.tag(name), digests,
-                                       hop_timeout_ms=self.hop_timeout_ms)
-        except Equivocation:
+            return await run, ()
+        except (SegmentRefused, Equivocation):
             raise
         except JobError:
-            dead = await self.declared_dead(self.members)
+            dead = await self.declared_dead(scope)
             if not dead:
                 raise
-            return dead
-        return ()
+            return None, dead
 
     def new_epoch(self, lost: tuple[bytes, ...]) -> None:
         """Every survivor, on the same `lost`: go on over the others, under fresh tags."""

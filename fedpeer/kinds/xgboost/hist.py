@@ -305,7 +305,8 @@ class HistJob:
         histograms never travel: half the bytes of the all-reduce, one n-th of the search each.
         The owners' results are compared once per tree (`owners`: a hash of each one's, in grow)."""
         assert self.cuts is not None and self.packing is not None
-        if self._blocks is None or len(self._blocks.features) != len(self.members) + 1:
+        if (self._blocks is None or self._blocks.packing is not self.packing
+                or len(self._blocks.features) != len(self.members) + 1):      # new cut points, or members lost
             self._blocks = FeatureBlocks.of(self.packing, self.cuts.n_features, self.cuts.n_slots, len(self.members))
         blocks, nodes = self._blocks, len(growth.build)
         vector = await self.compute(blocks.by_block, await self.compute(self.site.level_vector, growth), nodes)

@@ -99,10 +99,13 @@ def digests(total: np.ndarray, segs: Sequence[slice]) -> list[bytes]:
 
 
 class _Run:
-    """One member's all-reduce: the plan, the participants, the segments and what it holds."""
+    """One member's run of a sum without an initiator (this all-reduce, the all-to-all, the
+    reduce-map): the plan, the participants, the segments (`segs`: equal ones unless given) and
+    what it holds; `label` names the protocol in its errors."""
 
-    def __init__(self, ch: Channel, plan: _Plan, segs: Sequence[slice] | None = None) -> None:
-        self.ch, self.plan = ch, plan
+    def __init__(self, ch: Channel, plan: _Plan, segs: Sequence[slice] | None = None,
+                 label: str = "all-reduce") -> None:
+        self.ch, self.plan, self.label = ch, plan, label
         self.members = tuple(ch.members)
         self.others = [m for m in self.members if m != ch.me]
         self.mine = self.members.index(ch.me)
@@ -113,7 +116,7 @@ class _Run:
         return member.hex()[:16]
 
     def fail(self, what: str, kind: type[JobError] = JobError) -> JobError:
-        return kind(f"secure sum '{self.plan.tag}' (all-reduce): {what}")
+        return kind(f"secure sum '{self.plan.tag}' ({self.label}): {what}")
 
     async def compute(self, fn: Any, *args: Any) -> Any:
         if 8 * len(self.plan.vector) >= OFF_LOOP_BYTES_MIN:
@@ -155,6 +158,17 @@ class _Run:
             out.append((piece, msg.data))
         return out
 
+    async def reduce_own(self, masked: np.ndarray) -> np.ndarray:
+        """My segment's sum: my entries of `masked` plus every other member's masked contribution
+        (pieces "p"), each added where it lies (no concatenation), in a fresh array."""
+        own = self.segs[self.mine]
+        acc = masked[own].copy()
+        for parts in await asyncio.gather(*(self.recv_pieces(self.mine, p, "p") for p in self.others)):
+            for piece, data in parts:
+                part = acc[piece.start - own.start:piece.stop - own.start]
+                np.add(part, data, out=part)
+        return acc
+
     def messages(self, data: np.ndarray, owner: int, kind: str) -> list[SumChunk]:
         """`data` (segment `owner`'s entries) in pieces, tagged <prefix><kind><owner>/<piece>."""
         seg = self.segs[owner]
@@ -182,14 +196,6 @@ async def all_reduce(ch: Channel, plan: _Plan) -> SumOutcome:
         await asyncio.gather(*(run.send_all(p, run.messages(y[run.segs[k]], k, "p"))
                                for k, p in enumerate(run.members) if p != ch.me))
 
-    async def reduce() -> np.ndarray:  # the n masked contributions of my segment
-        acc = y[own].copy()
-        for parts in await asyncio.gather(*(run.recv_pieces(run.mine, p, "p") for p in run.others)):
-            for piece, data in parts:       # added where it lies: no concatenation
-                part = acc[piece.start - own.start:piece.stop - own.start]
-                np.add(part, data, out=part)
-        return acc
-
     total = np.empty(len(plan.vector), dtype=np.uint64)
 
     async def gather_from(k: int, src: bytes) -> None:
@@ -197,7 +203,7 @@ async def all_reduce(ch: Channel, plan: _Plan) -> SumOutcome:
             total[piece] = data
 
     async def reduce_and_share() -> None:     # my segment's sum, as soon as it is complete, to everyone
-        total[own] = await reduce()
+        total[own] = await run.reduce_own(y)
         await asyncio.gather(*(run.send_all(p, run.messages(total[own], run.mine, "t")) for p in run.others))
     await asyncio.gather(scatter(), reduce_and_share(),
                          *(gather_from(k, p) for k, p in enumerate(run.members) if p != ch.me))

@@ -56,7 +56,7 @@ def _digest(vector: np.ndarray) -> bytes:
 
 async def all_to_all(ch: Channel, plan: _Plan) -> SumOutcome:
     """The sum of `plan.vector` over ch.members, all to all (module docstring); JobError on failure."""
-    run = _Run(ch, plan)
+    run = _Run(ch, plan, label="all to all")
     label = sm.pairwise_label(plan, 1)
     pair_seeds = {p: ch.pairwise_seed(p, label) for p in run.others}
     self_seed = ch.random_bytes(sm.SEED_BYTES)

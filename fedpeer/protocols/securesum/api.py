@@ -197,7 +197,6 @@ import numpy as np
 
 from fedpeer.errors import JobError
 from fedpeer.protocols.securesum.core import (  # noqa: F401  (the protocol's limits, for callers and tests)
-    Equivocation,
     CHUNKS_IN_FLIGHT_MAX,
     DEFAULT_CHUNK_ENTRIES,
     HOP_TIMEOUT_MS_MAX,
@@ -208,6 +207,7 @@ from fedpeer.protocols.securesum.core import (  # noqa: F401  (the protocol's li
     SEND_BYTES_IN_FLIGHT_MAX,
     SENDS_IN_FLIGHT_MAX,
     TAG_BYTES_MAX,
+    Equivocation,
     SumOutcome,
     _Attempt,
     _Masks,
@@ -300,6 +300,7 @@ async def secure_results_check(ch: Channel, tag: str, digests: Sequence[bytes], 
                                hop_timeout_ms: int = 10_000) -> None:
     """The reduce-map's last step on its own (reducemap.check_results): every member's digest of
     each owner's results compared; JobError naming an owner that sent members different ones."""
+    # a plan for its tags and hop timeout; the one-entry vector is never sent
     plan = _plan(ch, tag, np.zeros(1, dtype=np.uint64), ALLREDUCE, hop_timeout_ms, DEFAULT_CHUNK_ENTRIES, 1)
     try:
         await check_results(ch, plan, digests)

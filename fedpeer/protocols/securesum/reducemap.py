@@ -108,26 +108,17 @@ async def reduce_map(ch: Channel, plan: _Plan, bounds: Sequence[int], owner_fn: 
     """The reduce-map of `plan.vector` over ch.members (module docstring); JobError on failure,
     SegmentRefused when an owner refused its total. `check` False leaves step 4 to the caller
     (check_results, once over several reduce-maps: the digests are in the outcome)."""
-    run = _Run(ch, plan, segment_slices(bounds, len(plan.vector), len(ch.members)))
+    run = _Run(ch, plan, segment_slices(bounds, len(plan.vector), len(ch.members)), "reduce-map")
     label = sm.pairwise_label(plan, 1)
     pair_seeds = {p: ch.pairwise_seed(p, label) for p in run.others}
     y = await run.compute(masked_segments, plan.vector, run.segs, run.mine, run.members, pair_seeds)
-    own = run.segs[run.mine]
     pre = run.prefix
 
     async def scatter() -> None:       # my masked segment k to owner k
         await asyncio.gather(*(run.send_all(p, run.messages(y[run.segs[k]], k, "p"))
                                for k, p in enumerate(run.members) if p != ch.me))
 
-    async def reduce() -> np.ndarray:  # my segment's total: my entries plus the others' masked ones
-        acc = y[own].copy()
-        for parts in await asyncio.gather(*(run.recv_pieces(run.mine, p, "p") for p in run.others)):
-            for piece, data in parts:
-                part = acc[piece.start - own.start:piece.stop - own.start]
-                np.add(part, data, out=part)
-        return acc
-
-    total, _ = await asyncio.gather(reduce(), scatter())
+    total, _ = await asyncio.gather(run.reduce_own(y), scatter())   # my segment's total
     refused = ""
     try:
         mine = await run.compute(owner_fn, run.mine, total)
@@ -175,4 +166,4 @@ async def check_results(ch: Channel, plan: _Plan, digests: Sequence[bytes]) -> N
     other member's; JobError naming an owner whose results differed between members."""
     if len(digests) != len(ch.members):
         raise ValueError(f"one digest per member, got {len(digests)} for {len(ch.members)}")
-    await compare_digests(_Run(ch, plan), digests, "result")
+    await compare_digests(_Run(ch, plan, label="reduce-map"), digests, "result")
