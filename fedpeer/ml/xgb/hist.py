@@ -9,8 +9,9 @@ round(h * 2^hess_bits) *before* any sum, with the bits derived from bounds the j
 integers: exact, in any order, on any partition of the rows — so the sum of the sites' histograms
 is bit for bit the histogram of the pooled rows, and "parent - built child = sibling" is exact
 too. A site whose g or h leaves its declared bound raises DataError naming the bound: nothing
-is clipped, nothing wraps. The float64 sums are exact while a cell's sum stays below 2^53:
-at most SITE_ROWS_MAX = 2^24 rows per site (2^24 * 2^28 = 2^52).
+is clipped, nothing wraps. A site's cell sums are int64 and stay below 2^52: at most
+SITE_ROWS_MAX = 2^24 rows per site (2^24 * 2^28 = 2^52), so their float64 images in the split
+search are exact too.
 
 Histogram layout: int64 (nodes, F, S, 3) with S = max_bin + 1 slots per feature (bins
 0..max_bin-1, slot max_bin = missing values) and channels (Σ g_q, Σ h_q, rows). The secure sum
@@ -37,9 +38,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy import sparse
 
 from fedpeer.errors import DataError
+from fedpeer.ml.xgb.kernels import hist_kernel
 from fedpeer.protocols.fixedpoint import fraction_bits
 
 __all__ = [
@@ -63,7 +64,6 @@ SITE_ROWS_MAX = 1 << 24    # so a site's cell sum <= 2^52: float64 sums of them 
 CHANNELS = 3               # Σ g, Σ h, rows
 HESS_FLOOR = 1e-16         # xgboost's kRtEps-like floor on logistic/softmax hessians
 _INT_SUM_LIMIT = 1 << 63   # a secure-summed int64 cell must stay below this in magnitude
-CELLS_PER_PRODUCT = 1 << 22   # (row, feature) cells per sparse product in level_histograms: ~48 MiB of indices
 
 
 def scale_bits(bound: float) -> int:
@@ -124,40 +124,27 @@ def level_histograms(bins: np.ndarray, gq: np.ndarray, hq: np.ndarray, positions
     (len(build_nodes), F, n_slots, 3) of (Σ gq, Σ hq, rows) per (node, feature, bin).
 
     `bins` (rows, F) from sketch.bin_matrix, `positions` (rows,) each row's current node;
-    `sampled` (bool (rows,), subsample < 1): only these rows count, in every channel. One sparse
-    product per level (per block of features when a level holds more than CELLS_PER_PRODUCT
-    (row, feature) cells) adds each row's (g, h, 1) into its (node, feature, bin) cell: the
-    three channels in one compiled pass and no call per feature: three np.bincount calls per
-    feature took twice as long (30 trees of 80,000 x 50 rows over 5 sites in one process: 1.55
-    s against 0.76 s), most of it per-call overhead at a site's few thousand rows per node. The
-    float64 sums of integers below 2^52 are exact in any order (module docstring)."""
+    `sampled` (bool (rows,), subsample < 1): only these rows count, in every channel. One
+    compiled pass over the rows adds each row's (g, h, 1) into its (node, feature, bin) cell
+    (kernels.hist_kernel): int64 sums, exact in any order. It replaced one sparse product per
+    level (scipy's CSC times the rows' (g, h, 1)), most of whose time went to building its
+    index arrays."""
     build = np.asarray(build_nodes, dtype=np.int64)
     n_features, n_slots, n_build = bins.shape[1], int(n_slots), len(build)
     out = np.zeros((n_build, n_features, n_slots, CHANNELS), dtype=np.int64)
-    if n_build == 0:
+    if n_build == 0 or len(positions) == 0:
         return out
-    if bins.size and int(bins.max()) >= n_slots:        # the product below trusts every cell index
+    if bins.size and int(bins.max()) >= n_slots:        # the kernel trusts every cell index
         raise ValueError(f"a bin index is beyond the {n_slots} slots")
+    if len(bins) != len(positions) or len(gq) != len(positions) or len(hq) != len(positions):
+        raise ValueError("bins, gradients and positions must have one entry per row")
     slot_of = np.full(int(max(positions.max(initial=0), build.max())) + 1, -1, dtype=np.int64)
     slot_of[build] = np.arange(n_build)
     slot = slot_of[positions]
     if sampled is not None:
         slot = np.where(sampled, slot, -1)
-    rows = slice(None) if bool((slot >= 0).all()) else np.flatnonzero(slot >= 0)
-    m = len(slot[rows])
-    weights = np.empty((m, CHANNELS), dtype=np.float64)
-    weights[:, 0], weights[:, 1], weights[:, 2] = gq[rows], hq[rows], 1.0
-    step = max(1, min(n_features, CELLS_PER_PRODUCT // max(m, 1)))
-    for f0 in range(0, n_features, step):
-        f1 = min(n_features, f0 + step)
-        width = (f1 - f0) * n_slots                       # one node's cells in this block
-        index = np.int32 if n_build * width < 1 << 31 else np.int64
-        cells = np.empty((m, f1 - f0), dtype=index)       # row-major: one column of the product per row
-        np.add(bins[rows, f0:f1], (np.arange(f1 - f0, dtype=index) * n_slots)[None, :], out=cells)
-        cells += (slot[rows] * width).astype(index)[:, None]
-        product = sparse.csc_array((np.ones(cells.size), cells.ravel(), np.arange(0, cells.size + 1, f1 - f0)),
-                                   shape=(n_build * width, m))
-        out[:, f0:f1] = (product @ weights).reshape(n_build, f1 - f0, n_slots, CHANNELS)
+    hist_kernel(np.ascontiguousarray(bins), np.ascontiguousarray(gq, dtype=np.int64),
+                np.ascontiguousarray(hq, dtype=np.int64), slot, out)
     return out
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from fedpeer.ml.xgb.hist import CHANNELS
+from fedpeer.ml.xgb.kernels import best_splits_kernel, route_kernel
 from fedpeer.ml.xgb.sketch import Cuts
 from fedpeer.ml.xgb.tree import _f32, _Tree
 
@@ -98,12 +99,11 @@ class Splits:
     right: np.ndarray         # int64 (n, 3)
 
 
-def best_splits(hist: np.ndarray, cut_counts: np.ndarray, p: SplitParams,
-                cumulative: np.ndarray | None = None) -> Splits:
+def best_splits(hist: np.ndarray, cut_counts: np.ndarray, p: SplitParams) -> Splits:
     """The best split of every node (`_best`), and whether it is made: it gains more than
     RT_EPS and at least gamma."""
-    chg, f, cut, d, left, total = _best(hist, cut_counts, p, cumulative)
-    return _splits(chg, f, cut, d, left, total, p)
+    chg, f, cut, d, left, totals = _best(hist, cut_counts, p)
+    return _splits(chg, f, cut, d, left, totals[:, 0], p)
 
 
 def _splits(chg: np.ndarray, f: np.ndarray, cut: np.ndarray, d: np.ndarray, left: np.ndarray, total: np.ndarray,
@@ -113,62 +113,33 @@ def _splits(chg: np.ndarray, f: np.ndarray, cut: np.ndarray, d: np.ndarray, left
                   right=total - left)
 
 
-def _best(hist: np.ndarray, cut_counts: np.ndarray, p: SplitParams,
-          cumulative: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
-    """xgboost's split enumeration over summed histograms int64 (n, F, S, 3), vectorised over
-    nodes, features, cuts and both missing directions. Candidates are ordered (feature, cut,
-    direction) and the first maximum wins; without missing rows in the level both directions
-    score alike, so only "missing right" (the first) is scored. A candidate's change is
-    G_L^2/(H_L+lambda) + G_R^2/(H_R+lambda) - G^2/(H+lambda), as xgboost computes it (in place:
-    the level's largest arrays are made once). `cumulative`: np.cumsum(hist, axis=2), if the
-    caller has it. Returns, per node, the best candidate's loss change (-inf if none is allowed),
-    feature, cut, direction (1: missing left), left child's sums and the node's sums."""
-    n, n_features, n_slots, _ = hist.shape
-    n_cuts = n_slots - 2                                   # cuts k = 1..max_bin-1
-    cum = np.cumsum(hist, axis=2) if cumulative is None else cumulative
-    total = cum[:, 0, -1]                                  # (n, 3): every feature holds every row once
-    below = cum[:, :, :n_cuts]                             # (n, F, K, 3): sums over bins < k, k = 1..K
-    missing = hist[:, :, n_slots - 1]                      # (n, F, 3)
-    G, H = p.sums(total)
-    g_below, h_below = p.sums(below)                       # float64 of integers: exact below 2^53
-    cut_ok = (np.arange(1, n_cuts + 1)[None, :] <= cut_counts[:, None])[None]
-    node = (slice(None), None, None)
-    parent = p.gain(G, H)[node]
-    n_below = below[..., 2]
-    directions = [(g_below, h_below, n_below)]                                                   # missing right
-    if missing[..., 1:].any():
-        g_miss, h_miss = p.sums(missing)
-        directions.append((g_below + g_miss[..., None], h_below + h_miss[..., None],
-                           n_below + missing[..., None, 2]))                                     # missing left
-    scored = []
-    for gl, hl, nl in directions:
-        gr, hr = G[node] - gl, H[node] - hl
-        ok = cut_ok & (hl >= p.min_child_weight)
-        ok &= hr >= p.min_child_weight
-        if p.min_child_weight <= 0:                        # else H >= min_child_weight says H > 0
-            ok &= hl > 0
-            ok &= hr > 0
-        ok &= nl >= p.min_leaf_rows
-        ok &= nl <= (total[:, 2] - p.min_leaf_rows)[node]    # the right side's rows >= min_leaf_rows
-        if p.max_delta_step > 0:
-            chg = p.gain(gl, hl) + p.gain(gr, hr) - parent
-        else:                       # = gain(gl, hl) + gain(gr, hr) - gain(G, H) wherever `ok`
-            with np.errstate(divide="ignore", invalid="ignore"):
-                chg = gl * gl
-                chg /= hl + p.reg_lambda
-                gr *= gr
-                hr += p.reg_lambda
-                gr /= hr
-                chg += gr
-                chg -= parent
-        chg[~ok] = -np.inf
-        scored.append(chg)
-    flat = np.stack(scored, axis=-1).reshape(n, -1)        # order (feature, cut, direction)
-    best = np.argmax(flat, axis=1)                         # first maximum: the fixed tie rule
-    best_chg = flat[np.arange(n), best]
-    f, kk, d = np.unravel_index(best, (n_features, n_cuts, len(directions)))
-    left = below[np.arange(n), f, kk] + d[:, None] * missing[np.arange(n), f]             # exact integers
-    return best_chg, f.astype(np.int64), kk.astype(np.int64) + 1, d.astype(np.int64), left, total
+def _scale(bits: int) -> float:
+    """2^-bits as a float64 that multiplies exactly (`_scaled`'s fast case)."""
+    if bits > 1000:
+        raise ValueError(f"a gradient bound needs {bits} fraction bits: too small a bound for the split search")
+    return 2.0 ** -bits
+
+
+def _best(hist: np.ndarray, cut_counts: np.ndarray, p: SplitParams) -> tuple[np.ndarray, ...]:
+    """xgboost's split enumeration over summed histograms int64 (n, F, S, 3), in one compiled
+    pass per node (kernels.best_splits_kernel). Candidates are ordered (feature, cut,
+    direction: missing right, then missing left where the node has missing rows of the feature)
+    and the first maximum wins. A candidate's change is G_L^2/(H_L+lambda) + G_R^2/(H_R+lambda)
+    - G^2/(H+lambda), the float64 operations in xgboost's order. Returns, per node, the best
+    candidate's loss change (-inf if none is allowed), feature, cut, direction (1: missing
+    left), the left child's integer sums, and each feature's integer totals (n, F, 3) (the
+    node's sums: those of feature 0). ValueError if a hessian or row count is negative."""
+    hist = np.ascontiguousarray(hist, dtype=np.int64)
+    n, n_features = hist.shape[:2]
+    chg = np.empty(n, dtype=np.float64)
+    best = np.empty((n, 3), dtype=np.int64)
+    left = np.empty((n, CHANNELS), dtype=np.int64)
+    totals = np.empty((n, n_features, CHANNELS), dtype=np.int64)
+    if not best_splits_kernel(hist, np.ascontiguousarray(cut_counts, dtype=np.int64), _scale(p.grad_bits),
+                              _scale(p.hess_bits), float(p.reg_lambda), float(p.min_child_weight),
+                              float(p.max_delta_step), int(p.min_leaf_rows), chg, best, left, totals):
+        raise ValueError("summed histograms hold a negative hessian or row count")
+    return chg, best[:, 0], best[:, 1], best[:, 2], left, totals
 
 
 @dataclass(frozen=True, eq=False)
@@ -223,14 +194,10 @@ def _frontier_hists(g: Growth, summed: np.ndarray, parent: np.ndarray) -> np.nda
     return out.reshape((len(g.frontier),) + summed.shape[1:])
 
 
-def _check_hists(hist: np.ndarray, cumulative: np.ndarray, expected: np.ndarray | None) -> None:
-    """Summed histograms a member can prove wrong: negative rows or hessians, features that
-    disagree on a node's totals, or totals that differ from what the parent's split said.
-    `cumulative` = np.cumsum(hist, axis=2) (its last slot: the totals; numpy sums the slot axis
-    of this layout ~7x slower than it accumulates it)."""
-    totals = cumulative[:, :, -1]                                # (n, F, 3)
-    if hist.size and np.minimum(hist[..., 1], hist[..., 2]).min() < 0:
-        raise ValueError("summed histograms hold a negative hessian or row count")
+def _check_totals(totals: np.ndarray, expected: np.ndarray | None) -> None:
+    """Summed histograms a member can prove wrong (besides negative hessians or rows, which
+    `_best` refuses): features that disagree on a node's totals (`totals`: each feature's, (n,
+    F, 3)), or totals that differ from what the parent's split said."""
     if (totals != totals[:, :1]).any():
         raise ValueError("summed histograms: features disagree on a node's totals")
     if expected is not None and (totals[:, 0] != expected).any():
@@ -266,9 +233,9 @@ def block_candidates(g: Growth, summed: np.ndarray, parent: np.ndarray, first: i
         raise ValueError(f"summed histograms of a block must be ({len(g.build)}, F_b, S, 3), got {summed.shape}")
     hist = _frontier_hists(g, summed.astype(np.int64), parent)
     root = len(g.frontier) == 1 and g.frontier[0] == 0
-    cumulative = np.cumsum(hist, axis=2)
-    _check_hists(hist, cumulative, None if root else g.sums[g.frontier])
-    chg, f, cut, d, left, total = _best(hist, g.cut_counts[first:first + hist.shape[1]], g.params, cumulative)
+    chg, f, cut, d, left, totals = _best(hist, g.cut_counts[first:first + hist.shape[1]], g.params)
+    _check_totals(totals, None if root else g.sums[g.frontier])
+    total = totals[:, 0]
     out = np.empty((len(g.frontier), CANDIDATE_FIELDS), dtype=np.int64)
     out[:, 0] = chg.view(np.int64)
     out[:, 1], out[:, 2], out[:, 3] = f + first, cut, d
@@ -346,18 +313,14 @@ def _decide(g: Growth, s: Splits, totals: np.ndarray, root: bool) -> Growth:
 
 
 def route_rows(g: Growth, bins: np.ndarray, positions: np.ndarray, missing_bin: int) -> np.ndarray:
-    """Each row's node after the splits made so far (rows at a split node move down, repeatedly:
-    at most depth steps, each vectorised over rows)."""
-    pos = np.asarray(positions, dtype=np.int64).copy()
-    for _ in range(int(g.depth.max()) + 1):
-        node_left = g.left[pos]
-        moving = np.flatnonzero(node_left >= 0)
-        if len(moving) == 0:
-            break
-        at = pos[moving]
-        b = bins[moving, g.feature[at]].astype(np.int64)
-        go_left = np.where(b == missing_bin, g.default_left[at] == 1, b < g.cut[at])
-        pos[moving] = np.where(go_left, node_left[moving], node_left[moving] + 1)
+    """Each row's node after the splits made so far: a row at a split node moves down until it
+    reaches a node without one (kernels.route_kernel, one compiled pass over the rows)."""
+    pos = np.array(positions, dtype=np.int64)          # a copy
+    if len(pos) != len(bins):
+        raise ValueError(f"{len(pos)} positions for {len(bins)} rows")
+    if len(pos) and (pos.min() < 0 or pos.max() >= g.n_nodes):
+        raise ValueError("a row's position is not a node of the tree")
+    route_kernel(g.left, g.feature, g.cut, g.default_left, np.ascontiguousarray(bins), pos, int(missing_bin))
     return pos
 
 
