@@ -24,6 +24,7 @@ from fedpeer.kinds.xgboost import kind as xj  # noqa: E402
 from fedpeer.ml.xgb import (
     boosting,
     histrun,  # noqa: E402
+    sketch,
 )
 from fedpeer.testing.memory import MemoryNetwork  # noqa: E402
 from fedpeer.testing.members import TwoFaced, after_step, member_keys, run_members  # noqa: E402
@@ -72,7 +73,7 @@ def test_federated_model_is_byte_identical_to_the_pooled_reference(secure_sum: s
     assert model == reference
     r = results[0]
     assert r["mode"] == "histogram" and r["trees"] == 4 and r["rounds"] == 4 and r["lost"] == []
-    assert r["secure_sums"] == 1 + 33 + 4 * 3         # labels, the sketch, one sum per level
+    assert r["secure_sums"] == 1 + sketch.sketch_steps(30, 32) + 4 * 3     # labels, the sketch, one per level
     assert boosting.model_sha256(model) == r["model_sha256"]
 
 
@@ -102,11 +103,13 @@ def test_a_member_crashed_mid_job_leaves_the_survivors_with_one_model(secure_sum
                         "result": {k: v for k, v in survivors[0].items() if k != "_model"}})
     assert "members lost: site-2" in shown and "over site-1, site-3" in shown, shown
     assert survivors[0]["trees"] == 6
-    # the trees finished before the loss are the three members' pooled trees
+    # the trees every member finished before the loss are the three members' pooled trees: the
+    # first at least (a member that finished the second had every member's part of its levels,
+    # but the victim may have crashed before the others had its digest check of the second)
     whole = histrun.train_reference([s.X for s in sites], [s.y for s in sites],
                                     {"num_round": 6, "max_depth": 3, "eta": 0.3, "max_bin": 32})
     got, want = boosting.model_info(survivors[0]["_model"]).trees, boosting.model_info(whole).trees
-    assert all(np.array_equal(a.value, b.value) for a, b in zip(got[:2], want[:2]))
+    assert np.array_equal(got[0].value, want[0].value)
     assert not all(np.array_equal(a.value, b.value) for a, b in zip(got, want))
 
 

@@ -64,7 +64,7 @@ def test_sketch_finds_the_exact_pooled_quantiles_from_any_partition():
     X[rng.random(2000) < 0.2, 2] = np.nan                   # missing values are not counted
     max_bin = 16
     cuts, steps = run_sketch(np.array_split(X, 4), max_bin)
-    assert steps == S.SKETCH_STEPS == 33
+    assert steps == S.sketch_steps(3, max_bin) == 9 and S.sketch_arity(3, max_bin) == 16
     again, _ = run_sketch([X[::2], X[1::2], X[:0]], max_bin)
     assert np.array_equal(cuts.values, again.values) and np.array_equal(cuts.ptr, again.ptr)
     for f in range(3):
@@ -76,13 +76,42 @@ def test_sketch_finds_the_exact_pooled_quantiles_from_any_partition():
     assert (cuts.counts() <= max_bin - 1).all() and cuts.counts()[1] < len(np.unique(X[:, 1]))   # rare values share
 
 
+def test_sketch_cuts_do_not_depend_on_its_arity(monkeypatch):
+    """Halving (33 sums) and 16 parts a step (9 sums) find the same keys: each cut is the one
+    smallest key with enough rows below it."""
+    rng = np.random.default_rng(4)
+    X = np.column_stack([rng.normal(size=3000), rng.integers(0, 5, 3000), rng.exponential(size=3000) * 1e-30])
+    X[rng.random(3000) < 0.1, 0] = np.nan
+    parts = np.array_split(X, 3)
+    cuts, steps = run_sketch(parts, 64)
+    monkeypatch.setattr(S, "SKETCH_ARITY_MAX", 2)
+    halved, halving_steps = run_sketch(parts, 64)
+    assert (steps, halving_steps) == (9, 33)
+    assert np.array_equal(cuts.values, halved.values) and np.array_equal(cuts.ptr, halved.ptr)
+
+
+def test_sketch_arity_keeps_a_step_within_its_limit():
+    assert [S.sketch_arity(f, 256) for f in (30, 50, 100, 1000)] == [16, 8, 4, 2]
+    assert [S.sketch_steps(f, 256) for f in (30, 50, 100, 1000)] == [9, 12, 17, 33]
+    for f in (1, 30, 50, 100, 1000, 10_000):
+        a = S.sketch_arity(f, 256)
+        assert a == 2 or f * 255 * (a - 1) <= S.SKETCH_ENTRIES_MAX
+
+
 def test_sketch_refuses_counts_no_honest_sum_gives():
     sk = S.sketch_start(2, 8)
     with pytest.raises(ValueError, match="differ"):
         S.sketch_advance(sk, np.array([[5] * 7, [5] * 6 + [4]]))
     sk = S.sketch_advance(sk, np.full((2, 7), 5))
+    width = 7 * (sk.arity - 1)
+    assert sk.request().shape == (2, width)
+    with pytest.raises(ValueError, match="shape"):
+        S.sketch_advance(sk, np.full((2, 7), 5))
     with pytest.raises(ValueError, match="exceed"):
-        S.sketch_advance(sk, np.full((2, 7), 6))
+        S.sketch_advance(sk, np.full((2, width), 6))
+    falling = np.tile(np.minimum(np.arange(sk.arity - 1, 0, -1), 5), (2, 7))     # fewer rows below a higher cut
+    with pytest.raises(ValueError, match="fall"):
+        S.sketch_advance(sk, falling)
 
 
 def test_bin_matrix_matches_xgboost_split_rule_and_marks_missing():

@@ -4,7 +4,7 @@ fedpeer/ml/tree/cart.py); this module only moves their vectors through secure su
 
 No leader: every member runs the same deterministic sequence of secure sums and derives the same
 cut points and tree from the same totals (tags unique per sum and epoch E):
-    tree/e<E>/sketch/<s>, s < 33     counts "rows <= threshold" -> cut points, the federation's rows
+    tree/e<E>/sketch/<s>, s < steps  counts "rows <= threshold" -> cut points, the federation's rows
     tree/e<E>/d<D>                   the packed (node, feature, bin) class counts — or Σy, Σy², rows —
                                      of level D's built nodes -> that level's splits
     tree/e<E>/eval                   the tree on the sites' test parts (or, with test_fraction 0,
@@ -161,7 +161,7 @@ class TreeJob:
                 continue
 
     async def grow(self) -> Cart:
-        """The cut points (33 sums), then one sum per level."""
+        """The cut points (sketch.sketch_steps sums: 9 to 33), then one sum per level."""
         site = await self.compute(TreeSite, self.fit[0], self.fit[1], self.p, len(self.members))
         self.ch.progress("tree: cut points", 0, self.p.max_depth)
         sk, step = sketch_start(site.n_features, self.p.max_bin), 0

@@ -6,7 +6,7 @@ over secure sums.
 
 The sequence every member follows (one sum per arrow; here plain uint64 addition — the secure
 sum's arithmetic, mod 2^64, without its privacy):
-    sketch_vector(keys) x 33 -> cut points, the federation's rows, which bins hold one value
+    sketch_vector(keys) x sketch_steps -> cut points, the federation's rows, which bins hold one value
     per level: level_vector(growth) -> grow_level -> after_level
     finish_tree: scikit-learn's arrays, pruned with ccp_alpha.
 Every sum is a sum of integers, so the members' tree equals the pooled rows' tree byte for byte.

@@ -6,7 +6,7 @@ fedpeer.ml.xgb.sketch / fedpeer.ml.xgb.histtree; this module only moves their ve
 No leader: every member runs the same deterministic sequence of secure sums and computes the
 same cut points and trees from the same totals (one sum per arrow, tags unique per sum and epoch):
     xgbh/e<E>/labels                 label statistics -> base score
-    xgbh/e<E>/sketch/<s>, s < 33     counts "rows <= threshold" -> cut points (fedpeer.ml.xgb.sketch)
+    xgbh/e<E>/sketch/<s>, s < steps  counts "rows <= threshold" -> cut points (fedpeer.ml.xgb.sketch)
     xgbh/e<E>/r<R>/c<K>/d<D>         the (node, feature, bin) sums of g, h, rows of level D of the
                                      tree of round R, class K -> that level's splits (a reduce-map
                                      under allreduce: each member sums one block of features)
@@ -232,7 +232,7 @@ class HistJob:
             del self.trees[least - 1:]
 
     async def agree(self) -> None:
-        """The base score and the cut points (1 + 33 sums)."""
+        """The base score and the cut points (1 + sketch.sketch_steps sums: 9 to 33)."""
         self.ch.progress("histogram mode: label counts and cut points", 0, self.total_trees)
         tag, total = await self.sum("labels", await self.compute(self.site.label_vector))
         self.rows = checked_total(tag, check_label_stats, decode_ints(total), self.p, len(self.members))

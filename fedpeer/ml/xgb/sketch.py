@@ -17,14 +17,18 @@ The step machine (the job only moves its inputs and outputs):
         sk = sketch_advance(sk, secure_sum(mine))    # the federation's counts
     cuts = sketch_cuts(sk)
 
-Thresholds are float32 values written as order-preserving uint32 *keys* (`float_keys`): bisection
+Thresholds are float32 values written as order-preserving uint32 *keys* (`float_keys`): a search
 over the 2^32 keys needs no knowledge of any feature's range. Step 0 asks for the non-missing
-counts n_f (every threshold +inf); then Q = max_bin - 1 quantiles per feature are bisected at
+counts n_f (every threshold +inf); then Q = max_bin - 1 quantiles per feature are searched at
 once. Quantile q (1 <= q <= Q) targets rank r_q = ceil(q * n_f / max_bin) and converges to the
 smallest float32 value t with #{x_f <= t} >= r_q — the r_q-th smallest pooled value, exactly:
-tolerance zero in rank, zero in value. All intervals have the same width, so all converge
-together: exactly SKETCH_STEPS = 33 secure sums of F * Q counts (F * 255 with the default
-max_bin 256), whatever the data.
+tolerance zero in rank, zero in value. Each step cuts every quantile's interval into `arity`
+parts (A - 1 thresholds each; `sketch_arity`: 2 to SKETCH_ARITY_MAX, the most that keeps a
+step's F * Q * (A - 1) counts within SKETCH_ENTRIES_MAX) and keeps the part that holds the rank.
+All intervals have the same width, so all converge together: `sketch_steps(F, max_bin)` secure
+sums whatever the data — 12 of 89,250 counts for 50 features at max_bin 256 (8 parts a step),
+where halving took 33 sums of 12,750. The cut points do not depend on the arity: each is the
+one smallest key with enough rows below it.
 
 What the cuts reveal: per feature, up to max_bin - 1 pooled quantiles (the model's split
 thresholds reveal a subset of them anyway), and the bisection path, which is a function of them.
@@ -48,7 +52,7 @@ from fedpeer.errors import DataError
 
 __all__ = [
     "MAX_BIN_MAX",
-    "SKETCH_STEPS",
+    "SKETCH_ARITY_MAX",
     "Cuts",
     "Sketch",
     "bin_matrix",
@@ -57,8 +61,10 @@ __all__ = [
     "prepare_site",
     "site_counts",
     "sketch_advance",
+    "sketch_arity",
     "sketch_cuts",
     "sketch_start",
+    "sketch_steps",
 ]
 
 MAX_BIN_MAX = 65535               # bins and the missing slot must fit a uint16
@@ -66,7 +72,8 @@ FEATURES_MAX = 1_000_000
 KEY_MISSING = np.uint32(0xFFFFFFFF)   # NaN: above every real key, so never counted as <= t
 KEY_POS_INF = np.uint32(0xFF800000)   # float_keys(+inf)
 KEY_NEG_INF = np.uint32(0x007FFFFF)   # float_keys(-inf)
-SKETCH_STEPS = 1 + int(np.ceil(np.log2(int(KEY_POS_INF) - int(KEY_NEG_INF) + 1)))  # 1 count step + 32 halvings
+SKETCH_ARITY_MAX = 16            # parts per step: 16 -> 9 sums, 8 -> 12, 2 (halving) -> 33
+SKETCH_ENTRIES_MAX = 1 << 17      # counts in one step's sum (1 MiB of uint64 per member) before the arity shrinks
 _SIGN = np.uint32(0x80000000)
 
 
@@ -123,6 +130,7 @@ class Sketch:
     max_bin: int
     n_features: int
     step: int
+    arity: int                     # parts each interval is cut into per step (sketch_arity)
     present: np.ndarray | None     # int64 (F,): non-missing rows per feature, federation-wide
     lo: np.ndarray                 # int64 (F, Q): #{x <= lo} < rank (lo = KEY_NEG_INF - 1: nothing)
     hi: np.ndarray                 # int64 (F, Q): #{x <= hi} >= rank
@@ -130,21 +138,47 @@ class Sketch:
 
     @property
     def done(self) -> bool:
-        return self.present is not None and bool(np.all(self.hi - self.lo <= 1))
+        """Every interval is down to one key (hi - lo <= 1) after sketch_steps sums, whatever the
+        counts: the number of sums is public."""
+        return self.present is not None and self.step >= sketch_steps(self.n_features, self.max_bin)
 
     def request(self) -> np.ndarray:
-        """The thresholds whose counts the next sum must carry: uint32 keys (F, Q)."""
+        """The thresholds whose counts the next sum must carry: uint32 keys (F, Q) in step 0,
+        then (F, Q * (arity - 1)): quantile q's thresholds at columns q * (arity - 1) ..."""
         if self.done:
             raise ValueError("the sketch is done: take sketch_cuts")
         if self.present is None:
             return np.full(self.lo.shape, KEY_POS_INF, dtype=np.uint32)
-        return ((self.lo + self.hi) // 2).astype(np.uint32)
+        return self._thresholds().reshape(self.n_features, -1).astype(np.uint32)
+
+    def _thresholds(self) -> np.ndarray:
+        """int64 (F, Q, arity - 1): lo + (hi - lo) * j // arity, j = 1 .. arity - 1, ascending."""
+        j = np.arange(1, self.arity, dtype=np.int64)
+        return self.lo[..., None] + (self.hi - self.lo)[..., None] * j // self.arity
 
     def ranks(self) -> np.ndarray:
         """Target rank of each quantile: ceil(q * n_f / max_bin), q = 1..max_bin-1; int64 (F, Q)."""
         assert self.present is not None
         q = np.arange(1, self.max_bin, dtype=np.int64)
         return (q[None, :] * self.present[:, None] + self.max_bin - 1) // self.max_bin
+
+
+def sketch_arity(n_features: int, max_bin: int) -> int:
+    """Parts per step: the largest power of two up to SKETCH_ARITY_MAX whose step carries at most
+    SKETCH_ENTRIES_MAX counts (at least 2: halving)."""
+    per = int(n_features) * (int(max_bin) - 1)
+    arity = 2
+    while 2 * arity <= SKETCH_ARITY_MAX and per * (2 * arity - 1) <= SKETCH_ENTRIES_MAX:
+        arity *= 2
+    return arity
+
+
+def sketch_steps(n_features: int, max_bin: int) -> int:
+    """The secure sums the sketch takes: one for the counts, then one per cut of the key range."""
+    width, arity, steps = int(KEY_POS_INF) - int(KEY_NEG_INF) + 1, sketch_arity(n_features, max_bin), 1
+    while width > 1:
+        width, steps = -(-width // arity), steps + 1
+    return steps
 
 
 def sketch_start(n_features: int, max_bin: int = 256) -> Sketch:
@@ -154,7 +188,8 @@ def sketch_start(n_features: int, max_bin: int = 256) -> Sketch:
             or not 1 <= n_features <= FEATURES_MAX:
         raise ValueError(f"n_features must be an integer in [1, {FEATURES_MAX}], got {n_features!r}")
     shape = (int(n_features), int(max_bin) - 1)
-    return Sketch(max_bin=int(max_bin), n_features=int(n_features), step=0, present=None,
+    return Sketch(max_bin=int(max_bin), n_features=int(n_features), step=0,
+                  arity=sketch_arity(int(n_features), int(max_bin)), present=None,
                   lo=np.full(shape, int(KEY_NEG_INF) - 1, dtype=np.int64),
                   hi=np.full(shape, int(KEY_POS_INF), dtype=np.int64), below=np.zeros(shape, dtype=np.int64))
 
@@ -164,9 +199,9 @@ def sketch_advance(sketch: Sketch, summed_counts: Any) -> Sketch:
     the counts cannot be sums of honest counts (wrong shape, negative, not the same n_f per
     feature in step 0, or above n_f later)."""
     counts = np.asarray(summed_counts)
-    if counts.shape != sketch.lo.shape or counts.dtype.kind not in "iu":
-        raise ValueError(f"summed counts must be integers of shape {sketch.lo.shape}, got {counts.dtype} "
-                         f"{counts.shape}")
+    want = sketch.lo.shape if sketch.present is None else (sketch.n_features, sketch.lo.shape[1] * (sketch.arity - 1))
+    if counts.shape != want or counts.dtype.kind not in "iu":
+        raise ValueError(f"summed counts must be integers of shape {want}, got {counts.dtype} {counts.shape}")
     counts = counts.astype(np.int64)
     if (counts < 0).any():
         raise ValueError("summed counts hold a negative count")
@@ -176,10 +211,20 @@ def sketch_advance(sketch: Sketch, summed_counts: Any) -> Sketch:
         return replace(sketch, step=1, present=counts[:, 0].copy())
     if (counts > sketch.present[:, None]).any():
         raise ValueError("summed counts exceed the feature's non-missing rows")
-    mid = (sketch.lo + sketch.hi) // 2
-    enough = counts >= sketch.ranks()
-    return replace(sketch, step=sketch.step + 1, lo=np.where(enough, sketch.lo, mid),
-                   hi=np.where(enough, mid, sketch.hi), below=np.where(enough, sketch.below, counts))
+    counts = counts.reshape(sketch.lo.shape + (sketch.arity - 1,))
+    if (np.diff(counts, axis=-1) < 0).any():
+        raise ValueError("summed counts fall as the threshold rises")
+    t = sketch._thresholds()
+    # the first part whose upper end holds the rank: thresholds below it have too few rows
+    short = (counts < sketch.ranks()[..., None]).sum(axis=-1)           # 0 .. arity - 1
+    last = sketch.arity - 1
+    upper = np.take_along_axis(t, np.minimum(short, last - 1)[..., None], -1)[..., 0]
+    lower = np.take_along_axis(t, np.maximum(short - 1, 0)[..., None], -1)[..., 0]
+    lower_count = np.take_along_axis(counts, np.maximum(short - 1, 0)[..., None], -1)[..., 0]
+    return replace(sketch, step=sketch.step + 1,
+                   lo=np.where(short == 0, sketch.lo, lower),
+                   hi=np.where(short == last, sketch.hi, upper),
+                   below=np.where(short == 0, sketch.below, lower_count))
 
 
 @dataclass(frozen=True, eq=False)
@@ -210,7 +255,8 @@ class Cuts:
 def sketch_cuts(sketch: Sketch) -> Cuts:
     """The final cut points: per feature the distinct located quantiles with rows below them."""
     if not sketch.done:
-        raise ValueError(f"the sketch is not done (step {sketch.step} of {SKETCH_STEPS})")
+        raise ValueError(f"the sketch is not done (step {sketch.step} of "
+                         f"{sketch_steps(sketch.n_features, sketch.max_bin)})")
     useful = (sketch.ranks() >= 1) & (sketch.below > 0)      # a cut with nothing below never splits
     feature = np.broadcast_to(np.arange(sketch.n_features, dtype=np.int64)[:, None], sketch.hi.shape)
     pairs = np.unique(feature[useful] << 32 | sketch.hi[useful])   # sorted by feature, then key; distinct
