@@ -86,6 +86,25 @@ def test_default_test_part_gives_a_federated_evaluation() -> None:
     assert results[0]["rows"]["test"] > 0
 
 
+def test_owners_take_turns_and_five_members_still_grow_the_pooled_model() -> None:
+    """Each tree's blocks of features go to one member in two, in turn: over n trees every member
+    owns exactly as many; with 5 members (3 owners a tree) the model is the pooled rows' one."""
+    for n in range(1, 12):
+        owned = [0] * n
+        for t in range(n):
+            owners = xgbhist.tree_owners(n, t)
+            assert len(owners) == -(-n // xgbhist.MEMBERS_PER_OWNER) and list(owners) == sorted(set(owners))
+            for k in owners:
+                owned[k] += 1
+        assert set(owned) == {len(owners)}
+    sites, _, _ = breast_cancer_sites(5)
+    results, _ = run(sites, {**PARAMS, "rounds": 5, "secure_sum": "allreduce"})
+    assert all(isinstance(r, dict) for r in results), results
+    reference = histrun.train_reference([s.X for s in sites], [s.y for s in sites],
+                                        {"num_round": 5, "max_depth": 3, "eta": 0.3, "max_bin": 32})
+    assert {r["_model"] for r in results} == {reference}
+
+
 @SECURE_SUMS
 def test_a_member_crashed_mid_job_leaves_the_survivors_with_one_model(secure_sum: str) -> None:
     sites, _, _ = breast_cancer_sites(3)

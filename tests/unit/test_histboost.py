@@ -128,6 +128,21 @@ def test_bin_matrix_matches_xgboost_split_rule_and_marks_missing():
 # Histograms and their encoding
 # ---------------------------------------------------------------------------------------------
 
+def test_feature_blocks_give_each_owner_one_contiguous_block_and_the_others_none():
+    packing = H.Packing(rows=1000)
+    for members, owners in ((5, None), (5, (0, 2, 4)), (5, (3,)), (4, (1, 2)), (3, (0, 1, 2)), (60, None)):
+        f = H.FeatureBlocks.of(packing, 50, 33, members, owners).features
+        assert len(f) == members + 1 and f[0] == 0 and f[-1] == 50 and all(a <= b for a, b in zip(f, f[1:]))
+        owned = [k for k in range(members) if f[k + 1] > f[k]]
+        want = list(range(members) if owners is None else owners)
+        assert set(owned) <= set(want) and len(owned) == min(len(want), 50)   # 60 members, 50 features: ten own none
+        sizes = [f[k + 1] - f[k] for k in owned]
+        assert max(sizes) - min(sizes) <= 1             # every feature travels the same cells here
+    for bad in ((3,), (1, 1), (), (2, 1), (-1,)):
+        with pytest.raises(ValueError, match="owners"):
+            H.FeatureBlocks.of(packing, 50, 33, 3, bad)
+
+
 def test_level_histograms_sum_over_sites_to_the_pooled_histogram():
     rng = np.random.default_rng(2)
     rows, features, slots = 600, 4, 9

@@ -44,14 +44,15 @@ with logreg and FedAvg). Not covered: an initiator that dies while delivering a
 total can leave the members that got it waiting for a takeover by one that did not (it fails).
 
 Levels under `secure_sum = "allreduce"` (the default) go through the secure reduce-map instead
-of a sum (`level_by_blocks`, fedpeer/protocols/securesum/reducemap.py): each member owns a block
-of features, gets their summed histograms only, and sends everyone its block's best split of
-every node; the split taken is the best over the blocks (histtree.decide_level), the model the
-same byte for byte.
+of a sum (`level_by_blocks`, fedpeer/protocols/securesum/reducemap.py): in each tree one member
+in two (`tree_owners`, in turn from tree to tree) owns a block of features, gets their summed
+histograms only, and sends everyone its block's best split of every node; the split taken is
+the best over the blocks (histtree.decide_level), the model the same byte for byte.
 
 Who learns what: every member learns the federation-wide totals of each sum (label counts, the
-sketch's counts; under ring or pairwise, every level's histograms; under allreduce, the summed
-histograms of its own block of features and every node's best split and sums) and hence the cut
+sketch's counts; under ring or pairwise, every level's histograms; under allreduce, in the
+trees where it owns a block, the summed histograms of its block of features, and in every tree
+each node's best split and sums) and hence the cut
 points (each one a pooled row's exact value) and the trees; no member sees another site's vector
 (the secure sum's guarantee: ring mode unless a site's two ring neighbours collude, pairwise and
 allreduce unless all others collude).
@@ -114,6 +115,13 @@ from fedpeer.protocols.epochs import Lost as _Lost
 from fedpeer.protocols.securesum.api import SegmentRefused
 
 TAG = "xgbh"
+# A tree's blocks of features go to one member in MEMBERS_PER_OWNER (rounded up; tree_owners).
+# A level's reduce-map takes 2 * owners * (n - 1) messages: all n members as owners cost 40 a
+# level at 5 daemons and 50 trees of 80,000 x 50 took 12.6-13.1 CPU-s; 3 owners 11.2-11.6, 2
+# 10.3-11.7, 1 9.4-10.5 (BENCHMARKS.md). An owner receives (n - 1) / owners of a member's vector
+# per level: at most about twice its share, against n - 1 times for a single owner. Over a job
+# every member owns about as many trees as any other, so none sends or receives more in all.
+MEMBERS_PER_OWNER = 2
 EVAL_HOP_TIMEOUT_MS = 5_000      # the final evaluation sum is small
 
 
@@ -282,6 +290,8 @@ class HistJob:
                             tree_features(self.p, len(self.trees), cuts.n_features))
         depth = 0
         owners = [hashlib.sha256() for _ in self.members]     # each owner's results over the tree's levels
+        if self.by_blocks:
+            self._blocks = self._tree_blocks(len(self.trees))
         while not growth.done:
             name = f"r{r}/c{k}/d{depth}"
             if self.by_blocks:
@@ -297,6 +307,12 @@ class HistJob:
                 raise _Lost(lost)
         return finish_tree(growth, cuts)
 
+    def _tree_blocks(self, tree: int) -> FeatureBlocks:
+        """The blocks of features of tree number `tree`: `tree_owners` members own one each."""
+        assert self.cuts is not None and self.packing is not None
+        n = len(self.members)
+        return FeatureBlocks.of(self.packing, self.cuts.n_features, self.cuts.n_slots, n, tree_owners(n, tree))
+
     async def level_by_blocks(self, name: str, growth: Growth, owners: list[Any]) -> Growth:
         """One level by the secure reduce-map (fedpeer/protocols/securesum/reducemap.py): member k
         gets the summed histograms of its block of features only, checks them and finds their best
@@ -304,10 +320,7 @@ class HistJob:
         (histtree.decide_level: the split the search over all features picks). The summed
         histograms never travel: half the bytes of the all-reduce, one n-th of the search each.
         The owners' results are compared once per tree (`owners`: a hash of each one's, in grow)."""
-        assert self.cuts is not None and self.packing is not None
-        if (self._blocks is None or self._blocks.packing is not self.packing
-                or len(self._blocks.features) != len(self.members) + 1):      # new cut points, or members lost
-            self._blocks = FeatureBlocks.of(self.packing, self.cuts.n_features, self.cuts.n_slots, len(self.members))
+        assert self.cuts is not None and self.packing is not None and self._blocks is not None
         blocks, nodes = self._blocks, len(growth.build)
         vector = await self.compute(blocks.by_block, await self.compute(self.site.level_vector, growth), nodes)
         found: list[np.ndarray] = []
@@ -393,6 +406,14 @@ class HistJob:
             self.ch.progress(f"histogram mode: round {rnd} of {self.p.num_round}", len(self.trees),
                              self.total_trees, point=metrics and {"round": rnd, **metrics})
         self.eval_round = eval_round
+
+
+def tree_owners(n: int, tree: int) -> tuple[int, ...]:
+    """The members (indices) that own a block of features in tree number `tree`: one in
+    MEMBERS_PER_OWNER (rounded up), the next ones in turn from tree to tree."""
+    o = -(-n // MEMBERS_PER_OWNER)
+    first = tree * o % n
+    return tuple(sorted((first + j) % n for j in range(o)))
 
 
 def _decide_blocks(growth: Growth, blocks: FeatureBlocks, results: tuple[np.ndarray, ...]) -> Growth:

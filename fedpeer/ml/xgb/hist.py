@@ -309,10 +309,11 @@ class Packing:
 
 @dataclass(frozen=True)
 class FeatureBlocks:
-    """A level's histograms cut into one contiguous block of features per member, for the secure
+    """A level's histograms cut into one contiguous block of features per owner, for the secure
     reduce-map (fedpeer/protocols/securesum/reducemap.py): member k owns features
     features[k] .. features[k + 1] - 1, blocks as equal in travelling cells as whole features
-    allow (a member may own none when there are fewer features than members). The vector then
+    allow (a member owns none when it is not among the owners, or there are fewer features
+    than owners). The vector then
     runs block by block: `by_block` reorders `Packing.encode`'s (nodes, cells, lanes) to (cells,
     nodes, lanes), so each block is one contiguous segment at every level."""
 
@@ -323,17 +324,28 @@ class FeatureBlocks:
     cells: tuple[int, ...]           # n + 1 bounds in travelling cells
 
     @classmethod
-    def of(cls, packing: Packing, n_features: int, n_slots: int, members: int) -> FeatureBlocks:
+    def of(cls, packing: Packing, n_features: int, n_slots: int, members: int,
+           owners: tuple[int, ...] | None = None) -> FeatureBlocks:
+        """Blocks for `owners` (member indices, ascending; default every member), in member order;
+        the other members own none."""
+        owners = tuple(range(members)) if owners is None else tuple(owners)
+        if not owners or list(owners) != sorted(set(owners)) or owners[0] < 0 or owners[-1] >= members:
+            raise ValueError(f"block owners must be distinct member indices in [0, {members}), got {owners}")
         kept = packing.slots(n_features, n_slots)
         per = (np.full(n_features, n_slots, dtype=np.int64) if kept is None
                else np.bincount(kept // n_slots, minlength=n_features).astype(np.int64))
         cum = np.concatenate(([0], np.cumsum(per)))
-        targets = cum[-1] * np.arange(members + 1) / members
+        targets = cum[-1] * np.arange(len(owners) + 1) / len(owners)
         fb = np.clip(np.searchsorted(cum, targets, side="left"), 0, n_features)
         lower = np.clip(fb - 1, 0, n_features)          # the nearer of the two features around each target
         fb = np.where(np.abs(cum[lower] - targets) <= np.abs(cum[fb] - targets), lower, fb)
         fb[0], fb[-1] = 0, n_features
         fb = np.maximum.accumulate(fb)
+        ends = iter(fb[1:])
+        bounds = [0]
+        for k in range(members):
+            bounds.append(int(next(ends)) if k in owners else bounds[-1])
+        fb = np.asarray(bounds)
         return cls(packing, int(n_features), int(n_slots), tuple(int(f) for f in fb), tuple(int(cum[f]) for f in fb))
 
     def bounds(self, n_nodes: int) -> list[int]:

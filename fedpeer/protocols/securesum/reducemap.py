@@ -4,9 +4,10 @@ result that every member gets — the totals themselves never travel (`secure_re
 Histogram XGBoost (fedpeer/kinds/xgboost/hist.py) needs of a level's summed histograms only the
 best split of each node; LightGBM's data-parallel learner and XGBoost's column-wise split search
 cut the work the same way: the vector is cut into one segment per member at bounds the caller
-chooses (a block of features each), member k owns segment k, finds its block's best splits and
-sends everyone those few entries. Against the all-reduce (allreduce.py) this halves the bytes
-(no all-gather of the totals) and makes each member search one n-th of the candidates.
+chooses (a block of features each; empty for the members the caller makes no owner), member k
+owns segment k, finds its block's best splits and sends everyone those few entries. Against the
+all-reduce (allreduce.py) this halves the bytes (no all-gather of the totals) and shares the
+search among the owners.
 
 1. Mask: member i adds to every segment k it sends (k != i), for every other member j with
    j != k, a pairwise mask (+ by the smaller key, - by the other: they cancel in the segment's
@@ -14,7 +15,9 @@ sends everyone those few entries. Against the all-reduce (allreduce.py) this hal
    are left out; its own segment is not sent, so not masked. Masks are addressed by entry
    (masks.apply_mask_at): any bound works.
 2. Reduce-scatter: every member sends its masked segment k to owner k, in pieces of at most
-   `chunk_entries`; owner k adds them to its own entries: the segment's total.
+   `chunk_entries`; owner k adds them to its own entries: the segment's total. A member whose
+   segment is empty (the caller's bounds give it none) owns nothing: nobody sends it pieces and
+   it sends no result (its result is empty).
 3. Map: `owner_fn(k, total)` gives owner k's result (uint64, at most CHUNK_ENTRIES_MAX entries),
    sent to everyone (ArResult). An owner_fn that raises ValueError refuses the total: the owner
    sends its reason instead and every member, the owner too, raises SegmentRefused naming it.
@@ -114,24 +117,31 @@ async def reduce_map(ch: Channel, plan: _Plan, bounds: Sequence[int], owner_fn: 
     y = await run.compute(masked_segments, plan.vector, run.segs, run.mine, run.members, pair_seeds)
     pre = run.prefix
 
-    async def scatter() -> None:       # my masked segment k to owner k
-        await asyncio.gather(*(run.send_all(p, run.messages(y[run.segs[k]], k, "p"))
-                               for k, p in enumerate(run.members) if p != ch.me))
+    owners = [k for k, seg in enumerate(run.segs) if seg.stop > seg.start]    # the others have nothing to sum
 
-    total, _ = await asyncio.gather(run.reduce_own(y), scatter())   # my segment's total
-    refused = ""
-    try:
-        mine = await run.compute(owner_fn, run.mine, total)
-        mine = np.ascontiguousarray(mine, dtype=np.uint64).ravel()
-        if len(mine) > CHUNK_ENTRIES_MAX:
-            raise run.fail(f"this member's result has {len(mine)} entries, more than {CHUNK_ENTRIES_MAX}")
-    except ValueError as exc:
-        refused, mine = (str(exc) or type(exc).__name__)[:REASON_BYTES_MAX], np.zeros(0, dtype=np.uint64)
+    async def scatter() -> None:       # my masked segment k to owner k
+        await asyncio.gather(*(run.send_all(run.members[k], run.messages(y[run.segs[k]], k, "p"))
+                               for k in owners if k != run.mine))
+
+    owner = run.mine in owners
+    refused, mine = "", np.zeros(0, dtype=np.uint64)
+    if not owner:
+        await scatter()
+    else:
+        total, _ = await asyncio.gather(run.reduce_own(y), scatter())   # my segment's total
+        try:
+            mine = await run.compute(owner_fn, run.mine, total)
+            mine = np.ascontiguousarray(mine, dtype=np.uint64).ravel()
+            if len(mine) > CHUNK_ENTRIES_MAX:
+                raise run.fail(f"this member's result has {len(mine)} entries, more than {CHUNK_ENTRIES_MAX}")
+        except ValueError as exc:
+            refused, mine = (str(exc) or type(exc).__name__)[:REASON_BYTES_MAX], np.zeros(0, dtype=np.uint64)
     results: list[np.ndarray] = [np.zeros(0, dtype=np.uint64)] * len(run.members)
     results[run.mine] = mine
 
     async def share() -> None:
-        await asyncio.gather(*(run.send_all(p, [ArResult(f"{pre}r{run.mine}", mine, refused)]) for p in run.others))
+        if owner:
+            await asyncio.gather(*(run.send_all(p, [ArResult(f"{pre}r{run.mine}", mine, refused)]) for p in run.others))
 
     async def result_of(k: int, src: bytes) -> None:
         msg = await run.recv(ArResult, f"{pre}r{k}", src, "result")
@@ -139,7 +149,7 @@ async def reduce_map(ch: Channel, plan: _Plan, bounds: Sequence[int], owner_fn: 
             raise SegmentRefused(plan.tag, run.name(src), msg.refused)
         results[k] = msg.data
 
-    await asyncio.gather(share(), *(result_of(k, p) for k, p in enumerate(run.members) if p != ch.me))
+    await asyncio.gather(share(), *(result_of(k, run.members[k]) for k in owners if k != run.mine))
     if refused:
         raise SegmentRefused(plan.tag, "this member", refused)
     digests = tuple(hashlib.sha256(memoryview(r).cast("B")).digest() for r in results)
