@@ -184,7 +184,11 @@ def test_packed_histograms_sum_exactly_at_their_bounds(rows: int, unit: bool, la
     assert total.dtype == np.uint64 and len(total) == 2 * 3 * 5 * lanes
     assert np.array_equal(packing.decode(total, 2, 3, 5), sum(parts))
     with pytest.raises(DataError, match="more rows at this site"):
-        packing.encode(np.array([[0, 0, 1 << packing.count_bits]]))
+        packing.encode(np.array([[[[0, 0, 1 << packing.count_bits]]]]))
+    with pytest.raises(DataError, match="more rows at this site"):
+        packing.encode(np.array([[[[0, 0, -1]]]]))
+    cells_major = packing.encode(parts[0], cells_major=True)        # the reduce-map's order: (cell, node, lane)
+    assert np.array_equal(cells_major.reshape(15, 2, lanes).transpose(1, 0, 2).ravel(), packing.encode(parts[0]))
     ragged = H.Packing(rows, unit_hessian=unit, hess_bits=28, bins=(2, 4, 1))    # features' bins; slot 4: missing
     keep = np.zeros(15, dtype=bool)
     keep[ragged.slots(3, 5)] = True

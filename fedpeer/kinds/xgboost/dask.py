@@ -178,9 +178,9 @@ class DaskHistSite:
         self._update("set_packing", packing)
         self._packed = True
 
-    def level_vector(self, growth: Growth) -> np.ndarray:
+    def level_vector(self, growth: Growth, cells_major: bool = False) -> np.ndarray:
         if self._packed:      # each partition checked its fields' widths; their sum keeps them
-            return self.d.map_total(_vector, self.states, "level_vector", _slim(growth))
+            return self.d.map_total(_vector, self.states, "level_vector", _slim(growth), cells_major)
         return self._sum("level_vector", _slim(growth))
 
     def after_level(self, growth: Growth) -> None:

@@ -322,7 +322,7 @@ class HistJob:
         The owners' results are compared once per tree (`owners`: a hash of each one's, in grow)."""
         assert self.cuts is not None and self.packing is not None and self._blocks is not None
         blocks, nodes = self._blocks, len(growth.build)
-        vector = await self.compute(blocks.by_block, await self.compute(self.site.level_vector, growth), nodes)
+        vector = await self.compute(self.site.level_vector, growth, True)      # block by block
         found: list[np.ndarray] = []
 
         def owner_fn(k: int, total: np.ndarray) -> np.ndarray:

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from fedpeer.errors import DataError
-from fedpeer.ml.xgb.kernels import hist_kernel
+from fedpeer.ml.xgb.kernels import PACK_BAD_COUNT, PACK_BAD_HESSIAN, PACK_DROPPED_ROWS, hist_kernel, pack_kernel
 from fedpeer.protocols.fixedpoint import fraction_bits
 
 __all__ = [
@@ -215,6 +215,13 @@ def _kept_cells(bins: tuple[int, ...] | None, n_features: int, n_slots: int) -> 
     return kept
 
 
+@functools.lru_cache(maxsize=16)
+def _every_cell(n_cells: int) -> np.ndarray:
+    cells = np.arange(n_cells, dtype=np.int64)
+    cells.flags.writeable = False
+    return cells
+
+
 @dataclass(frozen=True)
 class Packing:
     """How one level's histograms travel once the federation's training rows are known (module
@@ -249,36 +256,31 @@ class Packing:
         kept = self.slots(n_features, n_slots)
         return int(n_nodes) * (int(n_features) * int(n_slots) if kept is None else len(kept)) * self.lanes
 
-    def encode(self, hist: np.ndarray) -> np.ndarray:
-        """A site's int64 histograms (..., 3) -> uint64 (cells * lanes,). DataError if a cell
-        leaves the bounds the widths rest on (the site's rows exceed R, say)."""
-        hist = np.asarray(hist, dtype=np.int64)
-        kept = None if self.bins is None or hist.ndim != 4 else self.slots(hist.shape[1], hist.shape[2])
-        if self.bins is not None and hist.ndim != 4:
+    def encode(self, hist: np.ndarray, cells_major: bool = False) -> np.ndarray:
+        """A site's int64 histograms (nodes, F, S, 3) -> uint64 (nodes * cells * lanes,), in one
+        compiled pass (kernels.pack_kernel); with `cells_major`, in (cell, node, lane) order
+        (FeatureBlocks: each block one contiguous segment). DataError if a cell leaves the
+        bounds the widths rest on (the site's rows exceed R, say)."""
+        hist = np.ascontiguousarray(hist, dtype=np.int64)
+        if hist.ndim != 4 or hist.shape[-1] != CHANNELS:
             raise ValueError(f"expected (nodes, F, S, 3) histograms, got shape {hist.shape}")
-        if kept is not None:
-            cells = hist.reshape(hist.shape[0], -1, CHANNELS)
-            dropped = np.ones(cells.shape[1], dtype=bool)
-            dropped[kept] = False
-            if cells[:, dropped].any():
-                raise DataError("histogram mode: rows in a bin beyond the feature's cut points")
-            hist = np.take(cells, kept, axis=1)
-        h, n = hist[..., 1], hist[..., 2]
-        b = self.count_bits
-        if len(n.ravel()) and (int(n.min()) < 0 or int(n.max()) >= 1 << b):
-            raise DataError(f"histogram mode: a histogram cell counts rows outside [0, 2^{b}): more rows at this "
-                            f"site than the federation's {self.rows}")
-        if self.unit_hessian and not np.array_equal(h, n << self.hess_bits):
+        n_nodes, n_features, n_slots = hist.shape[:3]
+        kept = self.slots(n_features, n_slots)
+        if kept is None:
+            kept = _every_cell(n_features * n_slots)
+        fields = np.array([(lane[0], lane[1] if len(lane) > 1 else -1) for lane in self.layout], dtype=np.int64)
+        out = np.empty(n_nodes * len(kept) * self.lanes, dtype=np.uint64)
+        refused = pack_kernel(hist.reshape(n_nodes, -1, CHANNELS).view(np.uint64), kept, fields, self.count_bits,
+                              self.unit_hessian, int(self.hess_bits), bool(cells_major), out)
+        if refused == PACK_DROPPED_ROWS:
+            raise DataError("histogram mode: rows in a bin beyond the feature's cut points")
+        if refused == PACK_BAD_COUNT:
+            raise DataError(f"histogram mode: a histogram cell counts rows outside [0, 2^{self.count_bits}): more "
+                            f"rows at this site than the federation's {self.rows}")
+        if refused == PACK_BAD_HESSIAN:
             raise DataError("histogram mode: squared error, but a cell's hessian sum is not its rows times "
                             "2^hess_bits")
-        out = np.empty(hist.shape[:-1] + (self.lanes,), dtype=np.uint64)
-        for i, lane in enumerate(self.layout):
-            if len(lane) == 1:
-                out[..., i] = hist[..., lane[0]].view(np.uint64)
-            else:
-                low, high = hist[..., lane[0]].view(np.uint64), hist[..., lane[1]].view(np.uint64)
-                out[..., i] = (high << np.uint64(b)) | low
-        return out.ravel()
+        return out
 
     def decode(self, total: Any, n_nodes: int, n_features: int, n_slots: int) -> np.ndarray:
         """The secure sum of `encode` vectors -> int64 (n_nodes, F, n_slots, 3)."""
@@ -313,9 +315,9 @@ class FeatureBlocks:
     reduce-map (fedpeer/protocols/securesum/reducemap.py): member k owns features
     features[k] .. features[k + 1] - 1, blocks as equal in travelling cells as whole features
     allow (a member owns none when it is not among the owners, or there are fewer features
-    than owners). The vector then
-    runs block by block: `by_block` reorders `Packing.encode`'s (nodes, cells, lanes) to (cells,
-    nodes, lanes), so each block is one contiguous segment at every level."""
+    than owners). The vector then runs block by block: `Packing.encode(..., cells_major=True)`
+    writes it in (cell, node, lane) order, so each block is one contiguous segment at every
+    level."""
 
     packing: Packing
     n_features: int
@@ -351,11 +353,6 @@ class FeatureBlocks:
     def bounds(self, n_nodes: int) -> list[int]:
         """The segments' bounds in vector entries for a level of n_nodes built nodes."""
         return [c * int(n_nodes) * self.packing.lanes for c in self.cells]
-
-    def by_block(self, encoded: np.ndarray, n_nodes: int) -> np.ndarray:
-        """Packing.encode's vector (nodes, cells, lanes) as (cells, nodes, lanes), in a fresh array."""
-        lanes = self.packing.lanes
-        return np.ascontiguousarray(np.asarray(encoded).reshape(int(n_nodes), -1, lanes).transpose(1, 0, 2)).ravel()
 
     def decode(self, k: int, segment: np.ndarray, n_nodes: int) -> np.ndarray:
         """Block k's summed segment -> int64 (n_nodes, F_k, n_slots, 3); ValueError on a wrong size."""

@@ -122,11 +122,16 @@ class HistSite:
         if self.p.subsample < 1.0:
             self.sampled = np.random.default_rng([self.row_seed, int(tree)]).random(self.rows) < self.p.subsample
 
-    def level_vector(self, growth: Growth) -> np.ndarray:
+    def level_vector(self, growth: Growth, cells_major: bool = False) -> np.ndarray:
+        """This member's vector of the level (packed once set_packing; `cells_major`: in the
+        secure reduce-map's block order, hist.FeatureBlocks)."""
         assert self.bins is not None and self.cuts is not None, "set_cuts first"
         hist = level_histograms(self.bins, self._gq, self._hq, self.positions, growth.build, self.cuts.n_slots,
                                 self.sampled)
-        return self.packing.encode(hist) if self.packing else encode_histograms(hist, self.n_parties)
+        if self.packing is None:
+            assert not cells_major, "set_packing first"
+            return encode_histograms(hist, self.n_parties)
+        return self.packing.encode(hist, cells_major)
 
     def after_level(self, growth: Growth) -> None:
         assert self.bins is not None and self.cuts is not None

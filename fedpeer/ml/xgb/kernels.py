@@ -30,7 +30,10 @@ from typing import Any
 import numba
 import numpy as np
 
-__all__ = ["best_splits_kernel", "hist_kernel", "route_kernel", "warm"]
+__all__ = ["PACK_BAD_COUNT", "PACK_BAD_HESSIAN", "PACK_DROPPED_ROWS", "best_splits_kernel", "hist_kernel",
+           "pack_kernel", "route_kernel", "warm"]
+
+PACK_DROPPED_ROWS, PACK_BAD_COUNT, PACK_BAD_HESSIAN = 1, 2, 3     # pack_kernel's refusals
 
 
 def _jit(fn: Any) -> Any:
@@ -55,6 +58,46 @@ def hist_kernel(bins: np.ndarray, gq: np.ndarray, hq: np.ndarray, slot: np.ndarr
             out[s, f, b, 0] += g
             out[s, f, b, 1] += h
             out[s, f, b, 2] += 1
+
+
+@_jit
+def pack_kernel(hist: np.ndarray, kept: np.ndarray, fields: np.ndarray, count_bits: int, unit_hessian: bool,
+                hess_bits: int, cells_major: bool, out: np.ndarray) -> int:
+    """hist.Packing.encode in one pass: hist uint64 (n, C, 3) (int64 bits, C = F * S cells),
+    `kept` int64 (K,) the cells that travel (ascending; C of them: every cell), `fields` int64
+    (lanes, 2): each lane's low channel and high channel (-1: none), shifted by count_bits.
+    out uint64 (n * K * lanes,) in (node, cell, lane) order, or (cell, node, lane) with
+    cells_major. Returns 0, or PACK_DROPPED_ROWS (a cell that does not travel holds rows),
+    PACK_BAD_COUNT (a row count outside [0, 2^count_bits)), PACK_BAD_HESSIAN (unit_hessian,
+    and a cell's Σh is not its rows << hess_bits)."""
+    n, n_cells, _ = hist.shape
+    n_kept, lanes = kept.shape[0], fields.shape[0]
+    if n_kept < n_cells:
+        j = 0
+        for c in range(n_cells):
+            if j < n_kept and kept[j] == c:
+                j += 1
+                continue
+            for node in range(n):
+                if hist[node, c, 0] != 0 or hist[node, c, 1] != 0 or hist[node, c, 2] != 0:
+                    return PACK_DROPPED_ROWS
+    limit = np.uint64(1) << np.uint64(count_bits)
+    shift = np.uint64(count_bits)
+    for node in range(n):
+        for j in range(n_kept):
+            c = kept[j]
+            rows = hist[node, c, 2]
+            if rows >= limit:                    # a negative count is a huge unsigned one
+                return PACK_BAD_COUNT
+            if unit_hessian and hist[node, c, 1] != rows << np.uint64(hess_bits):
+                return PACK_BAD_HESSIAN
+            at = (j * n + node) * lanes if cells_major else (node * n_kept + j) * lanes
+            for i in range(lanes):
+                value = hist[node, c, fields[i, 0]]
+                if fields[i, 1] >= 0:
+                    value |= hist[node, c, fields[i, 1]] << shift
+                out[at + i] = value
+    return 0
 
 
 @_jit
@@ -167,6 +210,9 @@ def warm() -> None:
     one = np.full(1, -1, dtype=np.int64)
     route_kernel(one, one + 1, one + 1, one + 1, bins, ints.copy(), 2)
     route_kernel(one, one + 1, one + 1, one + 1, bins.astype(np.uint8), ints.copy(), 2)
+    packed = np.zeros(2, dtype=np.uint64)
+    pack_kernel(np.zeros((1, 1, 3), dtype=np.uint64), np.zeros(1, dtype=np.int64), np.array([[0, -1], [2, 1]]), 1,
+                False, 0, True, packed)
     triple = np.zeros((1, 3), dtype=np.int64)
     best_splits_kernel(out, np.ones(1, dtype=np.int64), 1.0, 1.0, 1.0, 1.0, 0.0, 1, np.zeros(1), triple, triple.copy(),
                        np.zeros((1, 1, 3), dtype=np.int64))
