@@ -87,8 +87,8 @@ def test_default_test_part_gives_a_federated_evaluation() -> None:
 
 
 def test_owners_take_turns_and_five_members_still_grow_the_pooled_model() -> None:
-    """Each tree's blocks of features go to one member in two, in turn: over n trees every member
-    owns exactly as many; with 5 members (3 owners a tree) the model is the pooled rows' one."""
+    """Each tree's blocks of features go to one member in three, in turn: over n trees every member
+    owns exactly as many; with 5 members (2 owners a tree) the model is the pooled rows' one."""
     for n in range(1, 12):
         owned = [0] * n
         for t in range(n):

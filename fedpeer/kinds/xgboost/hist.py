@@ -45,7 +45,7 @@ total can leave the members that got it waiting for a takeover by one that did n
 
 Levels under `secure_sum = "allreduce"` (the default) go through the secure reduce-map instead
 of a sum (`level_by_blocks`, fedpeer/protocols/securesum/reducemap.py): in each tree one member
-in two (`tree_owners`, in turn from tree to tree) owns a block of features, gets their summed
+in three (`tree_owners`, in turn from tree to tree) owns a block of features, gets their summed
 histograms only, and sends everyone its block's best split of every node; the split taken is
 the best over the blocks (histtree.decide_level), the model the same byte for byte.
 
@@ -116,12 +116,13 @@ from fedpeer.protocols.securesum.api import SegmentRefused
 
 TAG = "xgbh"
 # A tree's blocks of features go to one member in MEMBERS_PER_OWNER (rounded up; tree_owners).
-# A level's reduce-map takes 2 * owners * (n - 1) messages: all n members as owners cost 40 a
-# level at 5 daemons and 50 trees of 80,000 x 50 took 12.6-13.1 CPU-s; 3 owners 11.2-11.6, 2
-# 10.3-11.7, 1 9.4-10.5 (BENCHMARKS.md). An owner receives (n - 1) / owners of a member's vector
-# per level: at most about twice its share, against n - 1 times for a single owner. Over a job
-# every member owns about as many trees as any other, so none sends or receives more in all.
-MEMBERS_PER_OWNER = 2
+# A level's reduce-map takes 2 * owners * (n - 1) messages. At 5 daemons, 50 trees of 80,000 x
+# 50, three interleaved runs: all 5 members as owners (40 messages a level) 13.0-13.8 CPU-s, 3
+# owners 12.0-12.6, 2 owners 10.7-11.5 (BENCHMARKS.md). An owner receives (n - 1) / owners of a
+# member's vector per level (2x at 5 daemons, 2.25x at 10): over a 100 Mbit/s link both ways
+# the deepest level of that job (3.3 MB a member) then takes ~0.5 s to arrive, within the WAN
+# targets. Over n trees every member owns equally many, so none sends or receives more in all.
+MEMBERS_PER_OWNER = 3
 EVAL_HOP_TIMEOUT_MS = 5_000      # the final evaluation sum is small
 
 
