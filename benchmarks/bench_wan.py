@@ -21,6 +21,10 @@ A connection through proxy i has two directions, and each is charged to the site
     (the sender's socket buffer fills up, as behind a slow link);
   * every chunk arrives `--delay-ms` (default 25 ms, one way) after it left the line; a new
     connection's first bytes leave one round trip after it was accepted (the TCP handshake);
+  * `--downlink-mbit R` (default 0: no cap): each site's downlink is a FIFO serial line of R too,
+    shared by everything the site receives; a chunk is handed over once it has arrived and the
+    downlink has carried it (store and forward per chunk of at most 64 KiB: a lone flow through
+    both lines takes one chunk's time more than through one);
   * `--loss P`: each 1448-byte segment of a chunk is lost with probability P; a chunk with a loss
     sends the lost segments again (line time) and arrives one round trip later, holding back what
     follows it on the connection (in order, as TCP). A light model: no congestion-window reaction,
@@ -140,6 +144,7 @@ class Wan:
     delay_s: float
     bytes_per_s: float
     loss: float = 0.0
+    down_bytes_per_s: float = 0.0
     seed: int = 0
     addresses: list[str] = field(default_factory=list)
     unattributed_bytes: int = 0
@@ -147,6 +152,7 @@ class Wan:
 
     def __post_init__(self) -> None:
         self.lines = [Line(self.bytes_per_s) for _ in range(self.n)]
+        self.downlines = [Line(self.down_bytes_per_s) for _ in range(self.n)]
         self.free = Line(0)                       # what no site could be found for: unpaced
         self._ports: list[int | None] = [None] * self.n
         self._sites: dict[bytes, int] = {}        # raw public key -> site
@@ -207,9 +213,11 @@ class Wan:
             up_reader, upstream = await asyncio.open_connection(
                 HOST, port, local_addr=(source_address(source), 0) if source is not None else None)
             up_line = self.lines[source] if source is not None else self.free
+            back_down = self.downlines[source] if source is not None else self.free
             await asyncio.gather(
-                self._pump(reader, upstream, up_line, accepted + 2 * self.delay_s, source is None, first),
-                self._pump(up_reader, writer, self.lines[i], 0.0, False))
+                self._pump(reader, upstream, up_line, accepted + 2 * self.delay_s, source is None, first,
+                           self.downlines[i]),
+                self._pump(up_reader, writer, self.lines[i], 0.0, False, down=back_down))
         except (OSError, asyncio.CancelledError):   # a reset, or the bench's stop: a handler task ends quietly
             pass
         finally:
@@ -218,8 +226,9 @@ class Wan:
                     w.close()
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, line: Line,
-                    not_before: float, unattributed: bool, first: bytes = b"") -> None:
-        """One direction: read, put on the sender's line, deliver after the delay, in order."""
+                    not_before: float, unattributed: bool, first: bytes = b"", down: Line | None = None) -> None:
+        """One direction: read, put on the sender's line, deliver after the delay (and through the
+        receiver's downlink `down`, if capped), in order."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()
 
@@ -249,6 +258,8 @@ class Wan:
                     if lost:
                         left = line.send(lost * MSS, left)
                         arrives = left + 3 * self.delay_s      # detected a round trip later, sent again
+                if down is not None and down.rate:
+                    arrives = down.send(len(data), arrives)
                 queue.put_nowait((arrives, data))
                 if left - LEAD_S > loop.time():
                     await asyncio.sleep(left - LEAD_S - loop.time())
@@ -534,7 +545,8 @@ async def run_one(h: Harness, wan: Wan, kind: str, X: np.ndarray, args: argparse
 
 
 async def federation(sites: int, tmp: Path, paths: list[Path], X: np.ndarray, args: argparse.Namespace) -> dict:
-    wan = Wan(sites, args.delay_ms / 1000, args.uplink_mbit * 1e6 / 8, args.loss, args.seed)
+    wan = Wan(sites, args.delay_ms / 1000, args.uplink_mbit * 1e6 / 8, args.loss, args.seed,
+              args.downlink_mbit * 1e6 / 8)
     h = Harness(tmp / f"fed{sites}", sites, settings={"jobs": {"preload_ml": False}}, site_data=paths,
                 data_settings=DATA, advertise=wan.addresses)
     out: dict[str, Any] = {"sites": sites, "rows": []}
@@ -595,7 +607,8 @@ def report(fed: dict, refs: dict[str, float]) -> str:
 async def main(args: argparse.Namespace) -> dict:
     out: dict[str, Any] = {"setup": {k: v for k, v in vars(args).items()}, "cpus": os.cpu_count()}
     out["calibration"] = c = calibrate(args.delay_ms / 1000, args.uplink_mbit * 1e6 / 8)
-    print(f"one-way delay {args.delay_ms} ms, uplink {args.uplink_mbit} Mbit/s per site, loss {args.loss}; "
+    print(f"one-way delay {args.delay_ms} ms, uplink {args.uplink_mbit} Mbit/s per site, downlink "
+          f"{args.downlink_mbit or 'uncapped'}{' Mbit/s' if args.downlink_mbit else ''}, loss {args.loss}; "
           f"checked without loss: 1 MiB on an open connection through a proxy: {c['open_ms']} ms "
           f"(model {c['model_ms']} ms); "
           f"a small request on a new connection: {c['new_connection_small_ms']} ms "
@@ -621,6 +634,7 @@ if __name__ == "__main__":
     ap.add_argument("--sizes", type=int, nargs="+", default=[5, 10], help="federation sizes (daemons)")
     ap.add_argument("--delay-ms", type=float, default=25.0, help="one-way delay of every byte")
     ap.add_argument("--uplink-mbit", type=float, default=100.0, help="each site's uplink (0: no cap)")
+    ap.add_argument("--downlink-mbit", type=float, default=0.0, help="each site's downlink (0: no cap)")
     ap.add_argument("--loss", type=float, default=0.0, help="probability a 1448-byte segment is lost")
     ap.add_argument("--rows", type=int, default=20_000, help="rows of the data set, split evenly over the sites")
     ap.add_argument("--features", type=int, default=20)
@@ -634,7 +648,8 @@ if __name__ == "__main__":
     ap.add_argument("--timeout-s", type=float, default=600.0, help="one job at most")
     ap.add_argument("--startup-timeout-s", type=float, default=180.0)
     parsed = ap.parse_args()
-    if not (0 <= parsed.loss < 1 and parsed.delay_ms >= 0 and parsed.uplink_mbit >= 0 and parsed.trees >= 3
+    if not (0 <= parsed.loss < 1 and parsed.delay_ms >= 0 and parsed.uplink_mbit >= 0 and parsed.downlink_mbit >= 0
+            and parsed.trees >= 3
             and all(2 <= s <= 100 for s in parsed.sizes)):
         ap.error("need 0 <= --loss < 1, --delay-ms >= 0, --uplink-mbit >= 0, --trees >= 3, sizes in 2..100")
     print(json.dumps(asyncio.run(main(parsed))))

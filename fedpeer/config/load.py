@@ -199,7 +199,7 @@ class JobLimits:
     data_bytes_max: int = 2 * 1024**3     # a CSV larger than this is refused
     data_rows_max: int = 10_000_000
     preload_ml: bool = True               # import the training libraries in the background at start (~4 s of
-                                          # CPU, ~110 MiB): a site's first job does not wait for them
+                                          # CPU, ~240 MiB with numba's kernels): no job waits for them
 
 
 @dataclass(frozen=True)

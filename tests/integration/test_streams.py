@@ -37,7 +37,7 @@ async def test_a_200_mib_message_streams_between_two_daemons_with_bounded_memory
     h: Harness = make_federation(2, {"limits": {"message_bytes_max": 16 * 1024 * 1024}})
     await h.wait_all_alive(timeout_s=30)
     receiver = h.sites[1].process.pid
-    ml_loaded(h.sites[1])   # (the background import of the ML libraries is ~110 MiB of its own)
+    ml_loaded(h.sites[1])   # (the background import of the ML libraries is ~240 MiB of its own)
     Path(f"/proc/{receiver}/clear_refs").write_text("5")   # the peak from here on is this transfer's
     before = vm(receiver, "VmRSS")
     started = time.monotonic()
