@@ -382,3 +382,15 @@ def test_rows_left_out_by_subsample_count_in_no_channel():
     first = site.sampled.copy()
     site.start_tree(0, tree=1)
     assert not np.array_equal(first, site.sampled)                # each tree its own draw
+
+
+def test_a_declared_gradient_bound_too_small_for_the_fixed_point_is_refused_up_front():
+    """A bound below BOUND_MIN would need more fraction bits than the split search scales by:
+    refused when the parameters are checked, naming it, not later inside a level."""
+    for name in ("grad_abs_max", "hess_max"):
+        with pytest.raises(ValueError, match=name):
+            histboost.HistParams.from_mapping({name: 1e-40})
+        assert getattr(histboost.HistParams.from_mapping({name: 1e-6}), name) == 1e-6
+    with pytest.raises(ValueError, match="F >= 1"):
+        T.best_splits(np.zeros((1, 0, 5, 3), dtype=np.int64), np.zeros(0, dtype=np.int64),
+                      T.SplitParams(grad_bits=20, hess_bits=20))

@@ -9,7 +9,8 @@ same cut points and trees from the same totals (one sum per arrow, tags unique p
     xgbh/e<E>/sketch/<s>, s < steps  counts "rows <= threshold" -> cut points (fedpeer.ml.xgb.sketch)
     xgbh/e<E>/r<R>/c<K>/d<D>         the (node, feature, bin) sums of g, h, rows of level D of the
                                      tree of round R, class K -> that level's splits (a reduce-map
-                                     under allreduce: each member sums one block of features)
+                                     under allreduce: each of the tree's owners sums one block of
+                                     features, tree_owners)
 then model = histboost.model_bytes(trees, base, F, p), the canonical xgboost JSON model, stored by
 every member as bagging mode stores its model (so `fedpeer predict` works unchanged). With a
 test part (`test_fraction` > 0) one last sum, xgbh/e<E>/eval, gives the federated AUC, log-loss
@@ -315,12 +316,13 @@ class HistJob:
         return FeatureBlocks.of(self.packing, self.cuts.n_features, self.cuts.n_slots, n, tree_owners(n, tree))
 
     async def level_by_blocks(self, name: str, growth: Growth, owners: list[Any]) -> Growth:
-        """One level by the secure reduce-map (fedpeer/protocols/securesum/reducemap.py): member k
-        gets the summed histograms of its block of features only, checks them and finds their best
-        split of every node; every member gets every block's candidates and takes the best
-        (histtree.decide_level: the split the search over all features picks). The summed
-        histograms never travel: half the bytes of the all-reduce, one n-th of the search each.
-        The owners' results are compared once per tree (`owners`: a hash of each one's, in grow)."""
+        """One level by the secure reduce-map (fedpeer/protocols/securesum/reducemap.py): each of
+        the tree's owners (tree_owners) gets the summed histograms of its block of features only,
+        checks them and finds their best split of every node; every member gets every block's
+        candidates and takes the best (histtree.decide_level: the split the search over all
+        features picks). The summed histograms never travel: half the bytes of the all-reduce,
+        the search shared among the owners. The owners' results are compared once per tree
+        (`owners`: a hash of each member's results, in grow)."""
         assert self.cuts is not None and self.packing is not None and self._blocks is not None
         blocks, nodes = self._blocks, len(growth.build)
         vector = await self.compute(self.site.level_vector, growth, True)      # block by block

@@ -6,7 +6,8 @@ and outputs.
 A job (every member runs the same steps; "sum" = one secure sum over the members):
   1. p = HistParams.from_mapping(job params); sum `label_stats(y, p)` (encode_ints) ->
      base = base_score_from_stats(total, p).
-  2. Cut points: the step machine of fedpeer.ml.xgb.sketch (33 sums of F * (max_bin - 1) counts),
+  2. Cut points: the step machine of fedpeer.ml.xgb.sketch (sketch_steps sums: 12 of 50 * 255 * 7
+     counts at 50 features and max_bin 256),
      then bins = bin_matrix(X, cuts, column_major=False) once.
   3. Per boosting round: g, h = gradients(objective, margins, y) (rows, K); per class k one tree:
      gq, hq = quantize_gradients(g[:, k], h[:, k], *p.bounds()); growth = start_tree(...);
@@ -57,6 +58,8 @@ __all__ = ["HistParams", "base_score_from_stats", "decode_ints", "encode_ints", 
 LABEL_FRAC_BITS = 16           # regression labels are summed as round(y * 2^16)
 LABEL_ABS_MAX = float(1 << 20)  # |y| <= 2^20 keeps a site's label sum far below 2^63 (2^24 rows * 2^36)
 ROUNDS_MAX = 100_000
+BOUND_MIN = 1e-30              # a declared grad_abs_max / hess_max below this: its fixed point would need
+                               # over 120 fraction bits (the split search scales by 2^-bits, histtree._scale)
 # The objectives' own gradient bounds (|g| <= grad_abs_max, 0 <= h <= hess_max); regression has
 # none, so its default is a declaration the job may change (a row beyond it ends the job, named).
 _BOUNDS = {"binary:logistic": (1.0, 0.25), "multi:softprob": (1.0, 0.5), "reg:squarederror": (1000.0, 1.0)}
@@ -121,6 +124,10 @@ class HistParams:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+        for name in ("grad_abs_max", "hess_max"):           # 0: the objective's own; else a scale the sums can hold
+            v = getattr(self, name)
+            if 0 < v < BOUND_MIN:
+                raise ValueError(f"{name} must be 0 (the objective's own) or at least {BOUND_MIN:g}, got {v!r}")
         for name in ("subsample", "colsample_bytree"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:

@@ -130,6 +130,10 @@ def _best(hist: np.ndarray, cut_counts: np.ndarray, p: SplitParams) -> tuple[np.
     left), the left child's integer sums, and each feature's integer totals (n, F, 3) (the
     node's sums: those of feature 0). ValueError if a hessian or row count is negative."""
     hist = np.ascontiguousarray(hist, dtype=np.int64)
+    if hist.ndim != 4 or hist.shape[1] == 0 or hist.shape[2] < 2 or hist.shape[3] != CHANNELS:
+        raise ValueError(f"the split search needs (nodes, F >= 1, S >= 2, 3) histograms, got {hist.shape}")
+    if len(cut_counts) != hist.shape[1]:
+        raise ValueError(f"{len(cut_counts)} cut counts for {hist.shape[1]} features")
     n, n_features = hist.shape[:2]
     chg = np.empty(n, dtype=np.float64)
     best = np.empty((n, 3), dtype=np.int64)

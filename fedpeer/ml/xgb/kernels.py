@@ -1,7 +1,7 @@
-"""The compiled loops of histogram-mode XGBoost (numba): a site's histograms of one level, its rows'
-move down a level, and the split search over summed histograms — the three steps that are one
-pass over cells in xgboost's C++ and many passes in numpy (docs/algorithms.md, "Exact histogram
-mode, the formulas").
+"""The compiled loops of histogram-mode XGBoost (numba): a site's histograms of one level, their
+packing into the secure sum's lanes, its rows' move down a level, and the split search over
+summed histograms — steps that are one pass over cells in xgboost's C++ and many passes in numpy
+(docs/algorithms.md, "Exact histogram mode, the formulas").
 
 Why compiled: the numpy forms (a sparse product per level, fancy indexing per step, the split
 search as ~20 whole-array passes over (node, feature, cut)) spent most of their time building
@@ -170,9 +170,10 @@ def best_splits_kernel(hist: np.ndarray, cut_counts: np.ndarray, g_scale: float,
                 for d in range(directions):
                     if d == 0:
                         lg, lh, ln = ig, ih, inn
-                    else:
+                        gl, hl = ig * g_scale, ih * h_scale
+                    else:                       # the float sums as xgboost adds them (differ above 2^53)
                         lg, lh, ln = ig + mg, ih + mh, inn + mn
-                    gl, hl = lg * g_scale, lh * h_scale
+                        gl, hl = ig * g_scale + mg * g_scale, ih * h_scale + mh * h_scale
                     gr, hr = G - gl, H - hl
                     if hl < min_child_weight or hr < min_child_weight:
                         continue

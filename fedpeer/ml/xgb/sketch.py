@@ -12,8 +12,8 @@ The step machine (the job only moves its inputs and outputs):
 
     sk = sketch_start(n_features, max_bin)
     while not sk.done:
-        keys = sk.request()                          # uint32 (F, Q), identical at every member
-        mine = site_counts(prepared_X, keys)         # int64 (F, Q), this site's counts
+        keys = sk.request()                          # uint32 (F, Q * (arity - 1)), identical at every member
+        mine = site_counts(prepared_X, keys)         # int64, the same shape: this site's counts
         sk = sketch_advance(sk, secure_sum(mine))    # the federation's counts
     cuts = sketch_cuts(sk)
 
@@ -30,8 +30,11 @@ sums whatever the data — 12 of 89,250 counts for 50 features at max_bin 256 (8
 where halving took 33 sums of 12,750. The cut points do not depend on the arity: each is the
 one smallest key with enough rows below it.
 
-What the cuts reveal: per feature, up to max_bin - 1 pooled quantiles (the model's split
-thresholds reveal a subset of them anyway), and the bisection path, which is a function of them.
+What the sums reveal: per feature, up to max_bin - 1 pooled quantiles (the model's split
+thresholds reveal a subset of them anyway), and the federation-wide count of rows at or below
+every threshold asked — arity - 1 per quantile per sum, all inside the interval that closes in
+on that quantile: 77 per quantile at 8 parts (11 sums), where halving asked 32. Counts over
+every site together, never one site's.
 
 Binning (`bin_matrix`): a feature with cuts c_1 < .. < c_m puts x in bin #{c_i <= x} in [0, m],
 so "bin < k" is exactly xgboost's "x < split_condition" with split_condition = c_k (float32

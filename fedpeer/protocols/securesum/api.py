@@ -281,7 +281,8 @@ async def secure_reduce_map(ch: Channel, tag: str, vector: np.ndarray, bounds: S
                             check: bool = True) -> MapOutcome:
     """Sum `vector` (1-D uint64) over the job's members segment by segment: member k gets the total
     of vector[bounds[k]:bounds[k + 1]] only, and every member gets owner_fn(k, that total) of
-    every k (fedpeer/protocols/securesum/reducemap.py). JobError when it fails, SegmentRefused
+    every k whose segment is not empty (an empty segment's result is empty: its member owns
+    nothing; fedpeer/protocols/securesum/reducemap.py). JobError when it fails, SegmentRefused
     when an owner's owner_fn raised ValueError."""
     plan = _plan(ch, tag, vector, ALLREDUCE, hop_timeout_ms, chunk_entries, 1)
     started_ms = ch.now_ms()
