@@ -41,6 +41,20 @@ async def _federation_with_mallory(make_federation) -> tuple[Harness, Identity, 
     return h, mallory, load_key_file(h.sites[0].config.node.key_file).public_key
 
 
+def _breast_cancer_sites(make_federation, tmp_path, started: tuple[int, ...]) -> Harness:
+    """Three sites holding stratified thirds of breast cancer; `started` of them running."""
+    from fedpeer.app.harness.federation import split_csv
+    from tests.integration.test_jobs import _attach_data, breast_cancer_csv
+
+    full = breast_cancer_csv(tmp_path / "bc.csv")
+    parts = split_csv(full, "diagnosis", 3, "stratified", seed=3, out_dir=tmp_path / "parts")
+    h: Harness = make_federation(3, start=False)
+    _attach_data(h, parts, label="diagnosis", positive="malignant")
+    for i in started:
+        h.start(i)
+    return h
+
+
 async def test_amplification_frames_are_refused_without_building_millions_of_objects(make_federation) -> None:
     """24 arrays of 2^20 empty arrays in a 24 MiB frame (every length and depth limit holds): once
     1,877 MiB and 22 s with the GIL held, so peers marked the site dead. Now: refused after
@@ -104,15 +118,7 @@ def _strategies(keys: dict[str, bytes], job_ids: list[str]) -> st.SearchStrategy
 def test_random_member_messages_never_take_a_site_down(make_federation, tmp_path) -> None:
     """Hypothesis drives random membership, election and job-lifecycle messages, sealed with a
     member's key, at a live daemon while the honest sites run stats jobs."""
-    from fedpeer.app.harness.federation import split_csv
-    from tests.integration.test_jobs import _attach_data, breast_cancer_csv
-
-    full = breast_cancer_csv(tmp_path / "bc.csv")
-    parts = split_csv(full, "diagnosis", 3, "stratified", seed=3, out_dir=tmp_path / "parts")
-    h: Harness = make_federation(3, start=False)
-    _attach_data(h, parts, label="diagnosis", positive="malignant")
-    h.start(0)
-    h.start(1)
+    h = _breast_cancer_sites(make_federation, tmp_path, (0, 1))
     asyncio.run(h.wait_all_alive(timeout_s=30, among=[0, 1]))
     mallory = load_key_file(h.sites[2].config.node.key_file)
     keys = {"site-1": load_key_file(h.sites[0].config.node.key_file).public_key,
@@ -207,16 +213,9 @@ async def test_forged_reduce_map_messages_leave_a_histogram_job_and_the_site_unh
     member it expects), the job ends done with one model at both sites, and site-1 keeps serving."""
     import numpy as np
 
-    from fedpeer.app.harness.federation import split_csv
     from fedpeer.protocols.securesum.wire import ArCheck, ArResult, SumChunk
-    from tests.integration.test_jobs import _attach_data, breast_cancer_csv
 
-    full = breast_cancer_csv(tmp_path / "bc.csv")
-    parts = split_csv(full, "diagnosis", 3, "stratified", seed=3, out_dir=tmp_path / "parts")
-    h: Harness = make_federation(3, start=False)
-    _attach_data(h, parts, label="diagnosis", positive="malignant")
-    h.start(0)
-    h.start(1)
+    h = _breast_cancer_sites(make_federation, tmp_path, (0, 1))
     await h.wait_all_alive(timeout_s=30, among=[0, 1])
     mallory = load_key_file(h.sites[2].config.node.key_file)
     site1 = load_key_file(h.sites[0].config.node.key_file).public_key
@@ -246,4 +245,48 @@ async def test_forged_reduce_map_messages_leave_a_histogram_job_and_the_site_unh
     assert doc["rejected"].get("schema", 0) + doc["rejected"].get("decode", 0) >= 1, doc["rejected"]
     assert next(p for p in doc["peers"] if p["name"] == "site-2")["state"] == "alive"
     assert h.exit_codes()[h.sites[0].name] is None
+    assert "Traceback" not in h.sites[0].log_path.read_text()
+
+
+async def test_a_member_sends_what_no_owner_waits_for_and_the_histogram_job_ends_as_it_would(make_federation,
+                                                                                             tmp_path) -> None:
+    """All three sites run a histogram job; only one of them owns a block of features in each tree
+    (tree_owners: one member in three). A second session under site-3's key, a member's, sends
+    site-1 well-formed reduce-map messages no one there waits for: results under the tags of the
+    segments site-3 does not own, pieces of the segments site-1 does not own. They are buffered
+    within the mailbox's bounds and never taken: the job ends done with one model at all three
+    sites and site-1 keeps serving."""
+    import numpy as np
+
+    from fedpeer.protocols.securesum.wire import ArResult, SumChunk
+
+    h = _breast_cancer_sites(make_federation, tmp_path, (0, 1, 2))
+    await h.wait_all_alive(timeout_s=30)
+    ids = [load_key_file(site.config.node.key_file) for site in h.sites]
+    order = sorted(i.public_key for i in ids)           # a job's members, in protocol order
+    me, them = order.index(ids[0].public_key), order.index(ids[2].public_key)
+    forger = await frames.connected(ids[2], h, [0])
+    rounds = 40
+    job_id = await h.propose(1, "xgboost", {"mode": "histogram", "rounds": rounds, "max_depth": 3, "max_bin": 32,
+                                            "test_fraction": 0.0, "nthread": 1})     # secure_sum: allreduce
+    await h.wait_step(0, job_id, 1, timeout_s=60)
+    forged = []
+    for r in range(1, rounds):
+        for d in range(3):
+            pre = f"xgbh/e0/r{r}/c0/d{d}/ss-allreduce/a1/"
+            forged += [ArResult(f"{pre}r{k}", np.full(10, 7, dtype=np.uint64), "") for k in range(3) if k != them]
+            forged += [SumChunk(f"{pre}p{k}/0", np.arange(5, dtype=np.uint64)) for k in range(3) if k != me]
+    async with aiohttp.ClientSession() as s:
+        for msg in forged:
+            status, _ = await _post(s, h.sites[0].port, forger.seal(ids[0].public_key, msg, job=job_id))
+            assert status == 204, status
+    during = await h.job(0, job_id)
+    assert during is not None and during["state"] == "running", during     # tried: at step 5 of 40
+    records = await h.wait_job(job_id, timeout_s=120)
+    assert {r["state"] for r in records.values()} == {"done"}, [r["error"] for r in records.values()]
+    assert len({r["result"]["model_sha256"] for r in records.values()}) == 1
+    doc = await h.status(0, timeout_ms=1000)
+    assert doc["rejected"].get("internal_error", 0) == 0, doc["rejected"]
+    assert all(p["state"] == "alive" for p in doc["peers"])
+    assert all(code is None for code in h.exit_codes().values())
     assert "Traceback" not in h.sites[0].log_path.read_text()

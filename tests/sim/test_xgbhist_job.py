@@ -277,13 +277,14 @@ def test_regression_in_bagging_mode() -> None:
     assert r["base_score"] == pytest.approx(np.mean(np.concatenate([y for y in ys])), rel=0.05)   # train parts' mean
 
 
-@settings(max_examples=6, deadline=None)
-@given(poison=st.integers(2**40, 2**64 - 1), target=st.sampled_from(["label_vector", "level_vector"]),
+@settings(max_examples=9, deadline=None)
+@given(poison=st.integers(2**40, 2**64 - 1), target=st.sampled_from(["label_vector", "sketch_vector", "level_vector"]),
        member=st.integers(0, 2), secure_sum=st.sampled_from(["ring", "allreduce"]))
 def test_a_poisoned_contribution_ends_the_job_everywhere_and_no_model_is_adopted(poison: int, target: str,
                                                                                  member: int, secure_sum: str) -> None:
-    """One member adds `poison` (mod 2^64) to every entry of its label counts or of its level
-    histograms: every member fails the job naming the sum and the check; none returns a model."""
+    """One member adds `poison` (mod 2^64) to every entry of its label counts, its sketch counts or
+    its level histograms: every member fails the job naming the sum and the check; none returns
+    a model."""
     sites, _, _ = breast_cancer_sites(3)
     keys, names = member_keys("xgbh", 3)
     checked = xj.KIND.check_params({**PARAMS, "secure_sum": secure_sum})

@@ -112,6 +112,12 @@ def test_sketch_refuses_counts_no_honest_sum_gives():
     falling = np.tile(np.minimum(np.arange(sk.arity - 1, 0, -1), 5), (2, 7))     # fewer rows below a higher cut
     with pytest.raises(ValueError, match="fall"):
         S.sketch_advance(sk, falling)
+    later = S.sketch_advance(sk, np.tile(np.arange(sk.arity - 1) // 4 + 1, (2, 7)))
+    assert (later.below > 0).any()
+    with pytest.raises(ValueError, match="fall"):                      # fewer than the lower end already had
+        S.sketch_advance(later, np.zeros((2, width), dtype=np.int64))
+    with pytest.raises(ValueError, match="training rows"):             # more rows than the federation trains on
+        S.sketch_advance(S.sketch_start(2, 8, rows_max=4), np.full((2, 7), 5))
 
 
 def test_bin_matrix_matches_xgboost_split_rule_and_marks_missing():

@@ -249,7 +249,7 @@ class HistJob:
         if self.site.rows > self.rows:
             raise ImplausibleTotal.of(tag, "the federation's training rows are fewer than this member's own")
         base = checked_total(tag, base_score_from_stats, decode_ints(total), self.p)
-        sk, step = sketch_start(self.n_features, self.p.max_bin), 0
+        sk, step = sketch_start(self.n_features, self.p.max_bin, self.rows), 0
         while not sk.done:
             keys = sk.request()
             tag, total = await self.sum(f"sketch/{step}", await self.compute(self.site.sketch_vector, keys))

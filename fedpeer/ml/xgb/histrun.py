@@ -173,8 +173,8 @@ def _plain_sum(parts: Sequence[np.ndarray]) -> np.ndarray:
     return total
 
 
-def _agree_cuts(members: Sequence[HistSite], n_features: int, max_bin: int) -> Cuts:
-    sk = sketch_start(n_features, max_bin)
+def _agree_cuts(members: Sequence[HistSite], n_features: int, max_bin: int, rows: int) -> Cuts:
+    sk = sketch_start(n_features, max_bin, rows)
     while not sk.done:
         keys = sk.request()
         sk = sketch_advance(sk, decode_ints(_plain_sum([m.sketch_vector(keys) for m in members])).reshape(keys.shape))
@@ -214,7 +214,7 @@ def train_members(members: Sequence[Any], p: HistParams, start_trees: Sequence[_
     base, rows = base_score_from_stats(stats, p), check_label_stats(stats, p, len(members))
     for m in members:
         m.set_base(base)
-    cuts = _agree_cuts(members, n_features, p.max_bin)
+    cuts = _agree_cuts(members, n_features, p.max_bin, rows)
     packing = p.packing(rows, cuts.counts())
     for m in members:
         m.set_cuts(cuts)

@@ -134,6 +134,7 @@ class Sketch:
     n_features: int
     step: int
     arity: int                     # parts each interval is cut into per step (sketch_arity)
+    rows_max: int | None           # the federation's training rows, if known: a bound on step 0's counts
     present: np.ndarray | None     # int64 (F,): non-missing rows per feature, federation-wide
     lo: np.ndarray                 # int64 (F, Q): #{x <= lo} < rank (lo = KEY_NEG_INF - 1: nothing)
     hi: np.ndarray                 # int64 (F, Q): #{x <= hi} >= rank
@@ -184,7 +185,9 @@ def sketch_steps(n_features: int, max_bin: int) -> int:
     return steps
 
 
-def sketch_start(n_features: int, max_bin: int = 256) -> Sketch:
+def sketch_start(n_features: int, max_bin: int = 256, rows_max: int | None = None) -> Sketch:
+    """A sketch's first state. `rows_max`: the federation's training rows when the job knows them
+    (histogram XGBoost: from the label sum) — no feature can have more non-missing rows."""
     if isinstance(max_bin, bool) or not isinstance(max_bin, (int, np.integer)) or not 2 <= max_bin <= MAX_BIN_MAX:
         raise ValueError(f"max_bin must be an integer in [2, {MAX_BIN_MAX}], got {max_bin!r}")
     if isinstance(n_features, bool) or not isinstance(n_features, (int, np.integer)) \
@@ -192,15 +195,16 @@ def sketch_start(n_features: int, max_bin: int = 256) -> Sketch:
         raise ValueError(f"n_features must be an integer in [1, {FEATURES_MAX}], got {n_features!r}")
     shape = (int(n_features), int(max_bin) - 1)
     return Sketch(max_bin=int(max_bin), n_features=int(n_features), step=0,
-                  arity=sketch_arity(int(n_features), int(max_bin)), present=None,
+                  arity=sketch_arity(int(n_features), int(max_bin)), rows_max=rows_max, present=None,
                   lo=np.full(shape, int(KEY_NEG_INF) - 1, dtype=np.int64),
                   hi=np.full(shape, int(KEY_POS_INF), dtype=np.int64), below=np.zeros(shape, dtype=np.int64))
 
 
 def sketch_advance(sketch: Sketch, summed_counts: Any) -> Sketch:
     """One step: the federation's counts for `sketch.request()` -> the next state. ValueError if
-    the counts cannot be sums of honest counts (wrong shape, negative, not the same n_f per
-    feature in step 0, or above n_f later)."""
+    the counts cannot be sums of honest counts (wrong shape, negative; in step 0 not the same n_f
+    per feature, or above `rows_max`; later above n_f, falling as the threshold rises, or below
+    the count an earlier step gave the interval's lower end)."""
     counts = np.asarray(summed_counts)
     want = sketch.lo.shape if sketch.present is None else (sketch.n_features, sketch.lo.shape[1] * (sketch.arity - 1))
     if counts.shape != want or counts.dtype.kind not in "iu":
@@ -211,11 +215,13 @@ def sketch_advance(sketch: Sketch, summed_counts: Any) -> Sketch:
     if sketch.present is None:
         if (counts != counts[:, :1]).any():
             raise ValueError("step 0 counts differ between thresholds of one feature")
+        if sketch.rows_max is not None and (counts[:, 0] > sketch.rows_max).any():
+            raise ValueError("step 0 counts more non-missing rows than the federation's training rows")
         return replace(sketch, step=1, present=counts[:, 0].copy())
     if (counts > sketch.present[:, None]).any():
         raise ValueError("summed counts exceed the feature's non-missing rows")
     counts = counts.reshape(sketch.lo.shape + (sketch.arity - 1,))
-    if (np.diff(counts, axis=-1) < 0).any():
+    if (np.diff(counts, axis=-1) < 0).any() or (counts[..., 0] < sketch.below).any():
         raise ValueError("summed counts fall as the threshold rises")
     t = sketch._thresholds()
     # the first part whose upper end holds the rank: thresholds below it have too few rows
