@@ -172,7 +172,6 @@ class HistJob:
         self.trees: list[_Tree] = []
         self.history: list[dict] = []          # the evaluated rounds (evaluate_rounds)
         self.by_blocks = params["secure_sum"] == "allreduce"    # levels by the secure reduce-map
-        self._blocks: FeatureBlocks | None = None
         self._parent: np.ndarray | None = None   # my block's histograms of the frontier's parents
         self.eval_round: Callable[[int], Any] | None = None
 
@@ -292,17 +291,17 @@ class HistJob:
                             tree_features(self.p, len(self.trees), cuts.n_features))
         depth = 0
         owners = [hashlib.sha256() for _ in self.members]     # each owner's results over the tree's levels
-        if self.by_blocks:
-            self._blocks = self._tree_blocks(len(self.trees))
+        blocks = self._tree_blocks(len(self.trees)) if self.by_blocks else None
+        self._parent = None
         while not growth.done:
             name = f"r{r}/c{k}/d{depth}"
-            if self.by_blocks:
-                growth = await self.level_by_blocks(name, growth, owners)
+            if blocks is not None:
+                growth = await self.level_by_blocks(name, growth, blocks, owners)
             else:
                 tag, total = await self.sum(name, await self.compute(self.site.level_vector, growth))
                 growth = await self.compute(self._advance, tag, growth, total)
             depth += 1
-        if self.by_blocks:          # did every owner send every member the same splits? (reducemap.py, step 4)
+        if blocks is not None:      # did every owner send every member the same splits? (reducemap.py, step 4)
             lost = await self.epochs.check_results(f"r{r}/c{k}/check", [h.digest() for h in owners])
             if lost:
                 self.epochs.new_epoch(lost)
@@ -315,7 +314,7 @@ class HistJob:
         n = len(self.members)
         return FeatureBlocks.of(self.packing, self.cuts.n_features, self.cuts.n_slots, n, tree_owners(n, tree))
 
-    async def level_by_blocks(self, name: str, growth: Growth, owners: list[Any]) -> Growth:
+    async def level_by_blocks(self, name: str, growth: Growth, blocks: FeatureBlocks, owners: list[Any]) -> Growth:
         """One level by the secure reduce-map (fedpeer/protocols/securesum/reducemap.py): each of
         the tree's owners (tree_owners) gets the summed histograms of its block of features only,
         checks them and finds their best split of every node; every member gets every block's
@@ -323,20 +322,16 @@ class HistJob:
         features picks). The summed histograms never travel: half the bytes of the all-reduce,
         the search shared among the owners. The owners' results are compared once per tree
         (`owners`: a hash of each member's results, in grow)."""
-        assert self.cuts is not None and self.packing is not None and self._blocks is not None
-        blocks, nodes = self._blocks, len(growth.build)
+        nodes = len(growth.build)
         vector = await self.compute(self.site.level_vector, growth, True)      # block by block
         found: list[np.ndarray] = []
 
         def owner_fn(k: int, total: np.ndarray) -> np.ndarray:
-            f0, f1 = blocks.features[k], blocks.features[k + 1]
-            if f0 == f1:
-                return np.zeros(0, dtype=np.uint64)
-            hist = blocks.decode(k, total, nodes)
+            hist = blocks.decode(k, total, nodes)      # (the reduce-map asks owners of a feature or more only)
             check_plausible(hist, self.rows)
             if growth.build.tolist() == [0]:
                 check_root(hist, self.rows, self.p.subsample == 1.0 and not self.lost)
-            candidates, frontier = block_candidates(growth, hist, self._parent, f0)
+            candidates, frontier = block_candidates(growth, hist, self._parent, blocks.features[k])
             found.append(frontier)
             return candidates.view(np.uint64).ravel()
 

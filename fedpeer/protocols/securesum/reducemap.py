@@ -32,7 +32,7 @@ Three one-way legs (the all-reduce's three: scatter, gather, reveal), the last t
 Who learns what: owner k, of member i's segment k, sees it under the pairwise masks i shares
 with every member but k: a coalition short of all other members learns nothing of it (pairwise
 mode's guarantee). Owner k learns its segment's total over all members (a part of what the
-all-reduce gives everyone); every member learns the n results. There are no self masks (the
+all-reduce gives everyone); every member learns the owners' results. There are no self masks (the
 all-reduce's protection of a failed attempt): an attempt that fails after owner k got every
 contribution leaves k that segment's total over the old members, and a re-run over fewer can
 show k the lost members' part of it. Histogram XGBoost, the one caller, re-grows an unfinished
