@@ -26,14 +26,16 @@ def tune_gc() -> None:
 
 def preload_ml() -> None:
     """Import the training libraries in a worker thread once the daemon serves, and load (or
-    compile, the first time on a machine) histogram XGBoost's compiled loops: a job's first step
+    compile, the first time on a machine) the compiled loops (histogram XGBoost's, k-means'): a job's first step
     no longer pays for it (xgboost + scikit-learn: ~4 s of a 3-round job's 4.5 s, cold)."""
     started = time.perf_counter()
     import sklearn.ensemble  # noqa: F401
     import xgboost  # noqa: F401
 
-    from fedpeer.ml.xgb import kernels
-    kernels.warm()
+    from fedpeer.ml.cluster import kernels as cluster_kernels
+    from fedpeer.ml.xgb import kernels as xgb_kernels
+    xgb_kernels.warm()
+    cluster_kernels.warm()
 
     gc.freeze()        # the libraries' objects live as long as the daemon: the collector skips them from now on
     log.info("ml_libraries_loaded", extra=fields(seconds=round(time.perf_counter() - started, 2)))

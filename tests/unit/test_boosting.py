@@ -554,3 +554,24 @@ def test_multiclass_histograms_are_one_vs_rest():
     assert B.accuracy_counts(y, p) == (int((p.argmax(axis=1) == y).sum()), n)
     with pytest.raises(ValueError):
         B.score_histograms(y, p[:, :3])             # label 3 with 3 columns
+
+
+def test_local_auc_is_sklearns_with_ties_and_classes_that_are_missing():
+    from fedpeer.ml.evaluation import local_auc
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        n = int(rng.integers(2, 400))
+        y = rng.integers(0, 2, n)
+        p = np.round(rng.random(n), int(rng.integers(1, 4)))       # many ties at 1 decimal
+        want = roc_auc_score(y, p) if len(np.unique(y)) == 2 else None
+        assert local_auc(y, p) == (want if want is None else pytest.approx(want, abs=1e-12))
+        k = int(rng.integers(3, 6))
+        y = rng.integers(0, k, n)
+        p = rng.dirichlet(np.ones(k), 7)[rng.integers(0, 7, n)]    # whole rows repeat: ties in every class
+        if len(np.unique(y)) == k:
+            want = roc_auc_score(y, p, multi_class="ovr", labels=list(range(k)))
+            assert local_auc(y, p) == pytest.approx(want, abs=1e-12)
+    assert local_auc(np.ones(5, int), np.full(5, 0.3)) is None
+    # a class absent from the rows: the mean over the classes that occur (scikit-learn warns, NaN)
+    y, p = np.array([0, 1, 0, 1]), np.array([[0.6, 0.3, 0.1], [0.2, 0.7, 0.1], [0.5, 0.1, 0.4], [0.4, 0.5, 0.1]])
+    assert local_auc(y, p) == pytest.approx((roc_auc_score(y == 0, p[:, 0]) + roc_auc_score(y == 1, p[:, 1])) / 2)

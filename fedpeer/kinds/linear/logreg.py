@@ -128,16 +128,6 @@ def class_counts(y: np.ndarray, groups: int) -> np.ndarray:
     return np.bincount(y, minlength=max(groups, 2)).astype(np.int64)
 
 
-def _auc(y: np.ndarray, proba: np.ndarray, groups: int) -> float | None:
-    from sklearn.metrics import roc_auc_score
-
-    if len(np.unique(y)) < 2:
-        return None
-    if groups == 1:
-        return float(roc_auc_score(y, proba))
-    return float(roc_auc_score(y, proba, multi_class="ovr", labels=list(range(groups))))
-
-
 class Member:
     """One member's run of the job (module docstring)."""
 
@@ -270,7 +260,7 @@ class Member:
             if len(fit.history) > before:
                 entry = dict(fit.history[-1])
                 if test_Z is not None and self.test is not None:
-                    entry["test_auc"] = _auc(self.test[1], linear.probabilities(test_Z, fit.W), self.groups)
+                    entry["test_auc"] = evalcounts.local_auc(self.test[1], linear.probabilities(test_Z, fit.W))
                 history.append(entry)
                 self.ch.progress(f"logreg: iteration {fit.iterations}", fit.iterations, self.params["max_iter"],
                                  point={k: v for k, v in entry.items() if isinstance(v, (int, float))})
@@ -370,7 +360,7 @@ class Member:
             out["federated_eval"] = {**fed, "on": self.evaluated_on}
             out["auc"], out["auc_source"] = fed["auc"], f"federated, on {self.evaluated_on}"
         if self.test is not None:
-            test_auc = _auc(self.test[1], linear.predict_proba(coef, intercept, self.test[0]), self.groups)
+            test_auc = evalcounts.local_auc(self.test[1], linear.predict_proba(coef, intercept, self.test[0]))
             out["test_csv"] = {"auc": test_auc, "rows": int(len(self.test[1]))}
             out["auc"], out["auc_source"] = test_auc, "[data] test_csv"
         out["_model"] = {"coef": coef, "intercept": intercept, "features": features, "classes": names}

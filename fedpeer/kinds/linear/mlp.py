@@ -28,7 +28,8 @@ from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param, site_seed
 from fedpeer.jobs.params import SECURE_SUM_LARGE
 from fedpeer.kinds.linear import text
 from fedpeer.kinds.linear.fedavg import FEDAVG_PARAMS, Rounds, check_groups, current_groups, group_view
-from fedpeer.kinds.linear.logreg import HELD_OUT, Member, _auc
+from fedpeer.kinds.linear.logreg import HELD_OUT, Member
+from fedpeer.ml import evaluation
 from fedpeer.ml.linear import mlp
 
 MODEL_VERSION = 1
@@ -87,8 +88,8 @@ class MlpMember(Member):
             "auc": last["auc"], "auc_source": f"federated, on {self.evaluated_on}",
         }
         if self.test is not None:
-            test_auc = _auc(self.test[1], mlp.predict_proba(coefs, intercepts, (self.test[0] - mean) / scale),
-                            self.groups)
+            test_auc = evaluation.local_auc(self.test[1],
+                                            mlp.predict_proba(coefs, intercepts, (self.test[0] - mean) / scale))
             out["test_csv"] = {"auc": test_auc, "rows": int(len(self.test[1]))}
             out["auc"], out["auc_source"] = test_auc, "[data] test_csv"
         out["_model"] = {"coefs": coefs, "intercepts": intercepts, "mean": mean, "scale": scale,

@@ -247,18 +247,11 @@ def _proba(value: np.ndarray) -> np.ndarray:
 
 def local_score(cart: Cart, X: np.ndarray, y: np.ndarray) -> dict:
     """The tree on rows every site holds ([data] test_csv), computed locally."""
-    from sklearn.metrics import roc_auc_score
-
     value = predict_value(cart, X)
     if cart.regression:
         err = value - y
         return {"rmse": float(np.sqrt(np.mean(err * err))), "mae": float(np.mean(np.abs(err))), "rows": int(len(y))}
-    if len(np.unique(y)) < 2:
-        return {"auc": None, "rows": int(len(y))}
-    proba = _proba(value)
-    auc = roc_auc_score(y, proba) if proba.ndim == 1 else roc_auc_score(y, proba, multi_class="ovr",
-                                                                        labels=list(range(proba.shape[1])))
-    return {"auc": float(auc), "rows": int(len(y))}
+    return {"auc": evalcounts.local_auc(y, _proba(value)), "rows": int(len(y))}
 
 
 async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext,

@@ -191,19 +191,12 @@ def model_score(model: bytes, X: np.ndarray, y: np.ndarray, params: Mapping[str,
                 nthread: int | None = None) -> dict:
     """A model on rows every site holds ([data] test_csv), computed locally: {"auc"} (macro
     one-vs-rest for multi-class; None with one class only) or {"rmse", "mae"}; and "rows"."""
-    from sklearn.metrics import roc_auc_score
-
     pred = boosting.predict_proba(model, X, nthread=nthread)
     out: dict[str, Any] = {"rows": int(len(y))}
     if is_regression(params):
         err = np.asarray(pred, dtype=np.float64) - y
         return {"rmse": float(np.sqrt(np.mean(err * err))), "mae": float(np.mean(np.abs(err))), **out}
-    groups = groups_of(params)
-    if len(np.unique(y)) < 2:
-        return {"auc": None, **out}
-    if groups == 1:
-        return {"auc": float(roc_auc_score(y, pred)), **out}
-    return {"auc": float(roc_auc_score(y, pred, multi_class="ovr", labels=list(range(groups)))), **out}
+    return {"auc": evalcounts.local_auc(y, pred), **out}
 
 
 def test_csv_score(model: bytes, data: Any, params: Mapping[str, Any]) -> dict:

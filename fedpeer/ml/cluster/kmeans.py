@@ -8,7 +8,8 @@ Rules of this module:
 - Every site computes a *local block* per k-means restart from its own rows; the secure sum adds
   the blocks; `Lloyd.advance` turns the totals into the next centres, identically at every site.
 - The blocks of all running restarts come from one pass over the rows (`local_blocks`): per chunk
-  of rows, one matmul gives every restart's distances and one the cluster sums; no per-restart or
+  of rows, one matmul gives every restart's distances, and one compiled pass (kernels.py) the
+  nearest centres and the cluster sums (fuzzy c-means: a second matmul); no per-restart or
   per-centre loop, no (rows x d) array per centre.
 
 A block (one restart, k clusters, d features), in clustering space (standardised or not):
@@ -50,6 +51,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedpeer.errors import JobError
+from fedpeer.ml.cluster import kernels
 from fedpeer.ml.moments import PLAUSIBLE_RTOL, check_columns, slack
 
 ROWS_PER_CHUNK_CELLS = 1 << 20        # rows x restarts x max(k, d) held at once (8 MiB of float64)
@@ -154,23 +156,24 @@ def _chunk_rows(restarts: int, k: int, d: int) -> int:
     return max(1, ROWS_PER_CHUNK_CELLS // max(restarts * max(k, d), 1))
 
 
-def _nearest_part(X: np.ndarray, F: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def _nearest_part(X: np.ndarray, F: np.ndarray, k: int, sums: np.ndarray | None = None) -> tuple[np.ndarray,
+                                                                                                  np.ndarray]:
     """scikit-learn's Lloyd assignment for R restarts at once, F = their centres stacked (R·k, d):
-    one matmul gives every restart's ‖c‖² - 2 x·c; per restart the argmin over its k centres (‖x‖²
-    is the same for all of them; lowest index on ties), as an index into F, (rows, R); and the
-    squared distance to the chosen centre taken directly, Σ (x - c)², (rows, R), free of the
-    expansion's cancellation far from the origin."""
+    one matmul gives every restart's x·c; per restart the argmin of ‖c‖² - 2 x·c over its k
+    centres (‖x‖² is the same for all of them; lowest index on ties), as an index into F, (rows, R);
+    and the squared distance to the chosen centre taken directly, Σ (x - c)², (rows, R), free of
+    the expansion's cancellation far from the origin. With `sums` (R·k, d), each row is added to
+    its chosen centres' (fedpeer/ml/cluster/kernels.py: one compiled pass after the matmul)."""
     rows, restarts = X.shape[0], F.shape[0] // k
+    X, F = np.ascontiguousarray(X, dtype=np.float64), np.ascontiguousarray(F, dtype=np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
         partial = X @ F.T
-        partial *= -2.0
-        partial += (F * F).sum(axis=1)[None, :]
-        chosen = partial.reshape(rows, restarts, k).argmin(axis=2)
-        chosen += np.arange(0, restarts * k, k)[None, :]
-        diff = F[chosen]                                  # (rows, R, d): the chosen centres
-        np.subtract(X[:, None, :], diff, out=diff)
-        best = np.einsum("ird,ird->ir", diff, diff)
-    if not (np.isfinite(partial).all() and np.isfinite(best).all()):
+        cc = (F * F).sum(axis=1)
+    chosen = np.empty((rows, restarts), dtype=np.int64)
+    best = np.empty((rows, restarts))
+    accumulate = sums is not None
+    target = sums if sums is not None else np.zeros((0, 0))
+    if not kernels.hard_kernel(X, partial, cc, F, k, chosen, best, target, accumulate):
         raise JobError(_OVERFLOW)
     return chosen, best
 
@@ -186,16 +189,11 @@ def nearest(X: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return labels, best
 
 
-def _weights_part(X: np.ndarray, F: np.ndarray, k: int, fuzziness: float) -> tuple[np.ndarray, np.ndarray,
-                                                                                     np.ndarray]:
-    """Rows X against R restarts' stacked centres F: (w (rows, R·k), objective per restart (R),
-    chosen (rows, R) indices into F); w one-hot on the nearest centre, or the fuzzy u^m."""
+def _fuzzy_part(X: np.ndarray, F: np.ndarray, k: int, fuzziness: float) -> tuple[np.ndarray, np.ndarray,
+                                                                                 np.ndarray]:
+    """Rows X against R restarts' stacked centres F: (u^m (rows, R·k), objective per restart (R),
+    chosen (rows, R) indices into F, the nearest centre)."""
     rows, restarts = X.shape[0], F.shape[0] // k
-    if fuzziness == 1.0:
-        chosen, best = _nearest_part(X, F, k)
-        w = np.zeros((rows, restarts * k))
-        np.put_along_axis(w, chosen, 1.0, axis=1)
-        return w, best.sum(axis=0), chosen
     d2 = sq_distances(X, F).reshape(rows, restarts, k)
     chosen = d2.argmin(axis=2) + np.arange(0, restarts * k, k)[None, :]
     u = memberships(d2, fuzziness) ** fuzziness
@@ -206,7 +204,8 @@ def local_blocks(X: np.ndarray, centers: np.ndarray, fuzziness: float,
                  previous: Sequence[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The blocks of R restarts at once, `centers` (R, k, d), `previous` each restart's last labels
     (None: none yet): (floats (R·nf), counts (R·nc), labels (rows, R)), restart by restart in the
-    module docstring's layout. One pass over the rows for every restart: two matmuls per chunk."""
+    module docstring's layout. One pass over the rows for every restart: per chunk, hard k-means
+    one matmul and one compiled pass; fuzzy c-means two matmuls."""
     restarts, k, d = centers.shape
     F = centers.reshape(restarts * k, d)
     sums, weights, objective = np.zeros((restarts * k, d)), np.zeros(restarts * k), np.zeros(restarts)
@@ -214,11 +213,17 @@ def local_blocks(X: np.ndarray, centers: np.ndarray, fuzziness: float,
     step = _chunk_rows(restarts, k, d)
     for a in range(0, X.shape[0], step):
         part = X[a:a + step]
-        w, obj, labels[a:a + step] = _weights_part(part, F, k, fuzziness)
-        sums += w.T @ part
-        weights += w.sum(axis=0)
-        objective += obj
+        if fuzziness == 1.0:
+            labels[a:a + step], best = _nearest_part(part, F, k, sums)
+            objective += best.sum(axis=0)
+        else:
+            w, obj, labels[a:a + step] = _fuzzy_part(part, F, k, fuzziness)
+            sums += w.T @ part
+            weights += w.sum(axis=0)
+            objective += obj
     counts = np.bincount(labels.ravel(), minlength=restarts * k).reshape(restarts, k)
+    if fuzziness == 1.0:
+        weights = counts.ravel().astype(np.float64)          # hard k-means: a cluster's weight is its size
     labels -= np.arange(0, restarts * k, k)[None, :]
     changed = [X.shape[0] if p is None else int((labels[:, r] != p).sum()) for r, p in enumerate(previous)]
     floats = np.concatenate([sums.reshape(restarts, k * d), weights.reshape(restarts, k), objective[:, None]],

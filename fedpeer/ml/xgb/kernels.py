@@ -25,22 +25,15 @@ in the daemon's ML preload, daemon/warmup.py).
 
 from __future__ import annotations
 
-from typing import Any
 
-import numba
 import numpy as np
+
+from fedpeer.ml.jit import jit as _jit
 
 __all__ = ["PACK_BAD_COUNT", "PACK_BAD_HESSIAN", "PACK_DROPPED_ROWS", "best_splits_kernel", "hist_kernel",
            "pack_kernel", "route_kernel", "warm"]
 
 PACK_DROPPED_ROWS, PACK_BAD_COUNT, PACK_BAD_HESSIAN = 1, 2, 3     # pack_kernel's refusals
-
-
-def _jit(fn: Any) -> Any:
-    try:
-        return numba.njit(nogil=True, cache=True)(fn)
-    except RuntimeError:                 # no writable cache location: compile per process
-        return numba.njit(nogil=True)(fn)
 
 
 @_jit
