@@ -25,12 +25,12 @@ import logging
 import resource
 import socket
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 
 from fedpeer.base.logs import fields
 from fedpeer.config.load import Address, Limits
 from fedpeer.errors import RemoteProtocolError
+from fedpeer.net.admission import Books, ByteBudget, HelloRate
 from fedpeer.net.http1 import (
     END_OF_HEAD,
     FDS_RESERVED,
@@ -53,9 +53,6 @@ DISCARD_BYTES_MAX = 256 * 1024         # unread bytes dropped at a close (what o
 DISCARD_READ_BYTES = 64 * 1024         # one read of those: the scratch buffer a close reads them into
 LISTEN_BACKLOG = 128                   # connections the kernel queues for us before we accept them
 CONTENT_LENGTH_DIGITS_MAX = 12         # a request's Content-Length digits (< 1 TB; message_bytes_max then bounds it)
-HELLO_RATE_PER_IP_PER_S = 10.0         # session handshakes one address may open per second, sustained ...
-HELLO_BURST_PER_IP = 40                # ... and at once (a restarted site opens one per peer: far fewer)
-HELLO_RATE_IPS_MAX = 4096              # addresses whose handshake rate is tracked (the stalest dropped)
 
 log = logging.getLogger("fedpeer.transport")
 
@@ -269,83 +266,6 @@ def _expire(waiter: asyncio.Future) -> None:
         waiter.set_exception(TimeoutError())
 
 
-@dataclass
-class _Books:
-    """Who holds which connection: the budgets the server enforces."""
-
-    conns: dict[_Conn, None] = field(default_factory=dict)            # insertion order = age
-    unverified: dict[_Conn, None] = field(default_factory=dict)
-    unverified_by_ip: Counter[str] = field(default_factory=Counter)
-
-    def add(self, conn: _Conn) -> None:
-        self.conns[conn] = None
-        self.unverified[conn] = None
-        self.unverified_by_ip[conn.ip] += 1
-
-    def verify(self, conn: _Conn, sender: bytes) -> None:
-        # counted down once: a connection evicted meanwhile (remove) has already left the counts
-        if conn.sender is None and self.unverified.pop(conn, 0) is None:
-            self._drop_ip(conn.ip)
-        conn.sender = sender
-
-    def remove(self, conn: _Conn) -> None:
-        self.conns.pop(conn, None)
-        if self.unverified.pop(conn, 0) is None:
-            self._drop_ip(conn.ip)
-
-    def _drop_ip(self, ip: str) -> None:
-        self.unverified_by_ip[ip] -= 1
-        if self.unverified_by_ip[ip] <= 0:
-            del self.unverified_by_ip[ip]
-
-    def oldest_unverified(self, ip: str | None = None) -> _Conn | None:
-        """The oldest unauthenticated connection from `ip`, or from the busiest address."""
-        if ip is None and self.unverified_by_ip:
-            ip = self.unverified_by_ip.most_common(1)[0][0]
-        return next((c for c in self.unverified if c.ip == ip), None)
-
-
-class ByteBudget:
-    """An asyncio semaphore counted in bytes (first come, first served)."""
-
-    def __init__(self, total: int) -> None:
-        self.total, self._free = total, total
-        self._changed = asyncio.Condition()
-
-    @contextlib.asynccontextmanager
-    async def hold(self, n: int) -> AsyncIterator[None]:
-        n = min(n, self.total)      # a frame larger than the budget waits for all of it
-        async with self._changed:
-            await self._changed.wait_for(lambda: self._free >= n)
-            self._free -= n
-        try:
-            yield
-        finally:
-            async with self._changed:
-                self._free += n
-                self._changed.notify_all()
-
-
-class HelloRate:
-    """A token bucket per address for session handshakes: a hello beyond it is refused ("hello_rate",
-    HTTP 429) before any cryptography, so a flood of hellos — replayed or forged — costs a counter,
-    not a signature check and a key exchange each, on the event loop. `now_s`: monotonic seconds."""
-
-    def __init__(self, rate_per_s: float = HELLO_RATE_PER_IP_PER_S, burst: int = HELLO_BURST_PER_IP,
-                 ips_max: int = HELLO_RATE_IPS_MAX) -> None:
-        self.rate, self.burst, self.ips_max = rate_per_s, burst, ips_max
-        self._buckets: dict[str, tuple[float, float]] = {}    # ip -> (tokens, when), oldest use first
-
-    def allow(self, ip: str, now_s: float) -> bool:
-        tokens, then = self._buckets.pop(ip, (float(self.burst), now_s))
-        tokens = min(float(self.burst), tokens + (now_s - then) * self.rate)
-        allowed = tokens >= 1.0
-        self._buckets[ip] = (tokens - 1.0 if allowed else tokens, now_s)   # re-inserted: the newest
-        while len(self._buckets) > self.ips_max:
-            del self._buckets[next(iter(self._buckets))]
-        return allowed
-
-
 class PeerServer:
     def __init__(self, listen: Address, limits: Limits,
                  admit: Callable[[bytes], FrameHeader],
@@ -370,7 +290,7 @@ class PeerServer:
         self._per_peer: dict[bytes, asyncio.Semaphore] = {}
         self._bytes = ByteBudget(max(limits.inbound_bytes_max, limits.message_bytes_max))
         self._peer_bytes: dict[bytes, ByteBudget] = {}
-        self._books = _Books()
+        self._books = Books()
         self._pool = FramePool()
         self._server: asyncio.Server | None = None
         self._stopping = False

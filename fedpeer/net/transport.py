@@ -22,7 +22,8 @@ from fedpeer.net.http1 import (
     SendRefused,
     raise_open_files_limit,
 )
-from fedpeer.net.server import LARGE_FRAME_BYTES_MIN, ByteBudget, PeerServer
+from fedpeer.net.admission import ByteBudget
+from fedpeer.net.server import LARGE_FRAME_BYTES_MIN, PeerServer
 
 __all__ = ["FDS_RESERVED", "HELLO_PATH", "HTTP_HEAD_BYTES_MAX", "LARGE_FRAME_BYTES_MIN", "OUTBOUND_CONNECTIONS_MAX",
            "PATH", "REFUSAL_HEADER", "ByteBudget", "PeerClient", "PeerServer", "SendError", "SendRefused",

@@ -226,7 +226,7 @@ async def test_replayed_hellos_buy_no_connection_a_stranger_could_not(make_feder
     doc = await _under_attack(h, _replayed_hellos, h.sites[0].port, hellos)
     assert doc["rejected"].get("replay", 0) >= 1, doc["rejected"]
     assert doc["connections"]["open"] <= 8, doc["connections"]
-    # beyond the address's handshake rate (server.py HelloRate), a hello is refused before the gate
+    # beyond the address's handshake rate (net/admission.py HelloRate), a hello is refused before the gate
     assert doc["rejected"].get("hello_rate", 0) >= 1, doc["rejected"]
 
 

@@ -516,7 +516,7 @@ async def test_optional_whitespace_around_a_header_value_is_allowed(site: Site) 
 
 
 def test_hello_rate_is_a_token_bucket_per_address_with_a_bounded_memory() -> None:
-    from fedpeer.net.server import HelloRate
+    from fedpeer.net.admission import HelloRate
 
     rate = HelloRate(rate_per_s=2.0, burst=3, ips_max=2)
     assert [rate.allow("10.0.0.1", 0.0) for _ in range(4)] == [True, True, True, False]   # the burst, then none
