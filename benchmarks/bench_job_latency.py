@@ -65,12 +65,6 @@ def variant_params(variant: str) -> dict:
     return out
 
 
-def preloaded(h: Harness) -> bool:
-    """Every daemon logged ml_libraries_loaded once per start (logs are appended across starts)."""
-    return all(s.log_path.read_text(errors="replace").count("event=ml_libraries_loaded") >= s.starts
-               for s in h.sites)
-
-
 async def run_job(h: Harness, params: dict) -> dict:
     before = {i: d["sent_bytes"]["reliable"] for i, d in (await h.statuses()).items()}
     proposed_ms = time.time() * 1000
@@ -123,15 +117,14 @@ async def main(args: argparse.Namespace) -> dict:
                 if not args.no_cold:
                     h.start()               # 1. cold: propose as soon as all are alive
                     alive_s = await h.wait_all_alive(60)
-                    loaded_at_proposal = preloaded(h)
+                    loaded_at_proposal = all(site.ml_loaded() for site in h.sites)
                     cold.append({**await run_job(h, params), "alive_after_s": round(alive_s, 2),
                                  "preload_done_at_proposal": loaded_at_proposal})
                     h.stop()
                 h.start()                   # 2. the first job of daemons whose preload finished
                 t0 = time.monotonic()
                 await h.wait_all_alive(60)
-                while not preloaded(h):
-                    await asyncio.sleep(0.1)
+                await h.wait_ml_loaded(180)
                 preload_wait.append(time.monotonic() - t0)
                 first.append(await run_job(h, params))
                 for v in args.variants:     # 3. warm: after a first job

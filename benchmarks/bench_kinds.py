@@ -73,7 +73,6 @@ LABELLED = {"label": "label", "positive": "1", "ignore": [], "missing": "error"}
 UNLABELLED = {"label": "", "positive": "", "ignore": [], "missing": "error"}
 TICKS = os.sysconf("SC_CLK_TCK")
 CENTRES = 8
-LOADED = "ml_libraries_loaded"
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -434,16 +433,6 @@ async def run_job(h: Harness, kind: str, params: dict, timeout_s: float) -> tupl
              "secure_sums": results[0].get("secure_sums")}, results)
 
 
-async def wait_loaded(h: Harness, timeout_s: float) -> float:
-    started = time.monotonic()
-    while time.monotonic() - started < timeout_s:
-        if all(LOADED in s.log_path.read_text(errors="replace") for s in h.sites):
-            return time.monotonic() - started
-        await asyncio.sleep(0.5)
-    print(f"warning: not every daemon logged {LOADED} within {timeout_s:.0f} s", file=sys.stderr)
-    return time.monotonic() - started
-
-
 def bofrf_context(d: Data, h: Harness) -> dict:
     """The per-site datasets the bofrf reference needs, in ring order (sorted keys)."""
     from fedpeer.data.dataset import DataSpec, load_csv
@@ -464,7 +453,7 @@ async def federation(d: Data, chosen: list[Case], args: argparse.Namespace, tmp:
     BUDGET.__init__()       # new daemons, full buckets
     try:
         await h.wait_all_alive(120)
-        loaded_s = await wait_loaded(h, 180)
+        loaded_s = await h.wait_ml_loaded(180)
         context = bofrf_context(d, h) if any(c.kind == "bofrf" for c in chosen) else {}
         for c in chosen:      # warm-up: the kind's code paths and imports, in every daemon and here
             try:

@@ -153,6 +153,7 @@ async def main(args: argparse.Namespace) -> dict:
         pooled: list[dict] = []
         try:
             await h.wait_all_alive(60)
+            await h.wait_ml_loaded(180)     # the daemons' background preload is not the first job's time
             for rep in range(args.repeats):
                 jobs.append(await run_job(h, args.kind, params, args.timeout_s))
                 pooled.append(pooled_reference(X, init, args))

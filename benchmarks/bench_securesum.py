@@ -28,7 +28,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -187,16 +186,6 @@ async def fedpeer_sums(h: Harness, entries: int, repeats: int, mode: str,
     return seconds
 
 
-async def ml_loaded(h: Harness, timeout_s: float = 180) -> None:
-    """Wait until every daemon has loaded its ML libraries: a background import at start that
-    takes seconds of CPU per daemon (tens at 9 daemons on 2 cores) and would otherwise be counted
-    in the first sums' CPU and slow their wall time."""
-    deadline = time.monotonic() + timeout_s
-    while not all("ml_libraries_loaded" in site.log_path.read_text(errors="replace") for site in h.sites):
-        assert time.monotonic() < deadline, "the daemons did not finish loading the ML libraries"
-        await asyncio.sleep(0.5)
-
-
 @contextlib.asynccontextmanager
 async def federation(n: int) -> AsyncIterator[Harness]:
     """N real daemons, all alive; stopped afterwards whatever happens."""
@@ -237,7 +226,7 @@ async def ring(n: int, repeats: int) -> dict:
     """fedpeer's two modes, then the two references (one lap; one lap + the total to every relay),
     each `repeats` times; MiB/s best-of and median, and the ratios of each to each."""
     async with federation(n) as h:
-        await ml_loaded(h)
+        await h.wait_ml_loaded(180)     # the ML preload's seconds of CPU are not the sums'
         # warm-up, not timed: sessions open
         await fedpeer_sums(h, ENTRIES, 1, "pairwise")
         await asyncio.sleep(PROPOSAL_REFILL_MS / 1000)
@@ -261,7 +250,7 @@ async def ring(n: int, repeats: int) -> dict:
 
 async def small_latency(n: int, count: int) -> dict:
     async with federation(n) as h:
-        await ml_loaded(h)
+        await h.wait_ml_loaded(180)     # the ML preload's seconds of CPU are not the sums'
         secs = await fedpeer_sums(h, 16, count, "pairwise")
     secs.sort()
     return {"sites": n, "sums": count, "p50_ms": 1000 * secs[len(secs) // 2],
@@ -276,7 +265,7 @@ async def lag_during_sum(n: int, mib: int, mode: str) -> dict:
     async with federation(n) as h:
         # status' loop_lag_ms covers the last LAG_WINDOW_S: wait until the daemons' start (their
         # background import of the ML libraries holds the GIL for seconds) has left the window
-        await ml_loaded(h)
+        await h.wait_ml_loaded(180)     # the ML preload's seconds of CPU are not the sums'
         await asyncio.sleep(LAG_WINDOW_S + 1)
         job_id = await h.propose(0, "sumcheck", {"entries": mib * 2**17, "secure_sum": mode,
                                                  "chunk_entries": CHUNK_ENTRIES})

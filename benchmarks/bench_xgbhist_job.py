@@ -37,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench_bofrf import peak_rss_mib  # noqa: E402
-from bench_kinds import cpu_seconds, wait_loaded  # noqa: E402
+from bench_kinds import cpu_seconds  # noqa: E402
 
 from fedpeer.app.harness.federation import Harness  # noqa: E402
 
@@ -130,7 +130,7 @@ async def main(args: argparse.Namespace) -> dict:
                                                              "builder_in_process"]}
         try:
             await h.wait_all_alive(60)
-            await wait_loaded(h, 180)       # the daemons' ML imports are not the job's CPU
+            await h.wait_ml_loaded(180)     # the daemons' ML imports are not the job's CPU
             for rep in range(args.repeats):
                 for name, params in variants.items():
                     runs[name].append(await run_job(h, params, args.timeout_s))

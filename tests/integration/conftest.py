@@ -49,11 +49,9 @@ def predict_scores(config_path: Path, job_id: str, data: Path, out: Path, column
 
 def ml_loaded(site, timeout_s: float = 60) -> None:
     """Wait until the daemon has imported its training libraries (it does so in the background
-    after start, ~100 MiB): RSS measured before that would count the import as growth."""
-    if site.config is not None and not site.config.jobs.preload_ml:
-        return    # nothing loads in the background: there is nothing to wait for
+    after start, ~240 MiB): RSS measured before that would count the import as growth."""
     deadline = time.monotonic() + timeout_s
-    while "event=ml_libraries_loaded" not in site.log_path.read_text():
+    while not site.ml_loaded():
         assert time.monotonic() < deadline, f"{site.name} did not load its ML libraries"
         time.sleep(0.1)
 

@@ -37,6 +37,7 @@ STOP_GRACE_S = 5.0
 START_TIMEOUT_S = 20.0
 TERMINAL = ("done", "failed", "cancelled")
 UNHEARD_GRACE_S = 5.0   # how long a site may take to learn of a proposed job
+ML_LOADED_EVENT = "event=ml_libraries_loaded"   # daemon/warmup.py: the ML preload is done
 
 
 class HarnessError(FedpeerError):
@@ -70,6 +71,16 @@ class Site:
     @property
     def peer_address(self) -> str:
         return self.advertise or self.address
+
+    def ml_loaded(self) -> bool:
+        """The daemon finished its ML preload (libraries and compiled kernels) since its last
+        start, or has none to do: once per start in its log, which every start appends to."""
+        if self.config is not None and not self.config.jobs.preload_ml:
+            return True
+        try:
+            return self.log_path.read_text(errors="replace").count(ML_LOADED_EVENT) >= max(self.starts, 1)
+        except FileNotFoundError:
+            return False
 
 
 def free_ports(count: int) -> list[int]:
@@ -306,6 +317,18 @@ class Harness:
             return all(doc is not None and all(p["state"] == "alive" for p in doc["peers"] if p["name"] in names)
                        for doc in statuses.values())
         return await self.wait_until(ok, timeout_s, f"{len(among)} nodes see each other alive", among)
+
+    async def wait_ml_loaded(self, timeout_s: float = 180, among: list[int] | None = None) -> float:
+        """Wait until every daemon (of `among`) finished its ML preload: seconds of CPU per daemon
+        in the background after start, which a first job or a measurement would otherwise share."""
+        started = time.monotonic()
+        while not all(self.sites[i].ml_loaded() for i in (range(self.n_sites) if among is None else among)):
+            self._check_not_crashed()
+            if time.monotonic() - started > timeout_s:
+                raise HarnessError(f"the daemons did not finish loading their ML libraries within {timeout_s:.0f} s; "
+                                   f"daemon logs are in {self.workdir}")
+            await asyncio.sleep(POLL_MS / 1000)
+        return time.monotonic() - started
 
     async def wait_peer_state(self, target: int, state: str, timeout_s: float) -> float:
         name = self.sites[target].name
