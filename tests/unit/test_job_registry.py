@@ -378,6 +378,36 @@ async def test_a_refused_proposal_is_a_reject_naming_the_refuser(tmp_path: Path)
     assert error.startswith("alice: refused the proposal") and "job_limit" in error
 
 
+async def test_a_start_that_cannot_be_delivered_fails_the_job_at_once_naming_the_member(tmp_path: Path) -> None:
+    """The proposer begins its own part while the starts travel; a start that cannot be delivered
+    still ends the job at once, naming that member, and stops the proposer's own part (here it
+    waits 60 s for a message from that member)."""
+    from fedpeer.runtime.channel import PeerUnreachable
+    transport = FakeTransport()
+    sent = transport.send
+
+    async def send(dst: bytes, msg: object, job_id: str, timeout_ms: int) -> None:
+        if isinstance(msg, m.JobStart) and dst == ALICE:
+            await asyncio.sleep(0.05)                 # the proposer's own part is running by then
+            raise PeerUnreachable(ALICE, "connection refused")
+        await sent(dst, msg, job_id, timeout_ms)
+
+    transport.send = send        # type: ignore[method-assign]
+    async with asyncio.TaskGroup() as tg:
+        registry = JobRegistry(make_config(tmp_path), transport, NAMES, KINDS, tg.create_task)
+        job_id = registry.propose("waits", {}, ["alice", "bob"])
+        await settle()
+        for peer in (ALICE, BOB):
+            registry.on_message(peer, job_id, m.JobAccept(job_id=job_id, fingerprint=b"", features=[]))
+        await settle()
+        assert registry.show(job_id)["state"] == "running", "the proposer runs before every start is delivered"
+        async with asyncio.timeout(runner.ABORT_GRACE_MS / 1000 + 2):
+            await registry.jobs[job_id].task
+    shown = registry.show(job_id)
+    assert shown["state"] == "failed" and shown["error"].startswith("alice: unreachable when the job was to start")
+    assert {dst for dst, msg in transport.sent if isinstance(msg, m.JobStart)} == {BOB}, "alice's start failed"
+
+
 # ---------------------------------------------------------------------------------------------
 # 5. Job ids
 # ---------------------------------------------------------------------------------------------

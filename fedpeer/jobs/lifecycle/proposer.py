@@ -123,8 +123,16 @@ class ProposerSide:
                 raise SiteFailure(peer, data_difference(fp, features, answer.fingerprint, answer.features,
                                                         registry.names[peer], registry.config.node.name))
         start = m.JobStart(job_id=record.id, members=list(record.members))
-        await asyncio.gather(*(self._send_start(record, p, start) for p in others))
-        await registry.runner.execute(record, kind)
+        # This site starts while the starts travel (its first message to a member that has not had
+        # its start yet waits in that member's mailbox); a start that cannot be delivered fails the
+        # job here at once, as it did before this site began.
+        try:
+            async with asyncio.TaskGroup() as group:
+                for peer in others:
+                    group.create_task(self._send_start(record, peer, start))
+                group.create_task(registry.runner.execute(record, kind))
+        except BaseExceptionGroup as failed:        # the first failure, as the job's guard expects
+            raise _first(failed) from None
 
     def _missing_pairs(self, answers: Mapping[bytes, Any]) -> list[str]:
         """Refusals that say two members do not know each other, in this site's names: a member
@@ -186,3 +194,18 @@ class ProposerSide:
             late = next(p for p, f in futures.items() if f in pending)
             raise SiteFailure(late, f"did not answer the proposal within {timeout_s:.0f} s")
         return {p: f.result() for p, f in futures.items()}
+
+
+def _first(group: BaseExceptionGroup) -> BaseException:
+    """A task group's failure to report: a SiteFailure (a member's start not delivered, or this
+    site's part of the job) before anything else, the first of each kind."""
+    leaves = list(_leaves(group))
+    return next((e for e in leaves if isinstance(e, SiteFailure)), leaves[0])
+
+
+def _leaves(group: BaseExceptionGroup) -> Any:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            yield from _leaves(exc)
+        else:
+            yield exc
