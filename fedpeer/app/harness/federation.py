@@ -54,6 +54,7 @@ class Site:
     config: cfg.Config | None = None
     paused: bool = False
     starts: int = 0
+    log_start: int = 0               # the daemon log's size when this site last started
     advertise: str | None = None     # the address the others use for this site (default: where it listens)
 
     @property
@@ -74,11 +75,13 @@ class Site:
 
     def ml_loaded(self) -> bool:
         """The daemon finished its ML preload (libraries and compiled kernels) since its last
-        start, or has none to do: once per start in its log, which every start appends to."""
+        start, or has none to do: its log (appended to by every start) says so after `log_start`."""
         if self.config is not None and not self.config.jobs.preload_ml:
             return True
         try:
-            return self.log_path.read_text(errors="replace").count(ML_LOADED_EVENT) >= max(self.starts, 1)
+            with open(self.log_path, "rb") as log:
+                log.seek(self.log_start)
+                return ML_LOADED_EVENT.encode() in log.read()
         except FileNotFoundError:
             return False
 
@@ -154,6 +157,7 @@ class Harness:
         for site in self._select(i):
             assert site.process is None or site.process.poll() is not None, f"{site.name} already running"
             log = open(site.log_path, "ab")
+            site.log_start = log.tell()             # this start's lines begin here (the log is appended to)
             site.process = subprocess.Popen(
                 [sys.executable, "-m", "fedpeer", "start", "--config", str(site.config_path),
                  "--log-level", self.log_level],
@@ -322,7 +326,8 @@ class Harness:
         """Wait until every daemon (of `among`) finished its ML preload: seconds of CPU per daemon
         in the background after start, which a first job or a measurement would otherwise share."""
         started = time.monotonic()
-        while not all(self.sites[i].ml_loaded() for i in (range(self.n_sites) if among is None else among)):
+        among = [i for i in range(self.n_sites) if self._running(i)] if among is None else among
+        while not all(self.sites[i].ml_loaded() for i in among):
             self._check_not_crashed()
             if time.monotonic() - started > timeout_s:
                 raise HarnessError(f"the daemons did not finish loading their ML libraries within {timeout_s:.0f} s; "

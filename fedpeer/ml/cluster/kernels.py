@@ -9,7 +9,8 @@ its k centres (x·c from the caller's matmul, scaled and added in the same float
 lowest index on ties; the squared distance to the chosen centre is Σ (x - c)² taken directly, free
 of the expansion's cancellation far from the origin.
 
-Memory safety: no bounds checks; `hard_assign` (fedpeer/ml/cluster/kmeans.py) shapes every array.
+Memory safety: no bounds checks; `_nearest_part` (fedpeer/ml/cluster/kmeans.py) shapes every array
+and checks the sums it is given.
 """
 
 from __future__ import annotations

@@ -172,6 +172,8 @@ def _nearest_part(X: np.ndarray, F: np.ndarray, k: int, sums: np.ndarray | None 
     chosen = np.empty((rows, restarts), dtype=np.int64)
     best = np.empty((rows, restarts))
     accumulate = sums is not None
+    if sums is not None and (sums.shape != F.shape or sums.dtype != np.float64 or not sums.flags.c_contiguous):
+        raise ValueError(f"sums must be C-ordered float64 of the centres' shape {F.shape}")
     target = sums if sums is not None else np.zeros((0, 0))
     if not kernels.hard_kernel(X, partial, cc, F, k, chosen, best, target, accumulate):
         raise JobError(_OVERFLOW)
