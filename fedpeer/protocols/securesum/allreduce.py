@@ -20,7 +20,8 @@ per participant and every member both sends and receives about 2(n-1)/n of the v
    segment k differs from another's fails the sum naming segment k's owner, who sent them
    different sums.
 Three one-way legs (scatter, gather, reveal), against the ring's n + 3 (n hops, seed request and
-reveal, delivery). Small vectors take two legs all to all instead (alltoall.py,
+reveal, delivery): a member waits for what it receives, not for its own sends' acknowledgements
+(`_Run.post`). Small vectors take two legs all to all instead (alltoall.py,
 ALL_TO_ALL_BYTES_MAX). The price: every member removes all n self
 masks from the whole vector (n AES passes) where an owner removed them from its segment only.
 
@@ -64,6 +65,7 @@ from fedpeer.runtime.channel import Channel, MalformedFrom, PeerUnreachable, Rec
 
 MODE = "allreduce"
 WAIT_HOPS = 2                            # a member waits this many hops for each message it expects
+_POSTED: set[asyncio.Task] = set()       # sends still going out after their run returned: held here
 
 
 def segments(length: int, n: int) -> list[slice]:
@@ -111,6 +113,9 @@ class _Run:
         self.mine = self.members.index(ch.me)
         self.segs = list(segs) if segs is not None else segments(len(plan.vector), len(self.members))
         self.prefix = plan.prefix(1)
+        self.sending: set[asyncio.Task] = set()      # posted sends not yet acknowledged
+        self.send_failure: BaseException | None = None
+        self._failed: asyncio.Event | None = None
 
     def name(self, member: bytes) -> str:
         return member.hex()[:16]
@@ -175,12 +180,53 @@ class _Run:
         return [SumChunk(f"{self.prefix}{kind}{owner}/{j}", data[p.start - seg.start:p.stop - seg.start])
                 for j, p in enumerate(pieces(seg, self.plan.chunk_entries))]
 
+    def post(self, dst: bytes, msgs: Sequence[object]) -> None:
+        """Send `msgs` to dst (send_all) without waiting for their acknowledgements: a step waits
+        for what it receives (`until`), and what it receives already says the others had what
+        they needed (every step's messages depend on the step before), so each leg costs one way,
+        not a round trip (over a 25 ms link: 25 ms a leg, not 50). A send that fails fails the
+        next `until` at once; one that fails after the run ended fails nothing here (the member
+        that did not get it fails its own run). The messages must not change until sent."""
+        task = asyncio.ensure_future(self.send_all(dst, msgs))
+        self.sending.add(task)
+        _POSTED.add(task)
+        task.add_done_callback(self._posted)
+
+    def _posted(self, task: asyncio.Task) -> None:
+        self.sending.discard(task)
+        _POSTED.discard(task)
+        if task.cancelled() or task.exception() is None or self.send_failure is not None:
+            return
+        self.send_failure = task.exception()
+        if self._failed is not None:
+            self._failed.set()
+
+    async def until(self, aw: Any) -> Any:
+        """`await aw` (receipts), raising instead as soon as a posted send fails."""
+        if self.send_failure is not None:
+            raise self.send_failure
+        if self._failed is None:
+            self._failed = asyncio.Event()
+        main, failed = asyncio.ensure_future(aw), asyncio.ensure_future(self._failed.wait())
+        try:
+            await asyncio.wait((main, failed), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            main.cancel()
+            raise
+        finally:
+            failed.cancel()
+        if not main.done():
+            main.cancel()
+            assert self.send_failure is not None
+            raise self.send_failure
+        return main.result()
+
     async def barrier(self, kind: type, suffix: str, msg: object, what: str) -> list[Any]:
         """Send msg to every other member and take theirs (tag <prefix><suffix>)."""
-        sends = asyncio.gather(*(self.send_all(p, [msg]) for p in self.others))
-        got = asyncio.gather(*(self.recv(kind, f"{self.prefix}{suffix}", p, what) for p in self.others))
-        results = await asyncio.gather(sends, got)
-        return results[1]
+        for p in self.others:
+            self.post(p, [msg])
+        return await self.until(asyncio.gather(*(self.recv(kind, f"{self.prefix}{suffix}", p, what)
+                                                 for p in self.others)))
 
 
 async def all_reduce(ch: Channel, plan: _Plan) -> SumOutcome:
@@ -192,10 +238,9 @@ async def all_reduce(ch: Channel, plan: _Plan) -> SumOutcome:
     y = await run.compute(masked, plan.vector, ch.me, pair_seeds, self_seed)
     own = run.segs[run.mine]
 
-    async def scatter() -> None:       # my masked segment k to owner k
-        await asyncio.gather(*(run.send_all(p, run.messages(y[run.segs[k]], k, "p"))
-                               for k, p in enumerate(run.members) if p != ch.me))
-
+    for k, p in enumerate(run.members):      # scatter: my masked segment k to owner k
+        if p != ch.me:
+            run.post(p, run.messages(y[run.segs[k]], k, "p"))
     total = np.empty(len(plan.vector), dtype=np.uint64)
 
     async def gather_from(k: int, src: bytes) -> None:
@@ -203,10 +248,11 @@ async def all_reduce(ch: Channel, plan: _Plan) -> SumOutcome:
             total[piece] = data
 
     async def reduce_and_share() -> None:     # my segment's sum, as soon as it is complete, to everyone
-        total[own] = await run.reduce_own(y)
-        await asyncio.gather(*(run.send_all(p, run.messages(total[own], run.mine, "t")) for p in run.others))
-    await asyncio.gather(scatter(), reduce_and_share(),
-                         *(gather_from(k, p) for k, p in enumerate(run.members) if p != ch.me))
+        total[own] = summed = await run.reduce_own(y)     # (`total` is unmasked in place later: not sent)
+        for p in run.others:
+            run.post(p, run.messages(summed, run.mine, "t"))
+    await run.until(asyncio.gather(reduce_and_share(),
+                                   *(gather_from(k, p) for k, p in enumerate(run.members) if p != ch.me)))
     mine = await run.compute(digests, total, run.segs)
     reveals = await run.barrier(ArReveal, "reveal", ArReveal(f"{run.prefix}reveal", self_seed, mine),
                                 "self-mask seed and digest")

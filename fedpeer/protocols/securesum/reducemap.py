@@ -119,16 +119,13 @@ async def reduce_map(ch: Channel, plan: _Plan, bounds: Sequence[int], owner_fn: 
 
     owners = [k for k, seg in enumerate(run.segs) if seg.stop > seg.start]    # the others have nothing to sum
 
-    async def scatter() -> None:       # my masked segment k to owner k
-        await asyncio.gather(*(run.send_all(run.members[k], run.messages(y[run.segs[k]], k, "p"))
-                               for k in owners if k != run.mine))
-
+    for k in owners:                   # scatter: my masked segment k to owner k
+        if k != run.mine:
+            run.post(run.members[k], run.messages(y[run.segs[k]], k, "p"))
     owner = run.mine in owners
     refused, mine = "", np.zeros(0, dtype=np.uint64)
-    if not owner:
-        await scatter()
-    else:
-        total, _ = await asyncio.gather(run.reduce_own(y), scatter())   # my segment's total
+    if owner:
+        total = await run.until(run.reduce_own(y))      # my segment's total
         try:
             mine = await run.compute(owner_fn, run.mine, total)
             mine = np.ascontiguousarray(mine, dtype=np.uint64).ravel()
@@ -139,9 +136,9 @@ async def reduce_map(ch: Channel, plan: _Plan, bounds: Sequence[int], owner_fn: 
     results: list[np.ndarray] = [np.zeros(0, dtype=np.uint64)] * len(run.members)
     results[run.mine] = mine
 
-    async def share() -> None:
-        if owner:
-            await asyncio.gather(*(run.send_all(p, [ArResult(f"{pre}r{run.mine}", mine, refused)]) for p in run.others))
+    if owner:
+        for p in run.others:
+            run.post(p, [ArResult(f"{pre}r{run.mine}", mine, refused)])
 
     async def result_of(k: int, src: bytes) -> None:
         msg = await run.recv(ArResult, f"{pre}r{k}", src, "result")
@@ -149,7 +146,7 @@ async def reduce_map(ch: Channel, plan: _Plan, bounds: Sequence[int], owner_fn: 
             raise SegmentRefused(plan.tag, run.name(src), msg.refused)
         results[k] = msg.data
 
-    await asyncio.gather(share(), *(result_of(k, run.members[k]) for k in owners if k != run.mine))
+    await run.until(asyncio.gather(*(result_of(k, run.members[k]) for k in owners if k != run.mine)))
     if refused:
         raise SegmentRefused(plan.tag, "this member", refused)
     digests = tuple(hashlib.sha256(memoryview(r).cast("B")).digest() for r in results)
