@@ -20,7 +20,8 @@ T = TypeVar("T")
 class MemoryNetwork:
     """Job members in one process. Seeded: the same seed gives the same delays and outcomes.
 
-    delay_ms: (low, high) uniform per message, so messages overtake each other.
+    delay_ms: (low, high) uniform per message, so messages overtake each other; ack_ms: how much
+    later the sender's send returns (its acknowledgement's way back; 0: at delivery).
     leadership: each member's view of (term, leader); by default term 1, led by the first member
     (simulations plug in real election cores).
     crash(node): the node's sends fail, messages to it are lost, and `alive` reports it dead
@@ -35,6 +36,7 @@ class MemoryNetwork:
     members: Sequence[NodeId]
     seed: int = 0
     delay_ms: tuple[float, float] = (0.0, 2.0)
+    ack_ms: float = 0.0       # the acknowledgement's way back: a send returns this long after its delivery
     unreachable_ms: float = 200.0
     detect_ms: float = 500.0
     rng: random.Random = field(init=False)
@@ -140,6 +142,8 @@ class MemoryChannel:
             raise PeerRefused(dst, reason)
         self.net.sent.append((self.me, dst, msg))
         self.net.mailbox(self.job_id, dst).put(self.me, msg)
+        if self.net.ack_ms:
+            await asyncio.sleep(self.net.ack_ms / 1000)
 
     async def recv(self, kind: type[T], tag: str, src: NodeId | None = None,
                    timeout_ms: int = 30_000) -> tuple[NodeId, T]:

@@ -6,6 +6,7 @@ the sum at the others (never a hang), and an owner that sends members different 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import numpy as np
@@ -124,6 +125,49 @@ async def test_three_one_way_legs() -> None:
     results, ended = await run_sum(net, vectors, mode="allreduce")
     check_consistent(results, vectors, 6)
     assert all(0.030 <= t < 0.040 for t in ended.values()), ended
+
+
+@pytest.mark.looptime
+@pytest.mark.parametrize(("length", "legs"), [(100, 2), (SIZE, 3)])
+async def test_a_leg_costs_one_way_not_a_round_trip(length: int, legs: int) -> None:
+    """Acknowledgements that come back 10 ms after each 10 ms delivery: a member takes each step
+    on what it received, so all to all still ends after 2 x 10 ms and the all-reduce after 3 x 10
+    ms (waiting for its own sends' acknowledgements made them 40 and 60)."""
+    members = keys(4 if length == SIZE else 3)
+    vectors = random_vectors(members, length, 9)
+    net = MemoryNetwork(members, seed=9, delay_ms=(10.0, 10.0), ack_ms=10.0)
+    results, ended = await run_sum(net, vectors, mode="allreduce")
+    check_consistent(results, vectors, 9)
+    assert all(legs * 0.010 <= t < (legs + 1) * 0.010 for t in ended.values()), ended
+
+
+@pytest.mark.looptime
+async def test_a_send_that_fails_fails_the_step_without_waiting_for_the_others() -> None:
+    """A member's scatter to one owner is refused (its gate), while the messages it waits for
+    arrive only after 200 ms: it fails at once, naming that owner, not when its waits end."""
+    members = keys(4)
+    vectors = random_vectors(members, SIZE, 3)
+    net = MemoryNetwork(members, seed=3, delay_ms=(1.0, 1.0))
+    victim, target = members[0], members[1]
+    net.refuse = lambda src, dst, msg: "schema" if (src, dst) == (victim, target) else None
+    slow = {m: (lambda ch: _Slow(ch, 0.2)) for m in members if m != victim}
+    results, ended = await run_sum(net, vectors, mode="allreduce", wrap=slow)
+    assert isinstance(results[victim], JobError) and target.hex()[:16] in str(results[victim]), results[victim]
+    assert ended[victim] < 0.1, ended
+
+
+class _Slow:
+    """A channel whose sends leave `delay_s` late (the member is busy elsewhere)."""
+
+    def __init__(self, ch: Any, delay_s: float) -> None:
+        self._ch, self._delay_s = ch, delay_s
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ch, name)
+
+    async def send(self, dst: bytes, msg: Any) -> None:
+        await asyncio.sleep(self._delay_s)
+        await self._ch.send(dst, msg)
 
 
 @pytest.mark.looptime

@@ -125,6 +125,21 @@ async def test_an_owner_sending_different_results_is_named() -> None:
 
 
 @pytest.mark.looptime
+@pytest.mark.parametrize("check", [False, True])
+async def test_a_leg_costs_one_way_not_a_round_trip(check: bool) -> None:
+    """Acknowledgements 10 ms after each 10 ms delivery, two owners of five: scatter and result are
+    two one-way legs (the digest check a third), not round trips. Waiting for its own sends'
+    acknowledgements, an owner (which also scatters to the other owner) took four."""
+    members = keys(5)
+    vectors = random_vectors(members, 2000, 12)
+    net = MemoryNetwork(members, seed=12, delay_ms=(10.0, 10.0), ack_ms=10.0)
+    results, ended = await run_map(net, vectors, [0, 1000, 2000, 2000, 2000, 2000], check=check)
+    assert all(not isinstance(r, BaseException) for r in results.values()), results
+    legs = 3 if check else 2
+    assert all(legs * 0.010 <= t < (legs + 1) * 0.010 for t in ended.values()), ended
+
+
+@pytest.mark.looptime
 async def test_a_member_lost_mid_sum_fails_it_at_the_others_without_hanging() -> None:
     members = keys(4)
     vectors = random_vectors(members, 8000, 4)

@@ -68,6 +68,11 @@ WAIT_HOPS = 2                            # a member waits this many hops for eac
 _POSTED: set[asyncio.Task] = set()       # sends still going out after their run returned: held here
 
 
+def _retrieved(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 def segments(length: int, n: int) -> list[slice]:
     """n contiguous segments of [0, length), as equal as whole AES blocks (2 entries) allow."""
     blocks = -(-length // 2)
@@ -208,6 +213,7 @@ class _Run:
         if self._failed is None:
             self._failed = asyncio.Event()
         main, failed = asyncio.ensure_future(aw), asyncio.ensure_future(self._failed.wait())
+        main.add_done_callback(_retrieved)       # cancelled below when a send fails: nobody awaits it then
         try:
             await asyncio.wait((main, failed), return_when=asyncio.FIRST_COMPLETED)
         except BaseException:
