@@ -49,7 +49,18 @@ def run_members(keys: list[bytes], member: Callable[[MemoryNetwork, int, bytes],
     try:
         return loop.run_until_complete(go())
     finally:
-        loop.close()
+        close_loop(loop)
+
+
+def close_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel what still runs on `loop` (sends a secure sum left going out, say), let it end, and
+    close the loop, as asyncio.run does."""
+    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for task in pending:
+        task.cancel()
+    if pending:
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    loop.close()
 
 
 def after_step(step: int) -> Callable[[MemoryNetwork], bool]:

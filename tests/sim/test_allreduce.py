@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from fedpeer.errors import JobError
 from fedpeer.protocols.securesum import allreduce as ar
-from fedpeer.protocols.securesum.api import SumChunk
+from fedpeer.protocols.securesum.api import SumChunk, secure_sum
 from fedpeer.testing.members import TwoFaced
 from fedpeer.testing.memory import MemoryNetwork
 from tests.sim.test_securesum import check_consistent, keys, random_vectors, run_sum, run_virtual
@@ -154,6 +154,25 @@ async def test_a_send_that_fails_fails_the_step_without_waiting_for_the_others()
     results, ended = await run_sum(net, vectors, mode="allreduce", wrap=slow)
     assert isinstance(results[victim], JobError) and target.hex()[:16] in str(results[victim]), results[victim]
     assert ended[victim] < 0.1, ended
+
+
+@pytest.mark.looptime
+async def test_cancelling_a_member_stops_the_sends_it_posted() -> None:
+    """The job cancelled at one member (an operator's cancel, an abort, the daemon stopping) right
+    after its scatter was posted, on a slow link: none of its posted sends goes out afterwards."""
+    members = keys(3)
+    vectors = random_vectors(members, SIZE, 1)
+    net = MemoryNetwork(members, seed=1, delay_ms=(50.0, 50.0), ack_ms=50.0)
+    victim = members[0]
+    tasks = {m: asyncio.ensure_future(secure_sum(net.channel(m), "t", vectors[m], mode="allreduce",
+                                                 hop_timeout_ms=1000, chunk_entries=4096)) for m in members}
+    await asyncio.sleep(0.010)
+    tasks[victim].cancel()
+    await asyncio.gather(*tasks.values(), return_exceptions=True)
+    await asyncio.sleep(1.0)
+    assert tasks[victim].cancelled()
+    assert not [msg for src, _, msg in net.sent if src == victim], "a cancelled member's sends went on"
+    assert all(isinstance(tasks[m].exception(), JobError) for m in members[1:])
 
 
 class _Slow:

@@ -40,6 +40,7 @@ from fedpeer.protocols.securesum.api import (
 )
 from fedpeer.runtime.channel import PeerUnreachable, RecvTimeout
 from fedpeer.testing.memory import MemoryChannel, MemoryNetwork
+from fedpeer.testing.members import close_loop
 from fedpeer.wire import frame as wire
 from fedpeer.wire.session import Sessions
 from fedpeer.testing import frames
@@ -61,7 +62,7 @@ def run_virtual(coro: Any) -> Any:
     try:
         return loop.run_until_complete(coro)
     finally:
-        loop.close()
+        close_loop(loop)
 
 
 def exact_sum(vectors: dict[bytes, np.ndarray], nodes: Sequence[bytes]) -> list[int]:

@@ -121,6 +121,7 @@ class _Run:
         self.sending: set[asyncio.Task] = set()      # posted sends not yet acknowledged
         self.send_failure: BaseException | None = None
         self._failed: asyncio.Event | None = None
+        self._owner: asyncio.Task | None = None      # the task that posted them (the job's), while they go
 
     def name(self, member: bytes) -> str:
         return member.hex()[:16]
@@ -191,15 +192,29 @@ class _Run:
         they needed (every step's messages depend on the step before), so each leg costs one way,
         not a round trip (over a 25 ms link: 25 ms a leg, not 50). A send that fails fails the
         next `until` at once; one that fails after the run ended fails nothing here (the member
-        that did not get it fails its own run). The messages must not change until sent."""
+        that did not get it fails its own run). The messages must not change until sent: post
+        arrays nobody writes to afterwards. Cancelling the task that posted them (the job, cancelled
+        or stopped with the daemon) cancels the sends still going out."""
         task = asyncio.ensure_future(self.send_all(dst, msgs))
         self.sending.add(task)
         _POSTED.add(task)
         task.add_done_callback(self._posted)
+        if self._owner is None:
+            self._owner = asyncio.current_task()
+            if self._owner is not None:
+                self._owner.add_done_callback(self._owner_ended)
+
+    def _owner_ended(self, owner: asyncio.Task) -> None:
+        if owner.cancelled():
+            for task in list(self.sending):
+                task.cancel()
 
     def _posted(self, task: asyncio.Task) -> None:
         self.sending.discard(task)
         _POSTED.discard(task)
+        if not self.sending and self._owner is not None:       # all sent: the owner no longer holds this run
+            self._owner.remove_done_callback(self._owner_ended)
+            self._owner = None
         if task.cancelled() or task.exception() is None or self.send_failure is not None:
             return
         self.send_failure = task.exception()

@@ -137,8 +137,9 @@ async def reduce_map(ch: Channel, plan: _Plan, bounds: Sequence[int], owner_fn: 
     results[run.mine] = mine
 
     if owner:
+        sent = mine.copy()                  # `mine` is the caller's (results[run.mine]): it may change it
         for p in run.others:
-            run.post(p, [ArResult(f"{pre}r{run.mine}", mine, refused)])
+            run.post(p, [ArResult(f"{pre}r{run.mine}", sent, refused)])
 
     async def result_of(k: int, src: bytes) -> None:
         msg = await run.recv(ArResult, f"{pre}r{k}", src, "result")
