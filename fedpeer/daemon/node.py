@@ -37,6 +37,7 @@ from fedpeer.daemon.admin import AdminServer
 from fedpeer.daemon.admin_routes import AdminRoutes
 from fedpeer.daemon.metrics import PATH as METRICS_PATH
 from fedpeer.daemon.metrics import MetricsListener, NodeMetrics
+from fedpeer.daemon.peernews import PeerNews, iso
 from fedpeer.daemon.tracking import MlflowTracker
 from fedpeer.daemon.tracking import check as check_tracking
 from fedpeer.daemon.warmup import preload_ml
@@ -57,7 +58,6 @@ SESSION_PRUNE_MS = 1_000          # forget expired sessions this often
 REJECT_LOG_INTERVAL_MS = 5_000    # per reason: log the first rejection, then at most this often
 LOOP_ERROR_LOG_INTERVAL_MS = 5_000   # a failing loop step logs once per interval (with a count)
 STATUS_JOBS_MAX = 20               # most recent jobs listed in `status`
-DUPLICATE_RECENT_MS = 60_000      # a second process with a peer's key, heard this recently, is shown as a hint
 
 
 def _monotonic_ms() -> int:
@@ -127,7 +127,7 @@ class Node:
         self._leader: bytes | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._pruned_ms = _monotonic_ms()
-        self._refusals: dict[bytes, tuple[str, int]] = {}   # peer -> (its last refusal of our sends, wall ms)
+        self._news = PeerNews()             # what peers' refusals of our sends tell the operator
         self._duplicates_logged: dict[bytes, int] = {}       # peer -> duplicate_count last logged
         self._config_loaded_ms = self.now_ms()
         self._last_reload: dict[str, Any] | None = None
@@ -402,7 +402,7 @@ class Node:
             self._apply_election(self.election.set_members(sorted([self.me, *self._names]), now))
         for key in [k for k in self._peer_states if k not in self._allowed]:
             self._peer_states.pop(key, None)
-            self._refusals.pop(key, None)
+            self._news.forget(key)
             self._gate.sessions.drop_peer(key)   # its sessions end: a frame still in flight is refused
             self._streams.drop_peer(key)
             self._links.forget(key)
@@ -417,7 +417,7 @@ class Node:
         """state_dir/running.json: where `status` finds this daemon once peers.toml is broken."""
         try:
             locate.write_running(self.config.path, self.config.node.admin, self.config.node.state_dir,
-                                 _iso(self._config_loaded_ms))
+                                 iso(self._config_loaded_ms))
         except OSError as exc:
             log.warning("running_record_not_written", extra=fields(error=str(exc)))
 
@@ -428,42 +428,15 @@ class Node:
 
     def _config_status(self) -> dict[str, Any]:
         return {"path": str(self.config.path),
-                "loaded_at": _iso(self._config_loaded_ms),
+                "loaded_at": iso(self._config_loaded_ms),
                 "loaded_s_ago": round((self.now_ms() - self._config_loaded_ms) / 1000, 1),
                 "last_reload": None if self._last_reload is None else {
                     **{k: v for k, v in self._last_reload.items() if k != "at_ms"},
-                    "at": _iso(self._last_reload["at_ms"])}}
+                    "at": iso(self._last_reload["at_ms"])}}
 
     def _note_refusal(self, peer: bytes, reason: str | None) -> None:
-        """A peer's answer to one of our sends: a 400 `reason`, or None for a delivery. A peer
-        that does not list us, or holds another key for us (or another key answers at its
-        address), refuses everything we send: that is the news `status` shows."""
-        if reason is None:
-            self._refusals.pop(peer, None)
-            return
-        if peer not in self._allowed:
-            return   # removed while the send was in flight
-        if self._refusals.get(peer, ("",))[0] != reason:
-            name = self._names.get(peer, "?")
-            log.warning("peer_refuses_us", extra=fields(peer=name, reason=reason, hint=refusal_hint(name, reason)))
-        self._refusals[peer] = (reason, self.now_ms())
-
-    def _onboarding(self, view: mb.MemberView) -> dict[str, Any]:
-        """Per peer in status: its last refusal of our sends, evidence of a second process with
-        its key, and a one-line hint for the operator (or None)."""
-        name = self._names.get(view.node, "?")
-        refused = self._refusals.get(view.node)
-        duplicate = None if not view.duplicate_count else {
-            "count": view.duplicate_count, "other_address": view.duplicate_address,
-            "last_s_ago": round((_monotonic_ms() - view.duplicate_ms) / 1000, 1)}
-        hint = None
-        if duplicate is not None and duplicate["last_s_ago"] * 1000 < DUPLICATE_RECENT_MS:
-            hint = (f"two processes use {name}'s key: one at {view.address}, one at {view.duplicate_address}; "
-                    "stop one (a copied site directory?)")
-        elif refused is not None:
-            hint = refusal_hint(name, refused[0])
-        return {"refused": None if refused is None else {"reason": refused[0], "at": _iso(refused[1])},
-                "duplicate": duplicate, "hint": hint}
+        """A peer's answer to one of our sends: a 400 `reason`, or None for a delivery."""
+        self._news.note(peer, self._names.get(peer, "?"), reason, peer in self._allowed, self.now_ms())
 
     # -- status -----------------------------------------------------------------------------
 
@@ -482,7 +455,7 @@ class Node:
                 "sent_bytes": {c: self._client.sent_bytes_by_peer[view.node, c] for c in ("reliable", "best_effort")},
                 "received_bytes": {k: n for (src, k), n in self.received_bytes.items() if src == view.node},
                 "frames_accepted": {k: n for (src, k), n in self.accepted.items() if src == view.node},
-                **self._onboarding(view),
+                **self._news.of(view, self._names.get(view.node, "?")),
             })
         peers.sort(key=lambda p: p["name"])
         return {
@@ -591,21 +564,6 @@ class Node:
 
 class _Stopping(Exception):
     """Raised inside the TaskGroup on SIGTERM/SIGINT so that it cancels all its tasks."""
-
-
-def refusal_hint(name: str, reason: str) -> str:
-    """What an operator does about a peer that refuses our frames for `reason`."""
-    if reason == "unknown_sender":
-        return (f"{name} does not list this site: run `fedpeer peer add` there with this site's key "
-                "(`fedpeer key show`)")
-    if reason == "header":
-        return (f"{name}'s address answers with another key, or {name} holds another key for this site: "
-                "compare `fedpeer key show` on both sites with both peers.toml")
-    return f"{name} refuses this site's frames ({reason})"
-
-
-def _iso(wall_ms: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall_ms / 1000))
 
 
 def _payload_bytes(msg: object) -> int:
