@@ -15,9 +15,11 @@ SECURE_SUM = Param(str, "pairwise", "secure-sum mode", choices=SECURE_SUM_MODES)
 # The kinds that go on without a lost member by themselves (fedpeer/protocols/epochs.py: histogram
 # XGBoost, logreg, mlp) and the tree: no initiator and no ring. Large vectors take the all-reduce,
 # each member moving ~2(n-1)/n of the vector (allreduce.py); small ones go all to all in two legs
-# (alltoall.py): over the emulated WAN (bench_wan, 5 sites) a logreg iteration took 0.107 s against
+# (alltoall.py): over the emulated WAN (bench_wan, 5 sites) a logreg iteration took 0.053 s against
 # the pairwise ring's 0.251. The ring's modes stay the default where a sum re-run by its initiator
-# over the survivors is how a kind goes on without a lost member (stats, clustering, bofrf).
+# over the survivors is how a kind goes on without a lost member (stats, clustering, bofrf): for
+# stats and the clustering kinds that is a loss inside their first sum only (a later one fails the
+# job in either mode), at 2-4.5x the all-to-all's time per sum over that WAN (BENCHMARKS.md).
 SECURE_SUM_LARGE = dataclasses.replace(SECURE_SUM, default="allreduce")
 # The same, with who could learn what in each mode, for the kinds whose sums are a site's own values
 SECURE_SUM_EXPLAINED = dataclasses.replace(
