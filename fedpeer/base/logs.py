@@ -190,4 +190,7 @@ def setup(level: str = "info") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # Python's warnings (a library's, or asyncio's "coroutine ... was never awaited" at exit) as
+    # log lines too, not free text on stderr between them
+    logging.captureWarnings(True)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)

@@ -153,8 +153,8 @@ class Node:
                 self._tg = tg
                 tg.create_task(self._tick_loop())
                 tg.create_task(self.loop_lag.run())
-                if self.config.jobs.preload_ml:
-                    tg.create_task(self._supervised(asyncio.to_thread(preload_ml)))
+                if self.config.jobs.preload_ml:     # (its thread's coroutine made when the task runs:
+                    tg.create_task(self._preload())   # a stop before then leaves none unawaited)
                 await stop.wait()
                 raise _Stopping   # the group cancels every task it owns: loops, sends, jobs
         except* _Stopping:
@@ -548,6 +548,9 @@ class Node:
             supervised.close()
             coro.close()
             raise JobError("the daemon is shutting down") from None
+
+    async def _preload(self) -> None:
+        await self._supervised(asyncio.to_thread(preload_ml))
 
     async def _supervised(self, coro: Any) -> None:
         """A job's task: whatever it raises (its own error handling included) ends it alone."""

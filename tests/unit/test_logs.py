@@ -43,7 +43,9 @@ def root_setup() -> Iterator[None]:
     """Run logs.setup on the real root logger, and put the root back afterwards."""
     root = logging.getLogger()
     saved = root.handlers[:], root.level, logs._installed[:]
+    logging.captureWarnings(False)      # (setup turns it on; pytest restores warnings.showwarning per test)
     yield
+    logging.captureWarnings(False)
     root.handlers[:], root.level, logs._installed[:] = saved
 
 
@@ -136,6 +138,19 @@ def test_setup_limits_asyncio_and_aiohttp_floods(root_setup, capsys) -> None:
     logs.flush_repeats(everything=True)   # as at exit: the counts of both floods, one line each
     counts = re.findall(r"suppressed=(\d+)", capsys.readouterr().err)
     assert sorted(int(n) for n in counts) == [999, 999]
+
+
+def test_a_python_warning_after_setup_is_one_structured_line(root_setup, capsys) -> None:
+    """A library's warning, or asyncio's 'coroutine ... was never awaited' at a quick stop, is a
+    log line like any other, not free text between them (an operator's log parser, test_cli)."""
+    import warnings
+    logs.setup("info")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.warn("coroutine 'to_thread' was never awaited", RuntimeWarning, stacklevel=1)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ts=") and "logger=py.warnings" in lines[0], lines
+    assert "never awaited" in lines[0]
 
 
 def test_remembered_kinds_are_bounded() -> None:
