@@ -17,6 +17,7 @@ log = logging.getLogger("fedpeer.node")
 # sum: in-process, 5 members x 10 trees spent 6 % of their CPU in the collector at the defaults,
 # 1 % at these (and the frozen imports are never walked again).
 GC_THRESHOLDS = (20_000, 20, 20)
+LOADED_EVENT = "ml_libraries_loaded"      # logged once the preload is done (the harness waits for it)
 
 
 def tune_gc() -> None:
@@ -38,4 +39,4 @@ def preload_ml() -> None:
     cluster_kernels.warm()
 
     gc.freeze()        # the libraries' objects live as long as the daemon: the collector skips them from now on
-    log.info("ml_libraries_loaded", extra=fields(seconds=round(time.perf_counter() - started, 2)))
+    log.info(LOADED_EVENT, extra=fields(seconds=round(time.perf_counter() - started, 2)))

@@ -27,6 +27,7 @@ from typing import Any
 from fedpeer.app.sitefiles import add_peers, init_site
 from fedpeer.config import load as cfg
 from fedpeer.daemon import admin
+from fedpeer.daemon.warmup import LOADED_EVENT
 from fedpeer.errors import FedpeerError, NoDaemonError
 from fedpeer.identity import encode_public_key, parse_public_key
 from fedpeer.kinds.catalog import load_config
@@ -37,7 +38,7 @@ STOP_GRACE_S = 5.0
 START_TIMEOUT_S = 20.0
 TERMINAL = ("done", "failed", "cancelled")
 UNHEARD_GRACE_S = 5.0   # how long a site may take to learn of a proposed job
-ML_LOADED_EVENT = "event=ml_libraries_loaded"   # daemon/warmup.py: the ML preload is done
+ML_LOADED_EVENT = f"event={LOADED_EVENT}"   # the daemon's log line once its ML preload is done
 
 
 class HarnessError(FedpeerError):

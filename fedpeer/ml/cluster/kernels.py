@@ -2,7 +2,7 @@
 distance, and the clusters' sums — the steps after the distance matmul, one pass over the rows
 where numpy made ten (scale, add, argmin, gather the chosen centres, subtract, square-sum, a dense
 one-hot weight matrix and a second matmul). 10,000 rows x 10 features, 10 restarts of k = 8: one
-site's round 8.5 -> 2 ms (BENCHMARKS.md); scikit-learn's Lloyd does the same in one Cython pass.
+site's round 8.5 -> 2.4 ms in one process; scikit-learn's Lloyd does the same in one Cython pass.
 
 The same choice as scikit-learn's and the numpy form's: per restart the lowest ‖c‖² - 2 x·c over
 its k centres (x·c from the caller's matmul, scaled and added in the same float64 order), the

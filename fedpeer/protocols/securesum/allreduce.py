@@ -120,7 +120,7 @@ class _Run:
         self.prefix = plan.prefix(1)
         self.sending: set[asyncio.Task] = set()      # posted sends not yet acknowledged
         self.send_failure: BaseException | None = None
-        self._failed: asyncio.Event | None = None
+        self._failed = asyncio.Event()               # set with send_failure
         self._owner: asyncio.Task | None = None      # the task that posted them (the job's), while they go
 
     def name(self, member: bytes) -> str:
@@ -218,15 +218,12 @@ class _Run:
         if task.cancelled() or task.exception() is None or self.send_failure is not None:
             return
         self.send_failure = task.exception()
-        if self._failed is not None:
-            self._failed.set()
+        self._failed.set()
 
     async def until(self, aw: Any) -> Any:
         """`await aw` (receipts), raising instead as soon as a posted send fails."""
         if self.send_failure is not None:
             raise self.send_failure
-        if self._failed is None:
-            self._failed = asyncio.Event()
         main, failed = asyncio.ensure_future(aw), asyncio.ensure_future(self._failed.wait())
         main.add_done_callback(_retrieved)       # cancelled below when a send fails: nobody awaits it then
         try:
