@@ -12,19 +12,21 @@ SECURE_SUM_MODES = ("ring", "pairwise", "allreduce")
 SEED_MAX = 2**31 - 1
 
 SECURE_SUM = Param(str, "pairwise", "secure-sum mode", choices=SECURE_SUM_MODES)
-# The kinds that go on without a lost member by themselves (fedpeer/protocols/epochs.py: histogram
-# XGBoost, logreg, mlp) and the tree: no initiator and no ring. Large vectors take the all-reduce,
-# each member moving ~2(n-1)/n of the vector (allreduce.py); small ones go all to all in two legs
-# (alltoall.py): over the emulated WAN (bench_wan, 5 sites) a logreg iteration took 0.053 s against
-# the pairwise ring's 0.251. The ring's modes stay the default where a sum re-run by its initiator
-# over the survivors is how a kind goes on without a lost member (stats, clustering, bofrf): for
-# stats and the clustering kinds that is a loss inside their first sum only (a later one fails the
-# job in either mode), at 2-4.5x the all-to-all's time per sum over that WAN (BENCHMARKS.md).
+# Every kind whose sums run without an initiator takes "allreduce": large vectors the all-reduce,
+# each member moving ~2(n-1)/n of the vector (allreduce.py), small ones all to all in two legs
+# (alltoall.py). Over the emulated WAN (bench_wan, 5 sites) a logreg iteration took 0.053 s against
+# the pairwise ring's 0.251, a stats job's sum and a k-means round 2-4.5x less (BENCHMARKS.md); who
+# learns what is pairwise mode's. What the ring adds is its initiator's re-run without a lost
+# member: the leaderless kinds (histogram XGBoost, logreg, mlp) go on by themselves (epochs.py);
+# for stats and the clustering kinds it could only save a loss inside their first sum (a later one
+# fails the job in either mode), so they take the all-reduce too. bofrf's sums are re-run by their
+# initiator over the survivors at any point of the job: it keeps the pairwise ring.
 SECURE_SUM_LARGE = dataclasses.replace(SECURE_SUM, default="allreduce")
 # The same, with who could learn what in each mode, for the kinds whose sums are a site's own values
 SECURE_SUM_EXPLAINED = dataclasses.replace(
-    SECURE_SUM, help="secure-sum mode: 'ring' (neighbours together could learn a site's sums) "
-                     "or 'pairwise' (only all other sites together could)")
+    SECURE_SUM_LARGE, help="secure-sum mode: 'allreduce' (no initiator; only all other sites together could "
+                           "learn a site's sums), 'pairwise' (the same, through a ring and its initiator) or "
+                           "'ring' (neighbours together could)")
 
 
 def seed(drives: str) -> Param:

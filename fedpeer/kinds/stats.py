@@ -21,7 +21,6 @@ survivors); `participants` in the result names who is in.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -30,7 +29,7 @@ import numpy as np
 from fedpeer.data.rows import rows_of
 from fedpeer.errors import JobError
 from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param, checked_total
-from fedpeer.jobs.params import SECURE_SUM
+from fedpeer.jobs.params import SECURE_SUM_EXPLAINED
 from fedpeer.jobs.report import table
 from fedpeer.kinds import vertical_stats
 from fedpeer.kinds.aligned import MESSAGES as VERTICAL_MESSAGES
@@ -50,8 +49,7 @@ from fedpeer.protocols.securesum.api import secure_sum
 PARAMS = {
     "bins": Param(int, 10, "histogram bins per column between mean-3sd and mean+3sd (plus one below, one above)",
                   low=1, high=1000),
-    "secure_sum": dataclasses.replace(SECURE_SUM, help="secure-sum mode: 'ring' (neighbours together could learn "
-                                      "a site's value) or 'pairwise' (only all other sites together could)"),
+    "secure_sum": SECURE_SUM_EXPLAINED,
 }
 
 

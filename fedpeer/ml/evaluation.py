@@ -120,7 +120,7 @@ def _rank_auc(positive: np.ndarray, score: np.ndarray) -> float | None:
     n_neg = len(positive) - n_pos
     if n_pos == 0 or n_neg == 0:
         return None
-    order = np.argsort(score, kind="stable")
+    order = np.argsort(score)       # any order within a tie: ties count as one group below (3.5x a stable sort)
     s = score[order]
     starts = np.concatenate(([0], np.flatnonzero(s[1:] != s[:-1]) + 1))
     ends = np.append(starts[1:], len(s))
