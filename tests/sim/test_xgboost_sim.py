@@ -183,8 +183,11 @@ def tools_for(world: World, k: bytes) -> xj.Tools:
 
 
 async def run_world(seed: int, n: int, rounds: int, faults: str, tools: Any = tools_for,
-                    data: Sequence[Dataset] | None = None, byzantine: bool = False, **params: Any) -> World:
+                    data: Sequence[Dataset] | None = None, byzantine: bool = False, drop: bool = True,
+                    **params: Any) -> World:
     w = World(seed, n)
+    if not drop:
+        w.drop_rate = 0.0
     data = data or make_data(n, seed)
     if byzantine:
         w.byzantine = w.rng.choice(w.keys)
@@ -314,6 +317,49 @@ def run_seeds(seed_range: range, n: int, rounds: int, faults: str) -> None:
 
 def test_no_fault_every_member_ends_with_the_same_model():
     run_seeds(seeds(30), n=3, rounds=4, faults="none")
+
+
+def _asked_ops(seed: int, n: int, rounds: int, offers: bool, **params: Any) -> tuple[list[str], set[str]]:
+    """One fault-free run: the ops of every directive the leader(s) sent, and the survivors' models."""
+    from fedpeer.kinds.xgboost.lead import Leading
+    from fedpeer.kinds.xgboost.training import Training
+
+    ops: list[str] = []
+    ask, ack = Leading.ask, Training.ack_commit
+
+    async def counted(self: Any, term: int, peer: bytes, directive: Any, *a: Any, **kw: Any) -> Any:
+        ops.append(directive.op)
+        return await ask(self, term, peer, directive, *a, **kw)
+    Leading.ask = counted  # type: ignore[method-assign]
+    if not offers:
+        Training.ack_commit = lambda self, leader, msg: self.reply(leader, msg)  # type: ignore[method-assign]
+    loop = looptime.new_event_loop(start=0, noop_cycles=1)
+    try:
+        w = loop.run_until_complete(run_world(seed, n, rounds, "none", **params))
+    finally:
+        loop.close()
+        Leading.ask, Training.ack_commit = ask, ack  # type: ignore[method-assign]
+    assert outcome(w, rounds) == []
+    return ops, {t.result()["model_sha256"] for t in w.tasks.values()}
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_a_members_next_trees_ride_on_its_commit_ack_and_the_model_is_the_same(seed: int) -> None:
+    """A member acknowledges a commit with its head start's trees of the next round (training.py):
+    the leader asks "round" in round 1 only, and the model is the one the directives would give."""
+    n, rounds = 3, 5
+    ops, models = _asked_ops(seed, n, rounds, offers=True, drop=False)
+    plain_ops, plain_models = _asked_ops(seed, n, rounds, offers=False, drop=False)
+    assert plain_ops.count("round") == rounds * (n - 1) and plain_ops.count("commit") == rounds * (n - 1)
+    assert ops.count("round") == n - 1 and ops.count("commit") == rounds * (n - 1)
+    assert len(models) == 1 and models == plain_models
+
+
+def test_under_gain_normalisation_each_round_is_asked_for():
+    """normalize = "gain": a member's rate comes with the directive, so it has no head start to offer."""
+    n, rounds = 3, 4
+    ops, models = _asked_ops(5, n, rounds, offers=True, drop=False, normalize="gain")
+    assert ops.count("round") == rounds * (n - 1) and len(models) == 1
 
 
 # Seed counts keep the whole suite near its 10-minute budget on 2 cores (these sims were its

@@ -26,11 +26,17 @@ from fedpeer.ml.xgb import boosting
 from fedpeer.runtime.channel import PeerDead, PeerUnreachable, RecvTimeout, observe_round
 
 
+async def _offered(trees: bytes) -> Reply:
+    """A round's trees a member sent with its acknowledgement of the last commit, as its reply."""
+    return Reply(tag="", commit_term=0, commit_round=0, commit_sha="", trees=trees, model=b"", history=b"", error="")
+
+
 class Leading:
     """Mixed into `xgbsite.Site`: what a member does while its election says it leads a term."""
 
     ch: Any
     params: Any
+    offered: dict[bytes, tuple[int, str, bytes]]     # member -> (round, model sha it builds on, trees)
 
     async def ask(self, term: int, peer: bytes, directive: Directive, timeout_ms: int,
                   retry_with: bytes | None = None) -> Reply | None:
@@ -86,6 +92,7 @@ class Leading:
         """Learn the members' commit points (a majority of the job's members must answer) and adopt
         the most recent one, ordered (term, round). Returns what each member holds."""
         ch = self.ch
+        self.offered = {}       # trees offered to an earlier term's leader: asked for again
         deadline = ch.now_ms() + self.params["member_timeout_ms"] + LEADER_SILENCE_MS
         while True:
             if not self.leading(term) or self.lingered():
@@ -125,7 +132,11 @@ class Leading:
         rnd, (_, _, prev_sha) = self.round + 1, self.commit
         targets = [m for m in ch.members if m != self.me and ch.alive(m)]
         asks = []
+        offered, self.offered = self.offered, {}
         for m in targets:
+            if p["normalize"] != "gain" and offered.get(m, (0, ""))[:2] == (rnd, prev_sha):
+                asks.append(_offered(offered[m][2]))     # trees of this round on this model, with the last ack
+                continue
             d = _directive(term, "round", rnd, prev_sha=prev_sha, gain_share=self.gain_share(m))
             if known.get(m) != (self.round, prev_sha) and self.model is not None:
                 d = _with_model(d, self.model, self.commit[0], self.history_bytes())
@@ -167,6 +178,8 @@ class Leading:
                                 for m in answered), self.evaluate(term, rnd, self.me, commit))
         if excluded:
             self.history[-1]["excluded"] = excluded
+        self.offered = {m: (rnd + 1, sha, r.trees) for m, r in zip(answered, acks)
+                        if r is not None and not r.error and r.trees and (r.commit_round, r.commit_sha) == (rnd, sha)}
         return {m: (r.commit_round, r.commit_sha) for m, r in zip(answered, acks)
                 if r is not None and not r.error}
 

@@ -38,12 +38,14 @@ A leader of term T:
   model from its holder if it lacks it — so whoever is elected resumes from the last committed
   round;
 - runs rounds: "round r" (with the full model only to members not known to hold round r - 1) ->
-  each member trains num_local_round trees per class on its own rows on top of it and returns
-  only them -> the leader checks every trees document (`boosting.validate_trees`: structure,
-  depth, node count, leaf magnitudes, tree count and class order), leaves out members whose
-  trees fail or do not come, appends the rest in member order (`boosting.append_round`), stores
-  round r and sends "commit r" (the round's trees documents) to every member; each member
-  rebuilds the model, checks its SHA-256, holds it and acknowledges (its files: below);
+  each member trains num_local_round trees per class on its own rows on top of it and returns only
+  them (a member that acknowledged the commit of round r - 1 with its trees of round r on that
+  model is not asked again: training.py) -> the leader checks every trees document
+  (`boosting.validate_trees`: structure, depth, node count, leaf magnitudes, tree count and class
+  order), leaves out members whose trees fail or do not come, appends the rest in member order
+  (`boosting.append_round`), stores round r and sends "commit r" (the round's trees documents) to
+  every member; each member rebuilds the model, checks its SHA-256, holds it and acknowledges (its
+  files: below);
 - after the commit, the round's participants evaluate the model on their test parts with one
   secure sum (log-loss, accuracy, per-class score histograms -> AUC); a total no honest
   participants can give (target.py `check_eval`) ends the job everywhere naming no site, as does
@@ -150,6 +152,7 @@ class Site(Leading, Training, Evaluating):
     round_cache: RoundCache = field(default_factory=RoundCache)   # training rows and margins between rounds
     eval_cache: RoundCache = field(default_factory=RoundCache)    # the same for the test part
     ahead: Any = None                 # the next round's trees, started early (training.py)
+    offered: dict = field(default_factory=dict)      # leading: member -> (round, model sha, trees) from commit acks
     scoring: Any = None               # (model sha, task): its score on [data] test_csv (score_ahead)
     stored_ms: int = 0                # when `store` last wrote the committed round
     _writer: Any = None               # the thread that writes the job's files, in order (store)
@@ -500,8 +503,8 @@ class Site(Leading, Training, Evaluating):
                 self.reply(src, msg, error="need_model")     # cannot happen with honest members
                 return
             self.adopt(msg.term, msg.round, model)
-        self.reply(src, msg)
         self.train_ahead(None)
+        self.ack_commit(src, msg)          # with the next round's trees, once trained (training.py)
         await self.evaluate(msg.term, msg.round, src, msg)
 
     # -- result ----------------------------------------------------------------------------------

@@ -9,7 +9,11 @@ and the round), all known once the previous round is committed — except the ra
 under normalize = "gain", which comes with the directive (such a member waits for it). A
 directive takes the head start's trees only if it asks for exactly those inputs; otherwise the
 head start is dropped and the site trains as asked. What it saves: the training overlaps the
-leader collecting the round's acknowledgements and sending the next directive (a round trip).
+leader collecting the round's acknowledgements; and the acknowledgement of the commit waits for the
+head start and carries its trees (`ack_commit`): the leader takes them for the next round instead
+of sending that round's directive and waiting for its reply (lead.py), one round trip a round (two
+messages of four a member). The leader checks those trees as any round's and takes them only for
+the round after the commit they acknowledge, on the model that commit made.
 A dropped head start (another model came, or the job ended) stops only its coroutine: its worker
 thread finishes the one round's training it began, holding the site's RoundCache (whose lock
 makes the next training wait for it), and its trees are thrown away.
@@ -40,6 +44,8 @@ class Training:
     commit: tuple[int, int, str]
     me: bytes
     round_cache: Any
+    reply: Any
+    _background: Any
     ahead: tuple[tuple[int, str, float], asyncio.Future] | None    # ((round, model sha, rate), trees)
 
     def eta_for(self, gain_share: float) -> float:
@@ -77,6 +83,22 @@ class Training:
             task = asyncio.ensure_future(self.trees(rnd, eta_i, self.model))
             task.add_done_callback(lambda t: t.cancelled() or t.exception())    # a dropped one's error: not logged
             self.ahead = ((rnd, self.commit[2], eta_i), task)
+
+    def ack_commit(self, leader: bytes, msg: Any) -> None:
+        """Acknowledge the commit `msg` just adopted: at once without a head start; else once it is
+        trained, with its trees (none if it failed, was dropped or another model came meanwhile).
+        In the background: the member evaluates the round meanwhile."""
+        ahead = self.ahead
+        if ahead is None:
+            self.reply(leader, msg)
+            return
+        point, task = self.commit, ahead[1]
+
+        async def ack() -> None:
+            await asyncio.wait({task})
+            fresh = self.commit == point and not task.cancelled() and task.exception() is None
+            self.reply(leader, msg, trees=task.result()[0] if fresh else b"")
+        self._background(ack())
 
     def drop_ahead(self) -> None:
         if self.ahead is not None:
