@@ -642,7 +642,8 @@ def forged_directive(choice: int, term: int, rnd: int, poison: bytes, plausible:
 
 
 def lie(msg: xj.Directive, poison: bytes) -> xj.Reply:
-    """The forger's answer to the real leader: the most damaging well-formed reply to each op."""
+    """The forger's answer to the real leader: the most damaging well-formed reply to each op (a
+    commit's acknowledgement offers trees for the next round: training.py)."""
     sha = boosting.model_sha256(poison)
     base = dict(tag=xj._reply_tag(msg.term, msg.op, msg.round), commit_term=0, commit_round=0, commit_sha="",
                 trees=b"", model=b"", history=b"", error="")
@@ -652,6 +653,8 @@ def lie(msg: xj.Directive, poison: bytes) -> xj.Reply:
         base.update(commit_term=2**62, commit_round=10**6, commit_sha=sha, model=poison)
     elif msg.op == "round":
         base.update(trees=poisoned_doc())
+    elif msg.op == "commit":     # the commit point asked about, with poisoned "next round" trees on it
+        base.update(commit_term=msg.term, commit_round=msg.round, commit_sha=msg.sha, trees=poisoned_doc())
     return xj.Reply(**base)
 
 

@@ -186,3 +186,44 @@ def test_a_last_round_that_cannot_be_written_fails_the_site_not_the_record(tmp_p
     assert str(tmp_path) not in str(failed.value)
     asyncio.run(s.close())
     asyncio.run(s2.close())
+
+
+def test_a_commit_ack_carries_the_head_starts_trees_unless_another_model_came_meanwhile(tmp_path):
+    """`ack_commit`: the next round's trees on the model just committed ride on the acknowledgement;
+    if another model is adopted while they train (a new leader's round), the ack carries none."""
+    s = site(tmp_path, rounds=3)
+    other = plain_trees(s, None, 1, 0.1)
+    commit_round(s, 1, other)
+    sent = []
+    s.reply = lambda leader, msg, **kw: sent.append((s.commit, kw.get("trees", b"")))
+
+    async def go() -> None:
+        s.train_ahead(None)
+        s.ack_commit(b"L", xj._directive(1, "commit", 1, sha=s.commit[2]))
+        s.adopt(2, 1, s.build([other]))          # another leader's round 1, while the head start trains
+        await asyncio.gather(*list(s._replies))
+        s.train_ahead(None)
+        s.ack_commit(b"L", xj._directive(2, "commit", 1, sha=s.commit[2]))
+        await asyncio.gather(*list(s._replies))
+        await s.close()
+    asyncio.run(go())
+    assert sent[0][1] == b"" and sent[0][0][0] == 2
+    assert sent[1][1] == plain_trees(s, s.model, 2, 0.3)
+
+
+def test_the_leader_takes_offered_trees_only_for_the_round_and_model_they_were_trained_for(tmp_path):
+    from fedpeer.kinds.xgboost.lead import offers_in
+
+    def ack(rnd: int, sha: str, trees: bytes = b"t", error: str = "") -> xj.Reply:
+        return xj.Reply(tag="", commit_term=1, commit_round=rnd, commit_sha=sha, trees=trees, model=b"",
+                        history=b"", error=error)
+    a, b, c, d, e = (bytes([i]) * 32 for i in range(1, 6))
+    offered = offers_in([a, b, c, d, e], [ack(3, "s3"), ack(2, "s2"), ack(3, "other"), ack(3, "s3", b""),
+                                          ack(3, "s3", error="need_model")], 3, "s3")
+    assert offered == {a: (4, "s3", b"t")}      # another round, another model, no trees, an error: none
+    s = site(tmp_path, rounds=5)
+    assert s.offer_for(offered, a, 4, "s3") == b"t"
+    assert s.offer_for(offered, a, 4, "s2") is None and s.offer_for(offered, a, 5, "s3") is None
+    assert s.offer_for(offered, b, 4, "s3") is None
+    gain = site(tmp_path, rounds=5, normalize="gain")
+    assert gain.offer_for(offered, a, 4, "s3") is None

@@ -31,6 +31,14 @@ async def _offered(trees: bytes) -> Reply:
     return Reply(tag="", commit_term=0, commit_round=0, commit_sha="", trees=trees, model=b"", history=b"", error="")
 
 
+def offers_in(members: list[bytes], acks: list[Reply | None], rnd: int,
+              sha: str) -> dict[bytes, tuple[int, str, bytes]]:
+    """The next round's trees that came with the acknowledgements of commit `rnd` (model `sha`):
+    member -> (rnd + 1, sha, trees), from an acknowledgement of that very commit point only."""
+    return {m: (rnd + 1, sha, r.trees) for m, r in zip(members, acks)
+            if r is not None and not r.error and r.trees and (r.commit_round, r.commit_sha) == (rnd, sha)}
+
+
 class Leading:
     """Mixed into `xgbsite.Site`: what a member does while its election says it leads a term."""
 
@@ -134,8 +142,9 @@ class Leading:
         asks = []
         offered, self.offered = self.offered, {}
         for m in targets:
-            if p["normalize"] != "gain" and offered.get(m, (0, ""))[:2] == (rnd, prev_sha):
-                asks.append(_offered(offered[m][2]))     # trees of this round on this model, with the last ack
+            trees = self.offer_for(offered, m, rnd, prev_sha)
+            if trees is not None:
+                asks.append(_offered(trees))     # trees of this round on this model, with the last ack
                 continue
             d = _directive(term, "round", rnd, prev_sha=prev_sha, gain_share=self.gain_share(m))
             if known.get(m) != (self.round, prev_sha) and self.model is not None:
@@ -178,10 +187,18 @@ class Leading:
                                 for m in answered), self.evaluate(term, rnd, self.me, commit))
         if excluded:
             self.history[-1]["excluded"] = excluded
-        self.offered = {m: (rnd + 1, sha, r.trees) for m, r in zip(answered, acks)
-                        if r is not None and not r.error and r.trees and (r.commit_round, r.commit_sha) == (rnd, sha)}
+        self.offered = offers_in(answered, acks, rnd, sha)
         return {m: (r.commit_round, r.commit_sha) for m, r in zip(answered, acks)
                 if r is not None and not r.error}
+
+    def offer_for(self, offered: dict[bytes, tuple[int, str, bytes]], member: bytes, rnd: int,
+                  prev_sha: str) -> bytes | None:
+        """The trees `member` offered for round `rnd` on the model `prev_sha`, or None (none, for
+        another round or model, or under normalize = "gain", where the directive sets its rate)."""
+        offer = offered.get(member)
+        if offer is None or self.params["normalize"] == "gain" or offer[:2] != (rnd, prev_sha):
+            return None
+        return offer[2]
 
     def lingered(self) -> bool:
         return self.finished_ms is not None and self.ch.now_ms() - self.finished_ms > LINGER_MS

@@ -67,7 +67,8 @@ class Reply:
     commit_term: int         # the member's commit point after handling the directive
     commit_round: int
     commit_sha: str
-    trees: bytes             # round: the member's new trees document
+    trees: bytes             # round: the member's new trees document; commit: its trees of the next round
+                             # on the committed model, if its head start has them (training.py)
     model: bytes             # fetch: the member's committed model
     history: bytes           # fetch: its history entries (JSON)
     error: str               # "" or why not: "stale_term", "need_model", a training error

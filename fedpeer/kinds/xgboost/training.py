@@ -3,20 +3,21 @@ side): trained when the leader's "round" directive asks for them, or started ahe
 as the member has committed the model the round builds on (round 1: as soon as it knows the
 federation's base score, while the leader takes over).
 
-A head start changes nothing of what is sent. A round's trees follow from the model it builds on
-(its SHA-256), the site's learning rate and the round's seed (from the job seed, the site's key
-and the round), all known once the previous round is committed — except the rate of a member
-under normalize = "gain", which comes with the directive (such a member waits for it). A
+A head start changes none of the trees a member sends. A round's trees follow from the model it
+builds on (its SHA-256), the site's learning rate and the round's seed (from the job seed, the
+site's key and the round), all known once the previous round is committed — except the rate of a
+member under normalize = "gain", which comes with the directive (such a member waits for it). A
 directive takes the head start's trees only if it asks for exactly those inputs; otherwise the
-head start is dropped and the site trains as asked. What it saves: the training overlaps the
-leader collecting the round's acknowledgements; and the acknowledgement of the commit waits for the
-head start and carries its trees (`ack_commit`): the leader takes them for the next round instead
-of sending that round's directive and waiting for its reply (lead.py), one round trip a round (two
-messages of four a member). The leader checks those trees as any round's and takes them only for
-the round after the commit they acknowledge, on the model that commit made.
+head start is dropped and the site trains as asked. The acknowledgement of the commit waits for
+the head start and carries its trees (`ack_commit`; the member evaluates the round meanwhile): the
+leader takes them for the next round instead of sending that round's directive and waiting for its
+reply (lead.py), one round trip a round (two messages of four a member). The leader checks those
+trees as any round's and takes them only for the round after the commit they acknowledge, on the
+model that commit made.
+
 A dropped head start (another model came, or the job ended) stops only its coroutine: its worker
-thread finishes the one round's training it began, holding the site's RoundCache (whose lock
-makes the next training wait for it), and its trees are thrown away.
+thread finishes the one round's training it began, holding the site's RoundCache (whose lock makes
+the next training wait for it), and its trees are thrown away.
 """
 
 from __future__ import annotations
