@@ -290,3 +290,52 @@ async def test_a_member_sends_what_no_owner_waits_for_and_the_histogram_job_ends
     assert all(p["state"] == "alive" for p in doc["peers"])
     assert all(code is None for code in h.exit_codes().values())
     assert "Traceback" not in h.sites[0].log_path.read_text()
+
+
+# -- bagging replies to the leader from a member's key in hostile hands --------------------------
+
+async def test_forged_bagging_replies_leave_the_leader_serving_and_the_models_alike(make_federation, tmp_path) -> None:
+    """Three sites run a bagging job. A second session under a member's key sends the elected leader
+    replies under the very tags it waits on from that member: commit acknowledgements offering
+    trees for the next round (not JSON, a stump with leaves of -1000, all for a model the leader
+    did not commit) and round replies carrying such trees. The leader keeps offered trees only
+    for the commit point it made (lead.py `offers_in`) and checks every trees document it takes;
+    the forged frames cost that member its trees of the rounds they were taken in. The job ends done with one
+    model at all three sites, and the leader keeps serving with its peers alive."""
+    from fedpeer.kinds.xgboost.messages import Reply, _reply_tag
+    from tests.sim.test_xgboost_sim import poisoned_doc
+
+    h = _breast_cancer_sites(make_federation, tmp_path, (0, 1, 2))
+    await h.wait_all_alive(timeout_s=30)
+    ids = [load_key_file(site.config.node.key_file) for site in h.sites]
+    doc = await h.status(0)
+    while doc["leader"] is None:
+        await asyncio.sleep(0.2)
+        doc = await h.status(0)
+    leader = next(i for i, site in enumerate(h.sites) if site.name == doc["leader"])
+    member = (leader + 1) % 3
+    forger = await frames.connected(ids[member], h, [leader])
+    rounds = 30
+    job_id = await h.propose(leader, "xgboost", {"mode": "bagging", "rounds": rounds, "max_depth": 3,
+                                                 "nthread": 1, "test_fraction": 0.0})
+    await h.wait_step(leader, job_id, 1, timeout_s=60)
+    term = (await h.status(leader))["term"]
+    forged = []
+    for r in range(1, rounds + 1):
+        for op, trees in (("commit", b"{not json"), ("commit", poisoned_doc()), ("round", poisoned_doc())):
+            forged.append(Reply(tag=_reply_tag(term, op, r), commit_term=term, commit_round=r, commit_sha="0" * 64,
+                                trees=trees, model=b"", history=b"", error=""))
+    async with aiohttp.ClientSession() as s:
+        for msg in forged:
+            status, _ = await _post(s, h.sites[leader].port, forger.seal(ids[leader].public_key, msg, job=job_id))
+            assert status in (204, 400), status
+    records = await h.wait_job(job_id, timeout_s=120)
+    assert {r["state"] for r in records.values()} == {"done"}, [r["error"] for r in records.values()]
+    refused = [e for e in records[leader]["result"]["history"] if "trees refused" in str(e.get("excluded"))]
+    assert refused, "no forged reply reached the leader's job"      # (taken as that member's trees of a round)
+    assert len({r["result"]["model_sha256"] for r in records.values()}) == 1
+    doc = await h.status(leader, timeout_ms=1000)
+    assert doc["rejected"].get("internal_error", 0) == 0, doc["rejected"]
+    assert all(p["state"] == "alive" for p in doc["peers"])
+    assert all(code is None for code in h.exit_codes().values())
+    assert "Traceback" not in h.sites[leader].log_path.read_text()
