@@ -455,7 +455,7 @@ class Node:
                 "sent_bytes": {c: self._client.sent_bytes_by_peer[view.node, c] for c in ("reliable", "best_effort")},
                 "received_bytes": {k: n for (src, k), n in self.received_bytes.items() if src == view.node},
                 "frames_accepted": {k: n for (src, k), n in self.accepted.items() if src == view.node},
-                **self._news.of(view, self._names.get(view.node, "?")),
+                **self._news.of(view, self._names.get(view.node, "?"), _monotonic_ms()),
             })
         peers.sort(key=lambda p: p["name"])
         return {

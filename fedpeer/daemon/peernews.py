@@ -39,13 +39,13 @@ class PeerNews:
     def forget(self, peer: bytes) -> None:
         self.refusals.pop(peer, None)
 
-    def of(self, view: mb.MemberView, name: str) -> dict[str, Any]:
+    def of(self, view: mb.MemberView, name: str, now_monotonic_ms: int) -> dict[str, Any]:
         """The peer's entry in status: its last refusal of our sends, evidence of a second process
-        with its key, and a one-line hint for the operator (or None)."""
+        with its key (heard at membership's monotonic ms), and a one-line hint for the operator (or None)."""
         refused = self.refusals.get(view.node)
         duplicate = None if not view.duplicate_count else {
             "count": view.duplicate_count, "other_address": view.duplicate_address,
-            "last_s_ago": round((time.monotonic_ns() // 1_000_000 - view.duplicate_ms) / 1000, 1)}
+            "last_s_ago": round((now_monotonic_ms - view.duplicate_ms) / 1000, 1)}
         hint = None
         if duplicate is not None and duplicate["last_s_ago"] * 1000 < DUPLICATE_RECENT_MS:
             hint = (f"two processes use {name}'s key: one at {view.address}, one at {view.duplicate_address}; "

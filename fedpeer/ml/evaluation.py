@@ -20,8 +20,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["LOGLOSS_EPS", "accuracy_counts", "auc_from_histograms", "check_counts", "check_errors", "local_auc",
-           "logloss_sums",
-           "metrics", "score_histograms", "site_counts"]
+           "logloss_sums", "metrics", "score_histograms", "site_counts"]
 
 LOGLOSS_EPS = 1e-15           # probabilities are clipped to [eps, 1 - eps] before the log
 LOSS_RTOL = 1e-9              # relative slack of the log-loss bracket (float and fixed-point rounding)

@@ -25,7 +25,6 @@ in the daemon's ML preload, daemon/warmup.py).
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from fedpeer.ml.jit import jit as _jit
