@@ -17,6 +17,7 @@ import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import unquote
 
 from fedpeer.core.election.raft import ElectionConfig
 from fedpeer.core.membership.swim import MembershipConfig
@@ -146,6 +147,9 @@ class Policy:
     members_max: int = 100
     proposers: tuple[str, ...] = (EVERY_PEER,)   # [[peer]] names whose proposals are considered; "*": all
     rows_min: int = 0                     # a job is refused if this site's data has fewer rows
+    relay: bool = True                    # forward sealed frames between members that cannot reach each other
+    relay_requests_max: int = 16          # relayed requests in flight at once (beyond: 503, the sender tries another)
+    relay_bytes_max: int = 64 * 1024 * 1024   # bytes of relayed requests in flight at once
     # [policy.<kind>] tables: the largest (or smallest) parameters of a job of that kind this site
     # agrees to run, as written (kind -> limit -> value). Here they are checked as numbers only;
     # which kinds and limits exist is the job catalogue's to say (fedpeer/kinds/catalog.py
@@ -209,6 +213,69 @@ class Tracking:
     mlflow_uri: str = ""       # an MLflow tracking URI ("file:///srv/mlruns", "http://mlflow:5000"); "": off
 
 
+REACHABLE_CHOICES = ("auto", "yes", "no")
+KEEPALIVE_MS_MAX = 25_000     # NATs and stateful firewalls forget idle flows after 30 s and more (WireGuard: 25 s)
+REVERSE_LINKS_MAX = 16
+
+
+@dataclass(frozen=True)
+class Network:
+    """[network]: how this site reaches its peers and how they reach it back (fedpeer/net/dial.py,
+    fedpeer/net/reverse.py, docs/operator-guide.md "Sites behind firewalls")."""
+
+    proxy: str = ""            # "http://[user:pass@]host:port": an HTTP CONNECT proxy for every outbound
+                               # connection; "": HTTPS_PROXY / https_proxy from the environment (NO_PROXY
+                               # honoured); "none": never a proxy
+    reachable: str = "auto"    # "auto": a peer's dial-back tells whether others can open connections to this
+                               # site; "yes": they can (no check); "no": outbound-only (no check)
+    reverse_links: int = 2     # connections a site that cannot be dialed keeps open to each peer, for it
+                               # to send on
+    keepalive_ms: int = 20_000   # TCP keep-alive on idle connections (at most 25 s: NATs and firewalls)
+
+    def __post_init__(self) -> None:
+        if self.reachable not in REACHABLE_CHOICES:
+            raise ValueError(f"reachable must be one of {', '.join(REACHABLE_CHOICES)}")
+        if not 1_000 <= self.keepalive_ms <= KEEPALIVE_MS_MAX:
+            raise ValueError(f"keepalive_ms must be between 1000 and {KEEPALIVE_MS_MAX}")
+        if not 1 <= self.reverse_links <= REVERSE_LINKS_MAX:
+            raise ValueError(f"reverse_links must be between 1 and {REVERSE_LINKS_MAX}")
+        if self.proxy not in ("", "none"):
+            parse_proxy(self.proxy)
+
+
+@dataclass(frozen=True)
+class ProxyUrl:
+    """An HTTP CONNECT proxy: where it listens and the credentials it asks for ("" for none)."""
+
+    host: str
+    port: int
+    user: str = ""
+    password: str = ""
+
+    def __str__(self) -> str:    # never the credentials: this goes into logs and status
+        return f"http://{self.host}:{self.port}"
+
+
+def parse_proxy(text: str) -> ProxyUrl:
+    """'http://[user:pass@]host[:port]' (port 8080 by default, as curl's 1080 is for socks). ValueError
+    names what is wrong, never the password."""
+    scheme, sep, rest = text.partition("://")
+    if not sep or scheme.lower() not in ("http", "https"):
+        raise ValueError("proxy must be an http:// URL, like http://proxy.example:3128")
+    rest = rest.rstrip("/")
+    userinfo, at, hostport = rest.rpartition("@")
+    user, _, password = userinfo.partition(":") if at else ("", "", "")
+    if "/" in hostport or not hostport:
+        raise ValueError("proxy must be http://[user:pass@]host:port, without a path")
+    if ":" not in hostport.rsplit("]", 1)[-1]:
+        hostport += ":8080"
+    try:
+        where = parse_address(hostport)
+    except ValueError:
+        raise ValueError("proxy must be http://[user:pass@]host:port with a port in 1..65535") from None
+    return ProxyUrl(where.host, where.port, unquote(user), unquote(password))
+
+
 @dataclass(frozen=True)
 class NodeSection:
     name: str
@@ -243,6 +310,7 @@ class Config:
     jobs: JobLimits = field(default_factory=JobLimits)
     election: ElectionConfig = field(default_factory=lambda: SITE_ELECTION)   # [election]
     tracking: Tracking = field(default_factory=Tracking)
+    network: Network = field(default_factory=Network)
     ignored: tuple[str, ...] = ()     # obsolete keys present in the file (accepted, no effect; logged at start)
 
     def peer_by_key(self, key: bytes) -> PeerEntry | None:
@@ -252,7 +320,8 @@ class Config:
 # [limits] keys of earlier versions that no longer mean anything: accepted (files written by
 # `fedpeer init` hold one) and reported, never an error. Replay protection is per session now.
 OBSOLETE_LIMITS = ("clock_skew_ms_max", "replay_window_ms", "replay_recent_max")
-_TOP_KEYS = {"node", "peer", "policy", "limits", "membership", "data", "jobs", "election", "tracking"}
+_TOP_KEYS = {"node", "peer", "policy", "limits", "membership", "data", "jobs", "election", "tracking",
+             "network"}
 _NODE_KEYS = {"name", "listen", "advertise", "key_file", "state_dir", "admin", "metrics"}
 _PEER_KEYS = {"name", "address", "public_key"}
 
@@ -286,6 +355,7 @@ def load(path: str | os.PathLike[str]) -> Config:
         jobs=_section(path, "jobs", raw.get("jobs", {}), JobLimits),
         election=_section(path, "election", raw.get("election", {}), ElectionConfig, SITE_ELECTION),
         tracking=_section(path, "tracking", raw.get("tracking", {}), Tracking),
+        network=_section(path, "network", raw.get("network", {}), Network),
         ignored=ignored,
     )
     _check_peer_uniqueness(config)

@@ -38,6 +38,8 @@ from fedpeer.daemon.admin_routes import AdminRoutes
 from fedpeer.daemon.metrics import PATH as METRICS_PATH
 from fedpeer.daemon.metrics import MetricsListener, NodeMetrics
 from fedpeer.daemon.peernews import PeerNews, iso
+from fedpeer.daemon.netpaths import NetPaths
+from fedpeer.daemon.reach import MESSAGES as REACH_MESSAGES
 from fedpeer.daemon.tracking import MlflowTracker
 from fedpeer.daemon.tracking import check as check_tracking
 from fedpeer.daemon.warmup import preload_ml
@@ -45,6 +47,7 @@ from fedpeer.errors import ConfigError, FedpeerError, JobError, RemoteProtocolEr
 from fedpeer.identity import Identity, encode_public_key, fingerprint
 from fedpeer.jobs.lifecycle.registry import JobRegistry
 from fedpeer.kinds.catalog import job_kinds, load_config
+from fedpeer.net.dial import route_from
 from fedpeer.net.links import OFF_LOOP_BYTES_MIN, Links
 from fedpeer.net.looplag import LoopLag
 from fedpeer.net.streams import InboundStreams, StreamChunk, StreamOpen
@@ -82,12 +85,18 @@ class Node:
         self._gate = wire.Gate(identity, lambda key: key in self._allowed, Sessions(),
                                message_bytes_max=config.limits.message_bytes_max, keys=self._keys)
         self._rng = random.Random(os.urandom(16))
-        self._client = PeerClient(config.limits, self._rng)
-        self._links = Links(identity, self._client, self._gate, _monotonic_ms)
+        try:
+            route = route_from(config.network)
+        except ValueError as exc:
+            raise ConfigError(config.path, "network.proxy", str(exc)) from None
+        self._client = PeerClient(config.limits, self._rng, route)
+        self.paths = NetPaths(self, route)   # reverse links, relays, reachability (fedpeer/daemon/netpaths.py)
+        self._links = Links(identity, self._client, self._gate, _monotonic_ms, self.paths.relays_for)
         self._streams = InboundStreams(config.limits.payload_bytes_max)
         self._server = PeerServer(config.node.listen, config.limits,
                                   lambda head: self._gate.open_header(head, _monotonic_ms()), self._on_frame,
-                                  self._on_reject, self._gate.refusal_tag, self._on_hello)
+                                  self._on_reject, self._gate.refusal_tag, self._on_hello,
+                                  on_reverse=self.paths.on_reverse, on_relay=self.paths.on_relay)
         self._loop_errors: Counter[str] = Counter()
         self._loop_error_logged_ms: dict[str, int] = {}
         self.metrics = NodeMetrics(self, round_kinds=[k.name for k in job_kinds().values() if k.rounds_metric])
@@ -153,6 +162,7 @@ class Node:
                 self._tg = tg
                 tg.create_task(self._tick_loop())
                 tg.create_task(self.loop_lag.run())
+                self.paths.start(tg)
                 if self.config.jobs.preload_ml:     # (its thread's coroutine made when the task runs:
                     tg.create_task(self._preload())   # a stop before then leaves none unawaited)
                 await stop.wait()
@@ -351,6 +361,9 @@ class Node:
             return "election"
         if isinstance(envelope.msg, wire.DiagProbe):
             return "diag"   # delivered through the whole gate: that is all a probe is for
+        if isinstance(envelope.msg, REACH_MESSAGES):
+            self.paths.receive(envelope.src, envelope.msg)
+            return "reach"
         if envelope.job:
             self.jobs.on_message(envelope.src, envelope.job, envelope.msg)
             return "job"
@@ -406,6 +419,7 @@ class Node:
             self._gate.sessions.drop_peer(key)   # its sessions end: a frame still in flight is refused
             self._streams.drop_peer(key)
             self._links.forget(key)
+            self.paths.forget(key)
         summary = changes.summary()
         self._config_loaded_ms = self.now_ms()
         self._last_reload = {"at_ms": self._config_loaded_ms, "changes": summary}
@@ -452,6 +466,7 @@ class Node:
                 "incarnation": view.incarnation,
                 "last_seen_s": None if view.last_seen_ms is None else round((now - view.last_seen_ms) / 1000, 3),
                 "rtt_ms": None if view.rtt_ms is None else round(view.rtt_ms, 3),
+                "path": self.paths.path(view.node),
                 "sent_bytes": {c: self._client.sent_bytes_by_peer[view.node, c] for c in ("reliable", "best_effort")},
                 "received_bytes": {k: n for (src, k), n in self.received_bytes.items() if src == view.node},
                 "frames_accepted": {k: n for (src, k), n in self.accepted.items() if src == view.node},
@@ -485,6 +500,7 @@ class Node:
             "loop_lag_ms": self.loop_lag.summary(),     # how long the loop made messages and status wait
             "state_dir": {"path": str(self.config.node.state_dir), **self.state.health()},
             "sent_bytes": dict(self._client.sent_bytes),   # reliable: jobs; best_effort: membership, election
+            **self.paths.status(),
             "config": self._config_status(),
         }
 

@@ -1,89 +1,120 @@
 """The peer port's client: a small keep-alive HTTP/1.1 client for one POST per frame (and one per
 session handshake), speaking to the server of fedpeer/net/server.py — or to whatever answers at a
-peer's address, so its answer is parsed as strictly as any stranger's.
+peer's address, so its answer is parsed as strictly as any stranger's (fedpeer/net/link.py).
 
-Connections are kept alive and pooled per peer address (at most OUTBOUND_PER_PEER_MAX in use per
-peer and OUTBOUND_CONNECTIONS_MAX in all; a send waits for one within its timeout; an idle one is
-closed after KEEPALIVE_S, or when the peer closed it). A frame is written with one `sendmsg` of the
-request head and the frame (no join, no copy into a transport's buffer; the rest of a large frame
-with `loop.sock_sendall`, which sends from the frame itself). A connection stays registered with the
-event loop for reading from its connect to its close (`_Link`), so an answer costs no epoll_ctl
-calls: it is read as it arrives into the buffer its request armed. A reliable send retries connection
-failures with exponential backoff and full jitter; a peer's answer (a 400 with its reason and its
-refusal tag) is not retried; best-effort sends (gossip) are tried once.
+A request to a peer takes the first of three paths that is there:
+1. a link the peer dialed to us and handed over (`adopt`: it cannot be dialed, fedpeer/net/reverse.py);
+2. a connection we dial, directly or through a proxy (fedpeer/net/dial.py), kept alive and pooled
+   per peer address (at most OUTBOUND_PER_PEER_MAX in use per peer and OUTBOUND_CONNECTIONS_MAX in
+   all; an idle one is closed after KEEPALIVE_S, or when the peer closed it);
+3. a member that forwards it (`relay`, set by fedpeer/net/links.py), when the dial failed — the
+   direct path is then not tried again for DIRECT_RETRY_S.
+`routes` says, per peer, which path its last request took (for status). A reliable send retries
+connection failures with exponential backoff and full jitter; a peer's answer (a 400 with its
+reason and its refusal tag) is not retried; best-effort sends (gossip) are tried once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import random
 import socket
 from collections import Counter
 from collections.abc import Awaitable, Callable
 
-from fedpeer.config.load import Limits, parse_address
+from fedpeer.config.load import Limits
+from fedpeer.net.dial import Route, dial, keep_alive
 from fedpeer.net.http1 import (
-    END_OF_HEAD,
     HELLO_PATH,
-    NO_CONTENT,
     OUTBOUND_CONNECTIONS_MAX,
     OUTBOUND_PER_PEER_MAX,
     PATH,
     REFUSAL_HEADER,
     SendError,
     SendRefused,
-    keep_alive,
-    parse_header_lines,
 )
+from fedpeer.net.link import Answer, Link
 from fedpeer.wire.session import WELCOME_BYTES
 
 KEEPALIVE_S = 30.0                  # an idle connection is closed after this long (the server waits 60 s)
 IDLE_SWEEP_S = KEEPALIVE_S / 2      # how often idle connections are looked for (one lives at most 1.5x KEEPALIVE_S)
-ANSWER_HEAD_BYTES_MAX = 8 * 1024    # status line + headers of an answer
-ANSWER_BODY_BYTES_MAX = 64 * 1024   # an answer's body we read (a reason, a welcome); larger ones are not read
-ANSWER_BYTES_MAX = ANSWER_HEAD_BYTES_MAX + ANSWER_BODY_BYTES_MAX   # an answer's read buffer at most
-ANSWER_BUFFER_BYTES_FIRST = 512     # an answer's first read buffer (our 204: 27 bytes), grown up to ANSWER_BYTES_MAX
 HEAD_PREFIXES_MAX = 4096            # request-head prefixes cached, one per (address, path); cleared beyond that
 REFUSAL_BODY_BYTES_READ = 400       # bytes of a refusal's body decoded for its reason ...
 REFUSAL_REASON_CHARS_MAX = 100      # ... and the characters of it kept
 REFUSAL_TAG_CHARS_MAX = 64          # characters of a refusal's X-Fedpeer-Refusal tag kept (ours are 32 hex digits)
-STATUS_LINE_CHARS_SHOWN = 40        # characters of a status line we do not read quoted in the error
+DIRECT_RETRY_S = 30.0               # a peer we could not dial goes through a relay this long before we dial again
 log = logging.getLogger("fedpeer.transport")
 
-_NO_BODY = (204, 304)
-_PEEK_NOW = int(socket.MSG_PEEK | socket.MSG_DONTWAIT)   # an int once: IntFlag's `|` costs a third of the recv
+Relay = Callable[[bytes, str, bytes | bytearray | memoryview], Awaitable[Answer]]
 
 
-class BadAnswer(ConnectionError):
-    """The peer's address answered with something that is not an HTTP/1.1 answer we understand."""
+class _Adopted:
+    """The links one peer dialed to us for us to send on: idle ones, and how many are open."""
 
+    def __init__(self) -> None:
+        self.idle: list[Link] = []
+        self.count = 0
+        self.reach = "unknown"            # what the peer said of itself when it offered them
+        self._changed = asyncio.Event()
 
-class _Answer:
-    __slots__ = ("status", "headers", "body", "keep")
+    async def take(self) -> Link | None:
+        """An idle link (waiting for one while all are busy); None once there are none."""
+        while True:
+            while self.idle:
+                link = self.idle.pop()
+                if link.still_open():
+                    return link
+                self.lost(link)
+            if self.count == 0:
+                return None
+            self._changed.clear()
+            await self._changed.wait()
 
-    def __init__(self, status: int, headers: dict[str, str], body: bytes, keep: bool) -> None:
-        self.status, self.headers, self.body, self.keep = status, headers, body, keep
+    def add(self, link: Link) -> None:
+        self.count += 1
+        self.give(link)
 
+    def give(self, link: Link) -> None:
+        self.idle.append(link)
+        self._changed.set()
 
-_DELIVERED = _Answer(204, {}, b"", True)
+    def lost(self, link: Link) -> None:
+        link.close()
+        self.count -= 1
+        self._changed.set()
+
+    def close(self) -> None:
+        for link in self.idle:
+            link.close()
+        self.idle.clear()
+        self.count = 0
+        self._changed.set()
 
 
 class PeerClient:
-    def __init__(self, limits: Limits, rng: random.Random | None = None) -> None:
+    def __init__(self, limits: Limits, rng: random.Random | None = None, route: Route | None = None) -> None:
         self._limits = limits
         self._rng = rng or random.Random()
+        self._route = route or Route()
         self._best_effort = asyncio.Semaphore(limits.outbound_inflight_max)
         self._in_use = asyncio.Semaphore(OUTBOUND_CONNECTIONS_MAX)
         self._per_peer: dict[str, asyncio.Semaphore] = {}
-        self._idle: dict[str, list[tuple[_Link, float]]] = {}   # address -> (connection, idle since), LIFO
+        self._idle: dict[str, list[tuple[Link, float]]] = {}   # address -> (connection, idle since), LIFO
         self._heads: dict[tuple[str, str], bytes] = {}                   # (address, path) -> request head prefix
         self._sweep: asyncio.TimerHandle | None = None
         self._running = False
+        self._adopted: dict[bytes, _Adopted] = {}          # peer -> links it dialed to us
+        self._direct_down: dict[bytes, float] = {}         # peer -> until when (loop time) we do not dial it
+        self.relay: Relay | None = None                     # set by fedpeer/net/links.py
+        self.routes: dict[bytes, str] = {}                  # peer -> "direct", "proxy", "inbound", "relay:<name>"
         self.dropped_best_effort = 0
         self.sent_bytes = {"reliable": 0, "best_effort": 0}   # frames accepted by peers (for status)
         self.sent_bytes_by_peer: Counter[tuple[bytes, str]] = Counter()   # (peer key, class) -> bytes
+
+    @property
+    def route(self) -> Route:
+        return self._route
 
     @property
     def retries(self) -> int:
@@ -103,13 +134,46 @@ class PeerClient:
             for link, _ in idle:
                 link.close()
         self._idle.clear()
+        for adopted in self._adopted.values():
+            adopted.close()
+        self._adopted.clear()
         if self._sweep is not None:
             self._sweep.cancel()
             self._sweep = None
 
+    # -- links peers dialed to us (fedpeer/net/reverse.py) --------------------------------------
+
+    def adopt(self, peer: bytes, sock: socket.socket, reach: str) -> None:
+        """`peer` dialed `sock` to us for us to send on (its session verified on the offer)."""
+        if not self._running:
+            sock.close()
+            return
+        keep_alive(sock, self._route.keepalive_ms)
+        adopted = self._adopted.setdefault(peer, _Adopted())
+        adopted.reach = reach
+        adopted.add(Link(asyncio.get_running_loop(), sock))
+
+    def adopted(self, peer: bytes) -> tuple[int, str] | None:
+        """(links open, what the peer said of its reach) for a peer that dialed links to us."""
+        adopted = self._adopted.get(peer)
+        if adopted is None:
+            return None
+        for link in [link for link in adopted.idle if not link.still_open()]:   # the peer closed it
+            adopted.idle.remove(link)
+            adopted.lost(link)
+        return None if adopted.count == 0 else (adopted.count, adopted.reach)
+
+    def forget(self, peer: bytes) -> None:
+        """`peer` left peers.toml: the links it dialed to us are closed."""
+        adopted = self._adopted.pop(peer, None)
+        if adopted is not None:
+            adopted.close()
+        self._direct_down.pop(peer, None)
+        self.routes.pop(peer, None)
+
     # -- connections ---------------------------------------------------------------------------
 
-    def _take_idle(self, address: str, now: float) -> _Link | None:
+    def _take_idle(self, address: str, now: float) -> Link | None:
         idle = self._idle.get(address)
         while idle:
             link, since = idle.pop()
@@ -118,7 +182,7 @@ class PeerClient:
             link.close()
         return None
 
-    def _release(self, address: str, link: _Link, now: float) -> None:
+    def _release(self, address: str, link: Link, now: float) -> None:
         if not self._running:
             link.close()
             return
@@ -144,37 +208,9 @@ class PeerClient:
         if self._idle:
             self._sweep = asyncio.get_running_loop().call_later(IDLE_SWEEP_S, self._sweep_idle)
 
-    async def _connect(self, address: str) -> _Link:
-        loop = asyncio.get_running_loop()
-        try:
-            where = parse_address(address)     # 'host:port' or '[v6]:port'
-        except ValueError as exc:
-            raise ConnectionError(str(exc)) from None    # an OSError: failed like an unreachable peer
-        host, port = where.host, where.port
-        try:
-            ip = ipaddress.ip_address(host)
-            targets = [(socket.AF_INET6 if ip.version == 6 else socket.AF_INET, (host, port))]
-        except ValueError:
-            try:
-                infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-            except socket.gaierror as exc:
-                raise ConnectionError(f"cannot resolve {host}: {exc}") from None
-            targets = [(family, sockaddr) for family, _, _, _, sockaddr in infos]
-        error: OSError = ConnectionError(f"no address for {address}")
-        for family, sockaddr in targets:
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            try:
-                sock.setblocking(False)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                await loop.sock_connect(sock, sockaddr)
-                return _Link(loop, sock)
-            except OSError as exc:
-                sock.close()
-                error = exc
-            except BaseException:
-                sock.close()
-                raise
-        raise error
+    async def _connect(self, address: str) -> tuple[Link, str]:
+        sock, how = await dial(address, self._route)
+        return Link(asyncio.get_running_loop(), sock), how
 
     def _head(self, address: str, path: str, length: int) -> bytes:
         prefix = self._heads.get((address, path))
@@ -187,43 +223,84 @@ class PeerClient:
 
     # -- one request ---------------------------------------------------------------------------
 
-    async def _post(self, address: str, frame: bytes | bytearray, timeout_ms: int | None, path: str = PATH) -> bytes:
-        """POST one frame (or hello); the answer's body for a hello (its welcome), else b""."""
+    async def exchange(self, address: str, body: bytes | bytearray | memoryview, path: str, peer: bytes = b"",
+                       timeout_ms: int | None = None, relay_ok: bool = True) -> Answer:
+        """POST `body` to `peer` at `address` by the first path that is there (the module's
+        docstring) and return its answer, whatever its status. OSError / TimeoutError when no
+        path delivered it."""
         loop = asyncio.get_running_loop()
-        limits = self._limits
-        per_peer = self._per_peer.get(address)
-        if per_peer is None:
-            per_peer = self._per_peer[address] = asyncio.Semaphore(OUTBOUND_PER_PEER_MAX)
-        async with asyncio.timeout((timeout_ms or limits.http_timeout_ms) / 1000), per_peer, self._in_use:
-            link = self._take_idle(address, loop.time())
-            if link is None:
-                async with asyncio.timeout(limits.http_connect_timeout_ms / 1000):
-                    link = await self._connect(address)
-            answer = None
+        async with asyncio.timeout((timeout_ms or self._limits.http_timeout_ms) / 1000):
+            adopted = self._adopted.get(peer) if peer else None
+            if adopted is not None and adopted.count:
+                link = await adopted.take()
+                if link is not None:
+                    return await self._over_adopted(adopted, link, peer, path, address, body)
+            if relay_ok and self.relay is not None and peer and self._direct_down.get(peer, 0.0) > loop.time():
+                try:
+                    return await self.relay(peer, path, body)
+                except OSError:     # no relay either: dial, as if we had never failed
+                    self._direct_down.pop(peer, None)
+            per_peer = self._per_peer.get(address)
+            if per_peer is None:
+                per_peer = self._per_peer[address] = asyncio.Semaphore(OUTBOUND_PER_PEER_MAX)
+            async with per_peer, self._in_use:
+                link, how = self._take_idle(address, loop.time()), "direct"
+                failed: OSError | TimeoutError | None = None
+                if link is None:
+                    try:
+                        async with asyncio.timeout(self._limits.http_connect_timeout_ms / 1000):
+                            link, how = await self._connect(address)
+                    except (OSError, TimeoutError) as exc:
+                        if not (relay_ok and self.relay is not None and peer):
+                            raise
+                        failed = exc
+                if link is not None:
+                    if peer:
+                        self._direct_down.pop(peer, None)
+                        self.routes[peer] = how
+                    return await self._over(link, address, path, body)
+            assert self.relay is not None and failed is not None
             try:
-                answer = await link.exchange(self._head(address, path, len(frame)), frame)
-            finally:
-                if answer is not None and answer.keep and not link.broken:
-                    self._release(address, link, loop.time())
-                else:
-                    link.close()
-        want = 200 if path == HELLO_PATH else 204
-        if answer.status != want:
-            reason = answer.body[:REFUSAL_BODY_BYTES_READ].decode("utf-8", "replace")[:REFUSAL_REASON_CHARS_MAX]
-            if answer.status == 400:
-                tag = answer.headers.get(REFUSAL_HEADER.lower(), "")[:REFUSAL_TAG_CHARS_MAX]
-                raise SendRefused(address, reason, tag)
-            raise SendError(f"{address} refused the frame: HTTP {answer.status} {reason}")
-        if want == 204:
-            return b""
-        if len(answer.body) != WELCOME_BYTES or answer.headers.get("content-length") != str(WELCOME_BYTES):
-            raise SendError(f"{address} answered the hello with {answer.headers.get('content-length')} bytes, "
-                            "not a welcome")
-        return answer.body
+                answer = await self.relay(peer, path, body)
+            except OSError:
+                raise failed from None     # the dial's own error says more than "no relay"
+            self._direct_down[peer] = loop.time() + DIRECT_RETRY_S   # a relay works: skip the dial a while
+            return answer
 
-    async def hello(self, address: str, hello: bytes, timeout_ms: int | None, retries: int) -> bytes:
+    async def _over(self, link: Link, address: str, path: str, body: bytes | bytearray | memoryview) -> Answer:
+        answer = None
+        try:
+            answer = await link.exchange(self._head(address, path, len(body)), body)
+            return answer
+        finally:
+            if answer is not None and answer.keep and not link.broken:
+                self._release(address, link, asyncio.get_running_loop().time())
+            else:
+                link.close()
+
+    async def _over_adopted(self, adopted: _Adopted, link: Link, peer: bytes, path: str, address: str,
+                            body: bytes | bytearray | memoryview) -> Answer:
+        answer = None
+        try:
+            answer = await link.exchange(self._head(address, path, len(body)), body)
+            self.routes[peer] = "inbound"
+            return answer
+        finally:
+            if answer is not None and answer.keep and not link.broken:
+                adopted.give(link)
+            else:
+                adopted.lost(link)
+
+    async def _post(self, address: str, frame: bytes | bytearray | memoryview, timeout_ms: int | None,
+                    path: str = PATH, peer: bytes = b"", relay_ok: bool = True) -> bytes:
+        """POST one frame (or hello); the answer's body for a hello (its welcome), else b""."""
+        return answer_body(address, await self.exchange(address, frame, path, peer, timeout_ms, relay_ok), path)
+
+    async def hello(self, address: str, hello: bytes, timeout_ms: int | None, retries: int, peer: bytes = b"",
+                    relay_ok: bool = True) -> bytes:
         """A session handshake: the peer's welcome. Retries connection failures like `send`."""
-        return await self._with_retries(address, retries, lambda: self._post(address, hello, timeout_ms, HELLO_PATH))
+        return await self._with_retries(address, retries,
+                                        lambda: self._post(address, hello, timeout_ms, HELLO_PATH, peer, relay_ok))
 
     async def _with_retries(self, address: str, retries: int, attempt_fn: Callable[[], Awaitable[bytes]]) -> bytes:
         limits = self._limits
@@ -239,7 +316,7 @@ class PeerClient:
             await asyncio.sleep(self._rng.uniform(0, cap) / 1000)   # "full jitter"
         raise AssertionError("unreachable")
 
-    async def send(self, address: str, frame: bytes | bytearray, peer: bytes = b"") -> None:
+    async def send(self, address: str, frame: bytes | bytearray | memoryview, peer: bytes = b"") -> None:
         """Reliable send: retries connection failures with backoff and jitter; raises SendError.
 
         A 400 (the peer rejected the frame) is not retried: the same bytes would be rejected again.
@@ -252,7 +329,7 @@ class PeerClient:
             nonlocal tries
             tries += 1
             try:
-                return await self._post(address, frame, None)
+                return await self._post(address, frame, None, PATH, peer)
             except SendRefused as exc:
                 if tries > 1 and exc.reason == "replay":
                     return b""
@@ -274,7 +351,7 @@ class PeerClient:
             return False
         async with self._best_effort:
             try:
-                await self._post(address, frame, timeout_ms)
+                await self._post(address, frame, timeout_ms, PATH, peer)
                 self.sent_bytes["best_effort"] += len(frame)
                 self.sent_bytes_by_peer[peer, "best_effort"] += len(frame)
                 if on_refused is not None:
@@ -290,198 +367,19 @@ class PeerClient:
                 return False
 
 
-class _Link:
-    """A kept-alive connection to a peer. It is registered with the event loop for reading once,
-    from its connect to its close: `loop.sock_recv_into` would first try a recv (the answer is not
-    there yet), then register and unregister the socket for every answer (two epoll_ctl calls and
-    a handle each). A request arms a buffer and a future, and the answer is read into that buffer
-    as it arrives (the same reads, growth and cap as before). Bytes or an end that arrive when no
-    answer is awaited mean the connection is of no further use: it is marked `broken` and
-    unregistered (so an unread end does not wake the loop again), and closed by its owner."""
-
-    __slots__ = ("sock", "broken", "_loop", "_fd", "_waiter", "_buf", "_got")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
-        self.sock = sock
-        self.broken = False                  # the peer ended it, or sent what no request asked for
-        self._loop = loop
-        self._fd = sock.fileno()
-        self._waiter: asyncio.Future[_Answer] | None = None   # set while a request awaits its answer
-        self._buf = bytearray()
-        self._got = 0
-        loop.add_reader(self._fd, self._readable)
-
-    def close(self) -> None:
-        self._stop_reading()     # before the close: the descriptor's number may be reused at once
-        self.sock.close()
-
-    def still_open(self) -> bool:
-        """An idle connection the peer has not closed (nor sent anything on): asked of the socket,
-        not only of what the loop has seen (the peer may have closed it since the loop last looked)."""
-        if self.broken:
-            return False
-        try:
-            self.sock.recv(1, _PEEK_NOW)   # b"": closed; a byte: not an answer of ours
-            return False
-        except BlockingIOError:
-            return True
-        except OSError:
-            return False
-
-    def _stop_reading(self) -> None:
-        if self._fd >= 0:
-            self._loop.remove_reader(self._fd)
-            self._fd = -1
-
-    def _break(self) -> None:
-        self.broken = True
-        self._stop_reading()
-
-    async def exchange(self, head: bytes, frame: bytes | bytearray) -> _Answer:
-        """Write one request (head, then the frame from its own memory) and read its answer."""
-        waiter = self._waiter = self._loop.create_future()
-        self._buf, self._got = bytearray(ANSWER_BUFFER_BYTES_FIRST), 0
-        try:
-            try:
-                await self._send(head, frame)
-            except OSError:
-                # the peer may have answered before reading the whole frame (a refusal from its
-                # header, or oversize) and closed: that answer, if it is here already, says why
-                answer = self._answer_already_here(waiter)
-                if answer is None:
-                    raise
-                return answer
-            return await waiter
-        finally:
-            self._waiter = None
-            if not waiter.done():
-                waiter.cancel()
-            elif not waiter.cancelled():
-                waiter.exception()       # retrieved (an answer that failed while the frame was still sent)
-            self._buf = bytearray()
-
-    async def _send(self, head: bytes, frame: bytes | bytearray) -> None:
-        sock = self.sock
-        try:
-            sent = sock.sendmsg((head, frame), (), socket.MSG_NOSIGNAL)
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        if sent < len(head):
-            await self._loop.sock_sendall(sock, memoryview(head)[sent:])
-            sent = len(head)
-        if sent < len(head) + len(frame):
-            with memoryview(frame) as view:
-                await self._loop.sock_sendall(sock, view[sent - len(head):])
-
-    def _readable(self) -> None:
-        """The loop saw bytes (or the end) on the socket: read them into the armed answer."""
-        waiter = self._waiter
-        if waiter is None or waiter.done():    # no answer awaited: the peer closed, or sent what is no answer
-            self._break()
-            return
-        buf, got = self._buf, self._got
-        if got == len(buf):
-            if len(buf) >= ANSWER_BYTES_MAX:
-                self._fail(waiter, BadAnswer("answer too large"))
-                return
-            bigger = bytearray(min(2 * len(buf), ANSWER_BYTES_MAX))    # (not extend: a view of buf may still be alive)
-            bigger[:got] = buf
-            buf = self._buf = bigger
-        try:
-            n = self.sock.recv_into(memoryview(buf)[got:])
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:
-            self._fail(waiter, exc)
-            return
-        got = self._got = got + n
-        try:
-            if n and got == len(NO_CONTENT) and buf.startswith(NO_CONTENT):
-                answer: _Answer | None = _DELIVERED
-            else:
-                answer = _parse_answer(buf, got, eof=n == 0)
-        except BadAnswer as exc:
-            self._fail(waiter, exc)
-            return
-        if n == 0:
-            self._break()                       # the end stays readable: stop listening for it
-        if answer is not None:
-            waiter.set_result(answer)
-        elif n == 0:
-            waiter.set_exception(ConnectionError("the peer closed the connection before its answer was complete"))
-
-    def _fail(self, waiter: asyncio.Future[_Answer], exc: BaseException) -> None:
-        self._break()
-        waiter.set_exception(exc)
-
-    def _answer_already_here(self, waiter: asyncio.Future[_Answer]) -> _Answer | None:
-        """After a failed write: the answer the peer sent before it closed, if it is here (read
-        by the loop already, or now), never kept."""
-        if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-            answer: _Answer | None = waiter.result()
-        else:
-            buf = bytearray(ANSWER_BYTES_MAX)
-            got = self._got
-            buf[:got] = self._buf[:got]
-            try:
-                while got < len(buf):
-                    n = self.sock.recv_into(memoryview(buf)[got:], 0, socket.MSG_DONTWAIT)
-                    if n == 0:
-                        break
-                    got += n
-            except OSError:
-                pass
-            try:
-                answer = _parse_answer(buf, got, eof=True)
-            except BadAnswer:
-                return None
-        if answer is None:
-            return None
-        return _Answer(answer.status, answer.headers, answer.body, False)
-
-
-def _parse_answer(buf: bytearray, got: int, eof: bool) -> _Answer | None:
-    """The answer in buf[:got], None while incomplete; BadAnswer when it is not one we read."""
-    end = buf.find(END_OF_HEAD, 0, min(got, ANSWER_HEAD_BYTES_MAX))
-    if end < 0:
-        if got >= ANSWER_HEAD_BYTES_MAX:
-            raise BadAnswer("answer head too large")
-        if eof and got:
-            raise BadAnswer("answer cut short")
-        return None
-    try:
-        status_line, *lines = bytes(buf[:end]).decode("latin-1").split("\r\n")
-        version, status_text, *_ = status_line.split(" ", 2)
-        status = int(status_text)
-    except ValueError:
-        raise BadAnswer("not an HTTP answer") from None
-    if not version.startswith("HTTP/1.") or not 200 <= status <= 599:
-        raise BadAnswer(f"not an HTTP/1.x answer: {status_line[:STATUS_LINE_CHARS_SHOWN]!r}")
-    try:
-        headers = parse_header_lines(lines, unique=("content-length", "transfer-encoding"))   # as the server
-    except ValueError:
-        raise BadAnswer("malformed answer header") from None
-    keep = keep_alive(version, headers)
-    body_at = end + len(END_OF_HEAD)
-    have = got - body_at
-    if status in _NO_BODY:
-        if have:
-            raise BadAnswer("bytes after a bodiless answer")
-        return _Answer(status, headers, b"", keep)
-    length_text = headers.get("content-length")
-    if length_text is None or "transfer-encoding" in headers:   # read to the end (or not at all): not kept
-        if not eof and got < ANSWER_BYTES_MAX:
-            return None
-        return _Answer(status, headers, bytes(buf[body_at:got])[:ANSWER_BODY_BYTES_MAX], False)
-    if not length_text.isdigit():
-        raise BadAnswer("bad content-length")
-    length = int(length_text)
-    if length > ANSWER_BODY_BYTES_MAX:   # not ours to read: the status says enough
-        return _Answer(status, headers, bytes(buf[body_at:got]), False)
-    if have < length:
-        if eof:
-            raise BadAnswer("answer body cut short")
-        return None
-    if have > length:
-        raise BadAnswer("bytes after the answer")
-    return _Answer(status, headers, bytes(buf[body_at:got]), keep)
+def answer_body(address: str, answer: Answer, path: str) -> bytes:
+    """What a peer's answer to a POST at `path` means: the welcome of a hello, b"" for a delivered
+    frame; SendRefused (a 400: its reason and refusal tag) or SendError otherwise."""
+    want = 200 if path == HELLO_PATH else 204
+    if answer.status != want:
+        reason = answer.body[:REFUSAL_BODY_BYTES_READ].decode("utf-8", "replace")[:REFUSAL_REASON_CHARS_MAX]
+        if answer.status == 400:
+            tag = answer.headers.get(REFUSAL_HEADER.lower(), "")[:REFUSAL_TAG_CHARS_MAX]
+            raise SendRefused(address, reason, tag)
+        raise SendError(f"{address} refused the frame: HTTP {answer.status} {reason}")
+    if want == 204:
+        return b""
+    if len(answer.body) != WELCOME_BYTES or answer.headers.get("content-length") != str(WELCOME_BYTES):
+        raise SendError(f"{address} answered the hello with {answer.headers.get('content-length')} bytes, "
+                        "not a welcome")
+    return answer.body

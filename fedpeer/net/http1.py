@@ -11,6 +11,9 @@ from fedpeer.base.logs import fields
 
 PATH = "/fedpeer/v1/frame"
 HELLO_PATH = "/fedpeer/v1/hello"      # a session's handshake: a hello in, a welcome out (fedpeer/wire/session.py)
+REVERSE_PATH = "/fedpeer/v1/reverse"  # an offer: the connection turns round for us to send on (fedpeer/net/reverse.py)
+RELAY_PATH = "/fedpeer/v1/relay"      # a frame or hello for a third member, forwarded (fedpeer/net/relay.py)
+REVERSE_ACCEPTED = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"   # then the dialer serves, we request
 REFUSAL_HEADER = "X-Fedpeer-Refusal"
 HTTP_HEAD_BYTES_MAX = 8 * 1024          # request line + headers; our client sends ~90 bytes
 FDS_RESERVED = 320                      # descriptors kept for outbound connections, state files, and the

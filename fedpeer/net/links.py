@@ -6,6 +6,11 @@ waiting for it), seals the frame (in a worker thread when it is large) and gives
 transport's client. When the peer answers that it does not know the session — it restarted, or
 forgot a session that went quiet — the session is dropped and a reliable send opens a new one and
 tries once more. Time comes from the `now_ms` the node passes in (monotonic milliseconds).
+
+When the client cannot dial a peer it asks `relay` (fedpeer/net/relay.py): the frame, sealed for
+that peer as always, goes sealed once more to a member that reaches it (`relays` names them, best
+first), and that member's answer is the peer's. Sessions to relays, and the offers of links that an
+outbound-only site dials (fedpeer/net/reverse.py), are never relayed themselves.
 """
 
 from __future__ import annotations
@@ -17,8 +22,11 @@ from collections import Counter
 from collections.abc import Callable
 
 from fedpeer.identity import Identity
-from fedpeer.net import streams
+from fedpeer.net import relay, streams
+from fedpeer.net.http1 import RELAY_PATH
+from fedpeer.net.link import Answer, BadAnswer
 from fedpeer.net.pool import FramePool
+from fedpeer.net.reverse import ReverseOffer
 from fedpeer.net.streams import StreamChunk, StreamOpen
 from fedpeer.net.transport import PeerClient, SendError, SendRefused
 from fedpeer.wire import frame as wire
@@ -30,7 +38,8 @@ STREAM_BUSY_WAIT_MS = 200               # a peer whose stream budget is full is 
 
 
 class Links:
-    def __init__(self, identity: Identity, client: PeerClient, gate: wire.Gate, now_ms: Callable[[], int]) -> None:
+    def __init__(self, identity: Identity, client: PeerClient, gate: wire.Gate, now_ms: Callable[[], int],
+                 relays: Callable[[bytes], list[tuple[bytes, str]]] | None = None) -> None:
         self._identity = identity
         self._client = client
         self._gate = gate
@@ -42,8 +51,11 @@ class Links:
         self.handshakes = 0          # sessions this node opened (for status)
         self.handshakes_failed = 0   # hellos that got no welcome (peer down, refused, timed out)
         self.handshake_errors: Counter[str] = Counter()
+        self._relays = relays      # dst -> members that may relay to it, best first, with their addresses
+        if relays is not None:
+            client.relay = self._relay
 
-    async def session(self, peer: bytes, address: str) -> OutSession:
+    async def session(self, peer: bytes, address: str, relay_ok: bool = True) -> OutSession:
         """The session to send to `peer` under; opens one if there is none (or it is worn out).
         Raises SendError (peer unreachable) or SendRefused (its refusal: unknown_sender, header, ...).
 
@@ -55,15 +67,16 @@ class Links:
             return session
         task = self._opening.get(peer)
         if task is None or task.done():
-            task = self._opening[peer] = asyncio.get_running_loop().create_task(self._open(peer, address))
+            task = self._opening[peer] = asyncio.get_running_loop().create_task(self._open(peer, address, relay_ok))
             task.add_done_callback(functools.partial(self._opened, peer))
         return await asyncio.shield(task)
 
-    async def _open(self, peer: bytes, address: str) -> OutSession:
+    async def _open(self, peer: bytes, address: str, relay_ok: bool) -> OutSession:
         for attempt in range(2):
             pending = self._gate.handshakes.hello(peer)
             try:
-                welcome = await self._client.hello(address, pending.hello, HANDSHAKE_TIMEOUT_MS, self._client.retries)
+                welcome = await self._client.hello(address, pending.hello, HANDSHAKE_TIMEOUT_MS, self._client.retries,
+                                                   peer, relay_ok)
                 break
             except Exception as exc:
                 self.handshakes_failed += 1
@@ -79,6 +92,36 @@ class Links:
         self._sessions.opened(session, back, self._now_ms())
         self.handshakes += 1
         return session
+
+    async def offer(self, peer: bytes, address: str, reach: str) -> bytes:
+        """A sealed ReverseOffer to `peer` (fedpeer/net/reverse.py), under a session opened directly."""
+        session = await self.session(peer, address, relay_ok=False)
+        return bytes(self._sealer.seal(session, ReverseOffer(reach)))
+
+    async def _relay(self, dst: bytes, path: str, body: bytes | bytearray | memoryview) -> Answer:
+        """`body` (a frame or hello sealed for `dst`) through the first member that relays it; its
+        answer is dst's. ConnectionError when none did (the client's retries take it from there)."""
+        assert self._relays is not None
+        errors = []
+        for key, address in self._relays(dst)[:relay.RELAY_TRIES_MAX]:
+            try:
+                session = await self.session(key, address, relay_ok=False)
+                msg = relay.request(dst, path, body)
+                frame = (await asyncio.to_thread(self._sealer.seal, session, msg) if len(body) > OFF_LOOP_BYTES_MIN
+                         else self._sealer.seal(session, msg))
+                answer = await self._client.exchange(address, frame, RELAY_PATH, key, relay_ok=False)
+                if answer.status == 200:
+                    inner = relay.unwrap(answer.body)
+                    self._client.routes[dst] = "relay:" + key.hex()
+                    return inner
+            except (OSError, TimeoutError, SendError, BadAnswer) as exc:
+                errors.append(type(exc).__name__)
+                continue
+            if answer.status == 400 and answer.body.startswith(b"unknown_session"):
+                self._sessions.forget_outbound(key, session.sid)
+            errors.append(f"HTTP {answer.status}")
+        raise ConnectionError("cannot dial it, and no member relayed to it "
+                              f"({', '.join(errors) if errors else 'no member reaches it'})")
 
     def _opened(self, peer: bytes, task: asyncio.Task) -> None:
         if self._opening.get(peer) is task:

@@ -26,6 +26,7 @@ import resource
 import socket
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from fedpeer.base.logs import fields
 from fedpeer.config.load import Address, Limits
@@ -39,6 +40,9 @@ from fedpeer.net.http1 import (
     NO_CONTENT,
     PATH,
     REFUSAL_HEADER,
+    RELAY_PATH,
+    REVERSE_ACCEPTED,
+    REVERSE_PATH,
     keep_alive,
     parse_header_lines,
 )
@@ -58,7 +62,14 @@ log = logging.getLogger("fedpeer.transport")
 
 _STATUS_TEXT = {200: "OK", 204: "No Content", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout",
                 405: "Method Not Allowed", 411: "Length Required", 413: "Payload Too Large",
-                429: "Too Many Requests", 431: "Request Header Fields Too Large"}
+                429: "Too Many Requests", 431: "Request Header Fields Too Large", 502: "Bad Gateway",
+                503: "Service Unavailable"}
+_PATHS = (PATH, HELLO_PATH, REVERSE_PATH, RELAY_PATH)
+
+# What a handler of a verified frame may return: None (delivered: 204); for a relayed request an
+# awaitable of (status, body) awaited once the read slots are free; for a reverse offer a callable
+# that takes the connection's socket once it has turned round.
+FrameHandler = Callable[[bytes | memoryview, FrameHeader, str], Awaitable[Any]]
 
 
 class _Reply(Exception):
@@ -73,8 +84,11 @@ class _Conn(asyncio.BufferedProtocol):
     """One peer-port connection: what it has received (a head buffer, or the body being read
     into its frame), and the waits of the task serving it."""
 
-    def __init__(self, server: PeerServer) -> None:
+    def __init__(self, server: PeerServer, dialed_to: bytes | None = None) -> None:
         self._server = server
+        self.dialed_to = dialed_to                  # a link we dialed to this peer for it to send on (no idle end)
+        self.detached = False                       # its socket was handed to the client (a reverse offer)
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.transport: asyncio.Transport | None = None
         self.ip = "?"
         self.sender: bytes | None = None            # set once a frame header from this connection verified
@@ -131,6 +145,8 @@ class _Conn(asyncio.BufferedProtocol):
         return True       # the task closes the connection once it has answered
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if not self.lost.done():
+            self.lost.set_result(None)
         self._ended = True
         self._wake()
         if self._drained is not None and not self._drained.done():
@@ -187,7 +203,7 @@ class _Conn(asyncio.BufferedProtocol):
             if timer is not None:
                 timer.cancel()
 
-    async def readable(self, deadline: float) -> bool:
+    async def readable(self, deadline: float | None) -> bool:
         """Whether a next request starts before `deadline` (False: the peer closed)."""
         while self._start == self._end:
             if self._ended:
@@ -244,6 +260,16 @@ class _Conn(asyncio.BufferedProtocol):
                 await self._drained
 
 
+    def detach(self) -> socket.socket:
+        """This connection's socket, for the client to send on (its reads stop here: the server's
+        transport lets go of its descriptor, the socket lives on in a duplicate)."""
+        assert self.transport is not None
+        self.detached = True
+        sock = self.transport.get_extra_info("socket").dup()
+        self.transport.abort()
+        sock.setblocking(False)
+        return sock
+
     def close(self) -> None:
         """End the connection once its answers are sent. What the peer sent and we did not read
         (the rest of a refused body) is read and dropped first, up to DISCARD_BYTES_MAX, so that
@@ -261,6 +287,10 @@ class _Conn(asyncio.BufferedProtocol):
         transport.close()
 
 
+async def _not_here(frame: bytes | memoryview, header: FrameHeader, peer_ip: str) -> None:
+    raise RemoteProtocolError("unexpected_kind", "this node does not serve that path")
+
+
 def _expire(waiter: asyncio.Future) -> None:
     if not waiter.done():
         waiter.set_exception(TimeoutError())
@@ -272,13 +302,16 @@ class PeerServer:
                  on_frame: Callable[[bytes | memoryview, FrameHeader, str], Awaitable[None]],
                  on_reject: Callable[[RemoteProtocolError, str], None],
                  refusal_tag: Callable[[FrameHeader, str], str],
-                 on_hello: Callable[[bytes, str], bytes]) -> None:
+                 on_hello: Callable[[bytes, str], bytes],
+                 on_reverse: FrameHandler | None = None, on_relay: FrameHandler | None = None) -> None:
         """admit(first HEADER_BYTES) authenticates a frame header or raises RemoteProtocolError;
         on_frame(frame, header, peer_ip) raises RemoteProtocolError to refuse a whole frame, and
         keeps no reference to `frame` once it returned (its memory carries the next frame);
         on_reject(error, peer_ip) counts and logs every refusal; refusal_tag(header, reason)
         proves a refusal to an authenticated sender; on_hello(hello, peer_ip) answers a session
-        handshake with its welcome or raises RemoteProtocolError."""
+        handshake with its welcome or raises RemoteProtocolError. on_reverse and on_relay take a
+        verified frame at REVERSE_PATH and RELAY_PATH (FrameHandler); without them those paths
+        are refused as on_frame refuses a frame that is not for it."""
         self._listen = listen
         self._limits = limits
         self._admit = admit
@@ -286,6 +319,8 @@ class PeerServer:
         self._on_reject = on_reject
         self._refusal_tag = refusal_tag
         self._on_hello = on_hello
+        self._handlers: dict[str, FrameHandler] = {PATH: on_frame, REVERSE_PATH: on_reverse or _not_here,
+                                                   RELAY_PATH: on_relay or _not_here}
         self._reading = asyncio.Semaphore(limits.inbound_concurrent_max)
         self._per_peer: dict[bytes, asyncio.Semaphore] = {}
         self._bytes = ByteBudget(max(limits.inbound_bytes_max, limits.message_bytes_max))
@@ -325,7 +360,23 @@ class PeerServer:
         self._server = None
 
     def connections(self) -> dict[str, int]:
-        return {"open": len(self._books.conns), "unverified": len(self._books.unverified)}
+        return {"open": len(self._books.conns), "unverified": len(self._books.unverified),
+                "dialed_for_peers": sum(1 for c in self._books.conns if c.dialed_to)}   # type: ignore[attr-defined]
+
+    async def serve_dialed(self, sock: socket.socket, peer: bytes) -> _Conn:
+        """Serve requests from `peer` on a connection we dialed to it (fedpeer/net/reverse.py): it
+        has turned round, the peer sends and we answer, with the same reads and checks as on any
+        accepted connection. Returns the connection (`.lost` is done when it ends)."""
+        conn: _Conn | None = None
+
+        def made() -> _Conn:
+            nonlocal conn
+            conn = _Conn(self, dialed_to=peer)
+            return conn
+
+        await asyncio.get_running_loop().connect_accepted_socket(made, sock)
+        assert conn is not None
+        return conn
 
     # -- admission -----------------------------------------------------------------------------
 
@@ -353,10 +404,12 @@ class PeerServer:
             victim.transport.abort()   # type: ignore[union-attr]
 
     def _accepted(self, conn: _Conn) -> None:
-        if self._stopping or not self._make_room(conn):
+        if self._stopping or (conn.dialed_to is None and not self._make_room(conn)):
             conn.transport.abort()   # type: ignore[union-attr]
             return
         self._books.add(conn)
+        if conn.dialed_to is not None:    # the peer it was dialed to, and verified when it took the offer
+            self._books.verify(conn, conn.dialed_to)
         conn.task = asyncio.get_running_loop().create_task(self._serve(conn))
 
     async def _serve(self, conn: _Conn) -> None:
@@ -369,7 +422,8 @@ class PeerServer:
             log.exception("peer_connection_failed", extra=fields(from_ip=conn.ip))
         finally:
             self._books.remove(conn)
-            conn.close()
+            if not conn.detached:
+                conn.close()
 
     # -- one request ---------------------------------------------------------------------------
 
@@ -377,7 +431,8 @@ class PeerServer:
         """Serve one request; False when the connection is to be closed."""
         loop = asyncio.get_running_loop()
         idle_ms = self._limits.idle_timeout_ms if conn.sender else self._limits.header_timeout_ms
-        if not await conn.readable(loop.time() + idle_ms / 1000):
+        # a link we dialed for the peer to send on stays open while idle: TCP keep-alive watches it
+        if not await conn.readable(None if conn.dialed_to else loop.time() + idle_ms / 1000):
             return False
         try:
             return await self._handle(conn)
@@ -410,11 +465,18 @@ class PeerServer:
             return False
         self._books.verify(conn, header.sender)
         try:
-            await self._read_body(conn, header, head)
+            result = await self._read_body(conn, header, head, self._handlers[target])
         except RemoteProtocolError as exc:
             self._on_reject(exc, conn.ip)
             tag = self._refusal_tag(header, exc.reason)
             await self._respond(conn, 400, exc.reason, keep, tag)
+            return keep
+        if target == REVERSE_PATH:
+            self._turn_round(conn, result)
+            return False
+        if target == RELAY_PATH:
+            status, body = await result
+            await self._respond(conn, status, "" if status == 200 else body.decode(), keep, "", body)
             return keep
         if keep:
             await conn.write(NO_CONTENT, limits.header_timeout_ms / 1000)
@@ -441,7 +503,20 @@ class PeerServer:
         await self._respond(conn, 200, "", keep, "", welcome)
         return keep
 
-    async def _read_body(self, conn: _Conn, header: FrameHeader, head: bytes) -> None:
+    def _turn_round(self, conn: _Conn, take: Callable[[socket.socket], None]) -> None:
+        """A verified reverse offer: answer it, and hand the socket to `take` (the client), which
+        sends on it from now on; the dialer serves it (`serve_dialed`)."""
+        sock = conn.detach()
+        try:
+            sent = sock.send(REVERSE_ACCEPTED)   # a fresh, idle socket: its send buffer takes 38 bytes
+        except OSError:
+            sent = 0
+        if sent != len(REVERSE_ACCEPTED):
+            sock.close()
+            return
+        take(sock)
+
+    async def _read_body(self, conn: _Conn, header: FrameHeader, head: bytes, handler: FrameHandler) -> Any:
         """Take read slots (this peer's, then the node's; for a large frame also bytes of the byte
         budgets), read the rest within the deadline into the frame's buffer, and hand the frame
         over while the slots are held (its decoding is what they bound). Raises
@@ -456,35 +531,35 @@ class PeerServer:
         try:
             async with asyncio.timeout_at(deadline), per_peer, self._reading:
                 if header.length < LARGE_FRAME_BYTES_MIN:   # no byte budget: the common small frame
-                    await self._deliver(conn, header, head, deadline)
-                    return
+                    return await self._deliver(conn, header, head, deadline, handler)
                 peer_bytes = self._peer_bytes.get(header.sender)
                 if peer_bytes is None:
                     peer_bytes = self._peer_bytes[header.sender] = ByteBudget(
                         max(self._bytes.total // PEER_BYTES_SHARE_DIVISOR, limits.message_bytes_max))
                 async with peer_bytes.hold(header.length), self._bytes.hold(header.length):
-                    await self._deliver(conn, header, head, deadline)
+                    return await self._deliver(conn, header, head, deadline, handler)
         except TimeoutError:
             raise _Reply(408, "body_timeout") from None
 
-    async def _deliver(self, conn: _Conn, header: FrameHeader, head: bytes, deadline: float) -> None:
-        """Read the frame's body after its verified header and hand the frame to on_frame."""
+    async def _deliver(self, conn: _Conn, header: FrameHeader, head: bytes, deadline: float,
+                       handler: FrameHandler) -> Any:
+        """Read the frame's body after its verified header and hand the frame to `handler`."""
         rest = header.length - HEADER_BYTES
         if rest <= conn._end - conn._start:   # a small frame arrives with its header: one copy
-            await self._on_frame(head + await conn.read_exactly(rest, None), header, conn.ip)
-            return
+            return await handler(head + await conn.read_exactly(rest, None), header, conn.ip)
         buf = self._pool.take(header.length)     # warm memory (fedpeer/net/pool.py)
         frame = memoryview(bytearray(header.length) if buf is None else buf)[:header.length]
         frame[:HEADER_BYTES] = head
         await conn.read_into(frame[HEADER_BYTES:], deadline)
         try:
-            await self._on_frame(frame, header, conn.ip)
+            result = await handler(frame, header, conn.ip)
         except RemoteProtocolError:
             del frame
             self._pool.give(buf)
             raise
         del frame
-        self._pool.give(buf)    # on_frame is done with it (not when cancelled: a thread may still read it)
+        self._pool.give(buf)    # the handler is done with it (not when cancelled: a thread may still read it)
+        return result
 
     async def _respond(self, conn: _Conn, status: int, reason: str, keep: bool, tag: str, body: bytes = b"") -> None:
         body = body or (reason.encode() if status != 204 else b"")
@@ -507,7 +582,7 @@ def _parse_head(head: bytes, bytes_max: int) -> tuple[str, int, bool]:
         method, target, version = request_line.split(" ")
     except ValueError:
         raise _Reply(400, "bad_request") from None
-    if target not in (PATH, HELLO_PATH):
+    if target not in _PATHS:
         raise _Reply(404, "not_found")
     if method != "POST":
         raise _Reply(405, "method_not_allowed")

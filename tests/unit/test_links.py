@@ -55,7 +55,8 @@ class FakeClient:
         self.retries = 0
         self.sent: list[bytes] = []
 
-    async def hello(self, address: str, hello: bytes, timeout_ms: int | None, retries: int) -> bytes:
+    async def hello(self, address: str, hello: bytes, timeout_ms: int | None, retries: int, peer: bytes = b"",
+                    relay_ok: bool = True) -> bytes:
         self.hellos += 1
         await asyncio.sleep(0)
         return self.bob.gate.hello(hello, 0)

@@ -13,7 +13,7 @@ import pytest
 from fedpeer.config.load import Address, Limits
 from fedpeer.errors import RemoteProtocolError
 from fedpeer.identity import Identity
-from fedpeer.net import client as client_module
+from fedpeer.net import link as link_module
 from fedpeer.net.transport import HELLO_PATH, PATH, PeerClient, PeerServer, SendError, SendRefused
 from fedpeer.wire import frame as wire
 from fedpeer.wire.session import Sessions
@@ -369,19 +369,19 @@ async def test_a_hello_alone_leaves_its_connection_with_the_strangers(site: Site
         length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
                           if line.lower().startswith(b"content-length:")))
         welcome = await reader.readexactly(length)
-        assert site.server.connections() == {"open": 1, "unverified": 1}
+        assert site.server.connections() == {"open": 1, "unverified": 1, "dialed_for_peers": 0}
         out, _ = site.forger.handshakes.finish(pending, welcome, NOW_MS)
         frame = wire.Sealer(site.alice).seal(out, wire.DiagProbe(b"now known"))
         writer.write(f"POST {PATH} HTTP/1.1\r\nContent-Length: {len(frame)}\r\n\r\n".encode() + frame)
         assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 204 ")
-        assert site.server.connections() == {"open": 1, "unverified": 0}
+        assert site.server.connections() == {"open": 1, "unverified": 0, "dialed_for_peers": 0}
         assert site.received == [wire.DiagProbe(b"now known")]
     finally:
         writer.close()
 
 
 def test_answers_are_parsed_strictly() -> None:
-    parse = client_module._parse_answer
+    parse = link_module.parse_answer
 
     def answer(data: bytes, eof: bool = False):   # noqa: ANN202
         return parse(bytearray(data), len(data), eof)
@@ -395,9 +395,9 @@ def test_answers_are_parsed_strictly() -> None:
     for bad in (b"SSH-2.0-OpenSSH\r\n\r\n", b"HTTP/1.1 abc OK\r\n\r\n", b"HTTP/1.1 204\r\nno colon\r\n\r\n",
                 b"HTTP/1.1 400 X\r\nContent-Length: -1\r\n\r\n",
                 b"HTTP/1.1 400 X\r\nContent-Length: 0\r\nContent-Length: 3\r\n\r\nabc"):   # which one?
-        with pytest.raises(client_module.BadAnswer):
+        with pytest.raises(link_module.BadAnswer):
             answer(bad)
-    with pytest.raises(client_module.BadAnswer):
+    with pytest.raises(link_module.BadAnswer):
         answer(b"HTTP/1.1 400 X\r\nContent-Length: 9\r\n\r\nabc", eof=True)
 
 
@@ -420,12 +420,12 @@ class _RecordedReads:
 
 async def test_an_answers_buffer_grows_to_its_cap_and_not_past_it() -> None:
     loop = asyncio.get_running_loop()
-    cap = client_module.ANSWER_HEAD_BYTES_MAX + client_module.ANSWER_BODY_BYTES_MAX
+    cap = link_module.ANSWER_HEAD_BYTES_MAX + link_module.ANSWER_BODY_BYTES_MAX
     ours, theirs = socket.socketpair()
     ours.setblocking(False)
     theirs.setblocking(False)
     recorded = _RecordedReads(ours)
-    link = client_module._Link(loop, recorded)   # type: ignore[arg-type]
+    link = link_module.Link(loop, recorded)   # type: ignore[arg-type]
     sender = loop.create_task(loop.sock_sendall(
         theirs, b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n" + bytes(2 * cap)))   # no length
     try:
@@ -434,7 +434,7 @@ async def test_an_answers_buffer_grows_to_its_cap_and_not_past_it() -> None:
         sender.cancel()
         link.close()
         theirs.close()
-    assert answer.status == 400 and len(answer.body) == client_module.ANSWER_BODY_BYTES_MAX and not answer.keep
+    assert answer.status == 400 and len(answer.body) == link_module.ANSWER_BODY_BYTES_MAX and not answer.keep
     assert max(recorded.sizes) == cap
 
 
