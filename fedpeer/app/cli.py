@@ -32,17 +32,13 @@ CONFIG_EPILOG = ("Every command that reads a site's peers.toml takes --config FI
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from fedpeer.base.build import describe
 
-    try:
-        return version("fedpeer")
-    except PackageNotFoundError:   # run from a source tree that was never installed
-        return "unknown (not installed)"
+    return describe()   # this tree's version and commit (the installed metadata may be another build's)
 
 
 class _VersionAction(argparse.Action):
-    """argparse's "version" action, reading the version only when asked (importlib.metadata takes
-    ~50 ms to import: every other command would pay it)."""
+    """argparse's "version" action, looking the commit up only when asked (it reads git's files)."""
 
     def __init__(self, option_strings: list[str], dest: str, help: str | None = None) -> None:
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
@@ -71,7 +67,7 @@ _KIND_COMMANDS = ("run", "harness")
 def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedpeer", description="Peer-to-peer federated learning daemon.",
                                 epilog=CONFIG_EPILOG)
-    p.add_argument("--version", action=_VersionAction, help="print the installed fedpeer version and exit")
+    p.add_argument("--version", action=_VersionAction, help="print this build's fedpeer version and commit, and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("init", help="create a site: peers.toml and identity key")
