@@ -256,3 +256,22 @@ async def test_unnamed_members_without_it_are_left_out_and_unknown_parameters_no
     proposals = {dst: msg.params for dst, msg in sent_of(transport, m.JobPropose) if msg.job_id == other}
     assert proposals == {ALICE: {"secure_sum": "ring", "depth": 3}, BOB: {"secure_sum": "ring", "depth": 3}}
     assert registry.jobs[other].params["fast"] is False, "this site's record keeps every parameter"
+
+
+def test_status_shows_each_peers_build_and_what_it_lacks() -> None:
+    from fedpeer.app.cli import format_status
+
+    book = PeerVersions(OWN, BASE)
+    book.refused(BOB, 1)
+    book.told(ALICE, OWN.message(reply=False), 1)
+    peer = {"state": "alive", "address": "127.0.0.1:1", "last_seen_s": 0.5, "rtt_ms": 1.0}
+    doc = {"node": {"name": "site-me", "address": "127.0.0.1:2", "fingerprint": "ab", "uptime_s": 3,
+                    "incarnation": 1, "version": {"software": "0.2.0", "commit": "0123456789ab", "protocol": [2, 2],
+                                                  "capabilities": sorted(OWN.caps)}},
+           "peers": [{**peer, "name": "alice", "version": book.status_of(ALICE)},
+                     {**peer, "name": "bob", "version": book.status_of(BOB)}]}
+    text = format_status(doc)
+    assert "fedpeer 0.2.0 (0123456789ab, protocol 2-2, 6 capabilities)" in text
+    assert "0.2.0 0123456789ab p2-2 6 caps" in text
+    assert "0.1.0 be4d39cf3944 p2-2 4 caps (refused SiteInfo)" in text
+    assert "  bob lacks: fmt-fast, kind-newkind" in text
