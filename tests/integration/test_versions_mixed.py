@@ -4,7 +4,6 @@ every member or refused within 1 s in one line naming the site, both versions an
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
@@ -117,5 +116,12 @@ async def test_release_0_1_0_beside_this_build(make_federation, tmp_path: Path) 
     # still one federation: every site sees every other alive
     await h.wait_all_alive(timeout_s=10)
     assert all(code is None for code in h.exit_codes().values())
+
+    # the old site is upgraded in place (a rolling upgrade's step): the others learn it at its restart
+    h.stop(OLD)
+    h.sites[OLD].env = None
+    h.start(OLD)
+    await h.wait_all_alive(timeout_s=30)
+    await h.wait_until(lambda docs: all(d is not None and {p["version"]["known"] for p in d["peers"]} == {"told"}
+                                        for d in docs.values()), 15, "every site knows every peer runs 0.2.0")
     print(f"mixed-version test took {time.monotonic() - started:.1f} s")
-    await asyncio.sleep(0)
