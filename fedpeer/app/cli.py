@@ -32,17 +32,13 @@ CONFIG_EPILOG = ("Every command that reads a site's peers.toml takes --config FI
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from fedpeer.base.build import describe
 
-    try:
-        return version("fedpeer")
-    except PackageNotFoundError:   # run from a source tree that was never installed
-        return "unknown (not installed)"
+    return describe()   # this tree's version and commit (the installed metadata may be another build's)
 
 
 class _VersionAction(argparse.Action):
-    """argparse's "version" action, reading the version only when asked (importlib.metadata takes
-    ~50 ms to import: every other command would pay it)."""
+    """argparse's "version" action, looking the commit up only when asked (it reads git's files)."""
 
     def __init__(self, option_strings: list[str], dest: str, help: str | None = None) -> None:
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
@@ -71,7 +67,7 @@ _KIND_COMMANDS = ("run", "harness")
 def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedpeer", description="Peer-to-peer federated learning daemon.",
                                 epilog=CONFIG_EPILOG)
-    p.add_argument("--version", action=_VersionAction, help="print the installed fedpeer version and exit")
+    p.add_argument("--version", action=_VersionAction, help="print this build's fedpeer version and commit, and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("init", help="create a site: peers.toml and identity key")
@@ -446,21 +442,34 @@ def _status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def peer_version(v: dict | None) -> str:
+    """A peer's build in one cell: "0.2.0 be4d39cf3944 p2-2 14 caps", and how it is known."""
+    if not v:
+        return "-"
+    how = {"assumed": " (assumed: not heard)", "refused": " (refused SiteInfo)"}.get(v["known"], "")
+    return f"{v['software']} {v['commit']} p{v['protocol'][0]}-{v['protocol'][1]} {v['capabilities']} caps{how}"
+
+
 def format_status(doc: dict) -> str:
     node = doc["node"]
+    own = node.get("version")
     lines = [(f"node {node['name']}  {node['address']}  fingerprint {node['fingerprint']}  "
-              f"up {node['uptime_s']:.0f} s  incarnation {node['incarnation']}"),
+              f"up {node['uptime_s']:.0f} s  incarnation {node['incarnation']}"
+              + (f"  fedpeer {own['software']} ({own['commit']}, protocol {own['protocol'][0]}-"
+                 f"{own['protocol'][1]}, {len(own['capabilities'])} capabilities)" if own else "")),
              (f"leader: {doc.get('leader') or 'none yet'} (term {doc.get('term', 0)}; "
               f"this node is {doc.get('role', '-')})"), ""]
-    rows = [("PEER", "STATE", "ADDRESS", "LAST SEEN", "RTT")]
+    rows = [("PEER", "STATE", "ADDRESS", "LAST SEEN", "RTT", "RUNS")]
     for p in doc["peers"]:
         seen = "never" if p["last_seen_s"] is None else f"{p['last_seen_s']:.1f} s ago"
         rtt = "-" if p["rtt_ms"] is None else f"{p['rtt_ms']:.1f} ms"
-        rows.append((p["name"], p["state"], p["address"], seen, rtt))
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        rows.append((p["name"], p["state"], p["address"], seen, rtt, peer_version(p.get("version"))))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     alive = sum(p["state"] == "alive" for p in doc["peers"])
     lines.append(f"\n{alive} of {len(doc['peers'])} peers alive")
+    lines += [f"  {p['name']} lacks: {', '.join(p['version']['missing'])}" for p in doc["peers"]
+              if (p.get("version") or {}).get("missing")]
     lines += [f"  hint: {p['hint']}" for p in doc["peers"] if p.get("hint")]
     loaded = doc.get("config")
     if loaded:

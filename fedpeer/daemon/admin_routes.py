@@ -42,7 +42,8 @@ class AdminRoutes:
             doc = await request.json()
             kind, params = str(doc["kind"]), dict(doc.get("params") or {})
             members = doc.get("members")
-            job_id = self._node.jobs.propose(kind, params, [str(n) for n in members] if members else None)
+            job_id = await self._node.jobs.propose_when_known(kind, params,
+                                                              [str(n) for n in members] if members else None)
         except (KeyError, ValueError, TypeError) as exc:
             return web.json_response({"error": f"bad request: {exc}"}, status=400)
         except JobError as exc:

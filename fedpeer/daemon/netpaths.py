@@ -14,6 +14,7 @@ from fedpeer.config.load import REVERSE_LINKS_MAX
 from fedpeer.core.membership import swim as mb
 from fedpeer.daemon.reach import DialBackAsk, DialBackAnswer, Reach
 from fedpeer.errors import RemoteProtocolError
+from fedpeer.jobs.capabilities import RELAY
 from fedpeer.net.dial import Route
 from fedpeer.net.relay import RelayRequest, Relayer
 from fedpeer.net.reverse import ReverseDialer, ReverseOffer
@@ -96,6 +97,9 @@ class NetPaths:
             if key == dst or view is None or view.state != mb.MemberState.ALIVE:
                 continue
             if self._node._client.routes.get(key, "direct").startswith("relay"):
+                continue
+            known = self._node.versions.book.known(key)
+            if known is not None and RELAY not in known.caps:     # an older build: it would answer 404
                 continue
             ranked.append((view.rtt_ms if view.rtt_ms is not None else float("inf"), key.hex(), key, view.address))
         return [(key, address) for *_, key, address in sorted(ranked)]

@@ -42,6 +42,8 @@ from fedpeer.daemon.netpaths import NetPaths
 from fedpeer.daemon.reach import MESSAGES as REACH_MESSAGES
 from fedpeer.daemon.tracking import MlflowTracker
 from fedpeer.daemon.tracking import check as check_tracking
+from fedpeer.daemon.versions import VersionExchange
+from fedpeer.jobs.versions import SiteInfo
 from fedpeer.daemon.warmup import preload_ml
 from fedpeer.errors import ConfigError, FedpeerError, JobError, RemoteProtocolError
 from fedpeer.identity import Identity, encode_public_key, fingerprint
@@ -126,6 +128,10 @@ class Node:
             tracker = self.tracker
             self.jobs.on_end = lambda record: tracker.job_ended(record.to_json(self.jobs.names, self.now_ms()))
         self._peer_states = {v.node: v.state for v in self.membership.view()}
+        self.versions = VersionExchange(job_kinds().values(), send=self.send_reliable, keys=self._keys,
+                                        address_of=self._address, spawn=self._spawn, now_ms=_monotonic_ms,
+                                        name_of=self._name)   # what each peer runs (fedpeer/daemon/versions.py)
+        self.jobs.versions = self.versions.book
         term, voted_for = self.state.load_vote()
         self.election = el.Election(
             me=self.me, members=sorted([self.me, *self._names]), config=config.election,
@@ -290,6 +296,7 @@ class Node:
 
     def _log_state_changes(self) -> None:
         for view in self.membership.view():
+            self.versions.on_view(view)
             old = self._peer_states.get(view.node)
             if old != view.state:
                 self._peer_states[view.node] = view.state
@@ -364,6 +371,9 @@ class Node:
         if isinstance(envelope.msg, REACH_MESSAGES):
             self.paths.receive(envelope.src, envelope.msg)
             return "reach"
+        if isinstance(envelope.msg, SiteInfo):
+            self.versions.on_info(envelope.src, envelope.msg)
+            return "site_info"
         if envelope.job:
             self.jobs.on_message(envelope.src, envelope.job, envelope.msg)
             return "job"
@@ -409,6 +419,7 @@ class Node:
         self._names = {p.public_key: p.name for p in new.peers}
         self._allowed = frozenset(self._names)   # the gate's next frame from a removed peer is refused
         self.jobs.reconfigure(new, {**self._names, self.me: new.node.name})   # fails a removed member's jobs
+        self.versions.on_reload(self._allowed)
         with self._step("reload_membership"):
             self._apply(self.membership.set_members({p.public_key: str(p.address) for p in new.peers}, now))
         with self._step("reload_election"):
@@ -471,13 +482,15 @@ class Node:
                 "received_bytes": {k: n for (src, k), n in self.received_bytes.items() if src == view.node},
                 "frames_accepted": {k: n for (src, k), n in self.accepted.items() if src == view.node},
                 **self._news.of(view, self._names.get(view.node, "?"), _monotonic_ms()),
+                "version": self.versions.status_of(view.node),
             })
         peers.sort(key=lambda p: p["name"])
         return {
             "node": {"name": self.config.node.name, "public_key": encode_public_key(self.identity.public_key),
                      "fingerprint": self.identity.fingerprint, "address": str(self.config.node.advertise),
                      "uptime_s": round((now - self._started_ms) / 1000, 3),
-                     "incarnation": self.membership.incarnation, "pid": os.getpid()},
+                     "incarnation": self.membership.incarnation, "pid": os.getpid(),
+                     "version": self.versions.own_status()},
             "peers": peers,
             "leader": self._name(self.election.leader),
             "term": self.election.term,

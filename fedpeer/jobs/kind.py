@@ -51,6 +51,12 @@ class Param:
     choices: tuple[Any, ...] | None = None
     low: float | None = None
     high: float | None = None       # str: the most characters
+    # What a member needs to take this parameter (fedpeer/jobs/capabilities.py): None for those
+    # every release knows; one added later names the capability of the builds that know it (at its
+    # default it is then left out of proposals to members without it: they use the same default).
+    capability: str | None = None
+    # (value, capability) pairs: values that only builds with that capability run (secure-sum modes)
+    value_capabilities: tuple[tuple[Any, str], ...] = ()
 
     def check(self, name: str, value: Any) -> Any:
         if self.type is float and isinstance(value, int) and not isinstance(value, bool):
@@ -135,6 +141,8 @@ class JobKind:
     # entities (its run then gets a VerticalBlock, fedpeer/data/vertical.py, as ctx.data)
     vertical: bool = False
     messages: tuple[Any, ...] = ()   # its wire messages (wire.declare), registered by the job catalogue
+    # the capability a member needs to run this kind at all ("" : "kind-<name>"; capabilities.py)
+    capability: str = ""
     # What people read of a done job (`job show`, `run --wait`): lines under the job's header
     describe: Callable[[Mapping[str, Any]], list[str]] = report.raw
     # `fedpeer harness`: every site's result ({name, rows, state, result}) as one table

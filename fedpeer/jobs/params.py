@@ -11,7 +11,12 @@ from fedpeer.jobs.kind import Param
 SECURE_SUM_MODES = ("ring", "pairwise", "allreduce")
 SEED_MAX = 2**31 - 1
 
-SECURE_SUM = Param(str, "pairwise", "secure-sum mode", choices=SECURE_SUM_MODES)
+# Each mode is a protocol a member must run: its capability (fedpeer/jobs/capabilities.py). A mode
+# whose messages change takes a new name (and capability): the same value never names two protocols.
+SECURE_SUM_CAPABILITIES = {mode: f"secsum-{mode}" for mode in SECURE_SUM_MODES}
+
+SECURE_SUM = Param(str, "pairwise", "secure-sum mode", choices=SECURE_SUM_MODES,
+                   value_capabilities=tuple(SECURE_SUM_CAPABILITIES.items()))
 # Every kind whose sums run without an initiator takes "allreduce": large vectors the all-reduce,
 # each member moving ~2(n-1)/n of the vector (allreduce.py), small ones all to all in two legs
 # (alltoall.py). Over the emulated WAN (bench_wan, 5 sites) a logreg iteration took 0.053 s against

@@ -80,7 +80,12 @@ from fedpeer.wire.schema import (  # noqa: F401
 )
 from fedpeer.wire.session import AEAD_TAG_BYTES, SID_BYTES, Handshakes, InSession, OutSession, Sessions
 
+# The envelope's `v`: what this build sends (every release so far speaks 2, and 0.1.0 accepts
+# nothing else), and the range it accepts: a later format raises PROTOCOL_MAX and is sent to a
+# peer only once its SiteInfo shows it in range (fedpeer/jobs/versions.py).
 PROTOCOL_VERSION = 2
+PROTOCOL_MIN = 2
+PROTOCOL_MAX = 2
 MAGIC = b"FPW3"
 HEADER_TAG_BYTES = 16
 HEADER_BYTES = len(MAGIC) + PUBLIC_KEY_BYTES + SID_BYTES + 8 + 4 + HEADER_TAG_BYTES   # 72: read before any body
@@ -308,7 +313,7 @@ def _depth_ok(value: Any, depth: int) -> bool:
     return True
 
 
-_ENVELOPE = v_map({"v": v_int(PROTOCOL_VERSION, PROTOCOL_VERSION), "kind": v_str(64),
+_ENVELOPE = v_map({"v": v_int(PROTOCOL_MIN, PROTOCOL_MAX), "kind": v_str(64),
                    "job": v_str(JOB_ID_BYTES_MAX), "term": v_int(), "body": lambda v, w: v})
 
 

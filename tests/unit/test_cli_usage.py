@@ -6,13 +6,13 @@ or started, because systemd does not restart after 2 and operators read it as "f
 from __future__ import annotations
 
 import argparse
-from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
 from fedpeer.app import cli
 from fedpeer.app.sitefiles import init_site
+from fedpeer.base import build
 
 
 def walk(parser: argparse.ArgumentParser, path: str = "fedpeer"):
@@ -35,11 +35,11 @@ def test_every_option_and_subcommand_has_help() -> None:
     assert missing == []
 
 
-def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:
+def test_version_prints_this_builds_version_and_commit(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
         cli.main(["--version"])
     assert exit_.value.code == 0
-    assert capsys.readouterr().out == f"fedpeer {version('fedpeer')}\n"
+    assert capsys.readouterr().out == f"fedpeer {build.SOFTWARE_VERSION} (commit {build.commit()})\n"
 
 
 @pytest.fixture

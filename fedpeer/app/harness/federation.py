@@ -57,6 +57,9 @@ class Site:
     starts: int = 0
     log_start: int = 0               # the daemon log's size when this site last started
     advertise: str | None = None     # the address the others use for this site (default: where it listens)
+    # its daemon's environment, if not ours (another build: PYTHONPATH); such a daemon starts in the
+    # site's directory, so that `python -m` does not put our working directory's fedpeer first
+    env: dict[str, str] | None = None
 
     @property
     def config_path(self) -> Path:
@@ -162,7 +165,8 @@ class Harness:
             site.process = subprocess.Popen(
                 [sys.executable, "-m", "fedpeer", "start", "--config", str(site.config_path),
                  "--log-level", self.log_level],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=site.env,
+                cwd=site.dir if site.env is not None else None)
             log.close()
             site.paused, site.starts = False, site.starts + 1
 

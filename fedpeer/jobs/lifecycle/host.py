@@ -48,6 +48,7 @@ class Host(Protocol):
     as_proposer: Any
     as_member: Any
     runner: Any
+    versions: Any                           # fedpeer/jobs/versions.py PeerVersions, or None
 
     def find(self, job_id: str) -> JobRecord | None: ...
     def finish(self, record: JobRecord, state: str, error: str | None, result: dict | None = None) -> None: ...

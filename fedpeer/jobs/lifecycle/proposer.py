@@ -11,6 +11,11 @@ Rules:
   site's names, so the operator fixes them in one pass.
 - Members must answer within job_accept_timeout_ms; one declared dead meanwhile counts as a
   refusal at once.
+- A job goes only to members whose build runs it (fedpeer/jobs/capabilities.py): one named by the
+  operator that lacks a capability the job needs refuses the proposal at once, before any member
+  hears of it, in one line naming the site, both versions and the capability; unnamed ones are
+  left out (logged). A member that has not said what it runs is waited for up to
+  PEER_INFO_WAIT_MS, then taken as the previous release (fedpeer/jobs/versions.py).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any
 from fedpeer.base.logs import fields
 from fedpeer.errors import DataError, JobError
 from fedpeer.identity import fingerprint
+from fedpeer.jobs import capabilities
 from fedpeer.jobs import messages as m
 from fedpeer.jobs.kind import JobKind
 from fedpeer.data.spec import data_difference
@@ -33,9 +39,11 @@ from fedpeer.jobs.lifecycle.runner import SiteFailure
 from fedpeer.jobs.records import JobRecord
 from fedpeer.runtime.channel import PeerRefused, PeerUnreachable
 from fedpeer.jobs.lifecycle.host import Host
+from fedpeer.jobs.versions import refusal_line
 
 
 log = logging.getLogger("fedpeer.jobs")
+PEER_INFO_WAIT_MS = 500     # a proposal waits this long for a member that has not said what it runs
 
 
 class ProposerSide:
@@ -44,6 +52,17 @@ class ProposerSide:
     def __init__(self, registry: Host) -> None:
         self._registry = registry
         self._replies: dict[tuple[str, bytes], asyncio.Future] = {}
+
+    async def propose_when_known(self, kind_name: str, params: Mapping[str, Any],
+                                 member_names: list[str] | None = None) -> str:
+        """`propose`, once every chosen member has said what it runs (or PEER_INFO_WAIT_MS passed)."""
+        registry = self._registry
+        versions = registry.versions
+        if versions is not None:
+            me = registry.transport.me
+            await versions.wait_known([k for k in self._choose_members(member_names) if k != me],
+                                      PEER_INFO_WAIT_MS)
+        return self.propose(kind_name, params, member_names)
 
     def propose(self, kind_name: str, params: Mapping[str, Any], member_names: list[str] | None = None) -> str:
         registry = self._registry
@@ -56,7 +75,8 @@ class ProposerSide:
             checked = registry.admission.checked_params(kind, params)
         except JobError as exc:   # our own policy binds our own proposals too
             raise JobError(f"{registry.config.node.name}: {exc}") from None
-        members = self._choose_members(member_names)
+        members, sent_params = self._fit_versions(kind, checked, self._choose_members(member_names),
+                                                  named=bool(member_names))
         if len(members) < kind.members_min:
             raise JobError(f"{kind_name} needs at least {kind.members_min} members; alive now: "
                            f"{', '.join(registry.names[k] for k in members)}")
@@ -70,12 +90,34 @@ class ProposerSide:
         registry.jobs[job_id] = record
         registry.records.save(record)
         try:
-            record.task = registry.spawn(registry.runner.guard(record, self._run(record, kind)))
+            record.task = registry.spawn(registry.runner.guard(record, self._run(record, kind, sent_params)))
         except JobError as exc:   # the daemon is stopping
             registry.finish(record, "failed", f"{registry.config.node.name}: {exc}")
             raise
         log.info("job_proposed", extra=fields(job=job_id, kind=kind_name, members=len(members)))
         return job_id
+
+    def _fit_versions(self, kind: JobKind, params: dict[str, Any], members: tuple[bytes, ...],
+                      named: bool) -> tuple[tuple[bytes, ...], dict[str, Any]]:
+        """The members whose builds run this job, and the parameters its proposal carries; JobError
+        (one line per site) when a named member lacks what the job needs, or too few are left."""
+        registry = self._registry
+        versions = registry.versions
+        if versions is None:
+            return members, params
+        me, lines, fit = registry.transport.me, [], []
+        for peer in members:
+            info = versions.own if peer == me else versions.info(peer)
+            lack = capabilities.lacking(kind, params, info.caps)
+            if lack:
+                lines.append(refusal_line(registry.names[peer], info, lack[0], registry.config.node.name, versions.own))
+            else:
+                fit.append(peer)
+        if lines and (named or len(fit) < kind.members_min):
+            raise JobError("; ".join(lines))
+        for line in lines:
+            log.warning("job_member_left_out", extra=fields(kind=kind.name, why=line))
+        return tuple(fit), capabilities.for_members(kind, params, [versions.info(p).caps for p in fit if p != me])
 
     def _choose_members(self, member_names: list[str] | None) -> tuple[bytes, ...]:
         registry = self._registry
@@ -91,7 +133,7 @@ class ProposerSide:
             raise JobError(f"{len(chosen)} members exceed [policy] members_max")
         return tuple(sorted(chosen))
 
-    async def _run(self, record: JobRecord, kind: JobKind) -> None:
+    async def _run(self, record: JobRecord, kind: JobKind, params: dict[str, Any]) -> None:
         registry = self._registry
         me = registry.transport.me
         await registry.records.on_disk(record)     # our record of the job before any member hears of it
@@ -103,7 +145,7 @@ class ProposerSide:
         record.announced = True
         for peer in others:
             self._replies[(record.id, peer)] = asyncio.get_running_loop().create_future()
-        proposal = m.JobPropose(job_id=record.id, kind=record.kind, params=record.params,
+        proposal = m.JobPropose(job_id=record.id, kind=record.kind, params=params,
                                 members=list(record.members), created_ms=record.created_ms)
         sends = [asyncio.create_task(self._send_or_reply_unreachable(record, p, proposal)) for p in others]
         try:

@@ -73,6 +73,9 @@ class JobRegistry:
         self.as_proposer = ProposerSide(self)
         self.as_member = MemberSide(self)
         self.runner = JobRunner(self)
+        # what each member runs (fedpeer/jobs/versions.py), set by the node; None: every member
+        # is taken to run all this site's kinds
+        self.versions: Any = None
         self.records = RecordFiles(self.root, state, names, transport.now_ms, spawn, config.node.state_dir)
         # told of every job that ran here once it ends (the node's tracker: fedpeer/daemon/tracking.py)
         self.on_end: Callable[[JobRecord], None] | None = None
@@ -136,6 +139,11 @@ class JobRegistry:
 
     def propose(self, kind_name: str, params: Mapping[str, Any], member_names: list[str] | None = None) -> str:
         return self.as_proposer.propose(kind_name, params, member_names)
+
+    async def propose_when_known(self, kind_name: str, params: Mapping[str, Any],
+                                 member_names: list[str] | None = None) -> str:
+        """`propose`, once each member has said what it runs (bounded: proposer.PEER_INFO_WAIT_MS)."""
+        return await self.as_proposer.propose_when_known(kind_name, params, member_names)
 
     def on_message(self, src: bytes, job_id: str, msg: object) -> None:
         """Entry point for every job-related message that passed the wire gate."""

@@ -1,0 +1,85 @@
+"""Capabilities: what a build can run, by name, and what a job needs of each of its members.
+
+A capability is a short name for one thing a member must understand to take part: a job kind
+(`kind-<name>`, or the kind's own `capability`), a value of a parameter that selects a protocol
+(secure-sum modes: `secsum-allreduce`, fedpeer/jobs/params.py), a parameter added after a release
+(its `Param.capability`), a message format. A build provides every capability its job kinds declare,
+plus the formats of its own daemon (BUILD_FORMATS); a site says which it provides in its SiteInfo
+(fedpeer/jobs/versions.py), and a site that never says is taken as the previous release
+(fedpeer/kinds/releases.py).
+
+Rules: a job needs its kind's capability and the capability of every value it uses; a parameter
+only some members know is needed only when it is not at its default, and is left out of the
+proposal at its default (the member that does not know it uses the same default). Formats only
+newer builds understand are therefore used only when every member has them: a kind chooses a
+new format through a parameter whose default is the old one. Names are short, lower-case and
+stable: a protocol that changes takes a new name, never the old one's.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from fedpeer.jobs.kind import JobKind
+
+CAPABILITY_BYTES_MAX = 64
+CAPABILITY_RE = re.compile(r"[a-z0-9][a-z0-9.-]{0,63}")
+SITE_INFO = "msg-site-info"         # says its version and capabilities (fedpeer/jobs/versions.py)
+REVERSE_LINKS = "net-reverse-links"   # takes links a peer dialed to it, turned round (fedpeer/net/reverse.py)
+RELAY = "net-relay"                   # relays sealed frames between members (fedpeer/net/relay.py)
+DIALBACK = "msg-dialback"             # dials a member back on request (fedpeer/daemon/reach.py)
+BUILD_FORMATS = frozenset({SITE_INFO, REVERSE_LINKS, RELAY, DIALBACK})   # this build's daemon, beyond any kind's
+
+
+def of_kind(kind: JobKind) -> str:
+    """The capability a member needs to run `kind` at all."""
+    return kind.capability or f"kind-{kind.name}"
+
+
+def declared(kind: JobKind) -> frozenset[str]:
+    """Every capability `kind` declares: its own, its parameters', its parameters' values'."""
+    caps = {of_kind(kind)}
+    for param in kind.params.values():
+        if param.capability:
+            caps.add(param.capability)
+        caps.update(cap for _, cap in param.value_capabilities)
+    return frozenset(caps)
+
+
+def provided(kinds: Iterable[JobKind], formats: Iterable[str] = BUILD_FORMATS) -> frozenset[str]:
+    """What a build with these kinds and daemon formats can run."""
+    caps = set(formats)
+    for kind in kinds:
+        caps |= declared(kind)
+    bad = sorted(c for c in caps if not CAPABILITY_RE.fullmatch(c))
+    assert not bad, f"capability names must match {CAPABILITY_RE.pattern}: {bad}"
+    return frozenset(caps)
+
+
+def needed(kind: JobKind, params: Mapping[str, Any]) -> list[str]:
+    """What a job of `kind` with checked `params` needs of every member, in a stable order: the
+    kind's capability first, then by parameter."""
+    needs = [of_kind(kind)]
+    for name, param in kind.params.items():
+        value = params.get(name, param.default)
+        if param.capability and value != param.default:
+            needs.append(param.capability)
+        needs += [cap for v, cap in param.value_capabilities if v == value]
+    return list(dict.fromkeys(needs))
+
+
+def lacking(kind: JobKind, params: Mapping[str, Any], caps: frozenset[str]) -> list[str]:
+    """What a member with `caps` lacks for this job (empty: it can take part)."""
+    return [cap for cap in needed(kind, params) if cap not in caps]
+
+
+def for_members(kind: JobKind, params: Mapping[str, Any], member_caps: Iterable[frozenset[str]]) -> dict[str, Any]:
+    """The parameters a proposal carries: a parameter some member does not know is left out at its
+    default (that member fills in the same default); `lacking` refuses it at any other value."""
+    every = list(member_caps)
+    return {name: value for name, value in params.items()
+            if not (name in kind.params and kind.params[name].capability
+                    and value == kind.params[name].default
+                    and any(kind.params[name].capability not in caps for caps in every))}
