@@ -42,7 +42,7 @@ from fedpeer.app.console import views
 from fedpeer.config import load as cfg
 from fedpeer.daemon import adminclient as admin
 from fedpeer.errors import FedpeerError, JobError, NoDaemonError
-from fedpeer.net.bounded import LOCAL_KEEPALIVE_S, close, serve
+from fedpeer.net.bounded import close, local_runner, serve
 
 HOST = "127.0.0.1"
 TOKEN_BYTES = 32                    # 256 random bits, for the URL's token and the page's CSRF token
@@ -118,7 +118,7 @@ class Console:
         self.cookie = f"{COOKIE_PREFIX}{self.port}"
         self._page = (_static_text("index.html").replace("{{csrf}}", self.csrf)
                       .replace("{{poll_ms}}", str(POLL_INTERVAL_MS)))
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=LOCAL_KEEPALIVE_S)
+        self._runner = local_runner(app)
         await self._runner.setup()
         self._server, _ = await serve(self._runner, sock=sock)
         return self.url
