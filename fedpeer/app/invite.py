@@ -18,7 +18,7 @@ import binascii
 import json
 from dataclasses import dataclass
 
-from fedpeer.config.load import parse_address
+from fedpeer.config.load import name_problem, parse_address
 from fedpeer.identity import encode_public_key, fingerprint, parse_public_key
 
 PREFIX = "fedpeer-invite:"
@@ -71,6 +71,8 @@ def parse(text: str) -> Invite:
     invite = Invite(**{f: doc[f].strip() for f in FIELDS})
     if not invite.name or len(invite.name) > NAME_CHARS_MAX:
         raise ValueError(f"the invite's site name must be 1 to {NAME_CHARS_MAX} characters")
+    if (problem := name_problem(invite.name)) is not None:
+        raise ValueError(f"the invite's site name {problem}")
     try:
         parse_address(invite.address)
         key = invite.key

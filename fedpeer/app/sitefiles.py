@@ -153,6 +153,8 @@ def add_peers(conf_path: Path, peers: list[tuple[str, str, str]],
     conf_path = conf_path.resolve()
     doc = tomlkit.parse(conf_path.read_text(encoding="utf-8"))
     for name, address, public_key in peers:
+        if (problem := cfg.name_problem(name)) is not None:
+            raise ConfigError(conf_path, "peer.name", problem)
         key = parse_public_key_or_raise(conf_path, public_key)
         try:
             cfg.parse_address(address)

@@ -41,11 +41,28 @@ def fields(**values: Any) -> dict[str, Any]:
     return {_FIELDS: values}
 
 
+_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(c: str) -> str:
+    """One character of a quoted value: a backslash escape for \\ " and the control characters,
+    \\xNN, \\uNNNN or \\UNNNNNNNN for any other non-printable one (ESC, U+2028, ...)."""
+    if c in _ESCAPES:
+        return _ESCAPES[c]
+    if c.isprintable():
+        return c
+    n = ord(c)
+    return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
+
+
 def _quote(value: Any) -> str:
+    """A logfmt value: bare if it is printable and holds no space, quote, = or backslash; else
+    quoted, with every non-printable character escaped, so a value (a peer's name, an error text)
+    can never move the cursor, clear the terminal, or forge a line of the log."""
     text = str(value)
-    if text == "" or any(c in text for c in ' "=\\\n\t'):
-        return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-    return text
+    if text and text.isprintable() and not any(c in text for c in ' "=\\'):
+        return text
+    return '"' + "".join(map(_escape, text)) + '"'
 
 
 class LogfmtFormatter(logging.Formatter):

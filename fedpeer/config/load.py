@@ -21,7 +21,7 @@ from urllib.parse import unquote
 
 from fedpeer.core.election.raft import ElectionConfig
 from fedpeer.core.membership.swim import MembershipConfig
-from fedpeer.base.files import check_private_file, check_site_directory
+from fedpeer.base.files import check_not_writable_by_others, check_private_file, check_site_directory
 from fedpeer.errors import ConfigError
 
 DEFAULT_PORT = 7400
@@ -384,6 +384,24 @@ def _string(path: Path, where: str, table: dict, key: str, default: str | None =
     return value.strip()
 
 
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot name a site, or None. A site's name reaches logs, `fedpeer status` and
+    other sites' terminals: a control character (ESC, CR, U+2028, any non-printable one) there
+    could rewrite what an operator sees."""
+    bad = next((c for c in name if not c.isprintable() and c != " "), None)
+    if bad is None:
+        return None
+    return (f"{name!r} holds the non-printable character U+{ord(bad):04X}; a site's name is printable text "
+            "only (it reaches logs and terminals)")
+
+
+def _site_name(path: Path, where: str, name: str) -> str:
+    problem = name_problem(name)
+    if problem is not None:
+        raise ConfigError(path, where, problem)
+    return name
+
+
 def _address(path: Path, where: str, text: str) -> Address:
     try:
         return parse_address(text)
@@ -394,7 +412,7 @@ def _address(path: Path, where: str, text: str) -> Address:
 def _node(path: Path, table: dict) -> NodeSection:
     _no_unknown(path, "node", table, _NODE_KEYS)
     base = path.parent
-    name = _string(path, "node", table, "name")
+    name = _site_name(path, "node.name", _string(path, "node", table, "name"))
     listen = _address(path, "node.listen", _string(path, "node", table, "listen"))
     if "advertise" in table:
         advertise = _address(path, "node.advertise", _string(path, "node", table, "advertise"))
@@ -518,7 +536,7 @@ def _peers(path: Path, value: object) -> tuple[PeerEntry, ...]:
         where = f"peer[{i}]"
         table = _table(path, where, table)
         _no_unknown(path, where, table, _PEER_KEYS)
-        name = _string(path, where, table, "name")
+        name = _site_name(path, f"{where}.name", _string(path, where, table, "name"))
         where = f"peer[{i}] ({name})"
         address = _address(path, f"{where}.address", _string(path, where, table, "address"))
         try:
@@ -620,11 +638,17 @@ def _section(path: Path, name: str, table: object, cls: type[_T], defaults: _T |
 
 
 def check_secret_files(config: Config) -> None:
-    """The site directory (nobody else may write it) and the files besides the key that hold a
-    secret, checked like the key when the daemon starts and on every reload: [data] dsn_file (the
-    database password; data/sources/sql.py reads it again, with the same check, each time a job
-    loads the site's rows)."""
+    """What nobody else may write (the site directory, peers.toml, the key's directory, the state
+    directory) and the files besides the key that hold a secret, checked like the key when the
+    daemon starts and on every reload: [data] dsn_file (the database password; data/sources/sql.py
+    reads it again, with the same check, each time a job loads the site's rows)."""
     check_site_directory(config.path.parent, config.path)
+    check_not_writable_by_others(config.path, config.path, "", "peers.toml",
+                                 "who could change this site's peers and policy")
+    check_not_writable_by_others(config.node.key_file.parent, config.path, "node.key_file", "the key's directory",
+                                 "who could replace this site's identity")
+    check_not_writable_by_others(config.node.state_dir, config.path, "node.state_dir", "the state directory",
+                                 "who could change this site's jobs, results and ledgers")
     if config.data is not None and config.data.sql:
         check_private_file(Path(config.data.dsn_file), "data.dsn_file", config.path, "dsn_file",
                             "put the PostgreSQL connection string in it, readable by its owner only: chmod 600")

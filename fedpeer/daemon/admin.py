@@ -37,7 +37,7 @@ from fedpeer.config.load import Config, parse_address
 from fedpeer.daemon import adminclient
 from fedpeer.daemon.adminclient import ADMIN_TOKEN_FILE, SAFE_METHODS  # noqa: F401  (importers' names)
 from fedpeer.errors import ConfigError
-from fedpeer.net.bounded import LOCAL_KEEPALIVE_S, Bounded, close, serve
+from fedpeer.net.bounded import Bounded, close, local_runner, serve
 
 log = logging.getLogger("fedpeer.admin")
 
@@ -71,7 +71,7 @@ class AdminServer:
         app = web.Application(middlewares=[self._guard], client_max_size=ADMIN_REQUEST_BYTES_MAX)
         for (method, path), handler in self._routes.items():
             app.router.add_route(method, path, handler)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=LOCAL_KEEPALIVE_S)
+        self._runner = local_runner(app)
         await self._runner.setup()
         try:
             if self._config.node.admin_socket is not None:

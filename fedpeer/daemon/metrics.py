@@ -47,7 +47,7 @@ from fedpeer.core.election.raft import Role
 from fedpeer.core.membership.swim import MemberState
 from fedpeer.errors import ConfigError
 from fedpeer.jobs.records import STATES
-from fedpeer.net.bounded import LOCAL_KEEPALIVE_S, Bounded, close, serve
+from fedpeer.net.bounded import Bounded, close, local_runner, serve
 from fedpeer.protocols.securesum.api import MODES as SECURE_SUM_MODES
 
 try:   # prometheus_client >= 0.22 made CONTENT_TYPE_LATEST the 1.0.0 format; we write 0.0.4 text
@@ -356,7 +356,7 @@ class MetricsListener:
                               "address; metrics must never be reachable from the network")
         app = web.Application(middlewares=[self._guard])
         app.router.add_get(PATH, self._metrics.handle)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=LOCAL_KEEPALIVE_S)
+        self._runner = local_runner(app)
         await self._runner.setup()
         try:
             self._server, self.bounded = await serve(self._runner, host=self._address.host, port=self._address.port)

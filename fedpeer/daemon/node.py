@@ -356,7 +356,8 @@ class Node:
 
     def _on_hello(self, hello: bytes, peer_ip: str) -> bytes:
         """A peer opens a session to send to us: its welcome (or RemoteProtocolError)."""
-        return self._gate.hello(hello, _monotonic_ms())
+        now_ms = _monotonic_ms()   # the sender key's budget is asked once its tag verified (net/admission.py)
+        return self._gate.hello(hello, now_ms, lambda key: self._server.hello_rate.allow_key(key, now_ms / 1000))
 
     def _dispatch(self, envelope: wire.Envelope) -> str:
         """Hand the message to its owner; returns its kind for the per-peer counts."""

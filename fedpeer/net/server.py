@@ -496,7 +496,7 @@ class PeerServer:
             welcome = self._on_hello(hello, conn.ip)
         except RemoteProtocolError as exc:
             self._on_reject(exc, conn.ip)
-            await self._respond(conn, 400, exc.reason, False, "")
+            await self._respond(conn, 429 if exc.reason == "hello_rate" else 400, exc.reason, False, "")
             return False
         # Not verified here: a hello carries no freshness of its own, so a replayed one must not buy
         # a connection out of the strangers' budgets; its first authenticated frame header does.

@@ -336,9 +336,10 @@ class Gate:
         self.keys = keys or PairKeys(identity)
         self.handshakes = Handshakes(identity, self.keys.key)
 
-    def hello(self, hello: bytes, now_ms: int) -> bytes:
-        """Answer a peer's hello with a welcome, keeping the new session's receiving half."""
-        welcome, session = self.handshakes.answer(hello, self._allowed, now_ms)
+    def hello(self, hello: bytes, now_ms: int, admit: Callable[[bytes], bool] | None = None) -> bytes:
+        """Answer a peer's hello with a welcome, keeping the new session's receiving half;
+        `admit(sender)` is the sender key's handshake budget (session.py Handshakes.answer)."""
+        welcome, session = self.handshakes.answer(hello, self._allowed, now_ms, admit)
         try:
             self.sessions.add_inbound(session, now_ms)
         except RemoteProtocolError as exc:

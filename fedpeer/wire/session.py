@@ -220,9 +220,11 @@ class Handshakes:
         body += self._identity.sign(_HELLO_SIGN + body)
         return PendingHello(peer=peer, hello=body, sid=sid, suite=self._suite, ephemeral=ephemeral)
 
-    def answer(self, hello: bytes, allowed: Callable[[bytes], bool], now_ms: int) -> tuple[bytes, InSession]:
-        """Check a hello (layout -> addressed to me -> sender listed -> tag -> signature) and
-        answer it: (welcome, the new session's receiving half). Raises RemoteProtocolError."""
+    def answer(self, hello: bytes, allowed: Callable[[bytes], bool], now_ms: int,
+               admit: Callable[[bytes], bool] | None = None) -> tuple[bytes, InSession]:
+        """Check a hello (layout -> addressed to me -> sender listed -> tag -> no replay -> the
+        sender's handshake budget, `admit` -> signature) and answer it: (welcome, the new
+        session's receiving half). Raises RemoteProtocolError."""
         if len(hello) != HELLO_BYTES or hello[:MAGIC_BYTES] != HELLO_MAGIC:
             raise RemoteProtocolError("frame", "not a fedpeer hello")
         at = MAGIC_BYTES
@@ -242,6 +244,8 @@ class Handshakes:
         digest = hashlib.blake2b(hello, digest_size=16).digest()
         if self._seen(sender, digest, now_ms):        # a replay costs no signature check nor key exchange
             raise RemoteProtocolError("replay", "a hello already answered (replayed)")
+        if admit is not None and not admit(sender):   # proven key, before the costly part it bounds
+            raise RemoteProtocolError("hello_rate", "more session handshakes under this key than it may open")
         if not verify(sender, _HELLO_SIGN + signed, hello[at + HELLO_TAG_BYTES:]):
             raise RemoteProtocolError("signature", "hello signature does not verify")
         self._remember(sender, digest, now_ms)

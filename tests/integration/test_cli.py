@@ -104,6 +104,29 @@ def _bad_config_case(ca: Path, case: str) -> str:
     if case == "writable_site_directory":
         os.chmod(ca.parent, 0o777)
         return f"the site directory {ca.parent} is writable by others (mode 0777)"
+    if case == "writable_peers_toml":          # another local user could list its own key as a peer
+        os.chmod(ca, 0o666)
+        return f"peers.toml {ca} is writable by others (mode 0666), who could change this site's peers and " \
+               f"policy; run: chmod go-w {ca}"
+    if case == "peers_toml_of_another_user":
+        os.chown(ca, 65534, -1)
+        return f"peers.toml {ca} belongs to another user (uid 65534)"
+    if case == "key_in_a_writable_directory":  # another user could swap the key for its own
+        keys = ca.parent / "keys"
+        keys.mkdir()
+        key_file.rename(keys / "identity.key")
+        os.chmod(keys, 0o777)
+        ca.write_text(text.replace('key_file = "identity.key"', 'key_file = "keys/identity.key"'))
+        return f"node.key_file: the key's directory {keys} is writable by others (mode 0777), who could replace " \
+               f"this site's identity; run: chmod go-w {keys}"
+    if case == "writable_state_dir":
+        state = ca.parent / "state"
+        state.mkdir(exist_ok=True)
+        os.chmod(state, 0o777)
+        return f"node.state_dir: the state directory {state} is writable by others (mode 0777)"
+    if case == "control_character_in_a_name":
+        ca.write_text(text.replace('name = "b"', 'name = "b\\u001b[2J\\u001b[Hall is well"'))
+        return "holds the non-printable character U+001B"
     if case == "duplicate_name":
         from fedpeer.identity import Identity, encode_public_key
         block = text[text.index("\n[[peer]]"):]
@@ -122,8 +145,11 @@ def _bad_config_case(ca: Path, case: str) -> str:
 
 @pytest.mark.parametrize("case", ["unknown_key", "world_readable_key", "world_readable_dsn_file", "unreadable_key",
                                   "duplicate_name", "own_key", "bad_address", "writable_site_directory",
-                                  pytest.param("key_of_another_user", marks=pytest.mark.skipif(
-                                      os.geteuid() != 0, reason="only root can give a file away"))])
+                                  "writable_peers_toml", "key_in_a_writable_directory", "writable_state_dir",
+                                  "control_character_in_a_name",
+                                  *(pytest.param(case, marks=pytest.mark.skipif(
+                                      os.geteuid() != 0, reason="only root can give a file away"))
+                                    for case in ("key_of_another_user", "peers_toml_of_another_user"))])
 def test_bad_configuration_exits_2_with_one_line(site_pair: tuple[Path, Path], case: str) -> None:
     ca, _ = site_pair
     expected = _bad_config_case(ca, case)
@@ -132,6 +158,7 @@ def test_bad_configuration_exits_2_with_one_line(site_pair: tuple[Path, Path], c
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
     assert str(ca) in lines[0] and expected in lines[0], lines[0]
+    assert "\x1b" not in r.stderr, "a name's control characters never reach the terminal raw"
 
 
 def test_port_in_use_exits_2(site_pair: tuple[Path, Path]) -> None:
@@ -143,6 +170,28 @@ def test_port_in_use_exits_2(site_pair: tuple[Path, Path]) -> None:
         r = fedpeer("start", "--config", str(ca), timeout=20)
     assert r.returncode == 2
     assert "node.listen" in r.stderr and "in use" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("name", ["evil\x1b[2J\x1b[Hall peers alive", "two\rlines", "para\u2028graph",
+                                  "bell\x07", "zero\u200bwidth"])
+def test_a_name_with_control_characters_is_refused_at_peer_add_and_from_an_invite(
+        site_pair: tuple[Path, Path], name: str) -> None:
+    """A hostile site names itself with terminal escapes (in an invite, or told to an operator who
+    types it): `peer add` refuses it in one line that shows it escaped, and peers.toml is unchanged."""
+    from fedpeer.app import invite
+    from fedpeer.identity import Identity, encode_public_key
+
+    ca, _ = site_pair
+    before = ca.read_text()
+    key = Identity.generate().public_key
+    line = invite.make(name, "127.0.0.1:9", key)
+    for args in (["--invite", line], ["--name", name, "--address", "127.0.0.1:9", "--public-key",
+                                      encode_public_key(key)]):
+        r = fedpeer("peer", "add", "--config", str(ca), *args)
+        assert r.returncode == 2, (args, r.returncode, r.stdout, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and "non-printable character" in r.stderr, r.stderr
+        assert not any(not c.isprintable() for c in r.stderr.strip()), repr(r.stderr)
+        assert ca.read_text() == before
 
 
 def test_init_refuses_existing_key(tmp_path: Path) -> None:

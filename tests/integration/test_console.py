@@ -1,13 +1,15 @@
 """`fedpeer console` as a user meets it: started as a process next to a federation of real daemons,
 its URL read from its first line, its page opened in a real headless Chromium (Debian's, through
-chromedriver: tests/integration/webdriver.py). The page loads with the token, a job proposed with
-its form runs, its learning curve draws; without the token every request is refused, and so is a
-write without the page's CSRF token or from another origin. A screenshot of the page is kept
-(pytest's tmp_path, and $FEDPEER_TEST_ARTIFACTS when set)."""
+chromedriver: tests/integration/webdriver.py). The page trades the URL's one-time token for a
+session of its own, a job proposed with its form runs, its learning curve draws; without a session
+every API request is refused, a used token is refused, a fresh URL is printed when asked, and
+another service on another loopback port learns nothing the browser holds for the console. A
+screenshot of the page is kept (pytest's tmp_path, and $FEDPEER_TEST_ARTIFACTS when set)."""
 
 from __future__ import annotations
 
 import http.client
+import http.server
 import json
 import os
 import re
@@ -15,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,6 +59,13 @@ class Console:
         finally:
             conn.close()
 
+    def fresh_url(self) -> str:
+        """Ask the running console for a fresh URL (SIGUSR1): its next line on stdout."""
+        self.process.send_signal(signal.SIGUSR1)
+        url = self.process.stdout.readline().strip()
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/\?token=[\w-]{40,}", url), url
+        return url
+
     def stop(self) -> int:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -80,56 +90,117 @@ def browser() -> Iterator[Browser]:
         b.close()
 
 
-def _cookie_and_csrf(console: Console) -> tuple[str, str]:
-    status, headers, _ = console.request("GET", f"/?token={console.token}")
-    assert status == 303 and headers["Location"] == "/"
-    cookie = headers["Set-Cookie"]
-    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie, cookie
-    pair = cookie.split(";")[0]
-    status, _, page = console.request("GET", "/", {"Cookie": pair})
-    assert status == 200
-    csrf = re.search(rb'name="fedpeer-csrf" content="([^"]+)"', page).group(1).decode()
-    return pair, csrf
+def _session(console: Console, token: str) -> tuple[int, dict]:
+    """Trade a URL's token for a session, as the page does."""
+    status, headers, body = console.request(
+        "POST", "/api/session", {"Content-Type": "application/json", "Origin": console.origin},
+        json.dumps({"token": token}).encode())
+    assert "Set-Cookie" not in headers, headers
+    return status, json.loads(body)
 
 
-def test_without_the_token_or_the_csrf_token_every_request_is_refused(tmp_path: Path) -> None:
+def test_without_a_session_every_api_request_is_refused_and_a_token_is_good_once(tmp_path: Path) -> None:
     """No daemon needed: the guard answers before anything is asked of one."""
     config = init_site(tmp_path / "a", "a", f"127.0.0.1:{free_ports(1)[0]}")[0]
     console = Console(config)
     try:
-        for path in ("/", "/static/console.js", "/api/status", "/api/jobs", "/?token=wrong"):
+        for path in ("/", "/static/console.js"):      # the page and its assets hold no secret
             status, headers, body = console.request("GET", path)
-            assert status == 403, path
-            assert "token" in json.loads(body)["error"]
+            assert status == 200 and console.token.encode() not in body, path
+            assert "Set-Cookie" not in headers
             assert headers["X-Frame-Options"] == "DENY" and "default-src 'none'" in headers["Content-Security-Policy"]
-        cookie, csrf = _cookie_and_csrf(console)
-        assert csrf != console.token
+        for path in ("/api/status", "/api/jobs", "/api/kinds", "/api/jobs/x"):
+            status, _, body = console.request("GET", path)
+            assert status == 403 and "no console session" in json.loads(body)["error"], path
+        assert _session(console, "wrong")[0] == 403
+        status, doc = _session(console, console.token)
+        assert status == 200, doc
+        session = {"X-Fedpeer-Session": doc["session"]}
+        assert doc["session"] != console.token
+        assert _session(console, console.token)[0] == 403, "the token is good once"
         host = {"Host": f"127.0.0.1:{console.port}"}
-        assert console.request("GET", "/api/kinds", {"Cookie": cookie})[0] == 200
-        assert console.request("GET", "/api/kinds", {"Cookie": cookie, "Host": "evil.example"})[0] == 403
-        assert console.request("GET", "/api/kinds", {"Cookie": "fedpeer_console_1=" + console.token})[0] == 403
+        assert console.request("GET", "/api/kinds", session)[0] == 200
+        assert console.request("GET", "/api/kinds", {**session, "Host": "evil.example"})[0] == 403
+        assert console.request("GET", "/api/kinds", {"X-Fedpeer-Session": "x" * 43})[0] == 403
+        fresh = console.fresh_url()
+        assert fresh != console.url
+        fresh_token = fresh.partition("/?token=")[2]
+        status, other = _session(console, fresh_token)
+        assert status == 200 and other["session"] != doc["session"]
+        assert console.request("GET", "/api/kinds", session)[0] == 200, "an earlier page keeps its session"
         proposal = json.dumps({"kind": "stats", "params": {}}).encode()
         json_type = {"Content-Type": "application/json"}
-        both = {**json_type, "Cookie": cookie, "X-Fedpeer-CSRF": csrf}
+        both = {**json_type, **session}
         refused = [  # (headers, what is wrong)
-            ({**json_type, "Cookie": cookie}, "no CSRF header"),
-            ({**both, "X-Fedpeer-CSRF": "x" * len(csrf)}, "a wrong CSRF token"),
+            (json_type, "no session"),
+            ({**json_type, "X-Fedpeer-Session": "x" * 43}, "a wrong session"),
             ({**both, "Origin": "http://evil.example"}, "another origin"),
             ({**both, "Sec-Fetch-Site": "cross-site"}, "another site"),
             ({**both, "Content-Type": "text/plain"}, "a simple request"),
-            ({**json_type, "X-Fedpeer-CSRF": csrf}, "no cookie"),
+            ({**json_type, "Cookie": f"fedpeer_console_{console.port}={fresh_token}"}, "the token as a cookie"),
         ]
         for headers, what in refused:
             status, _, body = console.request("POST", "/api/jobs", {**host, **headers}, proposal)
             assert status == 403, (what, body)
-        # With both tokens and its own origin it passes the guard: the daemon is asked (none runs here)
-        ok = {**json_type, "Cookie": cookie, "X-Fedpeer-CSRF": csrf, "Origin": console.origin}
+        # With a session and its own origin it passes the guard: the daemon is asked (none runs here)
+        ok = {**both, "Origin": console.origin}
         status, _, body = console.request("POST", "/api/jobs", ok, proposal)
         assert status == 503 and "no fedpeer daemon" in json.loads(body)["error"], body
         status, _, body = console.request("POST", "/api/jobs", ok, json.dumps({"kind": "stats", "params": {
             "bins": "0"}}).encode())
         assert status == 400 and "bins" in json.loads(body)["error"], body     # checked as `fedpeer run` checks it
     finally:
+        assert console.stop() == 0
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """Another local service on another loopback port: records every request's headers."""
+
+    seen: list[dict[str, str]] = []
+
+    def do_GET(self) -> None:   # noqa: N802 (http.server's name)
+        type(self).seen.append(dict(self.headers))
+        body = b"<!doctype html><title>another local service</title><p>hello</p>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_another_loopback_service_learns_nothing_the_browser_holds_for_the_console(
+        tmp_path: Path, browser: Browser) -> None:
+    """The console opened in the browser, the same browser then visits another service on
+    127.0.0.1 (another port): nothing it is sent lets it use the console, and the URL the user
+    opened (in the browser's history, a shell's scrollback) is spent."""
+    config = init_site(tmp_path / "a", "a", f"127.0.0.1:{free_ports(1)[0]}")[0]
+    console = Console(config)
+    _Recorder.seen = []
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    serving = threading.Thread(target=other.serve_forever, daemon=True)
+    serving.start()
+    try:
+        url = console.url
+        browser.get(url)
+        browser.wait(f"return location.href === {json.dumps(console.origin + '/')}", 30,
+                     "the token leaves the address bar")
+        browser.get(f"http://127.0.0.1:{other.server_address[1]}/")
+        assert "hello" in browser.run("return document.body.innerText")
+        assert _Recorder.seen, "the other service was asked"
+        sent = json.dumps(_Recorder.seen)
+        token = url.partition("/?token=")[2]
+        assert token not in sent, f"the console's token reached another port: {sent}"
+        cookies = [h.get("Cookie", "") for h in _Recorder.seen]
+        for cookie in cookies:      # what the other service could replay: nothing that opens the API
+            status, _, _ = console.request("GET", "/api/jobs", {"Cookie": cookie} if cookie else {})
+            assert status == 403
+        assert _session(console, token)[0] == 403, "the URL the user opened is spent"
+    finally:
+        other.shutdown()
+        other.server_close()
         assert console.stop() == 0
 
 
@@ -142,10 +213,11 @@ async def test_a_job_proposed_in_the_browser_runs_and_its_curve_draws(make_feder
     await h.wait_all_alive(timeout_s=30)
     console = Console(h.sites[0].config_path, h.sites[1].config_path)
     try:
-        browser.get(console.origin + "/")              # without the token: refused
-        assert "no console token" in browser.run("return document.body.innerText")
+        browser.get(console.origin + "/")              # without the token: nothing but how to get one
+        browser.wait("return document.body.innerText.includes('no console token')", 30, "the page says why")
         browser.get(console.url)
-        assert browser.run("return location.href") == console.origin + "/", "the token leaves the address bar"
+        browser.wait(f"return location.href === {json.dumps(console.origin + '/')}", 30,
+                     "the token leaves the address bar")
         browser.wait("return [...document.querySelectorAll('#peers tbody tr')].some("
                      "r => r.dataset.peer === 'site-2' && r.innerText.includes('alive'))", 30, "the peer shows alive")
         browser.wait("return document.querySelectorAll('#kind option').length > 1", 30, "the kinds load")
@@ -168,7 +240,10 @@ async def test_a_job_proposed_in_the_browser_runs_and_its_curve_draws(make_feder
         assert browser.run("return document.querySelectorAll('#sites tbody tr').length") == 2
         assert browser.run("return document.querySelectorAll('#sites tbody .state-done').length") == 2, \
             "both sites' results are read (--site)"
-        assert browser.run("return document.cookie") == "", "the token cookie is HttpOnly"
+        assert browser.run("return document.cookie") == "", "nothing of the console is a cookie"
+        browser.run("location.reload()")              # a reload keeps the tab's session
+        browser.wait("return [...document.querySelectorAll('#peers tbody tr')].some("
+                     "r => r.dataset.peer === 'site-2')", 30, "the peers show again after a reload")
         shot = browser.screenshot(tmp_path / "console.png")
         assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         artifacts = os.environ.get("FEDPEER_TEST_ARTIFACTS")

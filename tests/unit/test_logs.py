@@ -161,3 +161,14 @@ def test_remembered_kinds_are_bounded() -> None:
                                    None, None)
         assert limiter.filter(record)
     assert len(limiter._seen) == 8
+
+
+def test_logfmt_escapes_every_non_printable_character() -> None:
+    """A value a peer or a file chose (a name, an error text) never writes a control character to
+    the log or the terminal: ESC, CR, U+2028, zero-width and other non-printables come out escaped."""
+    record = logging.LogRecord("fedpeer.test", logging.WARNING, __file__, 1, "peer_seen", None, None)
+    record.__dict__.update(fields(name="evil\x1b[2J\rok\u2028x\u200b\x00", plain="site-1", empty=""))
+    line = LogfmtFormatter().format(record)
+    assert line.isprintable(), repr(line)
+    assert 'name="evil\\x1b[2J\\rok\\u2028x\\u200b\\x00"' in line
+    assert " plain=site-1" in line and ' empty=""' in line

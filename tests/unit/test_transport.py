@@ -515,12 +515,33 @@ async def test_optional_whitespace_around_a_header_value_is_allowed(site: Site) 
     assert [m.payload for m in site.received] == [b"ows"]
 
 
-def test_hello_rate_is_a_token_bucket_per_address_with_a_bounded_memory() -> None:
-    from fedpeer.net.admission import HelloRate
+def test_hello_rate_is_a_token_bucket_per_prefix_with_a_bounded_memory_and_no_fresh_burst() -> None:
+    from fedpeer.net.admission import HelloRate, address_prefix
 
+    assert address_prefix("10.0.0.7") == address_prefix("10.0.0.200") == "10.0.0.0/24"
+    assert address_prefix("::ffff:10.0.0.7") == "10.0.0.0/24"
+    assert address_prefix("2001:db8::1") == address_prefix("2001:db8::ffff:1") == "2001:db8::/64"
+    assert address_prefix("not an address") == "not an address"
     rate = HelloRate(rate_per_s=2.0, burst=3, ips_max=2)
     assert [rate.allow("10.0.0.1", 0.0) for _ in range(4)] == [True, True, True, False]   # the burst, then none
-    assert rate.allow("10.0.0.2", 0.0)                            # another address has its own bucket
+    assert not rate.allow("10.0.0.9", 0.0), "the same /24 shares the bucket"
+    assert [rate.allow("10.0.1.1", 0.0) for _ in range(3)] == [True] * 3    # another prefix has its own bucket
     assert not rate.allow("10.0.0.1", 0.25) and rate.allow("10.0.0.1", 0.5)   # 2 per second refill
-    rate.allow("10.0.0.3", 0.5)                                   # a third address: the stalest is forgotten
-    assert len(rate._buckets) == 2 and "10.0.0.2" not in rate._buckets
+    # a third prefix while both tracked ones are in use: it shares the overflow bucket, and the
+    # spent prefix is not forgotten (no fresh burst for coming back after others)
+    assert rate.allow("10.0.2.1", 0.5)
+    assert not rate.allow("10.0.0.1", 0.5)
+    assert [rate.allow(f"10.0.{k}.1", 0.5) for k in range(3, 6)] == [True, True, False], "one bucket for all"
+    # a bucket refilled (as good as forgotten) gives its place to a new prefix
+    assert rate.allow("10.1.0.1", 10.0)
+
+
+def test_hello_rate_bounds_full_handshakes_per_key_and_for_the_node() -> None:
+    from fedpeer.net.admission import HelloRate
+
+    rate = HelloRate(key_rate_per_s=1.0, key_burst=2, node_rate_per_s=1.0, node_burst=3)
+    a, b, c = b"a" * 32, b"b" * 32, b"c" * 32
+    assert [rate.allow_key(a, 0.0) for _ in range(3)] == [True, True, False]     # a key's burst
+    assert rate.allow_key(b, 0.0)                                                # another key ...
+    assert not rate.allow_key(c, 0.0), "... until the node's budget is spent"
+    assert rate.allow_key(c, 1.0) and not rate.allow_key(b, 1.0)

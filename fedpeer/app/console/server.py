@@ -11,13 +11,18 @@ declaration here, then the daemon's `[policy]`.
 Rules, because every local user and every web page in a local browser can reach a loopback port:
 - It binds 127.0.0.1 only (port 0, a free one, unless `--port`). The first line on stdout is its
   URL with a fresh random token (TOKEN_BYTES), as Jupyter prints its own.
-- Every request needs the token, page, assets and API alike, or gets 403: once as `?token=` on
-  the page's URL (the answer sets it as an HttpOnly, SameSite=Strict cookie named after the port,
-  and redirects to the URL without it), then the cookie. Compared in constant time.
+- The token is good once: the page reads it from its address (and takes it out of the address bar
+  at once) and trades it (POST /api/session) for a session of its own, a second random value the
+  page holds in its tab (sessionStorage: this origin's, port included) and sends in SESSION_HEADER
+  with every request. The token is then replaced by a fresh one, which the console prints as a new
+  URL when asked (Enter on its terminal, or SIGUSR1). Nothing is ever a cookie: browsers send a
+  loopback cookie to every port of the host, so another local service's page could read it.
+- The page and its assets hold nothing secret and are served to anyone; every API request needs a
+  live session (SESSIONS_MAX of them, the oldest dropped), compared by its SHA-256.
 - A `Host` other than the console's own address is refused (DNS rebinding).
-- A POST also needs the page's CSRF token (a second random value, written into the page, which
-  another site's page cannot read) in the CSRF_HEADER header, Content-Type application/json, and,
-  when the browser says where it comes from (`Origin`, `Sec-Fetch-Site`), this very origin.
+- A POST also needs Content-Type application/json and, when the browser says where it comes from
+  (`Origin`, `Sec-Fetch-Site`), this very origin. (Another site's page cannot send the session
+  header without a CORS preflight the console never grants, and cannot read the session.)
 - Connections are bounded as the daemon's local listeners are (fedpeer/net/bounded.py); a request
   body is at most REQUEST_BYTES_MAX; every answer forbids framing, sniffing and caching.
 """
@@ -26,12 +31,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import hmac
 import json
+import os
 import secrets
 import signal
 import socket
 import sys
+from collections import OrderedDict
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -42,17 +50,19 @@ from fedpeer.app.console import views
 from fedpeer.config import load as cfg
 from fedpeer.daemon import adminclient as admin
 from fedpeer.errors import FedpeerError, JobError, NoDaemonError
-from fedpeer.net.bounded import LOCAL_KEEPALIVE_S, close, serve
+from fedpeer.net.bounded import close, local_runner, serve
 
 HOST = "127.0.0.1"
-TOKEN_BYTES = 32                    # 256 random bits, for the URL's token and the page's CSRF token
-COOKIE_PREFIX = "fedpeer_console_"  # + the port: cookies do not tell loopback ports apart
-CSRF_HEADER = "X-Fedpeer-CSRF"
+TOKEN_BYTES = 32                    # 256 random bits, for the URL's token and a page's session
+SESSION_HEADER = "X-Fedpeer-Session"
+SESSIONS_MAX = 8                    # pages holding a session at once (the oldest dropped: its page asks again)
 POLL_INTERVAL_MS = 1_000            # how often the page asks for status, jobs and the selected job
 REQUEST_BYTES_MAX = 64 * 1024       # a proposal is a few hundred bytes
 LISTEN_BACKLOG = 64
 PORT_MAX = 65_535
+STDIN_READ_BYTES = 4096             # one read of what is typed on the console's terminal
 STATUS_TIMEOUT_MS = 3_000           # a daemon that does not answer within this shows as unreachable
+ASK_FRESH = "ask the console for a fresh URL: press Enter where `fedpeer console` runs, or send it SIGUSR1"
 STATIC = {"console.js": "text/javascript", "console.css": "text/css"}
 SECURITY_HEADERS = {
     "Content-Security-Policy": ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
@@ -82,10 +92,10 @@ class SiteLink:
 class Console:
     def __init__(self, configs: list[cfg.Config], port: int = 0) -> None:
         self.sites = [SiteLink(c) for c in configs]
-        self.token = secrets.token_urlsafe(TOKEN_BYTES)
-        self.csrf = secrets.token_urlsafe(TOKEN_BYTES)
+        self.token = secrets.token_urlsafe(TOKEN_BYTES)     # good for one session, then replaced
+        self._sessions: OrderedDict[bytes, None] = OrderedDict()   # SHA-256 of each live session, oldest first
         self.port = port
-        self.host = self.origin = self.cookie = ""
+        self.host = self.origin = ""
         self._page = ""
         self._runner: web.AppRunner | None = None
         self._server: asyncio.Server | None = None
@@ -94,11 +104,17 @@ class Console:
     def url(self) -> str:
         return f"{self.origin}/?token={self.token}"
 
+    def fresh_url(self) -> str:
+        """A URL with a new token (the one printed before, if unused, is good no more)."""
+        self.token = secrets.token_urlsafe(TOKEN_BYTES)
+        return self.url
+
     async def start(self) -> str:
         """Listen on loopback; the URL with the token. OSError if the port cannot be had."""
         app = web.Application(middlewares=[self._guard], client_max_size=REQUEST_BYTES_MAX)
         app.router.add_get("/", self.page)
         app.router.add_get("/static/{name}", self.asset)
+        app.router.add_post("/api/session", self.open_session)
         app.router.add_get("/api/status", self.status)
         app.router.add_get("/api/kinds", self.kinds)
         app.router.add_get("/api/jobs", self.jobs)
@@ -115,10 +131,8 @@ class Console:
             raise
         self.port = sock.getsockname()[1]
         self.host, self.origin = f"{HOST}:{self.port}", f"http://{HOST}:{self.port}"
-        self.cookie = f"{COOKIE_PREFIX}{self.port}"
-        self._page = (_static_text("index.html").replace("{{csrf}}", self.csrf)
-                      .replace("{{poll_ms}}", str(POLL_INTERVAL_MS)))
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=LOCAL_KEEPALIVE_S)
+        self._page = _static_text("index.html").replace("{{poll_ms}}", str(POLL_INTERVAL_MS))
+        self._runner = local_runner(app)
         await self._runner.setup()
         self._server, _ = await serve(self._runner, sock=sock)
         return self.url
@@ -149,20 +163,21 @@ class Console:
         return response
 
     def _refusal(self, request: web.Request) -> web.Response | None:
-        """403 for a request without the token, from another host name, or a write without the
-        page's CSRF token or from another origin."""
+        """403 for another host name, an API request without a live session, or a write from
+        another origin or not in JSON. The page and its assets are public; trading the URL's token
+        for a session (POST /api/session) needs the token instead of a session."""
         host = request.headers.get("Host", "").lower()
         if host != self.host:
             return _error(403, f"Host {host!r} is not this console's address {self.host}; refused "
                           "(DNS rebinding guard): open the URL `fedpeer console` printed")
-        in_url = request.method == "GET" and request.path == "/" and _same(request.query.get("token", ""), self.token)
-        if not (in_url or _same(request.cookies.get(self.cookie, ""), self.token)):
-            return _error(403, "no console token: open the URL `fedpeer console` printed on its first line "
-                          "(it ends in ?token=...)")
+        public = request.method in ("GET", "HEAD") and not request.path.startswith("/api/")
+        if public:
+            return None
+        if request.path != "/api/session" and not self._session_known(request.headers.get(SESSION_HEADER, "")):
+            return _json({"error": f"no console session: open the URL `fedpeer console` printed (it ends in "
+                                   f"?token=...); {ASK_FRESH}", "session": "unknown"}, 403)
         if request.method in ("GET", "HEAD"):
             return None
-        if not _same(request.headers.get(CSRF_HEADER, ""), self.csrf):
-            return _error(403, f"{request.method} needs the page's {CSRF_HEADER} header (CSRF guard)")
         origin = request.headers.get("Origin")
         if origin is not None and origin != self.origin:
             return _error(403, f"Origin {origin!r} is not this console's {self.origin}; refused (CSRF guard)")
@@ -172,14 +187,30 @@ class Console:
             return _error(403, f"{request.method} needs Content-Type: application/json")
         return None
 
+    def _session_known(self, given: str) -> bool:
+        # looked up by its SHA-256: what a lookup's timing could tell is about a hash, not the session
+        return bool(given) and _digest(given) in self._sessions
+
     # -- the page -------------------------------------------------------------------------------
 
     async def page(self, request: web.Request) -> web.StreamResponse:
-        if "token" in request.query:   # the token goes into the cookie, out of the address bar
-            response = web.Response(status=303, headers={"Location": "/"})
-            response.set_cookie(self.cookie, self.token, httponly=True, samesite="Strict", path="/")
-            return response
         return web.Response(text=self._page, content_type="text/html", charset="utf-8")
+
+    async def open_session(self, request: web.Request) -> web.Response:
+        """The URL's token, once, for a session of the page's own; the token is replaced."""
+        try:
+            doc = await request.json()
+        except ValueError:
+            return _error(400, "the body is not JSON")
+        given = doc.get("token") if isinstance(doc, dict) else None
+        if not isinstance(given, str) or not _same(given, self.token):
+            return _error(403, f"this URL's token was used already, or is not the console's: {ASK_FRESH}")
+        self.token = secrets.token_urlsafe(TOKEN_BYTES)      # spent: the next URL needs a new one
+        session = secrets.token_urlsafe(TOKEN_BYTES)
+        self._sessions[_digest(session)] = None
+        while len(self._sessions) > SESSIONS_MAX:
+            self._sessions.popitem(last=False)
+        return _json({"session": session})
 
     async def asset(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
@@ -238,6 +269,10 @@ class Console:
         return site.fingerprint, name, record, None
 
 
+def _digest(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode("utf-8", "replace")).digest()
+
+
 def _same(given: str, secret: str) -> bool:
     return hmac.compare_digest(given.encode("utf-8", "replace"), secret.encode("ascii"))
 
@@ -277,10 +312,29 @@ async def _serve(console: Console) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     url = await console.start()
+    loop.add_signal_handler(signal.SIGUSR1, _print_fresh_url, console)
+    typed = sys.stdin is not None and sys.stdin.isatty()
+    if typed:
+        loop.add_reader(sys.stdin.fileno(), _on_enter, console, loop)
     try:
         print(url, flush=True)        # the first line: what a script or a test reads
         print(f"fedpeer console: serving {console.sites[0].config.node.name}'s daemon on {console.origin} "
-              "until stopped (Ctrl-C); open the URL above", file=sys.stderr, flush=True)
+              "until stopped (Ctrl-C); open the URL above (good once; press Enter, or send SIGUSR1 to "
+              f"pid {os.getpid()}, for a fresh one)", file=sys.stderr, flush=True)
         await stop.wait()
     finally:
+        if typed:
+            loop.remove_reader(sys.stdin.fileno())
         await console.stop()
+
+
+def _print_fresh_url(console: Console) -> None:
+    print(console.fresh_url(), flush=True)
+
+
+def _on_enter(console: Console, loop: asyncio.AbstractEventLoop) -> None:
+    """A line typed on the console's terminal asks for a fresh URL; at end of input, stop listening."""
+    if os.read(sys.stdin.fileno(), STDIN_READ_BYTES):
+        _print_fresh_url(console)
+    else:
+        loop.remove_reader(sys.stdin.fileno())

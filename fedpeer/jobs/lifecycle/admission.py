@@ -127,9 +127,9 @@ class Admission:
             load.add_done_callback(lambda f: f.cancelled() or f.exception() or release_data(f.result()[0]))
             raise
         rows_min = self._registry.config.policy.rows_min   # the config now: it may have been reloaded
-        if dataset.rows < rows_min:   # without the count: a small cohort's size is what this protects
+        if dataset.rows < rows_min:   # without the count, and without rows_min: above the count, it bounds it
             release_data(dataset)
-            raise JobError(f"local data has fewer rows than [policy] rows_min {rows_min}")
+            raise JobError("local data has fewer rows than this site's policy allows")
         record.data, record.test_data, record.rows = dataset, test, int(dataset.rows)
         record.data_fingerprint = dataset.fingerprint.hex()
         return dataset.fingerprint, dataset.features

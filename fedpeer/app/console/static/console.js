@@ -3,7 +3,12 @@
 // errors, results) goes into the page as text (textContent), never as markup.
 "use strict";
 
-const CSRF = document.querySelector('meta[name="fedpeer-csrf"]').content;
+// The page's session with the console: exchanged once for the URL's one-time token, then sent as
+// a header with every request. It lives in this tab's sessionStorage (this origin's only, port
+// included), never in a cookie: cookies do not tell loopback ports apart.
+const SESSION_HEADER = "X-Fedpeer-Session";
+const SESSION_KEY = "fedpeer-console-session";
+const ASK_FRESH = "ask the console for a fresh URL (press Enter where `fedpeer console` runs, or send it SIGUSR1)";
 const POLL_MS = Number(document.querySelector('meta[name="fedpeer-poll-ms"]').content) || 1000;
 const CURVE_W = 360, CURVE_H = 200;                            // px, one chart per series
 const PAD = { left: 58, right: 12, top: 22, bottom: 30 };      // px around the plot area
@@ -23,12 +28,39 @@ function el(tag, text, cls) {
   return e;
 }
 
-async function api(path, options) {
-  const response = await fetch(path, Object.assign({ credentials: "same-origin", cache: "no-store" }, options || {}));
+let session = sessionStorage.getItem(SESSION_KEY);
+
+async function request(path, options, headers) {
+  const init = Object.assign({ credentials: "omit", cache: "no-store" }, options || {});
+  init.headers = Object.assign({}, headers || {}, init.headers || {});
+  const response = await fetch(path, init);
   let doc = null;
   try { doc = await response.json(); } catch (_) { doc = { error: `HTTP ${response.status}` }; }
-  if (!response.ok) throw new Error((doc && doc.error) || `HTTP ${response.status}`);
+  if (!response.ok) {
+    if (response.status === 403 && doc && doc.session === "unknown") {
+      sessionStorage.removeItem(SESSION_KEY);      // the console restarted, or dropped this page's session
+      session = null;
+    }
+    throw new Error((doc && doc.error) || `HTTP ${response.status}`);
+  }
   return doc;
+}
+
+async function api(path, options) {
+  if (!session) throw new Error(`this page holds no console session: ${ASK_FRESH}, and open it`);
+  return request(path, options, { [SESSION_HEADER]: session });
+}
+
+// The URL's token, spent once for this page's session; it leaves the address bar (and the
+// history) before anything else happens.
+async function openSession() {
+  const token = new URLSearchParams(location.search).get("token");
+  if (token === null) return;
+  history.replaceState(null, "", "/");
+  const doc = await request("/api/session", {
+    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ token }) });
+  session = doc.session;
+  sessionStorage.setItem(SESSION_KEY, session);
 }
 
 function banner(text) {
@@ -281,7 +313,7 @@ async function propose(event) {
   message.textContent = "proposing…";
   try {
     const doc = await api("/api/jobs", {
-      method: "POST", headers: { "Content-Type": "application/json", "X-Fedpeer-CSRF": CSRF },
+      method: "POST", headers: { "Content-Type": "application/json" },
       body: JSON.stringify({ kind: $("kind").value, params, members: $("members").value }),
     });
     message.textContent = `proposed ${doc.id}`;
@@ -297,7 +329,7 @@ async function cancel() {
   if (!selected) return;
   try {
     await api(`/api/jobs/${encodeURIComponent(selected)}/cancel`, {
-      method: "POST", headers: { "Content-Type": "application/json", "X-Fedpeer-CSRF": CSRF }, body: "{}" });
+      method: "POST", headers: { "Content-Type": "application/json" }, body: "{}" });
   } catch (err) {
     $("job-error").hidden = false;
     $("job-error").textContent = err.message;
@@ -324,10 +356,20 @@ async function tick() {
   }
 }
 
-document.addEventListener("DOMContentLoaded", () => {
+document.addEventListener("DOMContentLoaded", async () => {
   $("kind").addEventListener("change", drawForm);
   $("propose").addEventListener("submit", propose);
   $("cancel-button").addEventListener("click", cancel);
+  try {
+    await openSession();
+  } catch (err) {
+    banner(err.message);
+    return;
+  }
+  if (!session) {
+    banner(`no console token: open the URL \`fedpeer console\` printed (it ends in ?token=...); ${ASK_FRESH}`);
+    return;
+  }
   loadKinds().catch((err) => banner(err.message));
   tick();
 });
