@@ -22,12 +22,16 @@ $(DEMO_STAMP): pyproject.toml $(BIN)/python
 $(TEST_STAMP): pyproject.toml $(BIN)/python
 	@echo "make: installing fedpeer with every extra and its test tools into $(VENV) (a few minutes on a fresh machine)"
 	$(BIN)/pip install --quiet -e '.[test]'
-	@# The console's browser test (tests/integration/test_console.py) drives Debian's headless Chromium.
-	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
-	elif [ "$$(id -u)" = 0 ]; then apt-get update && apt-get install -y --no-install-recommends chromium chromium-driver; \
-	else echo "make: chromium and chromium-driver are not installed and this is not root: run" \
-		"'sudo apt-get install chromium chromium-driver' for the console's browser test" \
-		"(it fails under CI=true without them, and is skipped otherwise)" >&2; fi
+	@# The console's browser test (tests/integration/test_console.py) drives Debian's headless Chromium;
+	@# the site-network tests (tests/integration/test_netns.py) put firewalls (iptables) and an HTTP
+	@# CONNECT proxy (tinyproxy) between daemons in network namespaces.
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null \
+		&& command -v iptables >/dev/null && command -v tinyproxy >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ]; then apt-get update && apt-get install -y --no-install-recommends \
+		chromium chromium-driver iptables tinyproxy; \
+	else echo "make: chromium, chromium-driver, iptables or tinyproxy is not installed and this is not root:" \
+		"run 'sudo apt-get install chromium chromium-driver iptables tinyproxy' for the console's browser" \
+		"test and the site-network tests (skipped, saying why, without them)" >&2; fi
 	touch $(TEST_STAMP)
 
 demo: $(DEMO_STAMP)

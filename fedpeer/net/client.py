@@ -151,7 +151,7 @@ class PeerClient:
         keep_alive(sock, self._route.keepalive_ms)
         adopted = self._adopted.setdefault(peer, _Adopted())
         adopted.reach = reach
-        adopted.add(Link(asyncio.get_running_loop(), sock))
+        adopted.add(Link(asyncio.get_running_loop(), sock, "inbound"))
 
     def adopted(self, peer: bytes) -> tuple[int, str] | None:
         """(links open, what the peer said of its reach) for a peer that dialed links to us."""
@@ -208,9 +208,9 @@ class PeerClient:
         if self._idle:
             self._sweep = asyncio.get_running_loop().call_later(IDLE_SWEEP_S, self._sweep_idle)
 
-    async def _connect(self, address: str) -> tuple[Link, str]:
+    async def _connect(self, address: str) -> Link:
         sock, how = await dial(address, self._route)
-        return Link(asyncio.get_running_loop(), sock), how
+        return Link(asyncio.get_running_loop(), sock, how)
 
     def _head(self, address: str, path: str, length: int) -> bytes:
         prefix = self._heads.get((address, path))
@@ -244,12 +244,12 @@ class PeerClient:
             if per_peer is None:
                 per_peer = self._per_peer[address] = asyncio.Semaphore(OUTBOUND_PER_PEER_MAX)
             async with per_peer, self._in_use:
-                link, how = self._take_idle(address, loop.time()), "direct"
+                link = self._take_idle(address, loop.time())
                 failed: OSError | TimeoutError | None = None
                 if link is None:
                     try:
                         async with asyncio.timeout(self._limits.http_connect_timeout_ms / 1000):
-                            link, how = await self._connect(address)
+                            link = await self._connect(address)
                     except (OSError, TimeoutError) as exc:
                         if not (relay_ok and self.relay is not None and peer):
                             raise
@@ -257,7 +257,7 @@ class PeerClient:
                 if link is not None:
                     if peer:
                         self._direct_down.pop(peer, None)
-                        self.routes[peer] = how
+                        self.routes[peer] = link.via
                     return await self._over(link, address, path, body)
             assert self.relay is not None and failed is not None
             try:

@@ -60,6 +60,8 @@ class Site:
     # its daemon's environment, if not ours (another build: PYTHONPATH); such a daemon starts in the
     # site's directory, so that `python -m` does not put our working directory's fedpeer first
     env: dict[str, str] | None = None
+    host: str = HOST                 # where it listens (another address in a network namespace)
+    wrap: list[str] | None = None    # a command its daemon runs under (`ip netns exec NAME`)
 
     @property
     def config_path(self) -> Path:
@@ -71,7 +73,7 @@ class Site:
 
     @property
     def address(self) -> str:
-        return f"{HOST}:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def peer_address(self) -> str:
@@ -120,6 +122,9 @@ class Harness:
     # Site keys derived from this seed (a demo's results then repeat: every member's seeds derive
     # from the job's seed and its key); None: fresh random keys, as real sites have
     key_seed: int | None = None
+    # per site: the host it listens on and a command its daemon runs under (network namespaces)
+    hosts: list[str] | None = None
+    wraps: list[list[str]] | None = None
     sites: list[Site] = field(default_factory=list)
 
     def create(self) -> None:
@@ -130,7 +135,9 @@ class Harness:
         width = len(str(self.n_sites))
         for i, port in enumerate(ports):
             site = Site(name=f"site-{i + 1:0{width}d}", dir=self.workdir / f"site-{i + 1:0{width}d}", port=port,
-                        advertise=self.advertise[i] if self.advertise is not None else None)
+                        advertise=self.advertise[i] if self.advertise is not None else None,
+                        host=self.hosts[i] if self.hosts is not None else HOST,
+                        wrap=self.wraps[i] if self.wraps is not None else None)
             if site.dir.exists():
                 shutil.rmtree(site.dir)
             _, identity = init_site(site.dir, site.name, site.address, advertise=site.advertise,
@@ -163,7 +170,7 @@ class Harness:
             log = open(site.log_path, "ab")
             site.log_start = log.tell()             # this start's lines begin here (the log is appended to)
             site.process = subprocess.Popen(
-                [sys.executable, "-m", "fedpeer", "start", "--config", str(site.config_path),
+                [*(site.wrap or []), sys.executable, "-m", "fedpeer", "start", "--config", str(site.config_path),
                  "--log-level", self.log_level],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=site.env,
                 cwd=site.dir if site.env is not None else None)
