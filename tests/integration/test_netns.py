@@ -17,7 +17,7 @@ import pytest
 from fedpeer.app.harness.federation import Harness, builtin_csv, split_csv
 from fedpeer.app.sitefiles import add_peers
 from fedpeer.config import load as cfg
-from tests.integration import netns
+from fedpeer.testing import netns
 
 pytestmark = pytest.mark.integration
 SKIP = netns.skip_reason()
