@@ -146,6 +146,7 @@ class Policy:
     members_max: int = 100
     proposers: tuple[str, ...] = (EVERY_PEER,)   # [[peer]] names whose proposals are considered; "*": all
     rows_min: int = 0                     # a job is refused if this site's data has fewer rows
+    ids_max: int = 1_000_000              # vertical jobs: IDs another member may announce for alignment
     # [policy.<kind>] tables: the largest (or smallest) parameters of a job of that kind this site
     # agrees to run, as written (kind -> limit -> value). Here they are checked as numbers only;
     # which kinds and limits exist is the job catalogue's to say (fedpeer/kinds/catalog.py

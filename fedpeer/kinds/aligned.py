@@ -125,9 +125,14 @@ async def align(ch: Any, ctx: JobContext, prefix: str, offload: Offload = asynci
     ch.progress("private set intersection", 1, 2)
     try:
         found = await psi.intersect(ch, [str(v) for v in block.ids], hop_timeout_ms=ctx.hop_timeout_ms,
-                                    rows_min=block.aligned_rows_min, offload=offload, tag=f"{prefix}/psi")
+                                    rows_min=block.aligned_rows_min, ids_max=block.aligned_ids_max,
+                                    offload=offload, tag=f"{prefix}/psi")
     except (psi.NoCommonIds, psi.Inconsistent) as exc:
         raise JobFailsEverywhere(f"aligning the rows: {exc}") from None
+    except psi.TooManyIds as exc:
+        who = ctx.names.get(exc.member, exc.member.hex()[:16])
+        raise JobError(f"{who} announces more IDs than this site's [policy] ids_max; raise ids_max here if that "
+                       "site's ID column is expected to be that long") from None
     except psi.RefusedByMember as exc:
         who = ctx.names.get(exc.member, exc.member.hex()[:16])
         raise JobError(f"{who} refuses the aligned rows: fewer IDs are held by every member than its [policy] "

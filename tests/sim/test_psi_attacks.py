@@ -172,3 +172,27 @@ def test_the_strip_proof_holds_for_the_true_points_only() -> None:
     forged = psi.blind(psi.hash_ids("job", ["a", "b", "d"]), k, False)        # a proof for other points
     assert not psi.verify_strip(common, h, psi.prove_strip(k, forged, h, bytes(64 * [9])))
 
+
+def test_a_vertical_job_names_the_site_over_this_sites_ids_max() -> None:
+    """The [policy] ids_max reaches the job (VerticalBlock.aligned_ids_max): a site holding more
+    IDs than the others allow is named by them, with the setting to change; no count is given."""
+    import numpy as np
+
+    from fedpeer.data.vertical import VerticalBlock
+    from fedpeer.jobs.kind import JobContext
+    from fedpeer.kinds import vertical_stats as vs
+
+    rows = [300, 300, 2_000]
+    blocks = []
+    for m, n in enumerate(rows):
+        X = np.random.default_rng(m).normal(size=(n, 1))
+        X.setflags(write=False)
+        blocks.append(VerticalBlock((f"c{m}",), X, np.array([f"id-{i}" for i in range(n)]), "ID",
+                                    aligned_ids_max=1_000))
+    keys, names = member_keys("vertical", 3)
+    out = run_members(keys, lambda net, i, k: vs.run_vertical(net.channel(k), {"bins": 4, "secure_sum": "pairwise"},
+                                                              JobContext(names[k], names, 2_000, data=blocks[i]),
+                                                              _inline))
+    for r in out[:2]:
+        assert str(r).startswith("site-3 announces more IDs than this site's [policy] ids_max"), out
+        assert "2000" not in str(r) and "1000" not in str(r)
