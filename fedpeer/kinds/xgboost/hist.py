@@ -207,7 +207,7 @@ class HistJob:
         try:
             return await self.offload(fn, *args)
         except DataError as exc:
-            raise JobFailsEverywhere(str(exc)) from None
+            raise JobFailsEverywhere(str(exc), here=True) from None
 
     async def run(self) -> bytes:
         """Every tree, through as many epochs as members are lost; the model's bytes."""
