@@ -150,6 +150,7 @@ class Policy:
     relay: bool = True                    # forward sealed frames between members that cannot reach each other
     relay_requests_max: int = 16          # relayed requests in flight at once (beyond: 503, the sender tries another)
     relay_bytes_max: int = 64 * 1024 * 1024   # bytes of relayed requests in flight at once
+    ids_max: int = 1_000_000              # vertical jobs: IDs another member may announce for alignment
     # [policy.<kind>] tables: the largest (or smallest) parameters of a job of that kind this site
     # agrees to run, as written (kind -> limit -> value). Here they are checked as numbers only;
     # which kinds and limits exist is the job catalogue's to say (fedpeer/kinds/catalog.py

@@ -32,19 +32,20 @@ def spec_for(data: DataSection, *, needs_label: bool) -> DataSpec:
 
 
 def load_site(data: DataSection, limits: JobLimits, *, needs_label: bool,
-              binary: bool, rows_min: int = 0) -> tuple[Any, Dataset | None]:
+              binary: bool, rows_min: int = 0, ids_max: int = 1_000_000) -> tuple[Any, Dataset | None]:
     """(rows of csv, rows of test_csv or None). Blocking. With missing = "impute", test_csv's gaps are
     filled by the imputer fitted on csv's rows (never on test rows). With engine = "dask" the first is
     a DaskSite (fedpeer/data/dask.py: the rows stay on the site's cluster; the caller closes it);
     test_csv, a held-out file, is loaded in memory either way. With partition = "vertical" the first
     is a VerticalBlock (fedpeer/data/vertical.py: the site's columns and each row's ID; no label is
     needed, none is a feature), whose intersection with the other sites' IDs a job refuses below
-    `rows_min` rows ([policy] rows_min)."""
+    `rows_min` rows ([policy] rows_min), as it refuses a member announcing more than `ids_max` IDs."""
     if data.partition == "vertical":
         from fedpeer.data.vertical import load_vertical
 
         return load_vertical(spec_for(data, needs_label=False), data.id_column, rows_max=limits.data_rows_max,
-                             bytes_max=limits.data_bytes_max, aligned_rows_min=rows_min), None
+                             bytes_max=limits.data_bytes_max, aligned_rows_min=rows_min,
+                             aligned_ids_max=ids_max), None
     spec = spec_for(data, needs_label=needs_label) if data.engine != "dask" else None
 
     def load(spec: DataSpec, impute_from: Dataset | None = None) -> Dataset:

@@ -20,7 +20,7 @@ Rules of this module:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import numpy as np
@@ -50,6 +50,8 @@ class VerticalBlock:
     # the fewest aligned rows this site agrees to reveal and compute on ([policy] rows_min): the
     # intersection is refused below it before any common ID is revealed
     aligned_rows_min: int = 0
+    # the most IDs another member may announce ([policy] ids_max): refused before any ID is blinded
+    aligned_ids_max: int = 1_000_000
     source: str = field(default="", repr=False)
 
     partition: ClassVar[str] = "vertical"
@@ -87,7 +89,7 @@ def id_problem(ids: np.ndarray, where: object, id_column: str) -> DataError | No
 
 
 def load_vertical(spec: DataSpec, id_column: str, *, rows_max: int, bytes_max: int,
-                  aligned_rows_min: int = 0) -> VerticalBlock:
+                  aligned_rows_min: int = 0, aligned_ids_max: int = 1_000_000) -> VerticalBlock:
     """Read and check a vertical site's rows: `spec` as for a job without a label (its label, if
     any, among the ignored columns), `id_column` the ID column. DataError for every problem."""
     spec = DataSpec(csv=spec.csv, parquet=spec.parquet, sql=spec.sql, dsn_file=spec.dsn_file,
@@ -100,7 +102,7 @@ def load_vertical(spec: DataSpec, id_column: str, *, rows_max: int, bytes_max: i
     problem = id_problem(dataset.labels, spec.source, id_column)
     if problem is not None:
         raise problem
-    return _block(dataset, id_column, spec, aligned_rows_min)
+    return replace(_block(dataset, id_column, spec, aligned_rows_min), aligned_ids_max=aligned_ids_max)
 
 
 def _block(dataset: Dataset, id_column: str, spec: DataSpec, aligned_rows_min: int) -> VerticalBlock:

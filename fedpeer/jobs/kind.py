@@ -19,7 +19,13 @@ from fedpeer.jobs import report
 
 class JobFailsEverywhere(JobError):
     """A failure that ends the job for every member, even of a kind whose members may fail alone
-    (`member_failure_aborts=False`): e.g. no site could train at all."""
+    (`member_failure_aborts=False`): e.g. no site could train at all. It names no site — every
+    member meets the same condition, and the member that noticed first is not to blame — unless
+    `here`: this site's own data or state is the cause (its own evidence), and it is named."""
+
+    def __init__(self, reason: str, *, here: bool = False) -> None:
+        super().__init__(reason)
+        self.here = here
 
 
 class ImplausibleTotal(JobFailsEverywhere):

@@ -12,7 +12,8 @@ it goes on with (docs/algorithms.md, "Vertical partition"): the kinds that run o
 3. sums: every later exchange is a secure sum over all the members (a vertical job cannot go on
    without any member's columns, so a member lost fails the job): of floats in fixed point
    (`VerticalSums.add`: the partial distances), or a gather (`VerticalSums.gather`: each member's
-   own values, exactly, in its own entries).
+   own values, exactly, in its own entries; each member commits to its values first, so every
+   member checks every member's values came back, and a false claim that they did not is named).
 
 Failures: no ID in common, or an intersection whose checks fail, end the job everywhere
 (`JobFailsEverywhere`, naming no site); a site's own refusal names it (the job lifecycle tells
@@ -22,7 +23,8 @@ the others); a member's refusal is named by that member.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import hashlib
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -40,6 +42,8 @@ FIXED = FixedPoint(frac_bits=32, limbs=3)     # |x| · members < 2^63 at 2^-32 r
 COLUMNS_MAX = 100_000                          # feature columns of one member
 COLUMN_NAME_BYTES_MAX = 256
 GATHER_CHECK_WAIT_HOPS = 2                     # a member waits this many hops for the others' word after a gather
+SALT_BYTES = 32                                # of a gather commitment's salt (psi.PsiDigest carries it)
+COMMIT_DOMAIN = b"fedpeer/v1/vertical/gather-commit\x00"
 
 Offload = Callable[..., Awaitable[Any]]
 
@@ -92,8 +96,12 @@ class Aligned:
         return tuple(len(block) for block in self.columns)
 
     def own_slice(self) -> slice:
-        start = sum(self.widths[:self.position])
-        return slice(start, start + self.widths[self.position])
+        return self.slices()[self.position]
+
+    def slices(self) -> tuple[slice, ...]:
+        """Every member's rows of the joined columns, in ring order."""
+        starts = np.concatenate([[0], np.cumsum(self.widths)]).astype(int)
+        return tuple(slice(int(a), int(b)) for a, b in zip(starts[:-1], starts[1:]))
 
 
 async def exchange_columns(ch: Any, features: tuple[str, ...], tag: str, wait_ms: int) -> tuple[tuple[str, ...], ...]:
@@ -125,9 +133,14 @@ async def align(ch: Any, ctx: JobContext, prefix: str, offload: Offload = asynci
     ch.progress("private set intersection", 1, 2)
     try:
         found = await psi.intersect(ch, [str(v) for v in block.ids], hop_timeout_ms=ctx.hop_timeout_ms,
-                                    rows_min=block.aligned_rows_min, offload=offload, tag=f"{prefix}/psi")
+                                    rows_min=block.aligned_rows_min, ids_max=block.aligned_ids_max,
+                                    offload=offload, tag=f"{prefix}/psi")
     except (psi.NoCommonIds, psi.Inconsistent) as exc:
         raise JobFailsEverywhere(f"aligning the rows: {exc}") from None
+    except psi.TooManyIds as exc:
+        who = ctx.names.get(exc.member, exc.member.hex()[:16])
+        raise JobError(f"{who} announces more IDs than this site's [policy] ids_max; raise ids_max here if that "
+                       "site's ID column is expected to be that long") from None
     except psi.RefusedByMember as exc:
         who = ctx.names.get(exc.member, exc.member.hex()[:16])
         raise JobError(f"{who} refuses the aligned rows: fewer IDs are held by every member than its [policy] "
@@ -143,6 +156,7 @@ class VerticalSums:
     def __init__(self, ch: Any, ctx: JobContext, mode: str, prefix: str) -> None:
         self.ch, self.ctx, self.mode, self.prefix = ch, ctx, mode, prefix
         self.sent_entries: list[int] = []
+        self.refuted: list[NodeId] = []     # members whose claim "my values were altered" the commitments refuted
 
     def check_size(self, floats: int, fix: str) -> None:
         entries = floats * FIXED.limbs
@@ -163,34 +177,80 @@ class VerticalSums:
         self.sent_entries.append(len(vector))
         return FIXED.decode(out.total)
 
-    async def gather(self, name: str, placed_values: np.ndarray, own: slice) -> np.ndarray:
+    async def gather(self, name: str, placed_values: np.ndarray, slices: Sequence[slice]) -> np.ndarray:
         """Every member's values side by side, exactly: each member sends the float64 bits of its
-        own values in its own entries (`placed`; its rows `own` of placed_values) and zeros
-        elsewhere, so the sum modulo 2^64 is every member's bits. For values each member computes
-        alone (its columns' statistics, its projection of the centres), with no fixed-point
-        rounding. Every member checks that its own values came back bit for bit and tells every
-        other member (one message each way): a member that shifts another's entries is caught by
-        that member, and every member ends the job, the last gather of a job included."""
+        own values in its own entries (`placed`; every member's rows of placed_values are
+        `slices`, in ring order) and zeros elsewhere, so the sum modulo 2^64 is every member's
+        bits. For values each member computes alone (its columns' statistics, its projection of
+        the centres), with no fixed-point rounding. Before the sum every member commits to its own
+        values (a salted SHA-256, `commitment`); after it, every member reveals its salt and says
+        whether its values came back (one message each way, each time). Every member then checks
+        every member's values against its commitment (`_judge`): a member that shifts another's
+        entries is caught by all, and a member that claims "altered" about values that came back
+        as committed is named (`refuted`) and its claim ignored."""
         placed_values = np.ascontiguousarray(placed_values, dtype=np.float64)
         bits = placed_values.ravel().view(np.uint64)
-        out = await secure_sum(self.ch, self.tag(name), bits, mode=self.mode, hop_timeout_ms=self.ctx.hop_timeout_ms)
-        if out.participants != tuple(self.ch.members):
+        tag, members = self.tag(name), tuple(self.ch.members)
+        mine = slices[members.index(self.ch.me)]
+        salt = self.ch.random_bytes(SALT_BYTES)
+        commits = await self._exchange(psi.PsiDigest, f"{tag}/commit", psi.PsiDigest(
+            f"{tag}/commit", commitment(tag, salt, placed_values[mine].view(np.uint64))))
+        out = await secure_sum(self.ch, tag, bits, mode=self.mode, hop_timeout_ms=self.ctx.hop_timeout_ms)
+        if out.participants != members:
             raise JobError("a member dropped out of a secure sum; a vertical job needs every member's columns")
         self.sent_entries.append(len(bits))
-        intact = bool(np.array_equal(out.total.reshape(placed_values.shape)[own], placed_values[own].view(np.uint64)))
-        tag, others = f"{self.tag(name)}/check", [p for p in self.ch.members if p != self.ch.me]
+        total = out.total.reshape(placed_values.shape)
+        intact = bool(np.array_equal(total[mine], placed_values[mine].view(np.uint64)))
+        claims, salts = await asyncio.gather(
+            self._exchange(GatherCheck, f"{tag}/check", GatherCheck(f"{tag}/check", intact)),
+            self._exchange(psi.PsiDigest, f"{tag}/salt", psi.PsiDigest(f"{tag}/salt", salt)))
+        self._judge(tag, total, slices, {m: c.digest for m, c in commits.items()},
+                    {m: s.digest for m, s in salts.items()}, {m: c.intact for m, c in claims.items()})
+        return checked_total(tag, _finite, out.total.view(np.float64))
+
+    async def _exchange(self, kind: type, tag: str, msg: Any) -> dict[NodeId, Any]:
+        """Send `msg` to every other member and take theirs (every member's, this one's included)."""
+        others = [p for p in self.ch.members if p != self.ch.me]
         wait_ms = self.ctx.hop_timeout_ms * GATHER_CHECK_WAIT_HOPS
-        await asyncio.gather(*(self.ch.send(p, GatherCheck(tag, intact)) for p in others))
-        words = await asyncio.gather(*(self.ch.recv(GatherCheck, tag, src=p, timeout_ms=wait_ms) for p in others))
-        if not intact or not all(msg.intact for _, msg in words):
-            raise ImplausibleTotal.of(self.tag(name), "every member's own values come back as it sent them")
-        return checked_total(self.tag(name), _finite, out.total.view(np.float64))
+        await asyncio.gather(*(self.ch.send(p, msg) for p in others))
+        got = await asyncio.gather(*(self.ch.recv(kind, tag, src=p, timeout_ms=wait_ms) for p in others))
+        return {self.ch.me: msg, **dict(got)}
+
+    def _judge(self, tag: str, total: np.ndarray, slices: Sequence[slice], commits: dict[NodeId, bytes],
+               salts: dict[NodeId, bytes], claims: dict[NodeId, bool]) -> None:
+        """Every member's values against its commitment. All came back: a claim of "altered" is
+        false, its maker named (`refuted`) and its claim ignored. Some did not: the total is
+        refused everywhere (a member shifted another's entries, or sent other values than it
+        committed to: the sum hides which), naming only a member that says its values came back
+        when they did not come back as it committed (it contradicts itself)."""
+        members = tuple(self.ch.members)
+        back = {m: commitment(tag, salts[m], total[slices[i]]) == commits[m] for i, m in enumerate(members)}
+        if all(back.values()):
+            self.refuted.extend(m for m in members if not claims[m] and m not in self.refuted)
+            return
+        liar = next((m for m in members if not back[m] and claims[m]), None)
+        if liar is not None:
+            raise JobFailsEverywhere(f"{self.ctx.names.get(liar, liar.hex()[:16])}: its values in secure sum "
+                                     f"'{tag}' are not those it committed to, though it says they came back")
+        raise ImplausibleTotal.of(tag, "every member's own values come back as it sent them")
 
     def tag(self, name: str) -> str:
         return f"{self.prefix}/{name}"
 
     def names(self) -> list[str]:
         return [self.ctx.names.get(k, k.hex()[:16]) for k in self.ch.members]
+
+    def false_claims(self) -> dict:
+        """{"false_claims": [sites]} when some member claimed its gathered values were altered
+        and every member's values came back as it committed to them; else {}."""
+        return {"false_claims": [self.ctx.names.get(k, k.hex()[:16]) for k in self.refuted]} if self.refuted else {}
+
+
+def commitment(tag: str, salt: bytes, values: np.ndarray) -> bytes:
+    """A member's commitment to its own gathered values (their uint64 bits), salted so that a
+    commitment alone does not let anyone test guesses of low-entropy values."""
+    return hashlib.sha256(COMMIT_DOMAIN + tag.encode() + b"\x00" + salt + np.ascontiguousarray(values, dtype=np.uint64)
+                          .tobytes()).digest()
 
 
 def _finite(values: np.ndarray) -> np.ndarray:

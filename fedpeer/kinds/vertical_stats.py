@@ -47,7 +47,7 @@ async def run_vertical(ch: Any, params: Mapping[str, Any], ctx: JobContext,
     sums = VerticalSums(ch, ctx, params["secure_sum"], PREFIX)
     ch.progress("moments (secure sum 1 of 2)", 1, 2)
     moments = (await sums.gather("moments", placed(aligned, np.stack([X.sum(axis=0), (X * X).sum(axis=0)], 1), 2),
-                                 own)).reshape(-1, 2)
+                                 aligned.slices())).reshape(-1, 2)
     checked_total(sums.tag("moments"), check_columns, n, moments[:, 0], moments[:, 1])
     mean = moments[:, 0] / n
     rough = np.sqrt(np.maximum(moments[:, 1] / n - mean * mean, 0.0) * n / (n - 1))
@@ -57,7 +57,7 @@ async def run_vertical(ch: Any, params: Mapping[str, Any], ctx: JobContext,
     width = params["bins"] + 2
     own_part = np.concatenate([((X - mean[own]) ** 2).sum(axis=0)[:, None], local_histograms(X, edges[own])], axis=1)
     second = (await sums.gather("spread", placed(aligned, own_part, 1 + width),
-                                own)).reshape(-1, 1 + width)
+                                aligned.slices())).reshape(-1, 1 + width)
     centred = second[:, 0]
     hist = checked_total(sums.tag("spread"), _whole, second[:, 1:])
     checked_total(sums.tag("spread"), check_spread, n, moments[:, 0], moments[:, 1], centred, edges, hist)
@@ -66,7 +66,7 @@ async def run_vertical(ch: Any, params: Mapping[str, Any], ctx: JobContext,
     return {
         "count": n, "participants": sums.names(), **alignment_result(aligned, ctx, tuple(ch.members)),
         **column_summaries(cols, mean, std, edges, hist),
-        "secure_sum": params["secure_sum"],
+        "secure_sum": params["secure_sum"], **sums.false_claims(),
     }
 
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from fedpeer.ml.moments import exact_sum
+
 __all__ = ["LOGLOSS_EPS", "accuracy_counts", "auc_from_histograms", "check_counts", "check_errors", "local_auc",
            "logloss_sums", "metrics", "score_histograms", "site_counts"]
 
@@ -181,15 +183,18 @@ def check_counts(counts: Any, loss: float, groups: int, bins: int) -> None:
     counts = np.asarray(counts)
     hist = counts[:-2].reshape((1, 2, bins) if groups == 1 else (groups, 2, bins))
     correct, rows = int(counts[-2]), int(counts[-1])
-    if (counts < 0).any() or (hist.sum(axis=(1, 2)) != rows).any() or not 0 <= correct <= rows:
+    # each count bounded by the rows first, every sum in Python integers: poisoned entries near
+    # 2^63 cannot wrap a histogram's sum back to the rows
+    if (counts < 0).any() or (counts > rows).any() or (exact_sum(hist, axis=(1, 2)) != rows).any():
         raise ValueError("every evaluation histogram holds each row once")
     positives = hist[:, 1, :]
-    if groups > 1 and int(positives.sum()) != rows:
+    if groups > 1 and exact_sum(positives) != rows:
         raise ValueError("every row is the positive of one class")
     if groups == 1:
         half = bins // 2
         neg, pos = hist[0, 0], hist[0, 1]
-        least, most = int(neg[:half].sum() + pos[half + 1:].sum()), int(neg[:half + 1].sum() + pos[half:].sum())
+        least = exact_sum(neg[:half]) + exact_sum(pos[half + 1:])
+        most = exact_sum(neg[:half + 1]) + exact_sum(pos[half:])
         if not least <= correct <= most:
             raise ValueError("the correct predictions are those the score histogram allows")
     edges = np.arange(bins + 1) / bins

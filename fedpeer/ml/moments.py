@@ -39,6 +39,16 @@ def whole_counts(total: np.ndarray) -> np.ndarray:
     return decode_counts(total)
 
 
+def exact_sum(counts: np.ndarray, axis: int | tuple[int, ...] | None = None) -> object:
+    """The sum of integer counts in Python integers: a poisoned total's entries near 2^63 or 2^64
+    cannot wrap a check's sum back to an honest one, as numpy's int64 and uint64 sums do. For
+    the small arrays the checks add up (histograms, confusion counts, cluster sizes). Returns a
+    Python int (axis None) or an object array of them."""
+    values = np.asarray(counts)
+    assert values.dtype.kind in "iu", f"exact_sum of {values.dtype}"
+    return values.astype(object).sum(axis=axis)
+
+
 def check_declared(counts: np.ndarray, most: int) -> None:
     """ValueError unless every summed count is at most `most`: the members' declared maximum
     (each member's counts at most its count_max, so their sum at most members x count_max)."""
@@ -94,7 +104,7 @@ def check_spread(n: int, sums: np.ndarray, squares: np.ndarray, centred: np.ndar
     more rows lie beyond the outer edges (at distance h from the mean) than Σ(x - mean)² / h²
     allows (Chebyshev)."""
     check_centred(n, sums, squares, centred)
-    if (counts < 0).any() or (counts.sum(axis=1) != n).any():
+    if (counts < 0).any() or (counts > n).any() or (exact_sum(counts, axis=1) != n).any():
         raise ValueError("every column's histogram holds each row once")
     half = (edges[:, -1] - edges[:, 0]) / 2
     reach = half * (1 - PLAUSIBLE_RTOL) - FLOAT_EPS_EDGE * np.abs(edges).max(axis=1)   # the edges' own rounding

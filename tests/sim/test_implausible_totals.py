@@ -252,3 +252,23 @@ def test_bofrf(which: int, at: float, amount: int, member: int) -> None:
     results, names, poisoned = run_kind(bofrf.run, blobs(labelled=True), params, bofrf, member,
                                         poison_one(which, at, amount, lambda tag, vector: (0, 1, 0)))
     fails_everywhere(results, names, poisoned)
+
+
+def test_bofrf_confusion_wrapped_back_to_the_honest_total() -> None:
+    """Issue 38, finding 2, from the attacker's side: a member adds 2^62 to each of one tree's
+    four confusion counts, so the tree's int64 row sum wraps back to the honest total (4 * 2^62 =
+    2^64) while every count stays below 2^63. Every member must refuse the total, not end `done`
+    with the poisoned tree's MCC."""
+    from fedpeer.kinds.forest import bofrf
+
+    def poison(tag: str, vector: np.ndarray) -> np.ndarray | None:
+        if not tag.endswith("confusion"):
+            return None
+        out = np.array(vector, dtype=np.uint64, copy=True)
+        out[:4] += np.uint64(1 << 62)            # the first tree's tp, tn, fp, fn
+        return out
+
+    params = bofrf.KIND.check_params({"n_estimators": 4, "max_depth": 3, "seed": 1, "secure_sum": "ring"})
+    results, names, poisoned = run_kind(bofrf.run, blobs(labelled=True), params, bofrf, 1, poison)
+    assert poisoned == ["bofrf/confusion"]
+    fails_everywhere(results, names, poisoned)

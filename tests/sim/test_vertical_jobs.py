@@ -238,3 +238,42 @@ def test_a_member_shifting_anothers_gathered_values_is_caught_by_that_member(ent
     assert not any(isinstance(r, dict) for r in results), results
     caught = [str(r) for r in results if isinstance(r, ImplausibleTotal)]
     assert any("own values come back" in text for text in caught), results
+
+
+class _AlwaysAltered:
+    """A member's channel that answers every gather check "my values came back altered"."""
+
+    def __init__(self, inner) -> None:  # noqa: ANN001
+        self.inner = inner
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        return getattr(self.inner, name)
+
+    async def send(self, dst, msg) -> None:  # noqa: ANN001
+        if isinstance(msg, al.GatherCheck):
+            msg = al.GatherCheck(msg.tag, False)
+        return await self.inner.send(dst, msg)
+
+
+@pytest.mark.parametrize("kind", ["stats", "kmeans"])
+@pytest.mark.parametrize("liar", [0, 2])
+def test_a_member_always_claiming_altered_values_is_named_and_stalls_nothing(kind: str, liar: int) -> None:
+    """Issue 38, finding 3, from the attacker's side: a member that answers every gather check
+    "not intact" used to fail every vertical job at its first gather, never named. Every member
+    committed to its own values before the sum, so every member sees that all values came back
+    as committed: the claim is refuted, its maker named in every honest member's result, and the
+    job ends `done` with the same result at every honest member."""
+    sites, _ = three_sites(seed=2)
+    keys, names = member_keys("vertical", 3)
+    if kind == "stats":
+        run, params = vs.run_vertical, {"bins": 8, "secure_sum": "pairwise"}
+    else:
+        run, params = kv.run_vertical, kj.KIND.check_params({"k": 3, "seed": 3, "secure_sum": "pairwise"})
+
+    def member(net, i, k):  # noqa: ANN001, ANN202
+        ch = _AlwaysAltered(net.channel(k)) if i == liar else net.channel(k)
+        return run(ch, params, JobContext(names[k], names, 2_000, data=sites[i]), _inline)
+    results = run_members(keys, member)
+    honest = [r for i, r in enumerate(results) if i != liar]
+    fed = same_everywhere(honest)
+    assert fed["false_claims"] == [names[keys[liar]]], fed

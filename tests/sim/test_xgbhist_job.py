@@ -197,8 +197,8 @@ def test_bounds_and_impossible_sums_end_the_job_everywhere_naming_what() -> None
         asyncio.run(job.compute(beyond))
 
 
-@SECURE_SUMS
-def test_multiclass_model_is_the_pooled_reference(secure_sum: str) -> None:
+def wine_sites(n: int) -> list:
+    """scikit-learn's wine data (three classes) over n sites, labels by class name."""
     from sklearn.datasets import load_wine
 
     from fedpeer.data.dataset import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint
@@ -206,15 +206,20 @@ def test_multiclass_model_is_the_pooled_reference(secure_sum: str) -> None:
     raw = load_wine()
     names = np.array(["barolo", "grignolino", "barbera"])
     features = tuple(f"f{i}" for i in range(raw.data.shape[1]))
+    parts = np.array_split(np.random.default_rng(0).permutation(len(raw.target)), n)
+    return [Dataset(features, np.ascontiguousarray(raw.data[rows]), None, names[raw.target[rows]], 0,
+                    schema_fingerprint(features, [FEATURE_TYPE_FLOAT] * len(features))) for rows in parts]
+
+
+@SECURE_SUMS
+def test_multiclass_model_is_the_pooled_reference(secure_sum: str) -> None:
+    from sklearn.datasets import load_wine
+
+    raw = load_wine()
     parts = np.array_split(np.random.default_rng(0).permutation(len(raw.target)), 3)
-
-    def ds(rows: np.ndarray) -> Dataset:
-        return Dataset(features, np.ascontiguousarray(raw.data[rows]), None, names[raw.target[rows]], 0,
-                       schema_fingerprint(features, [FEATURE_TYPE_FLOAT] * len(features)))
-
     params = {**PARAMS, "objective": "multi:softprob", "classes": "barolo,grignolino,barbera", "rounds": 3,
               "secure_sum": secure_sum}
-    results, _ = run([ds(p) for p in parts], params)
+    results, _ = run(wine_sites(3), params)
     assert all(isinstance(r, dict) for r in results), results
     assert len({r["model_sha256"] for r in results}) == 1 and results[0]["trees"] == 3 * 3
     want = histrun.train_reference([raw.data[p] for p in parts], [raw.target[p] for p in parts],
@@ -348,3 +353,42 @@ def test_an_owner_sending_members_different_splits_is_named_and_no_model_is_adop
     for k, r in zip(keys, results):
         if k != cheat:
             assert isinstance(r, JobError) and f"owner {cheat.hex()[:16]}" in str(r), r
+
+
+@pytest.mark.parametrize("secure_sum", ["ring", "allreduce"])
+@pytest.mark.parametrize("objective", ["binary", "multiclass", "regression"])
+def test_a_member_flipping_its_gradient_signs_fails_the_first_trees_root_check(secure_sum: str,
+                                                                               objective: str) -> None:
+    """Issue 38, finding 10, from the attacker's side: one member sends -g instead of g for every
+    row (a plausible lie: every histogram cell stays within its bounds, and the held-out AUC fell
+    from 0.999 to 0.884). The first round's root gradient sum must be what the summed labels
+    imply (N·base − P; softmax N·p_k − N_k; squared error N·base − Σy), so every member fails the
+    job naming the sum and the check, and no model is adopted."""
+    params = {**PARAMS, "secure_sum": secure_sum}
+    if objective == "binary":
+        sites, _, _ = breast_cancer_sites(3)
+    elif objective == "multiclass":
+        sites = wine_sites(3)
+        params.update(objective="multi:softprob", classes="barolo,grignolino,barbera")
+    else:
+        sites, _ = diabetes_sites(3)
+        params.update(objective="reg:squarederror", grad_abs_max=400.0)
+    keys, names = member_keys("xgbh", 3)
+    checked = xj.KIND.check_params(params)
+
+    def tools_for(i: int) -> xj.Tools:
+        async def offload(fn, *args):
+            out = await exp._inline(fn, *args)
+            if i == 1 and getattr(fn, "__name__", "") == "start_round":
+                site = fn.__self__
+                g, h = site._derivs
+                site._derivs = (-g, h)
+            return out
+        return xj.Tools(offload=offload)
+
+    results = run_members(keys, lambda net, i, k: xj.run_job(
+        net.channel(k), checked, JobContext(names[k], names, 2_000, data=sites[i]), tools_for(i)))
+    assert not any(isinstance(r, dict) for r in results), "the flipped gradients were adopted"
+    for r in results:
+        assert isinstance(r, ImplausibleTotal), r
+        assert "root gradient sum" in str(r) and "/r0/c0/d0" in str(r), r

@@ -20,7 +20,7 @@ from fedpeer.config.load import Address, Config, JobLimits, NodeSection, Policy
 from fedpeer.errors import JobError, RemoteProtocolError
 from fedpeer.identity import fingerprint
 from fedpeer.jobs import messages as m
-from fedpeer.jobs.kind import ImplausibleTotal, JobKind
+from fedpeer.jobs.kind import ImplausibleTotal, JobFailsEverywhere, JobKind
 from fedpeer.jobs.lifecycle import admission, runner
 from fedpeer.jobs.lifecycle import registry as reg
 from fedpeer.jobs.lifecycle.registry import JobRegistry
@@ -95,6 +95,16 @@ async def _implausible_run(ch: Any, params: Any, ctx: Any) -> dict:
     raise ImplausibleTotal.of("k/round1", "the cluster sizes add up to the rows")
 
 
+async def _job_wide_run(ch: Any, params: Any, ctx: Any) -> dict:
+    await ch.sleep_ms(50)
+    raise JobFailsEverywhere("aligning the rows: no ID is held by every member")
+
+
+async def _own_data_run(ch: Any, params: Any, ctx: Any) -> dict:
+    await ch.sleep_ms(50)
+    raise JobFailsEverywhere("this site's weights diverge; lower learning_rate", here=True)
+
+
 async def _short_run(ch: Any, params: Any, ctx: Any) -> dict:
     await ch.sleep_ms(50)
     return {"ok": 2}
@@ -117,6 +127,8 @@ KINDS = {k.name: k for k in (
     JobKind(name="implausible", help="", params={}, run=_implausible_run, needs_data=False,
             member_failure_aborts=False),
     JobKind(name="waits", help="", params={}, run=_recv_from_alice, needs_data=False),
+    JobKind(name="job-wide", help="", params={}, run=_job_wide_run, needs_data=False),
+    JobKind(name="own-data", help="", params={}, run=_own_data_run, needs_data=False),
     JobKind(name="short", help="", params={}, run=_short_run, needs_data=False),
     JobKind(name="sends", help="", params={}, run=_send_to_alice, needs_data=False),
 )}
@@ -224,6 +236,25 @@ async def test_an_implausible_total_ends_the_job_everywhere_blaming_no_site(tmp_
         registry.on_message(BOB, "bad-2", m.JobAbort(job_id="bad-2", site=b"", reason=want))
         await settle()
         assert registry.jobs["bad-2"].state == "failed" and registry.jobs["bad-2"].error == want
+
+
+async def test_a_job_wide_failure_names_no_site_unless_on_this_sites_own_evidence(tmp_path: Path) -> None:
+    """Issue 38, finding 6: a failure of the whole job (no ID in common) used to start with the
+    name of whichever site aborted first, here this one. It now names no site, in the record and
+    in every member's abort; a failure whose cause is this site's own data still names it."""
+    transport = FakeTransport()
+    async with asyncio.TaskGroup() as tg:
+        registry = JobRegistry(make_config(tmp_path), transport, NAMES, KINDS, tg.create_task)
+        for job, kind in (("wide-1", "job-wide"), ("own-1", "own-data")):
+            registry.on_message(ALICE, job, proposal(ALICE, job, kind, members=(BOB,)))
+            await settle()
+            registry.on_message(ALICE, job, start(job, ALICE, BOB, ME))
+        await asyncio.sleep(runner.ABORT_GRACE_MS / 1000 + 0.2)
+    wide, own = registry.jobs["wide-1"], registry.jobs["own-1"]
+    assert wide.state == "failed" and wide.error == "aligning the rows: no ID is held by every member", wide.error
+    assert own.state == "failed" and own.error.startswith("site-me: this site's weights diverge"), own.error
+    aborts = {a.job_id: a for _, a in sent_of(transport, m.JobAbort)}
+    assert aborts["wide-1"].site == b"" and aborts["own-1"].site == ME
 
 
 # ---------------------------------------------------------------------------------------------

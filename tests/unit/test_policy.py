@@ -80,10 +80,10 @@ def test_bad_policy_values_name_the_key(two_sites: tuple[Path, Path], text: str,
 
 def test_policy_values_load(two_sites: tuple[Path, Path]) -> None:
     a, _ = two_sites
-    _replace(a, "[policy]\n", '[policy]\nproposers = ["b"]\nrows_min = 50\n')
+    _replace(a, "[policy]\n", '[policy]\nproposers = ["b"]\nrows_min = 50\nids_max = 5000\n')
     _append(a, "[policy.xgboost]\nrounds_max = 200\ndepth_max = 8\n\n[policy.stats]\nbins_max = 12")
     policy = load_config(a).policy
-    assert policy.proposers == ("b",) and policy.rows_min == 50
+    assert policy.proposers == ("b",) and policy.rows_min == 50 and policy.ids_max == 5000
     assert policy.may_propose("b") and not policy.may_propose("c")
     kinds = job_kinds()
     xgb = kinds["xgboost"].policy_limits(policy.limits["xgboost"])   # the others keep their defaults

@@ -120,7 +120,8 @@ class Admission:
         # Off the event loop: parsing (and missing = "impute") takes seconds on a large file.
         load = asyncio.ensure_future(asyncio.to_thread(load_site, data, config.jobs,
                                                        needs_label=kind.needs_label, binary=kind.binary_label,
-                                                       rows_min=config.policy.rows_min))
+                                                       rows_min=config.policy.rows_min,
+                                                       ids_max=config.policy.ids_max))
         try:
             dataset, test = await asyncio.shield(load)
         except asyncio.CancelledError:   # the thread still ends: a Dask site it opens is released then

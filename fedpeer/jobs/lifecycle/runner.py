@@ -5,8 +5,9 @@ Rules:
 - A job runs only if it gets a `jobs_concurrent_max` slot and its record is on disk; it must
   finish within job_timeout_ms. Its model is stored before its record says done.
 - A failure names the site it is about: this one, or the member that sent a malformed message
-  or was declared dead. A secure sum's total that fails its check (ImplausibleTotal) names no
-  site: every member saw the same total, and the secure sum hides whose contribution it was.
+  or was declared dead. A secure sum's total that fails its check (ImplausibleTotal), and any
+  other failure of the whole job (JobFailsEverywhere without `here`), names no site: every member
+  meets the same condition, and whichever noticed first is not to blame.
 - A member whose job fails tells the other members (JobAbort), so nobody waits for it in vain;
   the first reason a member hears is the one it keeps. A member that refuses a proposal after
   looking at its data tells only the proposer (one JobReject).
@@ -104,6 +105,9 @@ class JobRunner:
             raise SiteFailure(exc.peer, DEAD_DETAIL) from None
         except ImplausibleTotal as exc:  # every member checked the same total: not this site's fault
             raise SiteFailure(NO_SITE, str(exc), everywhere=True) from None
+        except JobFailsEverywhere as exc:   # job-wide: this site only if its own data or state is the cause
+            raise SiteFailure(me if exc.here else NO_SITE, str(exc), everywhere=True, shared=public_reason(exc)) \
+                from None
         except (JobError, DataError, RecvTimeout) as exc:
             raise SiteFailure.here(me, exc, everywhere=isinstance(exc, JobFailsEverywhere)) from None
         release_data(record.data)

@@ -113,7 +113,7 @@ async def gather_centres(sums: VerticalSums, aligned: Aligned, best: vc.VRestart
     """Step 3: (joined centres in clustering space, shift, scale), the same at every member."""
     k, d = best.centers.shape[0], len(aligned.features)
     own = np.concatenate([best.centers.T, space.shift[:, None], space.scale[:, None]], axis=1)  # (d_m, k + 2)
-    joined = (await sums.gather("centres", placed(aligned, own, k + 2), aligned.own_slice())).reshape(d, k + 2)
+    joined = (await sums.gather("centres", placed(aligned, own, k + 2), aligned.slices())).reshape(d, k + 2)
     C, shift, scale = joined[:, :k].T.copy(), joined[:, k], joined[:, k + 1]
     checked_total(sums.tag("centres"), check_centres, C, S)
     if (scale <= 0).any():
@@ -159,7 +159,7 @@ def result(params: Mapping[str, Any], aligned: Aligned, lloyd: vc.VerticalLloyd,
         "restarts": len(lloyd.restarts), "restart_inertia": [r.inertia for r in lloyd.restarts],
         "kept_restart": kept, "empty_clusters_reseeded": best.reseeded,
         "fuzziness": params["fuzziness"], "standardized": params["standardize"],
-        "secure_sum": params["secure_sum"], "secure_sums": len(sums.sent_entries),
+        "secure_sum": params["secure_sum"], "secure_sums": len(sums.sent_entries), **sums.false_claims(),
         "bytes_sent_per_site": 8 * sum(sums.sent_entries),
         "bytes_per_round_per_site": 8 * max(rounds) if rounds else 0,
         "_model": {"kind": "kmeans", "features": list(aligned.features), "centers": C[order],

@@ -178,7 +178,7 @@ class Rounds:
                 raise JobFailsEverywhere(
                     f"{m.KIND_NAME} fedavg: this site's weights after round {r + 1} are not finite or beyond "
                     f"WEIGHT_ABS_MAX={averaging.WEIGHT_ABS_MAX:g}: the local SGD diverges; lower learning_rate "
-                    "(or local_epochs)")
+                    "(or local_epochs)", here=True)
             counts, loss = m.eval_counts_of(await m.offload(self.proba, self.w))
             values = np.concatenate([n_local * local.ravel(), [n_local, loss]])
             redo = 0
@@ -218,7 +218,7 @@ class Rounds:
         except DataError:
             raise JobFailsEverywhere(f"{m.KIND_NAME} fedavg: this site's weights after round {r + 1} are not "
                                      "finite or too large for the secure sum: the local SGD diverges; lower "
-                                     "learning_rate (or local_epochs)") from None
+                                     "learning_rate (or local_epochs)", here=True) from None
         vector = np.concatenate([weights, encode_counts(counts, len(scope), 2**40)])
         if scope == (m.ch.me,):
             return vector        # a group of one: its sum is its own vector, nothing is sent

@@ -150,7 +150,7 @@ class Member:
             if ctx.test_data is not None:
                 self.test = (np.asarray(ctx.test_data.X, dtype=np.float64), site_labels(ctx.test_data, self.names))
         except DataError as exc:      # the job's classes do not fit this site's labels: not for the others to drop it
-            raise JobFailsEverywhere(f"{self.KIND_NAME}: {exc}") from None
+            raise JobFailsEverywhere(f"{self.KIND_NAME}: {exc}", here=True) from None
         if params.get("test_fraction", 0) > 0:      # a site too small to split fails alone (DataError)
             train, held = split_train_test(replace(ctx.data, y=self.y), params["test_fraction"],
                                            seed=site_seed(params["seed"], ch.me), stratify=True)
@@ -283,7 +283,7 @@ class Member:
         raise JobFailsEverywhere(
             f"logreg: feature {self.ctx.data.features[j]!r} holds values too large for the secure sum of its "
             f"column sums (|sum| must stay below {bound:.3g} over {parties} sites): rescale that feature "
-            "(e.g. change its units or take its logarithm)")
+            "(e.g. change its units or take its logarithm)", here=True)
 
     def encode_terms(self, local: np.ndarray, evaluation: int, Z: np.ndarray) -> np.ndarray:
         try:
@@ -295,7 +295,7 @@ class Member:
                 f"logreg: this site's loss/gradient at evaluation {evaluation} leaves the secure sum's bound "
                 f"({exc}); lower C (stronger regularisation) or rescale the extreme values of feature "
                 f"{feature!r} (up to {float(np.abs(Z[:, column]).max()):.3g} standard deviations from the "
-                "mean here)") from None
+                "mean here)", here=True) from None
 
     @property
     def eval_y(self) -> np.ndarray:

@@ -125,7 +125,7 @@ class TreeJob:
             if ctx.test_data is not None:
                 self.local_test = (ctx.test_data.X, site_labels(ctx.test_data, params))
         except DataError as exc:      # the job's labels do not fit this site's: not for the others to drop it
-            raise JobFailsEverywhere(str(exc)) from None
+            raise JobFailsEverywhere(str(exc), here=True) from None
         self.rows = 0
         self.bins: BinValues | None = None
 
@@ -151,7 +151,7 @@ class TreeJob:
         try:
             return await self.offload(fn, *args)
         except DataError as exc:
-            raise JobFailsEverywhere(str(exc)) from None
+            raise JobFailsEverywhere(str(exc), here=True) from None
 
     async def run(self) -> Cart:
         while True:

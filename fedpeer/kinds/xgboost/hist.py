@@ -94,6 +94,7 @@ from fedpeer.ml.xgb.hist import FeatureBlocks, Packing, check_plausible, check_r
 from fedpeer.ml.xgb.histboost import (
     HistParams,
     base_score_from_stats,
+    check_root_gradient,
     check_label_stats,
     decode_ints,
     model_bytes,
@@ -168,6 +169,8 @@ class HistJob:
         self.base: tuple[float, ...] | None = None
         self.cuts: Cuts | None = None
         self.rows = 0                          # the federation's training rows, from the label counts
+        self.labels: np.ndarray | None = None  # the summed label statistics (histboost.label_stats)
+        self._tree_at = (0, 0)                 # (round, class) of the tree being grown
         self.packing: Packing | None = None    # how levels' histograms travel, once rows are known
         self.trees: list[_Tree] = []
         self.history: list[dict] = []          # the evaluated rounds (evaluate_rounds)
@@ -204,7 +207,7 @@ class HistJob:
         try:
             return await self.offload(fn, *args)
         except DataError as exc:
-            raise JobFailsEverywhere(str(exc)) from None
+            raise JobFailsEverywhere(str(exc), here=True) from None
 
     async def run(self) -> bytes:
         """Every tree, through as many epochs as members are lost; the model's bytes."""
@@ -248,6 +251,7 @@ class HistJob:
         if self.site.rows > self.rows:
             raise ImplausibleTotal.of(tag, "the federation's training rows are fewer than this member's own")
         base = checked_total(tag, base_score_from_stats, decode_ints(total), self.p)
+        labels = decode_ints(total)
         sk, step = sketch_start(self.n_features, self.p.max_bin, self.rows), 0
         while not sk.done:
             keys = sk.request()
@@ -258,7 +262,7 @@ class HistJob:
         await self.compute(self.site.set_cuts, cuts)
         self.packing = self.p.packing(self.rows, cuts.counts())
         await self.compute(self.site.set_packing, self.packing)
-        self.base, self.cuts = base, cuts
+        self.base, self.cuts, self.labels = base, cuts, labels
 
     @property
     def total_trees(self) -> int:
@@ -287,6 +291,7 @@ class HistJob:
         """One tree: one secure sum per level."""
         cuts = self.cuts
         assert cuts is not None
+        self._tree_at = (r, k)
         growth = start_tree(cuts.counts(), self.p.split_params(),
                             tree_features(self.p, len(self.trees), cuts.n_features))
         depth = 0
@@ -330,7 +335,7 @@ class HistJob:
             hist = blocks.decode(k, total, nodes)      # (the reduce-map asks owners of a feature or more only)
             check_plausible(hist, self.rows)
             if growth.build.tolist() == [0]:
-                check_root(hist, self.rows, self.p.subsample == 1.0 and not self.lost)
+                self._check_root(hist)
             candidates, frontier = block_candidates(growth, hist, self._parent, blocks.features[k])
             found.append(frontier)
             return candidates.view(np.uint64).ravel()
@@ -350,6 +355,16 @@ class HistJob:
         self._parent = found[0][np.flatnonzero(grown.left[growth.frontier] >= 0)] if found else None
         return grown
 
+    def _check_root(self, hist: np.ndarray) -> None:
+        """The root's rows (check_root); in the first round, with every row in the tree, its
+        gradient sum against the label statistics (histboost.check_root_gradient)."""
+        every_row = self.p.subsample == 1.0 and not self.lost
+        check_root(hist, self.rows, every_row)
+        r, k = self._tree_at
+        if every_row and r == 0:
+            assert self.labels is not None and self.base is not None
+            check_root_gradient(hist, self.labels, self.base, self.p, k)
+
     def _decide(self, tag: str, growth: Growth, blocks: FeatureBlocks, results: tuple[np.ndarray, ...]) -> Growth:
         grown = checked_total(tag, _decide_blocks, growth, blocks, results)
         self.site.after_level(grown)
@@ -362,7 +377,7 @@ class HistJob:
         hist = checked_total(tag, self.packing.decode, total, len(growth.build), cuts.n_features, cuts.n_slots)
         checked_total(tag, check_plausible, hist, self.rows)
         if growth.build.tolist() == [0]:
-            checked_total(tag, check_root, hist, self.rows, self.p.subsample == 1.0 and not self.lost)
+            checked_total(tag, self._check_root, hist)
         grown = checked_total(tag, grow_level, growth, hist)
         self.site.after_level(grown)
         return grown

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedpeer.errors import DataError, JobError
-from fedpeer.ml.moments import PLAUSIBLE_RTOL, slack
+from fedpeer.ml.moments import PLAUSIBLE_RTOL, exact_sum, slack
 
 DESCRIPTION_WEIGHTS_TOL = 1e-6          # |Σ weights - 1| of an honest description after rounding
 DESCRIPTION_COVARIANCE_ATOL = 1e-9      # a covariance entry's fixed-point rounding (2^-32 per member), per feature
@@ -167,7 +167,7 @@ def check_moments(described: list, moments: np.ndarray, reg_covar: float, rows: 
 
 def check_sizes(sizes: np.ndarray, rows: int) -> None:
     """ValueError unless the second sum's sizes (noise, then every cluster) hold every row once."""
-    if (sizes < 0).any() or int(sizes.sum()) != rows:
+    if (sizes < 0).any() or (sizes > rows).any() or exact_sum(sizes) != rows:
         raise ValueError("the cluster sizes and the noise add up to the rows")
 
 

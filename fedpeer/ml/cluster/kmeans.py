@@ -52,7 +52,7 @@ import numpy as np
 
 from fedpeer.errors import JobError
 from fedpeer.ml.cluster import kernels
-from fedpeer.ml.moments import PLAUSIBLE_RTOL, check_columns, slack
+from fedpeer.ml.moments import PLAUSIBLE_RTOL, check_columns, exact_sum, slack
 
 ROWS_PER_CHUNK_CELLS = 1 << 20        # rows x restarts x max(k, d) held at once (8 MiB of float64)
 STATES = ("running", "evaluating", "done")
@@ -374,7 +374,7 @@ def check_block(lloyd: Lloyd, centers: np.ndarray, sums: np.ndarray, weights: np
     site centres that cannot be true."""
     if not (np.isfinite(sums).all() and np.isfinite(weights).all() and np.isfinite(objective)):
         raise ValueError("every sum is finite")
-    if (sizes < 0).any() or int(sizes.sum()) != n:
+    if (sizes < 0).any() or (sizes > n).any() or exact_sum(sizes) != n:
         raise ValueError("the cluster sizes add up to the rows")
     if not 0 <= changed <= n:
         raise ValueError("the changed rows are between 0 and the rows")

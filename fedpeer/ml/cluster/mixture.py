@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedpeer.errors import JobError
-from fedpeer.ml.moments import is_whole, slack
+from fedpeer.ml.moments import exact_sum, is_whole, slack
 
 COVARIANCE_TYPES = ("full", "diag")
 ROWS_PER_CHUNK_CELLS = 1 << 22
@@ -178,7 +178,7 @@ def check_block(n: int, floats: np.ndarray, counts: np.ndarray, around: np.ndarr
         if kmeans is not None and ((np.abs(N - kmeans[0]) > 0.5).any()
                                    or abs(float(traces.sum()) - kmeans[1]) > slack(abs(kmeans[1]), n)):
             raise ValueError("the initial block is the k-means clustering: its sizes and inertia")
-    elif (counts < 0).any() or int(counts.sum()) != n:
+    elif (counts < 0).any() or (counts > n).any() or exact_sum(counts) != n:
         raise ValueError("the cluster sizes add up to the rows")
     _check_gram(N, first, second, covariance, n)
     if model is not None:

@@ -43,6 +43,7 @@ from fedpeer.ml.forest.boppid import (
     boppid_score,
     boppid_select,
 )
+from fedpeer.ml.moments import exact_sum
 from fedpeer.ml.forest.stumps import (
     BoostStep,
     Stumps,
@@ -122,10 +123,13 @@ def check_roster(held: np.ndarray, parties: int) -> None:
 
 def check_confusion(total: np.ndarray, parties: int, count_max: int) -> None:
     """ValueError unless summed confusion matrices (T, 4) of tp, tn, fp, fn can be honest: whole
-    counts, none negative, no tree scored on more rows than the participants' declared maximum."""
+    counts, none negative, none and no tree's four together above the participants' declared
+    maximum (each count bounded before the sum, the sum in Python integers: entries near 2^62
+    cannot wrap a tree's sum back to an honest one)."""
     if (total < 0).any():
         raise ValueError("no summed confusion count is negative")
-    if (total.sum(axis=1) > parties * count_max).any():
+    most = parties * count_max
+    if (total > most).any() or (exact_sum(total, axis=1) > most).any():
         raise ValueError("no tree is scored on more rows than the participants can hold")
 
 

@@ -300,8 +300,10 @@ def check_level(hist: np.ndarray, layout: Layout, p: CartParams, rows: int, expe
     """ValueError unless summed histograms are what honest members can give: row counts in [0,
     the federation's rows], regression sums within rows x 2^28 (Σy² not negative), every feature
     agreeing on each node's totals, and those equal to what the parent's split said (`expected`)."""
+    if not p.regression and ((hist < 0).any() or (hist > rows).any()):   # before node_rows sums them
+        raise ValueError(f"a histogram cell counts rows outside [0, the federation's {rows}]")
     n = node_rows(hist, p)
-    if (n < 0).any() or (n > rows).any() or (not p.regression and (hist < 0).any()):
+    if (n < 0).any() or (n > rows).any():
         raise ValueError(f"a histogram cell counts rows outside [0, the federation's {rows}]")
     if p.regression:
         limit = n << ROW_Q_BITS

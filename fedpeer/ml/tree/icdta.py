@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from fedpeer.ml.moments import whole_counts
+from fedpeer.ml.moments import exact_sum, whole_counts
 from fedpeer.ml.tree.model import LEAF, THRESHOLD_DIGITS, UNDEFINED, Cart, check_cart, predict_value
 
 __all__ = ["Rules", "Scores", "TooManyNodes", "TooManyRules", "aggregate_in_process", "combine", "confusion",
@@ -182,9 +182,10 @@ def read_scores(total: Any, n_trees: int, n_classes: int, members: int) -> Score
     n = int(counts[-1])
     per = counts[:-1].reshape(n_trees, width)
     held, own, conf = per[:, 0], per[:, 1], per[:, 2:].reshape(n_trees, n_classes, n_classes)
-    if n < 1 or (held > members).any():
-        raise ValueError("the scoring rows are at least one and a tree is held by at most every member")
-    seen = conf.sum(axis=(1, 2)) + own
+    if n < 1 or (held > members).any() or (own > n).any() or (conf > n).any():
+        raise ValueError("the scoring rows are at least one, a tree is held by at most every member and no count "
+                         "exceeds the scoring rows")
+    seen = exact_sum(conf, axis=(1, 2)) + own       # Python integers: entries near 2^63 cannot wrap
     agreed = held == members
     if (seen > n).any() or (seen[agreed] != n).any():
         raise ValueError("every tree's confusion and its owner's rows add up to the federation's scoring rows")
@@ -317,7 +318,7 @@ def read_rule_counts(total: Any, n_rules: int, n_classes: int) -> tuple[np.ndarr
     if counts.shape != (n_rules * n_classes + n_classes,):
         raise ValueError("the rule counts have the length every member sends")
     per, classes = counts[:-n_classes].reshape(n_rules, n_classes), counts[-n_classes:]
-    if classes.sum() < 1 or (per > classes).any() or (per.sum(axis=0) < classes).any():
+    if exact_sum(classes) < 1 or (per > classes).any() or (exact_sum(per, axis=0) < classes).any():
         raise ValueError("each rule matches at most, and the rules together at least, the federation's rows of "
                          "each class")
     return per, classes

@@ -206,6 +206,39 @@ def check_label_stats(total: Any, p: HistParams, parties: int) -> int:
     return rows
 
 
+ROOT_GRADIENT_ROOM_PER_ROW = 1       # quanta (2^-grad_bits each): sites' libm may round p differently by one
+
+
+def check_root_gradient(hist: np.ndarray, labels: Any, base: Sequence[float], p: HistParams, k: int) -> None:
+    """ValueError unless the root's summed gradient of a first-round tree (class `k`; every row in
+    the tree) is what the summed label statistics `labels` imply. At the initial margins every
+    row of a class has one gradient, so the sum is exact up to each site's rounding: logistic
+    Σg = N·base − P, softmax Σg_k = N·p_k − N_k, both in quantised integers (within one quantum,
+    2^-grad_bits, per row: libm's last bit may differ between sites); squared error Σg =
+    N·base − Σy, within one quantum and one label step (2^-LABEL_FRAC_BITS, the label sum's
+    fixed point) per row. A member that flips the sign of its gradients fails it (unless its own
+    rows' gradients sum to exactly zero)."""
+    from fedpeer.ml.moments import exact_sum
+    from fedpeer.ml.xgb.hist import gradients
+
+    total = np.asarray(labels, dtype=np.int64)
+    rows, bits = int(total[-1]), scale_bits(p.bounds()[0])
+    summed = exact_sum(hist[0, 0, :, 0])                 # the first feature's slots hold every row once
+    if p.objective == "reg:squarederror":
+        expected = math.ldexp(rows * float(base[0]) - math.ldexp(int(total[0]), -LABEL_FRAC_BITS), bits)
+        room = rows * (ROOT_GRADIENT_ROOM_PER_ROW + math.ldexp(1.0, bits - LABEL_FRAC_BITS))
+        ok = abs(summed - expected) <= room
+    else:
+        held = int(total[0] if p.groups == 1 else total[k])        # the rows whose label is k (binary: 1)
+        y = np.array([1, 0]) if p.groups == 1 else np.array([k, (k + 1) % p.groups])
+        g, _ = gradients(p.objective, initial_margins(base, 2, p), y)
+        gq = np.rint(np.ldexp(g[:, k], bits)).astype(np.int64)
+        expected = held * int(gq[0]) + (rows - held) * int(gq[1])
+        ok = abs(summed - expected) <= rows * ROOT_GRADIENT_ROOM_PER_ROW
+    if not ok:
+        raise ValueError("the first round's root gradient sum is what the label counts imply")
+
+
 def base_score_from_stats(total: Any, p: HistParams) -> tuple[float, ...]:
     """The federation's intercept (float32 values) from summed `label_stats`: the label mean
     (binary: as a probability; regression: as a margin), or the class-prior margins."""
