@@ -30,7 +30,8 @@ SITE_INFO = "msg-site-info"         # says its version and capabilities (fedpeer
 REVERSE_LINKS = "net-reverse-links"   # takes links a peer dialed to it, turned round (fedpeer/net/reverse.py)
 RELAY = "net-relay"                   # relays sealed frames between members (fedpeer/net/relay.py)
 DIALBACK = "msg-dialback"             # dials a member back on request (fedpeer/daemon/reach.py)
-BUILD_FORMATS = frozenset({SITE_INFO, REVERSE_LINKS, RELAY, DIALBACK})   # this build's daemon, beyond any kind's
+VERTICAL_2 = "vertical-psi-2"         # vertical jobs: PSI checked by every member, gathers under commitments
+BUILD_FORMATS = frozenset({SITE_INFO, REVERSE_LINKS, RELAY, DIALBACK, VERTICAL_2})   # beyond any kind's
 
 
 def of_kind(kind: JobKind) -> str:
@@ -58,10 +59,12 @@ def provided(kinds: Iterable[JobKind], formats: Iterable[str] = BUILD_FORMATS) -
     return frozenset(caps)
 
 
-def needed(kind: JobKind, params: Mapping[str, Any]) -> list[str]:
+def needed(kind: JobKind, params: Mapping[str, Any], vertical: bool = False) -> list[str]:
     """What a job of `kind` with checked `params` needs of every member, in a stable order: the
-    kind's capability first, then by parameter."""
+    kind's capability first, then by parameter; over vertical data, the vertical protocol's."""
     needs = [of_kind(kind)]
+    if vertical and kind.vertical:
+        needs.append(VERTICAL_2)
     for name, param in kind.params.items():
         value = params.get(name, param.default)
         if param.capability and value != param.default:
@@ -70,9 +73,9 @@ def needed(kind: JobKind, params: Mapping[str, Any]) -> list[str]:
     return list(dict.fromkeys(needs))
 
 
-def lacking(kind: JobKind, params: Mapping[str, Any], caps: frozenset[str]) -> list[str]:
+def lacking(kind: JobKind, params: Mapping[str, Any], caps: frozenset[str], vertical: bool = False) -> list[str]:
     """What a member with `caps` lacks for this job (empty: it can take part)."""
-    return [cap for cap in needed(kind, params) if cap not in caps]
+    return [cap for cap in needed(kind, params, vertical) if cap not in caps]
 
 
 def for_members(kind: JobKind, params: Mapping[str, Any], member_caps: Iterable[frozenset[str]]) -> dict[str, Any]:

@@ -106,9 +106,11 @@ class ProposerSide:
         if versions is None:
             return members, params
         me, lines, fit = registry.transport.me, [], []
+        data = registry.config.data
+        vertical = data is not None and data.partition == "vertical"
         for peer in members:
             info = versions.own if peer == me else versions.info(peer)
-            lack = capabilities.lacking(kind, params, info.caps)
+            lack = capabilities.lacking(kind, params, info.caps, vertical)
             if lack:
                 lines.append(refusal_line(registry.names[peer], info, lack[0], registry.config.node.name, versions.own))
             else:
