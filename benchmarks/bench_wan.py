@@ -147,6 +147,7 @@ class Wan:
     down_bytes_per_s: float = 0.0
     seed: int = 0
     addresses: list[str] = field(default_factory=list)
+    cut: frozenset[int] = frozenset()         # two sites that cannot connect to each other, either way
     unattributed_bytes: int = 0
     connections: int = 0
 
@@ -208,6 +209,10 @@ class Wan:
             if not first or port is None:
                 return
             source = self._sites.get(sender_key(first))
+            if source is not None and {source, i} == self.cut:
+                # a firewall between the pair: the connection is reset once it shows who opened it
+                writer.transport.abort()
+                return
             # from the sending site's own address, as on a real network (a daemon's budgets of
             # unauthenticated connections are per IP address: one address for all would shed them)
             up_reader, upstream = await asyncio.open_connection(
@@ -541,15 +546,19 @@ async def run_one(h: Harness, wan: Wan, kind: str, X: np.ndarray, args: argparse
             "link_use": (round(max(sent) / wan.bytes_per_s / statistics.median(seconds), 3)
                          if wan.bytes_per_s else None),
             "job_sent_per_site": {"max": max(job_sent), "mean": int(statistics.mean(job_sent))},
-            "job_wire_per_site_max": max(wire)}
+            "job_wire_per_site_max": max(wire), "job_wire_per_site": wire}
 
 
-async def federation(sites: int, tmp: Path, paths: list[Path], X: np.ndarray, args: argparse.Namespace) -> dict:
+async def federation(sites: int, tmp: Path, paths: list[Path], X: np.ndarray, args: argparse.Namespace,
+                     cut: frozenset[int] = frozenset()) -> dict:
     wan = Wan(sites, args.delay_ms / 1000, args.uplink_mbit * 1e6 / 8, args.loss, args.seed,
               args.downlink_mbit * 1e6 / 8)
-    h = Harness(tmp / f"fed{sites}", sites, settings={"jobs": {"preload_ml": False}}, site_data=paths,
-                data_settings=DATA, advertise=wan.addresses)
-    out: dict[str, Any] = {"sites": sites, "rows": []}
+    wan.cut = cut
+    # with --cut, both variants' sites hold the same keys: the same ring order, the same roles in each job
+    h = Harness(tmp / f"fed{sites}{'-cut' if cut else ''}", sites, settings={"jobs": {"preload_ml": False}},
+                site_data=paths, data_settings=DATA, advertise=wan.addresses,
+                key_seed=KEY_SEED if args.cut else None)
+    out: dict[str, Any] = {"sites": sites, "rows": [], "cut": sorted(cut)}
     try:
         h.create()
         wan.connect([s.port for s in h.sites], [parse_public_key(s.public_key) for s in h.sites])
@@ -572,6 +581,9 @@ async def federation(sites: int, tmp: Path, paths: list[Path], X: np.ndarray, ar
 
 
 # -- output ---------------------------------------------------------------------------------
+
+
+KEY_SEED = 1
 
 
 def size(n: float) -> str:
@@ -622,10 +634,53 @@ async def main(args: argparse.Namespace) -> dict:
             from threadpoolctl import threadpool_limits
             with threadpool_limits(1):     # BLAS threads on a busy 2-core machine: 300x slower logreg
                 refs = {kind: reference(kind, X, y, sites, args) for kind in args.kinds}
+            if args.cut:
+                out["relayed_pair"] = await relayed_pair(sites, tmp, paths, X, args)
+                continue
             fed = await federation(sites, tmp, paths, X, args)
             fed["reference_s_per_unit"] = {k: round(v, 5) for k, v in refs.items()}
             out["federations"].append(fed)
             print(report(fed, refs), flush=True)
+    return out
+
+
+async def relayed_pair(sites: int, tmp: Path, paths: list[Path], X: np.ndarray, args: argparse.Namespace) -> dict:
+    """The same jobs on the flat WAN and with sites --cut A B unable to connect (members relay their
+    frames), alternating `--repeats` times: per kind, the medians' ratios of seconds per unit and of
+    the bytes the cut pair put on its uplinks (what relaying adds to the pair's own sends; the relay's
+    extra uplink bytes are printed beside)."""
+    a, b = (x - 1 for x in args.cut)
+    runs: dict[str, list[dict]] = {"flat": [], "relayed": []}
+    for _ in range(args.repeats):
+        for variant, cut in (("flat", frozenset()), ("relayed", frozenset({a, b}))):
+            fed = await federation(sites, tmp, paths, X, args, cut)
+            runs[variant].append(fed)
+            print(f"  {sites} sites, {variant}: " + ", ".join(
+                f"{r['kind']} {r.get('s_per_unit', 'failed: ' + str(r.get('error'))[:300])}" for r in fed["rows"]),
+                file=sys.stderr, flush=True)
+    out: dict[str, Any] = {"sites": sites, "pair": [a + 1, b + 1], "kinds": {}}
+    lines = [("KIND", "S/UNIT FLAT", "S/UNIT RELAYED", "x", "PAIR BYTES FLAT", "RELAYED", "x", "RELAYS' EXTRA BYTES")]
+    for kind in args.kinds:
+        flat, relayed = ([r for fed in runs[v] for r in fed["rows"] if r["kind"] == kind and "error" not in r]
+                         for v in ("flat", "relayed"))
+        if not flat or not relayed:
+            lines.append((kind, "failed", *["-"] * 6))
+            continue
+        s_flat = statistics.median(r["s_per_unit"] for r in flat)
+        s_rel = statistics.median(r["s_per_unit"] for r in relayed)
+        pair_flat = statistics.median(r["job_wire_per_site"][a] + r["job_wire_per_site"][b] for r in flat)
+        pair_rel = statistics.median(r["job_wire_per_site"][a] + r["job_wire_per_site"][b] for r in relayed)
+        others = [i for i in range(sites) if i not in (a, b)]
+        extra = statistics.median(sum(r["job_wire_per_site"][i] for i in others) for r in relayed) - statistics.median(
+            sum(r["job_wire_per_site"][i] for i in others) for r in flat)
+        out["kinds"][kind] = {"s_per_unit": [s_flat, s_rel], "time_ratio": round(s_rel / s_flat, 3),
+                              "pair_wire_bytes": [pair_flat, pair_rel], "bytes_ratio": round(pair_rel / pair_flat, 3),
+                              "relays_extra_wire_bytes": extra}
+        lines.append((kind, f"{s_flat:.3f}", f"{s_rel:.3f}", f"{s_rel / s_flat:.2f}", size(pair_flat), size(pair_rel),
+                      f"{pair_rel / pair_flat:.3f}", size(extra)))
+    from fedpeer.jobs.report import table
+    print(f"{sites} sites, sites {a + 1} and {b + 1} cut both ways (relayed by members), {args.repeats} runs each "
+          "alternating, medians:\n" + table(lines, "  "), flush=True)
     return out
 
 
@@ -647,9 +702,15 @@ if __name__ == "__main__":
     ap.add_argument("--seed", type=int, default=0, help="seed of the loss draws")
     ap.add_argument("--timeout-s", type=float, default=600.0, help="one job at most")
     ap.add_argument("--startup-timeout-s", type=float, default=180.0)
+    ap.add_argument("--cut", type=int, nargs=2, metavar=("A", "B"),
+                    help="compare with sites A and B (1-based) unable to connect to each other, relayed by members")
+    ap.add_argument("--repeats", type=int, default=2, help="with --cut: runs of each variant, alternating")
     parsed = ap.parse_args()
     if not (0 <= parsed.loss < 1 and parsed.delay_ms >= 0 and parsed.uplink_mbit >= 0 and parsed.downlink_mbit >= 0
             and parsed.trees >= 3
-            and all(2 <= s <= 100 for s in parsed.sizes)):
-        ap.error("need 0 <= --loss < 1, --delay-ms >= 0, --uplink-mbit >= 0, --trees >= 3, sizes in 2..100")
+            and all(2 <= s <= 100 for s in parsed.sizes)
+            and (not parsed.cut or (parsed.cut[0] != parsed.cut[1]
+                                    and all(1 <= c <= min(parsed.sizes) for c in parsed.cut)))):
+        ap.error("need 0 <= --loss < 1, --delay-ms >= 0, --uplink-mbit >= 0, --trees >= 3, sizes in 2..100, "
+                 "--cut two different sites of the smallest size")
     print(json.dumps(asyncio.run(main(parsed))))

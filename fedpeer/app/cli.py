@@ -119,6 +119,12 @@ def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     s.add_argument("--config", type=Path, help=CONFIG_HELP.format(""))
     s.add_argument("--json", action="store_true", help="machine-readable output")
 
+    s = sub.add_parser("netcheck", help="how this site and each peer reach each other: whether peers can dial "
+                                        "this site, its proxy, and per peer the path (direct, proxy, inbound "
+                                        "links, relayed by whom), RTT and links")
+    s.add_argument("--config", type=Path, help=CONFIG_HELP.format(""))
+    s.add_argument("--json", action="store_true", help="machine-readable output (the whole status)")
+
     s = sub.add_parser("ping", help="time sealed messages from the local daemon to a peer")
     s.add_argument("--config", type=Path, help=CONFIG_HELP.format(""))
     s.add_argument("peer", help="the peer's name in peers.toml")
@@ -438,53 +444,9 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
-        print(format_status(doc))
+        from fedpeer.app.statustext import format_netcheck, format_status
+        print(format_netcheck(doc) if args.command == "netcheck" else format_status(doc))
     return EXIT_OK
-
-
-def peer_version(v: dict | None) -> str:
-    """A peer's build in one cell: "0.2.0 be4d39cf3944 p2-2 14 caps", and how it is known."""
-    if not v:
-        return "-"
-    how = {"assumed": " (assumed: not heard)", "refused": " (refused SiteInfo)"}.get(v["known"], "")
-    return f"{v['software']} {v['commit']} p{v['protocol'][0]}-{v['protocol'][1]} {v['capabilities']} caps{how}"
-
-
-def format_status(doc: dict) -> str:
-    node = doc["node"]
-    own = node.get("version")
-    lines = [(f"node {node['name']}  {node['address']}  fingerprint {node['fingerprint']}  "
-              f"up {node['uptime_s']:.0f} s  incarnation {node['incarnation']}"
-              + (f"  fedpeer {own['software']} ({own['commit']}, protocol {own['protocol'][0]}-"
-                 f"{own['protocol'][1]}, {len(own['capabilities'])} capabilities)" if own else "")),
-             (f"leader: {doc.get('leader') or 'none yet'} (term {doc.get('term', 0)}; "
-              f"this node is {doc.get('role', '-')})"), ""]
-    rows = [("PEER", "STATE", "ADDRESS", "LAST SEEN", "RTT", "RUNS")]
-    for p in doc["peers"]:
-        seen = "never" if p["last_seen_s"] is None else f"{p['last_seen_s']:.1f} s ago"
-        rtt = "-" if p["rtt_ms"] is None else f"{p['rtt_ms']:.1f} ms"
-        rows.append((p["name"], p["state"], p["address"], seen, rtt, peer_version(p.get("version"))))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    alive = sum(p["state"] == "alive" for p in doc["peers"])
-    lines.append(f"\n{alive} of {len(doc['peers'])} peers alive")
-    lines += [f"  {p['name']} lacks: {', '.join(p['version']['missing'])}" for p in doc["peers"]
-              if (p.get("version") or {}).get("missing")]
-    lines += [f"  hint: {p['hint']}" for p in doc["peers"] if p.get("hint")]
-    loaded = doc.get("config")
-    if loaded:
-        lines.append(f"config {loaded['path']} loaded at {loaded['loaded_at']}")
-        error = (loaded.get("last_reload") or {}).get("error")
-        if error:
-            lines.append(f"last reload refused ({loaded['last_reload']['at']}): {error}")
-    if doc.get("rejected"):
-        lines.append("rejected frames: " + ", ".join(f"{k}={v}" for k, v in doc["rejected"].items()))
-    lag = doc.get("loop_lag_ms") or {}
-    if lag.get("samples"):
-        lines.append(f"event-loop lag (last minute): p50 {lag['p50']} ms, p99 {lag['p99']} ms, max {lag['max']} ms")
-    if doc.get("config_error"):
-        lines.append(doc["config_error"])
-    return "\n".join(lines)
 
 
 def _ping(args: argparse.Namespace) -> int:
@@ -601,7 +563,8 @@ def _data(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"init": _init, "invite": _invite, "key": _key, "peer": _peer, "reload": _reload, "start": _start,
-             "status": _status, "ping": _ping, "run": _run, "jobs": _jobs, "job": _job, "predict": _predict,
+             "status": _status, "netcheck": _status, "ping": _ping, "run": _run, "jobs": _jobs, "job": _job,
+             "predict": _predict,
              "harness": _harness, "export": _export, "data": _data, "console": _console}
 
 if __name__ == "__main__":

@@ -10,67 +10,21 @@ Rules of this module:
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import os
 import re
 import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import unquote
 
 from fedpeer.core.election.raft import ElectionConfig
 from fedpeer.core.membership.swim import MembershipConfig
 from fedpeer.base.files import check_not_writable_by_others, check_private_file, check_site_directory
+from fedpeer.config.address import Address, is_loopback, parse_address
+from fedpeer.config.network import Network
 from fedpeer.errors import ConfigError
 
 DEFAULT_PORT = 7400
-
-
-@dataclass(frozen=True)
-class Address:
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-
-    @property
-    def is_wildcard(self) -> bool:
-        return self.host in ("0.0.0.0", "::", "")
-
-
-def parse_address(text: str, *, allow_port_zero: bool = False) -> Address:
-    """'host:port' or '[v6]:port' -> Address. Raises ValueError with the problem."""
-    if not isinstance(text, str) or not text.strip():
-        raise ValueError("expected 'host:port'")
-    text = text.strip()
-    if text.startswith("["):
-        host, sep, rest = text[1:].partition("]")
-        if not sep or not rest.startswith(":"):
-            raise ValueError(f"bad address {text!r}: expected '[v6-address]:port'")
-        port_text = rest[1:]
-    else:
-        host, sep, port_text = text.rpartition(":")
-        if not sep or ":" in host:
-            raise ValueError(f"bad address {text!r}: expected 'host:port'")
-    if not host or any(c.isspace() or c in "/?#@" for c in host):
-        raise ValueError(f"bad address {text!r}: bad host")
-    if not port_text.isdigit():
-        raise ValueError(f"bad address {text!r}: port must be a number")
-    port = int(port_text)
-    if not (0 if allow_port_zero else 1) <= port <= 65535:
-        raise ValueError(f"bad address {text!r}: port out of range")
-    return Address(host, port)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True)
@@ -212,69 +166,6 @@ class Tracking:
     """[tracking]: where this site records the jobs it takes part in (fedpeer/daemon/tracking.py)."""
 
     mlflow_uri: str = ""       # an MLflow tracking URI ("file:///srv/mlruns", "http://mlflow:5000"); "": off
-
-
-REACHABLE_CHOICES = ("auto", "yes", "no")
-KEEPALIVE_MS_MAX = 25_000     # NATs and stateful firewalls forget idle flows after 30 s and more (WireGuard: 25 s)
-REVERSE_LINKS_MAX = 16
-
-
-@dataclass(frozen=True)
-class Network:
-    """[network]: how this site reaches its peers and how they reach it back (fedpeer/net/dial.py,
-    fedpeer/net/reverse.py, docs/operator-guide.md "Sites behind firewalls")."""
-
-    proxy: str = ""            # "http://[user:pass@]host:port": an HTTP CONNECT proxy for every outbound
-                               # connection; "": HTTPS_PROXY / https_proxy from the environment (NO_PROXY
-                               # honoured); "none": never a proxy
-    reachable: str = "auto"    # "auto": a peer's dial-back tells whether others can open connections to this
-                               # site; "yes": they can (no check); "no": outbound-only (no check)
-    reverse_links: int = 2     # connections a site that cannot be dialed keeps open to each peer, for it
-                               # to send on
-    keepalive_ms: int = 20_000   # TCP keep-alive on idle connections (at most 25 s: NATs and firewalls)
-
-    def __post_init__(self) -> None:
-        if self.reachable not in REACHABLE_CHOICES:
-            raise ValueError(f"reachable must be one of {', '.join(REACHABLE_CHOICES)}")
-        if not 1_000 <= self.keepalive_ms <= KEEPALIVE_MS_MAX:
-            raise ValueError(f"keepalive_ms must be between 1000 and {KEEPALIVE_MS_MAX}")
-        if not 1 <= self.reverse_links <= REVERSE_LINKS_MAX:
-            raise ValueError(f"reverse_links must be between 1 and {REVERSE_LINKS_MAX}")
-        if self.proxy not in ("", "none"):
-            parse_proxy(self.proxy)
-
-
-@dataclass(frozen=True)
-class ProxyUrl:
-    """An HTTP CONNECT proxy: where it listens and the credentials it asks for ("" for none)."""
-
-    host: str
-    port: int
-    user: str = ""
-    password: str = ""
-
-    def __str__(self) -> str:    # never the credentials: this goes into logs and status
-        return f"http://{self.host}:{self.port}"
-
-
-def parse_proxy(text: str) -> ProxyUrl:
-    """'http://[user:pass@]host[:port]' (port 8080 by default, as curl's 1080 is for socks). ValueError
-    names what is wrong, never the password."""
-    scheme, sep, rest = text.partition("://")
-    if not sep or scheme.lower() not in ("http", "https"):
-        raise ValueError("proxy must be an http:// URL, like http://proxy.example:3128")
-    rest = rest.rstrip("/")
-    userinfo, at, hostport = rest.rpartition("@")
-    user, _, password = userinfo.partition(":") if at else ("", "", "")
-    if "/" in hostport or not hostport:
-        raise ValueError("proxy must be http://[user:pass@]host:port, without a path")
-    if ":" not in hostport.rsplit("]", 1)[-1]:
-        hostport += ":8080"
-    try:
-        where = parse_address(hostport)
-    except ValueError:
-        raise ValueError("proxy must be http://[user:pass@]host:port with a port in 1..65535") from None
-    return ProxyUrl(where.host, where.port, unquote(user), unquote(password))
 
 
 @dataclass(frozen=True)

@@ -128,6 +128,7 @@ class NodeCollector:
         yield from _node_families(status)
         yield from _peer_families(status.get("peers", []))
         yield from _traffic_families(status)
+        yield from _reach_families(status)
         jobs = self._node.jobs.list()
         yield from _job_families(jobs, getattr(self._node.jobs, "kinds", {}))
         now_ms = getattr(self._node, "now_ms", None)
@@ -191,6 +192,33 @@ def _traffic_families(status: dict[str, Any]) -> Iterator[Metric]:
             for cls, value in sorted(peer.get(key, {}).items()):
                 family.add_metric([str(peer.get("name", "?")), str(cls)], float(value))
         yield family
+
+
+REACH_STATES = ("unknown", "dialable", "outbound-only")
+PATHS = ("direct", "proxy", "inbound", "relayed", "not used yet")
+
+
+def _reach_families(status: dict[str, Any]) -> Iterator[Metric]:
+    """Whether peers can dial this site, each peer's path, and what this site relayed for others."""
+    reach = status.get("reach")
+    if reach is None:
+        return
+    state = _gauge("reach_state", "1 for what peers' dial-backs say of this site, else 0", ["state"])
+    for s in REACH_STATES:
+        state.add_metric([s], 1.0 if reach.get("state") == s else 0.0)
+    yield state
+    yield GaugeMetricFamily(_name("links_dialed_for_peers"), "Links this site keeps open for its peers to send on "
+                            "(an outbound-only site's)", value=float(reach.get("links_dialed_for_peers", 0)))
+    path = _gauge("peer_path", "1 for the path this site's last request to the peer took, else 0", ["peer", "path"])
+    for peer in status.get("peers", []):
+        to = str((peer.get("path") or {}).get("to", "not used yet"))
+        to = "relayed" if to.startswith("relayed") else to
+        for p in PATHS:
+            path.add_metric([str(peer.get("name", "?")), p], 1.0 if to == p else 0.0)
+    yield path
+    yield _by_label(_counter("relayed", "What this site relayed for members that cannot reach each other: "
+                             "requests, bytes, and requests refused (busy, unreachable, refused)", ["what"]),
+                    status.get("relayed", {}))
 
 
 def _job_families(jobs: list[dict[str, Any]], kinds: Iterable[str]) -> Iterator[Metric]:

@@ -10,7 +10,7 @@ import functools
 import time
 from typing import Any
 
-from fedpeer.config.load import REVERSE_LINKS_MAX
+from fedpeer.config.network import REVERSE_LINKS_MAX
 from fedpeer.core.membership import swim as mb
 from fedpeer.daemon.reach import DialBackAsk, DialBackAnswer, Reach
 from fedpeer.errors import RemoteProtocolError
@@ -126,5 +126,6 @@ class NetPaths:
 
     def status(self) -> dict[str, Any]:
         return {"reach": {**self.reach.summary(), "links_dialed_for_peers": sum(self.dialer.up.values()),
+                          "links_opened": self.dialer.opened,
                           "proxy": str(self._node._client.route.proxy) if self._node._client.route.proxy else None},
                 "relayed": dict(self.relayer.counts)}

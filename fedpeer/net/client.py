@@ -255,10 +255,20 @@ class PeerClient:
                             raise
                         failed = exc
                 if link is not None:
-                    if peer:
-                        self._direct_down.pop(peer, None)
-                        self.routes[peer] = link.via
-                    return await self._over(link, address, path, body)
+                    fresh = not link.used
+                    try:
+                        answer = await self._over(link, address, path, body)
+                    except ConnectionError as exc:
+                        # a connection that opened and was reset before it answered anything is a
+                        # firewall's way to refuse too (one that inspects, then resets): relay
+                        if not (fresh and relay_ok and self.relay is not None and peer):
+                            raise
+                        failed = exc
+                    else:
+                        if peer:
+                            self._direct_down.pop(peer, None)
+                            self.routes[peer] = link.via
+                        return answer
             assert self.relay is not None and failed is not None
             try:
                 answer = await self.relay(peer, path, body)
@@ -271,6 +281,7 @@ class PeerClient:
         answer = None
         try:
             answer = await link.exchange(self._head(address, path, len(body)), body)
+            link.used = True
             return answer
         finally:
             if answer is not None and answer.keep and not link.broken:

@@ -46,11 +46,12 @@ class Link:
     answer is awaited mean the connection is of no further use: it is marked `broken` and
     unregistered (so an unread end does not wake the loop again), and closed by its owner."""
 
-    __slots__ = ("sock", "via", "broken", "_loop", "_fd", "_waiter", "_buf", "_got")
+    __slots__ = ("sock", "via", "used", "broken", "_loop", "_fd", "_waiter", "_buf", "_got")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, via: str = "direct") -> None:
         self.sock = sock
         self.via = via                       # how it was opened: "direct", "proxy", "inbound" (the peer dialed it)
+        self.used = False                    # an answer came back on it once
         self.broken = False                  # the peer ended it, or sent what no request asked for
         self._loop = loop
         self._fd = sock.fileno()

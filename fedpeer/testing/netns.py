@@ -110,6 +110,17 @@ class SiteNet:
                       "-j", "ACCEPT")
         self.iptables(k, "-A", "OUTPUT", "-p", "tcp", "--syn", "-j", "REJECT", "--reject-with", "tcp-reset")
 
+    def middlebox(self, k: int, idle_s: int) -> None:
+        """Site k sits behind a stateful middlebox (a NAT's firewall): nothing comes in but packets of
+        flows site k opened, and a flow idle for `idle_s` is forgotten (its packets then dropped both
+        ways, silently, as conntrack with loose pickup off does)."""
+        _run(*self.exec(k), "sysctl", "-q", "-w", f"net.netfilter.nf_conntrack_tcp_timeout_established={idle_s}",
+             "net.netfilter.nf_conntrack_tcp_loose=0")
+        self.iptables(k, "-A", "INPUT", "-i", "lo", "-j", "ACCEPT")
+        self.iptables(k, "-A", "INPUT", "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT")
+        self.iptables(k, "-A", "INPUT", "-j", "DROP")
+        self.iptables(k, "-A", "OUTPUT", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
+
     def cut(self, a: int, b: int) -> None:
         """Sites a and b cannot open connections to each other, either way (both reach the rest)."""
         for me, other in ((a, b), (b, a)):
@@ -144,18 +155,27 @@ class SiteNet:
         raise AssertionError(f"tinyproxy did not listen: {(workdir / 'tinyproxy.err').read_text()[:300]}")
 
 
+MEMORY_READ_BYTES = 16 * 1024 * 1024    # a memory search reads this much at a time
+
+
 def memory_holds(pid: int, needle: bytes) -> bool:
-    """Whether any readable mapping of process `pid` holds `needle` (a memory dump, searched)."""
+    """Whether any readable mapping of process `pid` holds `needle` (a memory dump, searched in
+    chunks that overlap by the needle's length, so nothing is missed at a chunk's edge)."""
+    overlap = len(needle) - 1
     with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", 0) as mem:
         for line in maps:
             span, perms = line.split()[:2]
-            if not perms.startswith("r"):
+            if not perms.startswith("r") or line.rstrip().endswith("[vvar]"):
                 continue
             start, end = (int(x, 16) for x in span.split("-"))
-            try:
-                mem.seek(start)
-                if needle in mem.read(end - start):
+            tail = b""
+            for at in range(start, end, MEMORY_READ_BYTES):
+                try:
+                    mem.seek(at)
+                    chunk = mem.read(min(MEMORY_READ_BYTES, end - at))
+                except (OSError, ValueError, OverflowError):
+                    break
+                if needle in tail + chunk:
                     return True
-            except (OSError, ValueError, OverflowError):
-                continue
+                tail = chunk[-overlap:] if overlap else b""
     return False

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import shutil
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -67,6 +69,15 @@ async def test_a_site_nobody_can_dial_takes_full_part(tmp_path: Path) -> None:
             assert {r["result"]["count"] for r in records.values()} == {569}
         seen = {p["name"]: p for p in (await h.status(0))["peers"]}["site-3"]
         assert seen["path"]["to"] == "inbound"
+        # the operator's view: one line with the fix, each peer's path
+        out = subprocess.run([sys.executable, "-m", "fedpeer", "netcheck", "--config", str(h.sites[2].config_path)],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        assert "reachable: outbound-only" in out.stdout and f"no peer could open a connection to {dead}" in out.stdout
+        assert "2 we dialed to it" in out.stdout
+        out = subprocess.run([sys.executable, "-m", "fedpeer", "status", "--config", str(h.sites[0].config_path)],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0 and "PATH" in out.stdout and "inbound" in out.stdout, out.stdout + out.stderr
         # a restart of a peer drops its links; they are dialed again and the site stays in
         opened = (await h.status(2))["reach"]["links_dialed_for_peers"]
         h.restart(0)

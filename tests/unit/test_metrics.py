@@ -270,3 +270,20 @@ async def test_listener_on_a_taken_port_is_a_config_error(listener) -> None:
     second = MetricsListener(NodeMetrics(FakeNode(), process=False), Address("127.0.0.1", served.port), "peers.toml")
     with pytest.raises(ConfigError, match="cannot listen on 127.0.0.1"):
         await second.start()
+
+
+def test_reach_paths_and_relays_are_metrics() -> None:
+    node = FakeNode()
+    node.doc["reach"] = {"state": "outbound-only", "links_dialed_for_peers": 4}
+    node.doc["relayed"] = {"requests": 12, "bytes": 3400, "busy": 1}
+    node.doc["peers"][0]["path"] = {"to": "relayed by site-3"}
+    node.doc["peers"][1]["path"] = {"to": "inbound", "links_it_dialed": 2}
+    scraped = samples(NodeMetrics(node, process=False))
+    assert value(scraped, "fedpeer_reach_state", state="outbound-only") == 1
+    assert value(scraped, "fedpeer_reach_state", state="dialable") == 0
+    assert value(scraped, "fedpeer_links_dialed_for_peers") == 4
+    first, second = node.doc["peers"][0]["name"], node.doc["peers"][1]["name"]
+    assert value(scraped, "fedpeer_peer_path", peer=first, path="relayed") == 1
+    assert value(scraped, "fedpeer_peer_path", peer=second, path="inbound") == 1
+    assert value(scraped, "fedpeer_peer_path", peer=second, path="direct") == 0
+    assert value(scraped, "fedpeer_relayed_total", what="bytes") == 3400

@@ -259,7 +259,7 @@ async def test_unnamed_members_without_it_are_left_out_and_unknown_parameters_no
 
 
 def test_status_shows_each_peers_build_and_what_it_lacks() -> None:
-    from fedpeer.app.cli import format_status
+    from fedpeer.app.statustext import format_status
 
     book = PeerVersions(OWN, BASE)
     book.refused(BOB, 1)
