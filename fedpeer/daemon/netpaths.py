@@ -91,6 +91,9 @@ class NetPaths:
     def relays_for(self, dst: bytes) -> list[tuple[bytes, str]]:
         """Members that may relay to `dst`, best first: alive, reached without a relay, by RTT."""
         views = {v.node: v for v in self._node.membership.view()}
+        target = views.get(dst)
+        if target is None:
+            return []
         ranked = []
         for key in self._node._allowed:
             view = views.get(key)
@@ -102,7 +105,10 @@ class NetPaths:
             if known is not None and RELAY not in known.caps:     # an older build: it would answer 404
                 continue
             ranked.append((view.rtt_ms if view.rtt_ms is not None else float("inf"), key.hex(), key, view.address))
-        return [(key, address) for *_, key, address in sorted(ranked)]
+        chosen = [(key, address) for *_, key, address in sorted(ranked)]
+        # a site held dead gets one relay a try (its probes come every dead_probe_interval_ms): never
+        # none, or two sites cut from each other that each hold the other dead would stay apart
+        return chosen[:1] if target.state == mb.MemberState.DEAD else chosen
 
     # -- status ---------------------------------------------------------------------------------
 
