@@ -89,7 +89,7 @@ async def main(args: argparse.Namespace) -> dict:
                 await until(h, None, lambda d: all(
                     d[i] is not None and {p["name"]: p["state"] for p in d[i]["peers"]}[h.sites[last].name] == "dead"
                     for i in range(last)), 60)
-            out["alive_after_start_s"] = quantiles(alive)
+            out["alive_after_start_s"] = quantiles(alive) if alive else None
             print(f"outbound-only site alive at every site after its start: {out['alive_after_start_s']}", flush=True)
             h.start(last)
             full = 2 * last
@@ -104,7 +104,7 @@ async def main(args: argparse.Namespace) -> dict:
                             and d[last]["reach"]["links_opened"] >= opened + full
                             and d[last]["reach"]["links_dialed_for_peers"] == full)
                 back.append(time.monotonic() - started)
-            out["links_back_after_drop_s"] = quantiles(back)
+            out["links_back_after_drop_s"] = quantiles(back) if back else None
             print(f"links back after a drop (reset), {args.drops} drops: {out['links_back_after_drop_s']}", flush=True)
         finally:
             h.stop()

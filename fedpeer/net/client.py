@@ -34,7 +34,7 @@ from fedpeer.net.http1 import (
     SendError,
     SendRefused,
 )
-from fedpeer.net.link import Answer, Link
+from fedpeer.net.link import DELIVERED, Answer, Link, replayed
 from fedpeer.wire.session import WELCOME_BYTES
 
 KEEPALIVE_S = 30.0                  # an idle connection is closed after this long (the server waits 60 s)
@@ -105,7 +105,8 @@ class PeerClient:
         self._sweep: asyncio.TimerHandle | None = None
         self._running = False
         self._adopted: dict[bytes, _Adopted] = {}          # peer -> links it dialed to us
-        self._direct_down: dict[bytes, float] = {}         # peer -> until when (loop time) we do not dial it
+        self._direct_down: dict[bytes, float] = {}         # peer -> when (loop time) to try dialing it again
+        self._probing: dict[bytes, asyncio.Task] = {}      # peer -> its dial in the background
         self.relay: Relay | None = None                     # set by fedpeer/net/links.py
         self.routes: dict[bytes, str] = {}                  # peer -> "direct", "proxy", "inbound", "relay:<name>"
         self.dropped_best_effort = 0
@@ -137,6 +138,9 @@ class PeerClient:
         for adopted in self._adopted.values():
             adopted.close()
         self._adopted.clear()
+        for task in self._probing.values():
+            task.cancel()
+        self._probing.clear()
         if self._sweep is not None:
             self._sweep.cancel()
             self._sweep = None
@@ -170,6 +174,9 @@ class PeerClient:
             adopted.close()
         self._direct_down.pop(peer, None)
         self.routes.pop(peer, None)
+        probing = self._probing.pop(peer, None)
+        if probing is not None:
+            probing.cancel()
 
     # -- connections ---------------------------------------------------------------------------
 
@@ -235,11 +242,15 @@ class PeerClient:
                 link = await adopted.take()
                 if link is not None:
                     return await self._over_adopted(adopted, link, peer, path, address, body)
-            if relay_ok and self.relay is not None and peer and self._direct_down.get(peer, 0.0) > loop.time():
+            relayed_before = False       # a relay took it and failed: it may have reached the peer
+            if relay_ok and self.relay is not None and peer and peer in self._direct_down:
+                if self._direct_down[peer] <= loop.time():
+                    self._probe_direct(peer, address)     # in the background: no send waits for a dial
                 try:
                     return await self.relay(peer, path, body)
                 except OSError:     # no relay either: dial, as if we had never failed
                     self._direct_down.pop(peer, None)
+                    relayed_before = True
             per_peer = self._per_peer.get(address)
             if per_peer is None:
                 per_peer = self._per_peer[address] = asyncio.Semaphore(OUTBOUND_PER_PEER_MAX)
@@ -275,7 +286,30 @@ class PeerClient:
             except OSError:
                 raise failed from None     # the dial's own error says more than "no relay"
             self._direct_down[peer] = loop.time() + DIRECT_RETRY_S   # a relay works: skip the dial a while
+            if path == PATH and replayed(answer) and (relayed_before or isinstance(failed, ConnectionError)):
+                return DELIVERED      # a reset connection or an earlier relay delivered it, its answer lost
             return answer
+
+    def _probe_direct(self, peer: bytes, address: str) -> None:
+        """Dial a peer we reach through a relay, off every send's path: connected, its requests go
+        direct again; not, the relay keeps them for DIRECT_RETRY_S more."""
+        if peer in self._probing:
+            return
+        loop = asyncio.get_running_loop()
+        self._direct_down[peer] = loop.time() + DIRECT_RETRY_S
+
+        async def probe() -> None:
+            try:
+                async with asyncio.timeout(self._limits.http_connect_timeout_ms / 1000):
+                    link = await self._connect(address)
+            except (OSError, TimeoutError):
+                return
+            finally:
+                self._probing.pop(peer, None)
+            self._direct_down.pop(peer, None)
+            self._release(address, link, loop.time())
+
+        self._probing[peer] = loop.create_task(probe())
 
     async def _over(self, link: Link, address: str, path: str, body: bytes | bytearray | memoryview) -> Answer:
         answer = None

@@ -33,6 +33,12 @@ class Answer:
 
 
 _DELIVERED = Answer(204, {}, b"", True)
+DELIVERED = _DELIVERED
+
+
+def replayed(answer: Answer) -> bool:
+    """A refusal of a frame as a replay: an earlier try of the same bytes was delivered."""
+    return answer.status == 400 and answer.body.startswith(b"replay")
 
 
 

@@ -23,8 +23,8 @@ from collections.abc import Callable
 
 from fedpeer.identity import Identity
 from fedpeer.net import relay, streams
-from fedpeer.net.http1 import RELAY_PATH
-from fedpeer.net.link import Answer, BadAnswer
+from fedpeer.net.http1 import PATH, RELAY_PATH
+from fedpeer.net.link import DELIVERED, Answer, BadAnswer, replayed
 from fedpeer.net.pool import FramePool
 from fedpeer.net.reverse import ReverseOffer
 from fedpeer.net.streams import StreamChunk, StreamOpen
@@ -102,20 +102,25 @@ class Links:
         """`body` (a frame or hello sealed for `dst`) through the first member that relays it; its
         answer is dst's. ConnectionError when none did (the client's retries take it from there)."""
         assert self._relays is not None
-        errors = []
+        errors: list[str] = []
+        maybe_delivered = False    # a relay took it and then failed: it may have reached dst
         for key, address in self._relays(dst)[:relay.RELAY_TRIES_MAX]:
+            tried = False
             try:
                 session = await self.session(key, address, relay_ok=False)
                 msg = relay.request(dst, path, body)
                 frame = (await asyncio.to_thread(self._sealer.seal, session, msg) if len(body) > OFF_LOOP_BYTES_MIN
                          else self._sealer.seal(session, msg))
+                tried = True
                 answer = await self._client.exchange(address, frame, RELAY_PATH, key, relay_ok=False)
                 if answer.status == 200:
                     inner = relay.unwrap(answer.body)
                     self._client.routes[dst] = "relay:" + key.hex()
-                    return inner
+                    # a relay tried before may have delivered it and lost only its answer
+                    return DELIVERED if path == PATH and maybe_delivered and replayed(inner) else inner
             except (OSError, TimeoutError, SendError, BadAnswer) as exc:
-                errors.append(type(exc).__name__)
+                maybe_delivered = maybe_delivered or tried
+                errors.append(type(exc).__name__ if tried else f"no session: {type(exc).__name__}")
                 continue
             if answer.status == 400 and answer.body.startswith(b"unknown_session"):
                 self._sessions.forget_outbound(key, session.sid)
