@@ -64,8 +64,21 @@ def _count(low: int):
 _KIND_COMMANDS = ("run", "harness")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Every fedpeer parser, subcommands' included (argparse makes them of the top one's class): no
+    abbreviations, so `--round 5` is an error, never `--rounds 5`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+
+_KIND_PARSERS: dict[str, argparse.ArgumentParser] = {}   # `run KIND`'s parser, for its usage errors
+
+
 def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fedpeer", description="Peer-to-peer federated learning daemon.",
+    _KIND_PARSERS.clear()
+    p = _Parser(prog="fedpeer", description="Peer-to-peer federated learning daemon.",
                                 epilog=CONFIG_EPILOG)
     p.add_argument("--version", action=_VersionAction, help="print this build's fedpeer version and commit, and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -182,6 +195,7 @@ def _add_job_commands(sub: argparse._SubParsersAction, with_kinds: bool) -> None
     s = sub.add_parser("run", help="propose a federated job from this site")
     kinds = s.add_subparsers(dest="kind", required=True, metavar="KIND")
     if with_kinds:
+        from fedpeer.app.runargs import add_kind_arguments
         from fedpeer.kinds.catalog import job_kinds
     for kind in job_kinds().values() if with_kinds else ():
         k = kinds.add_parser(kind.name, help=kind.help)
@@ -190,15 +204,8 @@ def _add_job_commands(sub: argparse._SubParsersAction, with_kinds: bool) -> None
         k.add_argument("--wait", action="store_true", help="wait for the result, showing progress on stderr (a "
                        "terminal: one live line; else a line every few seconds); Ctrl-C asks whether to cancel it")
         k.add_argument("--json", action="store_true", help="print the job record as JSON")
-        for name, param in kind.params.items():
-            flag = "--" + name.replace("_", "-")
-            if param.type is bool:
-                k.add_argument(flag, dest=f"param_{name}", action=argparse.BooleanOptionalAction,
-                               default=param.default, help=param.help)
-            else:
-                k.add_argument(flag, dest=f"param_{name}", type=param.type, default=param.default,
-                               choices=param.choices, metavar=None if param.choices else name.upper(),
-                               help=f"{param.help} (default: {param.default})")
+        add_kind_arguments(k, kind)
+        _KIND_PARSERS[kind.name] = k
 
     s = sub.add_parser("jobs", help="list this site's jobs")
     s.add_argument("--config", type=Path, help=CONFIG_HELP.format(""))
@@ -215,7 +222,18 @@ def _add_job_commands(sub: argparse._SubParsersAction, with_kinds: bool) -> None
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser(argv).parse_args(argv)
+    parser = _parser(argv)
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "run":
+        from fedpeer.app import runargs
+        from fedpeer.kinds.catalog import job_kinds
+
+        kind_parser, kind = _KIND_PARSERS[args.kind], job_kinds()[args.kind]
+        if extra:
+            runargs.unknown_options(kind_parser, kind, extra)
+        args.params = runargs.resolve(kind_parser, kind, args)
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if "config" in vars(args):
             from fedpeer.config.locate import find
@@ -467,7 +485,7 @@ def _ping(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from fedpeer.kinds.catalog import job_kinds
 
-    params = {k[len("param_"):]: v for k, v in vars(args).items() if k.startswith("param_")}
+    params = args.params
     try:   # a parameter out of range is a usage error: say so before asking any daemon
         job_kinds()[args.kind].check_params(params)
     except JobError as exc:
