@@ -25,6 +25,7 @@ from __future__ import annotations
 import csv
 import hashlib
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -49,8 +50,7 @@ def predict_csv(config: Config, job_id: str, data: Path, id_column: str | None =
         _check_file_sha256(model_path, recorded)
     header = _header(data)
     if id_column is not None and id_column not in header:
-        raise DataError(f"{data}: no column {id_column!r} (--id-column); its columns: {', '.join(header[:20])}"
-                        + (" ..." if len(header) > 20 else ""))
+        raise DataError(f"{data}: no column {id_column!r} (--id-column); its columns: {', '.join(header)}")
     ids: list[np.ndarray] = []
 
     def rows(features: Any) -> np.ndarray:
@@ -118,9 +118,7 @@ def _rows(data: Path, header: list[str], features: tuple[str, ...],
           id_column: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The CSV's values of the model's feature columns, in the model's column order, and each
     row's value of `id_column` (read as a label is: text, checked; None: the row numbers)."""
-    missing = [f for f in features if f not in header]
-    if missing:
-        raise DataError(f"{data}: lacks the model's feature column(s) {missing[:10]}")
+    check_columns(data, header, features, id_column)
     label = id_column if id_column is not None and id_column not in features else None
     ignore = tuple(c for c in header if c not in features and c != label)
     dataset = load_csv(DataSpec(csv=data, label=label, ignore=ignore), binary=False)
@@ -130,6 +128,21 @@ def _rows(data: Path, header: list[str], features: tuple[str, ...],
     if id_column is not None:     # the ID is also one of the model's features
         return X, np.array([f"{v:g}" for v in X[:, features.index(id_column)]])
     return X, np.arange(1, len(X) + 1)
+
+
+def check_columns(data: Path, header: list[str], features: Sequence[str], id_column: str | None = None) -> None:
+    """The model's columns are found in `data` by name (their order there does not matter), or a
+    one-line refusal naming every missing one and the columns `data` has that the model lacks."""
+    twice = sorted({c for c in header if header.count(c) > 1 and c in (*features, id_column)})
+    if twice:
+        raise DataError(f"{data}: column(s) {', '.join(twice)} appear more than once in the header: "
+                        "which one the model reads is ambiguous; rename or drop the copies")
+    missing = [f for f in features if f not in header]
+    if missing:
+        extra = [c for c in header if c not in features and c != id_column]
+        raise DataError(f"{data}: lacks {len(missing)} of the model's {len(features)} feature columns: "
+                        f"{', '.join(missing)}" + (f"; columns the model does not know: {', '.join(extra)}"
+                                                   if extra else "") + " (columns are matched by name)")
 
 
 def _header(path: Path) -> list[str]:

@@ -84,5 +84,5 @@ async def test_results_read_as_text_and_models_leave_with_their_ids(make_federat
     header = read(full)[0].keys()
     features = [c for c in header if c not in ("ID", "diagnosis")]
     X = np.array([[float(row[c]) for c in features] for row in read(full)])
-    got = xgboost.Booster(model_file=str(model)).predict(xgboost.DMatrix(X))
+    got = xgboost.Booster(model_file=str(model)).predict(xgboost.DMatrix(X, feature_names=features))
     assert np.allclose(got, [float(row["score"]) for row in read(scores)], rtol=0, atol=1e-7)
