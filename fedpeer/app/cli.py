@@ -92,7 +92,14 @@ def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     s.add_argument("--data", type=Path, metavar="CSV", help="this site's rows: writes a [data] table naming the CSV "
                    "(it must exist)")
     s.add_argument("--label", help="with --data: the label column (it must be in the CSV's header)")
-    s.add_argument("--positive", help="with --data: the positive class, for binary jobs")
+    s.add_argument("--positive", help="with --data: the positive class, for binary jobs (a value of the label)")
+    s.add_argument("--ignore", action="append", default=[], metavar="COL", help="with --data: a column that is "
+                   "not a feature, such as a row ID (repeatable)")
+    s.add_argument("--id-column", metavar="COL", help="with --data and --partition vertical: the column naming "
+                   "each entity, the same entities at every site")
+    s.add_argument("--partition", choices=("horizontal", "vertical"), help="with --data: horizontal (the sites "
+                   "hold other rows of the same columns; the default) or vertical (other columns of the same "
+                   "entities, aligned on --id-column)")
 
     s = sub.add_parser("invite", help="print this site's invite: one line (name, address, public key, fingerprint) "
                        "the other sites give to 'fedpeer peer add --invite'")
@@ -278,11 +285,13 @@ def _init(args: argparse.Namespace) -> int:
     from fedpeer.app.sitefiles import init_site
     from fedpeer.identity import encode_public_key
 
-    if (args.label or args.positive) and args.data is None:
-        print("fedpeer init: --label and --positive go with --data CSV", file=sys.stderr)
+    if (args.label or args.positive or args.ignore or args.id_column or args.partition) and args.data is None:
+        print("fedpeer init: --label, --positive, --ignore, --id-column and --partition go with --data CSV",
+              file=sys.stderr)
         return EXIT_USAGE
-    path, identity = init_site(args.dir, args.name, args.listen, args.advertise, args.admin,
-                               data=args.data, label=args.label, positive=args.positive)
+    path, identity = init_site(args.dir, args.name, args.listen, args.advertise, args.admin, data=args.data,
+                               label=args.label, positive=args.positive, ignore=args.ignore,
+                               id_column=args.id_column, partition=args.partition)
     config = _load(path)
     print(f"created {path} and {path.parent / 'identity.key'} (mode 0600)")
     print(f"public key:  {encode_public_key(identity.public_key)}")
