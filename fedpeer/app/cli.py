@@ -404,7 +404,14 @@ def _reload(args: argparse.Namespace) -> int:
     from fedpeer.kinds.catalog import load_config
 
     config = load_config(args.config)   # a file that does not validate is refused here, as by `start`
-    doc = _ask(config, "POST", "/v1/reload")
+    try:
+        doc = _ask(config, "POST", "/v1/reload")
+    except FedpeerError as exc:
+        if isinstance(exc, NoDaemonError) or not str(exc).startswith("configuration error: "):
+            raise
+        # the daemon refused the file ([data] against its CSV): the same line and exit 2 as any config error
+        print(f"fedpeer: {exc}; the daemon keeps running the configuration it had", file=sys.stderr)
+        return EXIT_CONFIG
     print(json.dumps(doc, indent=2) if args.json else f"reloaded {doc['path']}: {one_line(doc['changes'])}")
     return EXIT_OK
 

@@ -20,7 +20,7 @@ import tomlkit
 from fedpeer.base.store import atomic_write
 from fedpeer.app.invite import Invite
 from fedpeer.config import load as cfg
-from fedpeer.data.spec import not_in_header
+from fedpeer.data.header import check_columns, read_header
 from fedpeer.errors import ConfigError
 from fedpeer.identity import Identity, create_key_file, encode_public_key, load_key_file, parse_public_key
 from fedpeer.kinds.catalog import job_kinds, load_config
@@ -66,7 +66,6 @@ csv = {csv}   # this site's rows (a header row); relative paths are relative to 
 {label_line}
 {positive_line}
 {more}"""
-HEADER_BYTES_MAX = 1024 * 1024    # `init --data`: the header row is read from at most this much of the file
 
 
 def init_site(directory: Path, name: str, listen: str, advertise: str | None = None,
@@ -116,13 +115,8 @@ def _data_table(conf_path: Path, data: Path, label: str | None, positive: str | 
     """The [data] table of `init --data`: the CSV must exist, and every column named (label, ignore,
     id_column) be in its header; the positive class must be a value of the label column."""
     data = data.resolve()
-    header = csv_header(conf_path, data)
-    named = [("data.label", f"label column {label!r}", label)] if label is not None else []
-    named += [("data.ignore", f"column {c!r} listed in ignore", c) for c in ignore]
-    named += [("data.id_column", f"id_column {id_column!r}", id_column)] if id_column else []
-    for key, subject, column in named:
-        if column not in header:
-            raise ConfigError(conf_path, key, f"{data}: {not_in_header(subject, column, header)}")
+    header = read_header(conf_path, data)
+    check_columns(conf_path, data, header, label, ignore, id_column)
     if label is not None and positive:
         _check_positive(conf_path, data, header.index(label), label, positive)
     label_line = (f"label = {json.dumps(label)}   # the label column" if label is not None
@@ -134,17 +128,6 @@ def _data_table(conf_path: Path, data: Path, label: str | None, positive: str | 
     more += f"id_column = {json.dumps(id_column)}   # the column naming each entity\n" if id_column else ""
     return DATA_TEMPLATE.format(csv=json.dumps(str(data)), label_line=label_line, positive_line=positive_line,
                                 more=more)
-
-
-def csv_header(conf_path: Path, data: Path, key: str = "data.csv") -> list[str]:
-    """The CSV's header row (names stripped), or a ConfigError naming `key` and the file."""
-    try:
-        with open(data, encoding="utf-8-sig", newline="") as f:
-            header = next(csv.reader([f.readline(HEADER_BYTES_MAX)]), [])
-    except (OSError, UnicodeDecodeError) as exc:
-        problem = getattr(exc, "strerror", None) or str(exc)
-        raise ConfigError(conf_path, key, f"cannot read {data}: {problem}") from None
-    return [column.strip() for column in header]
 
 
 def _check_positive(conf_path: Path, data: Path, column: int, label: str, positive: str) -> None:

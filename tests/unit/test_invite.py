@@ -106,7 +106,7 @@ def test_init_with_data_writes_the_data_table(tmp_path: Path, capsys: pytest.Cap
     assert "did you mean 'Class'?" in err and "'age'" in err
     assert cli.main(["init", "--dir", str(tmp_path / "b"), "--name", "b", "--listen", "127.0.0.1:17441",
                      "--data", str(tmp_path / "nope.csv")]) == 2
-    assert "cannot read" in capsys.readouterr().err and not (tmp_path / "b").exists()
+    assert "nope.csv: file not found" in capsys.readouterr().err and not (tmp_path / "b").exists()
     assert cli.main(["init", "--dir", str(tmp_path / "b"), "--name", "b", "--listen", "127.0.0.1:17441",
                      "--label", "Class"]) == 2
     assert not (tmp_path / "b").exists()
