@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedpeer.app.jobtext import format_job, jobs_table
+from fedpeer.app.jobtext import format_job, jobs_table, site_class_names
 from fedpeer.errors import ConfigError, FedpeerError, JobError, NoDaemonError
 
 if TYPE_CHECKING:
@@ -518,7 +518,7 @@ def _run(args: argparse.Namespace) -> int:
     record, interrupted = wait(config, job_id)
     if record is None:
         return interrupted
-    print(json.dumps(record, indent=2) if args.json else format_job(record))
+    print(json.dumps(record, indent=2) if args.json else format_job(record, site_class_names(config)))
     return EXIT_OK if record["state"] == "done" else EXIT_FAILED
 
 
@@ -534,7 +534,7 @@ def _job(args: argparse.Namespace) -> int:
         record = _ask(config, "POST", f"/v1/jobs/{args.id}/cancel")
     else:
         record = _ask(config, "GET", f"/v1/jobs/{args.id}")
-    print(json.dumps(record, indent=2) if args.json else format_job(record))
+    print(json.dumps(record, indent=2) if args.json else format_job(record, site_class_names(config)))
     return EXIT_OK
 
 

@@ -10,14 +10,16 @@ data, keeping only the model's feature columns (and, with `--id-column COL`, tha
 which then stand first in every output row instead of the row number).
 
 Binary models give a score, P(positive) (BOFRF: the weighted vote share, with the weighted vote
-itself as `vote_sum`, positive = positive class), and a 0/1 prediction (logreg / mlp trained with
-two named classes: the class); multi-class xgboost, logreg and mlp give the predicted class and
-one probability per class; a reg:squarederror xgboost model gives the predicted value. A tree
-gives what its leaf holds: P(positive) and 0/1, the class mix and its most frequent class, or
-(regression) the leaf's mean. k-means gives each row's cluster (the index in the job's canonical
-order: centres sorted by first coordinate) and its distance to that centre (fuzzy: one membership
-per cluster); a Gaussian mixture gives the most probable component and every component's
-probability; dbscan the cluster of the nearest clustered synthetic point within eps, or -1 (noise).
+itself as `vote_sum`, positive = positive class), and a prediction: the class, by the site's
+[data] positive class and the label's other value (0/1 where [data] names no positive class;
+logreg / mlp trained with two named classes: their class); multi-class xgboost, logreg and mlp
+give the predicted class and one probability per class; a reg:squarederror xgboost model gives the
+predicted value. A tree gives what its leaf holds: P(positive) and the class, the class mix and
+its most frequent class, or (regression) the leaf's mean. k-means gives each row's cluster (the
+index in the job's canonical order: centres sorted by first coordinate) and its distance to that
+centre (fuzzy: one membership per cluster); a Gaussian mixture gives the most probable component
+and every component's probability; dbscan the cluster of the nearest clustered synthetic point
+within eps, or -1 (noise).
 """
 
 from __future__ import annotations
@@ -57,10 +59,22 @@ def predict_csv(config: Config, job_id: str, data: Path, id_column: str | None =
         X, row_ids = _rows(data, header, tuple(features), id_column)
         ids.append(row_ids)
         return X
-    scored = kind.predict(model_path, result, rows)
+    scored = _named(kind.predict(model_path, result, rows), config)
     if id_column is None or not ids:
         return scored
     return [{id_column: str(i), **{k: v for k, v in row.items() if k != "row"}} for i, row in zip(ids[-1], scored)]
+
+
+def _named(scored: list[dict], config: Config) -> list[dict]:
+    """A binary model's 0/1 `prediction` as the class it stands for: the site's [data] positive
+    class and the label's other value (the score column stays P(positive))."""
+    from fedpeer.app.jobtext import site_class_names
+
+    binary = scored and "score" in scored[0] and all(type(r.get("prediction")) is int for r in scored)
+    names = site_class_names(config) if binary else None
+    if names is None:
+        return scored
+    return [{**r, "prediction": names[r["prediction"]]} for r in scored]
 
 
 def export_model(config: Config, job_id: str) -> tuple[dict, str]:

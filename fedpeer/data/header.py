@@ -55,3 +55,27 @@ def check_section(config_path: Path, data: Any) -> None:
     check_columns(config_path, Path(data.csv), header, data.label, data.ignore, data.id_column)
     if data.test_csv:
         read_header(config_path, Path(data.test_csv), "data.test_csv")
+
+
+def other_class(data: Path, label: str, positive: str, rows_max: int = 1_000_000) -> str | None:
+    """The label column's first value that is not `positive` (the other class of a binary label,
+    for text people read), reading at most `rows_max` rows; None if there is none or the file
+    cannot be read."""
+    from fedpeer.data.spec import MISSING_TOKENS
+
+    try:
+        with open(data, encoding="utf-8-sig", newline="") as f:
+            reader = csv.reader(f)
+            header = [c.strip() for c in next(reader, [])]
+            if label not in header:
+                return None
+            column = header.index(label)
+            for i, row in enumerate(reader):
+                value = row[column].strip() if len(row) > column else ""
+                if value and value != positive and value.lower() not in MISSING_TOKENS:
+                    return value
+                if i >= rows_max:
+                    return None
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return None
+    return None
