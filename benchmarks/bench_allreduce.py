@@ -78,7 +78,7 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--sites", type=int, default=5)
     p.add_argument("--mib", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3)

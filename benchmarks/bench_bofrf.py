@@ -82,7 +82,7 @@ async def main(sites: int, rows: int, trees: int, repeats: int) -> dict:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--sites", type=int, default=4)
     parser.add_argument("--rows", type=int, default=5000)
     parser.add_argument("--trees", type=int, default=100)

@@ -125,7 +125,7 @@ def train(member: object, p: HistParams) -> tuple[bytes, list[float], float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--rows", type=int, default=5_000_000)
     ap.add_argument("--memory-rows", type=int, default=1_000_000)
     ap.add_argument("--features", type=int, default=50)

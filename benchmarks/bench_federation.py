@@ -63,7 +63,7 @@ async def main(n: int, idle_s: float, preload: bool) -> dict:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--sites", type=int, default=32)
     parser.add_argument("--idle-s", type=float, default=20)
     parser.add_argument("--preload", action="store_true",

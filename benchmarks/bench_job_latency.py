@@ -195,7 +195,7 @@ def auc_bin_errors(bins: tuple[int, ...] = (10, 20, 50, 100, 200, 1000), rounds:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--no-cold", action="store_true", help="skip step 1 (cold)")

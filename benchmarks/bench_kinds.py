@@ -558,7 +558,7 @@ async def main(args: argparse.Namespace) -> dict:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--sites", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--kinds", nargs="+", help="kinds or cases to run (xgboost: both modes; "

@@ -184,7 +184,7 @@ async def main(args: argparse.Namespace) -> dict:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--kind", choices=("kmeans", "gmm"), default="kmeans")
     ap.add_argument("--covariance", choices=("full", "diag"), default="full", help="gmm only")
     ap.add_argument("--rows", type=int, default=200_000)

@@ -107,7 +107,7 @@ def within(losses: list[float], target: float) -> int | None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--C", type=float, default=1.0)
     ap.add_argument("--learning-rate", type=float, default=0.1)

@@ -204,7 +204,7 @@ async def paths(args: argparse.Namespace) -> dict:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--sites", type=int, default=5)
     ap.add_argument("--starts", type=int, default=5)
     ap.add_argument("--drops", type=int, default=20)

@@ -295,7 +295,7 @@ async def main(rings: list[int], repeats: int, small: int, lag_mib: int) -> dict
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--rings", type=int, nargs="*", default=[3, 5, 9])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--small", type=int, default=50, help="16-entry sums for the latency figure")

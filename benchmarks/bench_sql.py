@@ -31,7 +31,7 @@ from tests.integration import pg  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=500_000)
     ap.add_argument("--cols", type=int, default=50)
     ap.add_argument("--repeats", type=int, default=3)

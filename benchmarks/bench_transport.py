@@ -175,7 +175,7 @@ async def main(rounds: int, rate_count: int) -> dict:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--rounds", type=int, default=5, help="interleaved batch pairs per size (one ratio each)")
     parser.add_argument("--rate-count", type=int, default=2000, help="64 B probes per round of the CPU-per-POST batch")
     args = parser.parse_args()

@@ -80,7 +80,8 @@ def run(X: np.ndarray, y: np.ndarray, classes: str, sites: int, seed: int, holdo
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sites", type=int, default=3)
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--depths", type=int, nargs="+", default=[3, 5])

@@ -68,7 +68,7 @@ def fresh(forest: trees.Forest) -> trees.Forest:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="evaluator threads (default: CPUs)")
     args = parser.parse_args()

@@ -685,7 +685,7 @@ async def relayed_pair(sites: int, tmp: Path, paths: list[Path], X: np.ndarray, 
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[5, 10], help="federation sizes (daemons)")
     ap.add_argument("--delay-ms", type=float, default=25.0, help="one-way delay of every byte")
     ap.add_argument("--uplink-mbit", type=float, default=100.0, help="each site's uplink (0: no cap)")

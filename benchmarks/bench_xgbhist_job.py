@@ -167,7 +167,7 @@ async def main(args: argparse.Namespace) -> dict:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=80_000)
     ap.add_argument("--features", type=int, default=50)
     ap.add_argument("--sites", type=int, default=5)

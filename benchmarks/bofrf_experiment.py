@@ -116,7 +116,7 @@ def check(results: list[dict]) -> list[str]:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--data-dir", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data")
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS))

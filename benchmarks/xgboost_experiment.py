@@ -137,7 +137,7 @@ def rounds_to_target(num_local_round: int, rounds: int = TREE_PLUS_ROUNDS, seed:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=10, help="train/test splits for the accuracy table")
     ap.add_argument("--plus-seeds", type=int, default=3, help="data sets for the tree vs tree+ table")
     ap.add_argument("--json", action="store_true")

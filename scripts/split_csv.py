@@ -27,7 +27,7 @@ EXIT_OK, EXIT_USAGE = 0, 2
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="split_csv.py", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="split_csv.py", description=__doc__.split("\n\n")[0],
                                 epilog="Output: OUT_DIR/part-1.csv ... part-N.csv, one per site, in site order.")
     p.add_argument("csv", help="the CSV to split (header row), or builtin:sonar / builtin:breast_cancer")
     p.add_argument("--label", help="the label column to stratify by (known for builtin: data)")

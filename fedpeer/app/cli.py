@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedpeer.app.jobtext import format_job, jobs_table
+from fedpeer.app.jobtext import format_job, jobs_table, site_class_names
 from fedpeer.errors import ConfigError, FedpeerError, JobError, NoDaemonError
 
 if TYPE_CHECKING:
@@ -64,8 +64,21 @@ def _count(low: int):
 _KIND_COMMANDS = ("run", "harness")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Every fedpeer parser, subcommands' included (argparse makes them of the top one's class): no
+    abbreviations, so `--round 5` is an error, never `--rounds 5`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+
+_KIND_PARSERS: dict[str, argparse.ArgumentParser] = {}   # `run KIND`'s parser, for its usage errors
+
+
 def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fedpeer", description="Peer-to-peer federated learning daemon.",
+    _KIND_PARSERS.clear()
+    p = _Parser(prog="fedpeer", description="Peer-to-peer federated learning daemon.",
                                 epilog=CONFIG_EPILOG)
     p.add_argument("--version", action=_VersionAction, help="print this build's fedpeer version and commit, and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -79,7 +92,14 @@ def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     s.add_argument("--data", type=Path, metavar="CSV", help="this site's rows: writes a [data] table naming the CSV "
                    "(it must exist)")
     s.add_argument("--label", help="with --data: the label column (it must be in the CSV's header)")
-    s.add_argument("--positive", help="with --data: the positive class, for binary jobs")
+    s.add_argument("--positive", help="with --data: the positive class, for binary jobs (a value of the label)")
+    s.add_argument("--ignore", action="append", default=[], metavar="COL", help="with --data: a column that is "
+                   "not a feature, such as a row ID (repeatable)")
+    s.add_argument("--id-column", metavar="COL", help="with --data and --partition vertical: the column naming "
+                   "each entity, the same entities at every site")
+    s.add_argument("--partition", choices=("horizontal", "vertical"), help="with --data: horizontal (the sites "
+                   "hold other rows of the same columns; the default) or vertical (other columns of the same "
+                   "entities, aligned on --id-column)")
 
     s = sub.add_parser("invite", help="print this site's invite: one line (name, address, public key, fingerprint) "
                        "the other sites give to 'fedpeer peer add --invite'")
@@ -182,6 +202,7 @@ def _add_job_commands(sub: argparse._SubParsersAction, with_kinds: bool) -> None
     s = sub.add_parser("run", help="propose a federated job from this site")
     kinds = s.add_subparsers(dest="kind", required=True, metavar="KIND")
     if with_kinds:
+        from fedpeer.app.runargs import add_kind_arguments
         from fedpeer.kinds.catalog import job_kinds
     for kind in job_kinds().values() if with_kinds else ():
         k = kinds.add_parser(kind.name, help=kind.help)
@@ -190,15 +211,8 @@ def _add_job_commands(sub: argparse._SubParsersAction, with_kinds: bool) -> None
         k.add_argument("--wait", action="store_true", help="wait for the result, showing progress on stderr (a "
                        "terminal: one live line; else a line every few seconds); Ctrl-C asks whether to cancel it")
         k.add_argument("--json", action="store_true", help="print the job record as JSON")
-        for name, param in kind.params.items():
-            flag = "--" + name.replace("_", "-")
-            if param.type is bool:
-                k.add_argument(flag, dest=f"param_{name}", action=argparse.BooleanOptionalAction,
-                               default=param.default, help=param.help)
-            else:
-                k.add_argument(flag, dest=f"param_{name}", type=param.type, default=param.default,
-                               choices=param.choices, metavar=None if param.choices else name.upper(),
-                               help=f"{param.help} (default: {param.default})")
+        add_kind_arguments(k, kind)
+        _KIND_PARSERS[kind.name] = k
 
     s = sub.add_parser("jobs", help="list this site's jobs")
     s.add_argument("--config", type=Path, help=CONFIG_HELP.format(""))
@@ -215,7 +229,18 @@ def _add_job_commands(sub: argparse._SubParsersAction, with_kinds: bool) -> None
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser(argv).parse_args(argv)
+    parser = _parser(argv)
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "run":
+        from fedpeer.app import runargs
+        from fedpeer.kinds.catalog import job_kinds
+
+        kind_parser, kind = _KIND_PARSERS[args.kind], job_kinds()[args.kind]
+        if extra:
+            runargs.unknown_options(kind_parser, kind, extra)
+        args.params = runargs.resolve(kind_parser, kind, args)
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if "config" in vars(args):
             from fedpeer.config.locate import find
@@ -260,11 +285,13 @@ def _init(args: argparse.Namespace) -> int:
     from fedpeer.app.sitefiles import init_site
     from fedpeer.identity import encode_public_key
 
-    if (args.label or args.positive) and args.data is None:
-        print("fedpeer init: --label and --positive go with --data CSV", file=sys.stderr)
+    if (args.label or args.positive or args.ignore or args.id_column or args.partition) and args.data is None:
+        print("fedpeer init: --label, --positive, --ignore, --id-column and --partition go with --data CSV",
+              file=sys.stderr)
         return EXIT_USAGE
-    path, identity = init_site(args.dir, args.name, args.listen, args.advertise, args.admin,
-                               data=args.data, label=args.label, positive=args.positive)
+    path, identity = init_site(args.dir, args.name, args.listen, args.advertise, args.admin, data=args.data,
+                               label=args.label, positive=args.positive, ignore=args.ignore,
+                               id_column=args.id_column, partition=args.partition)
     config = _load(path)
     print(f"created {path} and {path.parent / 'identity.key'} (mode 0600)")
     print(f"public key:  {encode_public_key(identity.public_key)}")
@@ -377,7 +404,14 @@ def _reload(args: argparse.Namespace) -> int:
     from fedpeer.kinds.catalog import load_config
 
     config = load_config(args.config)   # a file that does not validate is refused here, as by `start`
-    doc = _ask(config, "POST", "/v1/reload")
+    try:
+        doc = _ask(config, "POST", "/v1/reload")
+    except FedpeerError as exc:
+        if isinstance(exc, NoDaemonError) or not str(exc).startswith("configuration error: "):
+            raise
+        # the daemon refused the file ([data] against its CSV): the same line and exit 2 as any config error
+        print(f"fedpeer: {exc}; the daemon keeps running the configuration it had", file=sys.stderr)
+        return EXIT_CONFIG
     print(json.dumps(doc, indent=2) if args.json else f"reloaded {doc['path']}: {one_line(doc['changes'])}")
     return EXIT_OK
 
@@ -467,7 +501,7 @@ def _ping(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from fedpeer.kinds.catalog import job_kinds
 
-    params = {k[len("param_"):]: v for k, v in vars(args).items() if k.startswith("param_")}
+    params = args.params
     try:   # a parameter out of range is a usage error: say so before asking any daemon
         job_kinds()[args.kind].check_params(params)
     except JobError as exc:
@@ -484,7 +518,7 @@ def _run(args: argparse.Namespace) -> int:
     record, interrupted = wait(config, job_id)
     if record is None:
         return interrupted
-    print(json.dumps(record, indent=2) if args.json else format_job(record))
+    print(json.dumps(record, indent=2) if args.json else format_job(record, site_class_names(config)))
     return EXIT_OK if record["state"] == "done" else EXIT_FAILED
 
 
@@ -500,7 +534,7 @@ def _job(args: argparse.Namespace) -> int:
         record = _ask(config, "POST", f"/v1/jobs/{args.id}/cancel")
     else:
         record = _ask(config, "GET", f"/v1/jobs/{args.id}")
-    print(json.dumps(record, indent=2) if args.json else format_job(record))
+    print(json.dumps(record, indent=2) if args.json else format_job(record, site_class_names(config)))
     return EXIT_OK
 
 

@@ -54,8 +54,24 @@ def _value(v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
-def format_job(record: Mapping[str, Any]) -> str:
-    """`fedpeer job show` (and `run --wait` once the job ended): the job in lines of text."""
+def site_class_names(config: Any) -> tuple[str, str] | None:
+    """(other class, positive class) of this site's [data]: `positive` and the label column's first
+    other value (read from its CSV; "not <positive>" where it cannot be), or None without a
+    positive class. Text views say these where a binary job's result says negative / positive."""
+    data = getattr(config, "data", None)
+    if data is None or not data.positive or not data.label:
+        return None
+    from pathlib import Path
+
+    from fedpeer.data.header import other_class
+
+    other = other_class(Path(data.csv), data.label, data.positive) if data.csv else None
+    return (other or f"not {data.positive}", data.positive)
+
+
+def format_job(record: Mapping[str, Any], class_names: tuple[str, str] | None = None) -> str:
+    """`fedpeer job show` (and `run --wait` once the job ended): the job in lines of text; a binary
+    job's classes by `class_names` (other, positive: `site_class_names`) where given."""
     from fedpeer.jobs.report import raw
     from fedpeer.kinds.catalog import job_kinds
 
@@ -74,6 +90,8 @@ def format_job(record: Mapping[str, Any]) -> str:
     if record.get("error"):
         lines.append(f"  error: {record['error']}")
     result = record.get("result")
+    if result and class_names is not None and isinstance(result, Mapping):
+        result = {**result, "class_names": list(class_names)}
     if result:
         lines += kind.describe(result) if kind is not None else raw(result)
     return "\n".join(lines)

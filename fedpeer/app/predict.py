@@ -10,14 +10,16 @@ data, keeping only the model's feature columns (and, with `--id-column COL`, tha
 which then stand first in every output row instead of the row number).
 
 Binary models give a score, P(positive) (BOFRF: the weighted vote share, with the weighted vote
-itself as `vote_sum`, positive = positive class), and a 0/1 prediction (logreg / mlp trained with
-two named classes: the class); multi-class xgboost, logreg and mlp give the predicted class and
-one probability per class; a reg:squarederror xgboost model gives the predicted value. A tree
-gives what its leaf holds: P(positive) and 0/1, the class mix and its most frequent class, or
-(regression) the leaf's mean. k-means gives each row's cluster (the index in the job's canonical
-order: centres sorted by first coordinate) and its distance to that centre (fuzzy: one membership
-per cluster); a Gaussian mixture gives the most probable component and every component's
-probability; dbscan the cluster of the nearest clustered synthetic point within eps, or -1 (noise).
+itself as `vote_sum`, positive = positive class), and a prediction: the class, by the site's
+[data] positive class and the label's other value (0/1 where [data] names no positive class;
+logreg / mlp trained with two named classes: their class); multi-class xgboost, logreg and mlp
+give the predicted class and one probability per class; a reg:squarederror xgboost model gives the
+predicted value. A tree gives what its leaf holds: P(positive) and the class, the class mix and
+its most frequent class, or (regression) the leaf's mean. k-means gives each row's cluster (the
+index in the job's canonical order: centres sorted by first coordinate) and its distance to that
+centre (fuzzy: one membership per cluster); a Gaussian mixture gives the most probable component
+and every component's probability; dbscan the cluster of the nearest clustered synthetic point
+within eps, or -1 (noise).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import csv
 import hashlib
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -49,18 +52,29 @@ def predict_csv(config: Config, job_id: str, data: Path, id_column: str | None =
         _check_file_sha256(model_path, recorded)
     header = _header(data)
     if id_column is not None and id_column not in header:
-        raise DataError(f"{data}: no column {id_column!r} (--id-column); its columns: {', '.join(header[:20])}"
-                        + (" ..." if len(header) > 20 else ""))
+        raise DataError(f"{data}: no column {id_column!r} (--id-column); its columns: {', '.join(header)}")
     ids: list[np.ndarray] = []
 
     def rows(features: Any) -> np.ndarray:
         X, row_ids = _rows(data, header, tuple(features), id_column)
         ids.append(row_ids)
         return X
-    scored = kind.predict(model_path, result, rows)
+    scored = _named(kind.predict(model_path, result, rows), config)
     if id_column is None or not ids:
         return scored
     return [{id_column: str(i), **{k: v for k, v in row.items() if k != "row"}} for i, row in zip(ids[-1], scored)]
+
+
+def _named(scored: list[dict], config: Config) -> list[dict]:
+    """A binary model's 0/1 `prediction` as the class it stands for: the site's [data] positive
+    class and the label's other value (the score column stays P(positive))."""
+    from fedpeer.app.jobtext import site_class_names
+
+    binary = scored and "score" in scored[0] and all(type(r.get("prediction")) is int for r in scored)
+    names = site_class_names(config) if binary else None
+    if names is None:
+        return scored
+    return [{**r, "prediction": names[r["prediction"]]} for r in scored]
 
 
 def export_model(config: Config, job_id: str) -> tuple[dict, str]:
@@ -118,9 +132,7 @@ def _rows(data: Path, header: list[str], features: tuple[str, ...],
           id_column: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The CSV's values of the model's feature columns, in the model's column order, and each
     row's value of `id_column` (read as a label is: text, checked; None: the row numbers)."""
-    missing = [f for f in features if f not in header]
-    if missing:
-        raise DataError(f"{data}: lacks the model's feature column(s) {missing[:10]}")
+    check_columns(data, header, features, id_column)
     label = id_column if id_column is not None and id_column not in features else None
     ignore = tuple(c for c in header if c not in features and c != label)
     dataset = load_csv(DataSpec(csv=data, label=label, ignore=ignore), binary=False)
@@ -130,6 +142,21 @@ def _rows(data: Path, header: list[str], features: tuple[str, ...],
     if id_column is not None:     # the ID is also one of the model's features
         return X, np.array([f"{v:g}" for v in X[:, features.index(id_column)]])
     return X, np.arange(1, len(X) + 1)
+
+
+def check_columns(data: Path, header: list[str], features: Sequence[str], id_column: str | None = None) -> None:
+    """The model's columns are found in `data` by name (their order there does not matter), or a
+    one-line refusal naming every missing one and the columns `data` has that the model lacks."""
+    twice = sorted({c for c in header if header.count(c) > 1 and c in (*features, id_column)})
+    if twice:
+        raise DataError(f"{data}: column(s) {', '.join(twice)} appear more than once in the header: "
+                        "which one the model reads is ambiguous; rename or drop the copies")
+    missing = [f for f in features if f not in header]
+    if missing:
+        extra = [c for c in header if c not in features and c != id_column]
+        raise DataError(f"{data}: lacks {len(missing)} of the model's {len(features)} feature columns: "
+                        f"{', '.join(missing)}" + (f"; columns the model does not know: {', '.join(extra)}"
+                                                   if extra else "") + " (columns are matched by name)")
 
 
 def _header(path: Path) -> list[str]:

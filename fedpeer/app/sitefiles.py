@@ -9,8 +9,10 @@ would write before it writes anything (a refused command leaves nothing to clean
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import tomlkit
@@ -18,6 +20,7 @@ import tomlkit
 from fedpeer.base.store import atomic_write
 from fedpeer.app.invite import Invite
 from fedpeer.config import load as cfg
+from fedpeer.data.header import check_columns, read_header
 from fedpeer.errors import ConfigError
 from fedpeer.identity import Identity, create_key_file, encode_public_key, load_key_file, parse_public_key
 from fedpeer.kinds.catalog import job_kinds, load_config
@@ -62,16 +65,17 @@ DATA_TEMPLATE = """
 csv = {csv}   # this site's rows (a header row); relative paths are relative to this file
 {label_line}
 {positive_line}
-"""
-HEADER_BYTES_MAX = 1024 * 1024    # `init --data`: the header row is read from at most this much of the file
+{more}"""
 
 
 def init_site(directory: Path, name: str, listen: str, advertise: str | None = None,
               admin: str | None = None, data: Path | None = None, label: str | None = None,
-              positive: str | None = None, key_seed: bytes | None = None) -> tuple[Path, Identity]:
+              positive: str | None = None, key_seed: bytes | None = None, ignore: Sequence[str] = (),
+              id_column: str | None = None, partition: str | None = None) -> tuple[Path, Identity]:
     """Create DIR/peers.toml and DIR/identity.key. Refuses to overwrite either. With `data` (a CSV),
-    the file gets a [data] table naming it, its `label` column (checked against the header) and
-    the `positive` class."""
+    the file gets a [data] table naming it, its `label` column, the `positive` class (a value of
+    the label column), the `ignore` columns, the `id_column` and the `partition`, each column
+    checked against the header as `fedpeer data check` would."""
     conf_path = directory / "peers.toml"
     try:
         listen_addr = cfg.parse_address(listen)
@@ -89,7 +93,7 @@ def init_site(directory: Path, name: str, listen: str, advertise: str | None = N
     if admin:
         text = text.replace('admin = "unix:state/admin.sock"', f'admin = "{admin}"')
     if data is not None:
-        text += _data_table(conf_path, data, label, positive)
+        text += _data_table(conf_path, data, label, positive, tuple(ignore), id_column, partition)
     _check_before_writing(conf_path, text)
     key_path = directory / "identity.key"
     if key_path.exists():
@@ -106,25 +110,43 @@ def init_site(directory: Path, name: str, listen: str, advertise: str | None = N
     return conf_path, identity
 
 
-def _data_table(conf_path: Path, data: Path, label: str | None, positive: str | None) -> str:
-    """The [data] table of `init --data`: the CSV must exist and hold the label column in its header."""
+def _data_table(conf_path: Path, data: Path, label: str | None, positive: str | None, ignore: tuple[str, ...] = (),
+                id_column: str | None = None, partition: str | None = None) -> str:
+    """The [data] table of `init --data`: the CSV must exist, and every column named (label, ignore,
+    id_column) be in its header; the positive class must be a value of the label column."""
     data = data.resolve()
-    try:
-        with open(data, encoding="utf-8-sig", newline="") as f:
-            header = next(csv.reader([f.readline(HEADER_BYTES_MAX)]), [])
-    except (OSError, UnicodeDecodeError) as exc:
-        problem = getattr(exc, "strerror", None) or str(exc)
-        raise ConfigError(conf_path, "data.csv", f"cannot read {data}: {problem}") from None
-    header = [column.strip() for column in header]
-    if label is not None and label not in header:
-        shown = ", ".join(repr(c) for c in header[:20]) + (" ..." if len(header) > 20 else "")
-        raise ConfigError(conf_path, "data.label", f"column {label!r} is not in the header of {data} "
-                          f"(its columns: {shown or 'none'})")
+    header = read_header(conf_path, data)
+    check_columns(conf_path, data, header, label, ignore, id_column)
+    if label is not None and positive:
+        _check_positive(conf_path, data, header.index(label), label, positive)
     label_line = (f"label = {json.dumps(label)}   # the label column" if label is not None
                   else '# label = "Class"   # the label column (clustering jobs need none)')
     positive_line = (f"positive = {json.dumps(positive)}   # the positive class, for binary jobs" if positive
                      else '# positive = "M"   # the positive class, for binary jobs (stats, bofrf)')
-    return DATA_TEMPLATE.format(csv=json.dumps(str(data)), label_line=label_line, positive_line=positive_line)
+    more = f"ignore = {json.dumps(list(ignore))}   # columns that are not features\n" if ignore else ""
+    more += f"partition = {json.dumps(partition)}\n" if partition else ""
+    more += f"id_column = {json.dumps(id_column)}   # the column naming each entity\n" if id_column else ""
+    return DATA_TEMPLATE.format(csv=json.dumps(str(data)), label_line=label_line, positive_line=positive_line,
+                                more=more)
+
+
+def _check_positive(conf_path: Path, data: Path, column: int, label: str, positive: str) -> None:
+    """`positive` is one of the label column's values (read as a job reads labels: stripped text)."""
+    seen: set[str] = set()
+    try:
+        with open(data, encoding="utf-8-sig", newline="") as f:
+            for row in itertools.islice(csv.reader(f), 1, None):
+                if len(row) > column:
+                    value = row[column].strip()
+                    if value == positive:
+                        return
+                    if len(seen) < 50:
+                        seen.add(value)
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise ConfigError(conf_path, "data.csv", f"cannot read {data}: {exc}") from None
+    values = ", ".join(repr(v) for v in sorted(seen)) or "none"
+    raise ConfigError(conf_path, "data.positive", f"{positive!r} is not a value of label column {label!r} in {data} "
+                      f"(its values: {values}); give one of them")
 
 
 def _check_before_writing(conf_path: Path, text: str) -> None:

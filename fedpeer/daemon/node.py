@@ -405,6 +405,7 @@ class Node:
             new = load_config(self.config.path)
             cfg.check_own_key_not_peer(new, self.me)
             cfg.check_secret_files(new)
+            reloading.check_data(self.config, new)   # a changed [data]: its file and columns, as init checks
         except ConfigError as exc:
             self._last_reload = {"at_ms": self.now_ms(), "error": f"configuration error: {exc}"}
             log.error("reload_refused", extra=fields(error=str(exc), running="the previous configuration"))

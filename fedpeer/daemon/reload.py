@@ -1,7 +1,9 @@
 """What a re-read peers.toml changes, in words an operator reads (`fedpeer reload`, SIGHUP).
 
 Pure: two validated Configs in, a description out; the node applies it (fedpeer/daemon/node.py
-`Node.reload`). Peers are compared by public key, because the key is who a site is: the same
+`Node.reload`). One check reads files: a changed [data] is checked against its CSV's header as
+`fedpeer init` checks it (`check_data`), so a typo there is refused with the old configuration
+kept, instead of failing the next job. Peers are compared by public key, because the key is who a site is: the same
 name with another key is a rotation (the old key is refused from then on), the same key under
 another name is a rename, another address for a key is a move.
 
@@ -18,12 +20,21 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from fedpeer.config.load import Config, Limits
+from fedpeer.data.header import check_section
 
 SECTIONS = ("policy", "data", "limits", "jobs", "membership", "election")
 # [limits] fields read once at start (semaphores, budgets): changing them
 # needs a restart; every other limit is read where it is used and applies at once.
 LIMITS_AT_START = ("message_bytes_max", "inbound_concurrent_max", "inbound_per_peer_max",
                    "inbound_bytes_max", "outbound_inflight_max", "http_connect_timeout_ms", "http_timeout_ms")
+
+
+def check_data(old: Config, new: Config) -> None:
+    """A [data] that differs from the running one: its CSV exists and its header holds the label,
+    the ignored columns and the id_column; else a ConfigError naming the key and the fix (the node
+    then keeps running the old configuration)."""
+    if new.data != old.data:
+        check_section(new.path, new.data)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ The sources (fedpeer/data/sources/) and the layer that finishes their output
 from __future__ import annotations
 
 import codecs
+import difflib
 import hashlib
 import math
 from collections.abc import Sequence
@@ -85,8 +86,19 @@ def _example(text: str) -> str:
 
 
 def _near(name: str, columns: Sequence[str]) -> str:
+    """" (did you mean 'X'?)": a column spelled alike but for case and spaces, else a close one."""
     close = [c for c in columns if c.strip().lower() == name.strip().lower()]
+    if not close:
+        lowered = {c.strip().lower(): c for c in columns}
+        close = [lowered[c] for c in difflib.get_close_matches(name.strip().lower(), list(lowered), n=1, cutoff=0.75)]
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def not_in_header(subject: str, name: str, header: Sequence[str]) -> str:
+    """The words for a column [data] names that the header lacks (`data check`, a job's load, `init`,
+    `reload`): the nearest name, and every column of the header (never cut short)."""
+    return (f"{subject} not found{_near(name, header)}; the columns are "
+            f"{', '.join(repr(c) for c in header) or 'none'}")
 
 
 def _parse_float(text: str) -> float | None:
@@ -177,13 +189,11 @@ def check_columns(where: object, header: Sequence[str], spec: DataSpec,
                             public=f"column {name!r} appears twice in its data's header; rename one")
         seen[name] = i
     if spec.label is not None and spec.label not in seen:
-        raise DataError(f"{where}: label column {spec.label!r} not found{_near(spec.label, header)}; "
-                        f"the columns are {_quote_list(header)}",
+        raise DataError(f"{where}: {not_in_header(f'label column {spec.label!r}', spec.label, header)}",
                         public=f"its data has no label column {spec.label!r}; fix [data] label there")
     for name in spec.ignore:
         if name not in seen:
-            raise DataError(f"{where}: column {name!r} listed in ignore not found{_near(name, header)}; "
-                            f"the columns are {_quote_list(header)}",
+            raise DataError(f"{where}: {not_in_header(f'column {name!r} listed in ignore', name, header)}",
                             public=f"[data] ignore lists column {name!r}, which its data does not have")
     return seen
 

@@ -19,6 +19,40 @@ def table(rows: Sequence[Sequence[Any]], indent: str = "") -> str:
     return "\n".join(indent + "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
+DEFAULT_CLASS_NAMES = ("negative", "positive")
+
+
+def class_names(result: Mapping[str, Any]) -> tuple[str, str]:
+    """(other class, positive class) of a binary result as people call them: the site's [data]
+    positive class and the label's other value, when the text view was given them
+    (fedpeer/app/jobtext.py puts them in as "class_names"), else negative and positive."""
+    names = result.get("class_names")
+    return (str(names[0]), str(names[1])) if isinstance(names, (list, tuple)) and len(names) == 2 \
+        else DEFAULT_CLASS_NAMES
+
+
+def evaluated(rows: Sequence[Sequence[Any]], first_score: int) -> list[Sequence[Any]]:
+    """A table (header first) shown with its evaluated rows only: the rows with a score in columns
+    `first_score`.. (other rows are dropped when some row has one), and no score column that is "-"
+    in every row."""
+    head, body = rows[0], list(rows[1:])
+    scored = [r for r in body if any(str(v) != "-" for v in r[first_score:])]
+    body = scored or body
+    keep = [i for i in range(len(head)) if i < first_score or any(str(r[i]) != "-" for r in body)]
+    return [tuple(r[i] for i in keep) for r in [head, *body]]
+
+
+def size(n: float) -> str:
+    """A byte count for people: "512 bytes", "12.3 KiB", "4.5 MiB", "1.2 GiB"."""
+    if n < 1024:
+        return f"{int(n)} bytes"
+    for unit in ("KiB", "MiB", "GiB"):
+        n /= 1024
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}"
+    return f"{n:.1f} GiB"
+
+
 def score(value: float | None, digits: int = 4) -> str:
     """A metric, or "-" when there is none."""
     return "-" if value is None else f"{value:.{digits}f}"

@@ -30,7 +30,7 @@ from fedpeer.data.rows import rows_of
 from fedpeer.errors import JobError
 from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param, checked_total
 from fedpeer.jobs.params import SECURE_SUM_EXPLAINED
-from fedpeer.jobs.report import table
+from fedpeer.jobs.report import DEFAULT_CLASS_NAMES, class_names, table
 from fedpeer.kinds import vertical_stats
 from fedpeer.kinds.aligned import MESSAGES as VERTICAL_MESSAGES
 from fedpeer.ml.moments import (  # noqa: F401  (bin_edges, local_histograms: importable from here)
@@ -110,11 +110,19 @@ def describe(result: Mapping[str, Any]) -> list[str]:
         return vertical_stats.describe(result)
     lines: list[str] = []
     lines.append(f"  federation: {result['count']} rows over {', '.join(result['participants'])}; "
-                 f"positive share {result['positive_share']:.3f}; std = {result['std_kind']}")
+                 f"{_share(result)}; std = {result['std_kind']}")
     rows = [("COLUMN", "MEAN", "STD")] + [(c, f"{result['mean'][c]:.6g}", f"{result['std'][c]:.6g}")
                                           for c in result["mean"]]
     lines.append(table(rows, indent="  "))
     return lines
+
+
+def _share(result: Mapping[str, Any]) -> str:
+    """The positive class's share of the rows, naming the class ([data] positive) where known."""
+    other, positive = class_names(result)
+    if (other, positive) == DEFAULT_CLASS_NAMES:
+        return f"positive share {result['positive_share']:.3f}"
+    return f"share of {positive} {result['positive_share']:.3f} (the rest {other})"
 
 
 def site_table(sites: Sequence[Mapping[str, Any]]) -> str:

@@ -267,3 +267,31 @@ async def test_a_rotated_key_is_taken_by_a_reload(make_federation) -> None:
         assert r.returncode == 0 and "peers: site-2 new key;" in r.stdout, (r.stdout, r.stderr)
     await h.wait_all_alive(timeout_s=30)
     assert _peer(await h.status(0), "site-2")["public_key"] == new_key
+
+
+async def test_a_reload_with_a_wrong_data_label_is_refused_and_the_old_data_keeps_working(
+        make_federation, tmp_path: Path) -> None:
+    """[data] label edited to a column the CSV lacks: `fedpeer reload` exits 2 with one line naming
+    data.label, the nearest column and the fix; SIGHUP logs the same and status shows it; the
+    running configuration stays (a job reads the old label), and the fixed file is taken."""
+    full = breast_cancer_csv(tmp_path / "bc.csv")
+    parts = split_csv(full, "diagnosis", 2, "stratified", seed=6, out_dir=tmp_path / "parts")
+    h: Harness = make_federation(2, start=False)
+    _attach_data(h, parts, label="diagnosis", positive="malignant")
+    h.start()
+    await h.wait_all_alive(timeout_s=30)
+    conf = h.sites[0].config_path
+    good = conf.read_text()
+    _edit(conf, "data", "label", "Diagnosis")
+    r = await asyncio.to_thread(_fedpeer, "reload", "--config", str(conf))
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, (r.stdout, r.stderr)
+    assert "data.label" in r.stderr and "did you mean 'diagnosis'?" in r.stderr and "fix [data] label" in r.stderr
+    os.kill(h.sites[0].process.pid, signal.SIGHUP)
+    await asyncio.sleep(0.5)
+    status = await h.status(0)
+    assert "data.label" in status["config"]["last_reload"]["error"] and h.sites[0].process.poll() is None
+    done = (await h.wait_job(await h.propose(0, "stats", {}), timeout_s=60, among=[0]))[0]
+    assert done["state"] == "done", done
+    conf.write_text(good)
+    r = await asyncio.to_thread(_fedpeer, "reload", "--config", str(conf))
+    assert r.returncode == 0, r.stderr

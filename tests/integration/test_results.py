@@ -67,7 +67,7 @@ async def test_results_read_as_text_and_models_leave_with_their_ids(make_federat
     rows = read(out)
     assert list(rows[0]) == ["ID", "score", "vote_sum", "prediction"] and rows[0]["ID"] == "p0001"
     assert [row["ID"] for row in rows] == [row["ID"] for row in read(full)]
-    assert all(0 <= float(row["score"]) <= 1 and (float(row["vote_sum"]) > 0) == (row["prediction"] == "1")
+    assert all(0 <= float(row["score"]) <= 1 and (float(row["vote_sum"]) > 0) == (row["prediction"] == "malignant")
                for row in rows)
     r = fedpeer("predict", "--job", jobs["bofrf"], "--data", str(full), "--id-column", "Patient", "--config", config)
     assert r.returncode == 1 and len(r.stderr.splitlines()) == 1 and "'Patient'" in r.stderr
@@ -84,5 +84,5 @@ async def test_results_read_as_text_and_models_leave_with_their_ids(make_federat
     header = read(full)[0].keys()
     features = [c for c in header if c not in ("ID", "diagnosis")]
     X = np.array([[float(row[c]) for c in features] for row in read(full)])
-    got = xgboost.Booster(model_file=str(model)).predict(xgboost.DMatrix(X))
+    got = xgboost.Booster(model_file=str(model)).predict(xgboost.DMatrix(X, feature_names=features))
     assert np.allclose(got, [float(row["score"]) for row in read(scores)], rtol=0, atol=1e-7)

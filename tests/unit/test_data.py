@@ -17,18 +17,30 @@ from hypothesis import strategies as st
 
 from fedpeer.data import dataset as data
 from fedpeer.data import spec
+import fedpeer
 from fedpeer.data.dataset import Dataset, DataSpec, load_csv, schema_fingerprint, split_train_test
 from fedpeer.errors import DataError
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+SONAR = Path(fedpeer.__file__).parent / "app" / "harness" / "data" / "sonar.csv"   # shipped in the package
+GAPS = [23, 40, 77, 101, 150, 199, 233, 260, 301, 333, 380, 402, 444, 490, 515, 560]   # rows without "mean area"
 
 
-@pytest.fixture
-def shared() -> Path:
-    """The real datasets beside the repository (present in CI); skip where they are not."""
-    if not (SHARED / "Sonar.csv").is_file():
-        pytest.skip(f"shared datasets not found at {SHARED}")
-    return SHARED
+@pytest.fixture(scope="module")
+def cancer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """scikit-learn's bundled Wisconsin data as a CSV: an Id column first, the 30 features, a Class
+    of malignant / benign last, and 16 rows whose "mean area" is empty (the first at data row 24)."""
+    from sklearn.datasets import load_breast_cancer
+
+    raw = load_breast_cancer()
+    lines = [",".join(["Id", *raw.feature_names, "Class"])]
+    for i, (x, y) in enumerate(zip(raw.data, raw.target)):
+        values = [repr(float(v)) for v in x]
+        if i in GAPS:
+            values[3] = ""
+        lines.append(",".join([str(1000 + i), *values, "malignant" if y == 0 else "benign"]))
+    path = tmp_path_factory.mktemp("cancer") / "cancer.csv"
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 def write(tmp_path: Path, content: str | bytes, name: str = "site.csv") -> Path:
@@ -54,60 +66,64 @@ def error(path: Path, *args, **kw) -> str:
 # ---------------------------------------------------------------------------------------------
 # The real datasets.
 
-def test_sonar_loads_all_numeric(shared: Path) -> None:
-    ds = load_csv(DataSpec(shared / "Sonar.csv", "Class", "M"))
+def test_sonar_loads_all_numeric() -> None:
+    ds = load_csv(DataSpec(SONAR, "Class", "M"))
     assert ds.X.shape == (208, 60) and ds.X.dtype == np.float64
     assert ds.features == tuple(f"V{i}" for i in range(1, 61))
     assert ds.y is not None and ds.y.dtype == np.int8 and int(ds.y.sum()) == 111
     assert sorted(set(ds.labels.tolist())) == ["M", "R"]
     assert np.array_equal(ds.y, (ds.labels == "M").astype(np.int8))
     assert ds.rows_dropped == 0 and len(ds.fingerprint) == 32 and ds.rows == 208
-    reference = np.genfromtxt(shared / "Sonar.csv", delimiter=",", skip_header=1, usecols=range(60))
+    reference = np.genfromtxt(SONAR, delimiter=",", skip_header=1, usecols=range(60))
     assert np.array_equal(ds.X, reference)
 
 
-def test_ionosphere_keeps_constant_column(shared: Path) -> None:
-    ds = load_csv(DataSpec(shared / "Ionosphere.csv", "Class", "bad"))
-    assert ds.X.shape == (351, 34)
-    assert int(ds.y.sum()) == 126 and sorted(set(ds.labels.tolist())) == ["bad", "good"]
+def test_a_constant_column_is_kept(cancer: Path, tmp_path: Path) -> None:
+    lines = cancer.read_text().splitlines()
+    flags = [f"{int(i % 3 == 0)}" for i in range(len(lines) - 1)]
+    out = [f"flag,V2,{lines[0]}"] + [f"{f},0,{line}" for f, line in zip(flags, lines[1:])]
+    ds = load_csv(DataSpec(write(tmp_path, "\n".join(out) + "\n"), "Class", "malignant", ignore=("Id",),
+                           missing="drop"))
     v2 = ds.features.index("V2")
-    assert v2 == 1 and np.all(ds.X[:, v2] == 0.0)
+    assert v2 == 1 and ds.X.shape == (553, 32) and np.all(ds.X[:, v2] == 0.0)
     assert set(np.unique(ds.X[:, 0]).tolist()) == {0.0, 1.0}
 
 
-def test_breast_cancer_missing_values_stop_the_job(shared: Path) -> None:
-    path = shared / "BreastCancer.csv"
+def test_breast_cancer_missing_values_stop_the_job(cancer: Path) -> None:
     with pytest.raises(DataError) as err:
-        load_csv(DataSpec(path, "Class", "malignant", ignore=("Id",)))
+        load_csv(DataSpec(cancer, "Class", "malignant", ignore=("Id",)))
     message = str(err.value)
-    assert message.startswith(str(path))
-    # The first NA is on file line 25: the 24th data row (Id 1057013).
-    assert "column 'Bare.nuclei' has 16 missing values (first at data row 24, line 25)" in message
-    assert 'missing = "drop"' in message and "(16 of 699)" in message
+    assert message.startswith(str(cancer))
+    # The first gap is on file line 25: the 24th data row (Id 1023).
+    assert "column 'mean area' has 16 missing values (first at data row 24, line 25)" in message
+    assert 'missing = "drop"' in message and "(16 of 569)" in message
     assert "Id" not in message.split(".")[0]
 
 
-def test_breast_cancer_drop(shared: Path) -> None:
-    ds = load_csv(DataSpec(shared / "BreastCancer.csv", "Class", "malignant", ignore=("Id",), missing="drop"))
-    assert ds.X.shape == (683, 9) and ds.rows_dropped == 16
-    assert "Id" not in ds.features and ds.features[5] == "Bare.nuclei"
-    assert int(ds.y.sum()) == 239 and np.isfinite(ds.X).all()
-    assert ds.X.min() == 1.0 and ds.X.max() == 10.0
+def test_breast_cancer_drop(cancer: Path) -> None:
+    from sklearn.datasets import load_breast_cancer
+
+    ds = load_csv(DataSpec(cancer, "Class", "malignant", ignore=("Id",), missing="drop"))
+    assert ds.X.shape == (553, 30) and ds.rows_dropped == 16
+    assert "Id" not in ds.features and ds.features[3] == "mean area"
+    kept = np.setdiff1d(np.arange(569), GAPS)
+    target = load_breast_cancer().target
+    assert int(ds.y.sum()) == int((target[kept] == 0).sum()) and np.isfinite(ds.X).all()
 
 
-def test_breast_cancer_id_is_a_feature_unless_ignored(shared: Path) -> None:
-    ds = load_csv(DataSpec(shared / "BreastCancer.csv", "Class", "malignant", missing="drop"))
-    assert ds.features[0] == "Id" and ds.X.shape == (683, 10)
+def test_breast_cancer_id_is_a_feature_unless_ignored(cancer: Path) -> None:
+    ds = load_csv(DataSpec(cancer, "Class", "malignant", missing="drop"))
+    assert ds.features[0] == "Id" and ds.X.shape == (553, 31)
 
 
-def test_halves_of_a_real_file_share_the_fingerprint(shared: Path, tmp_path: Path) -> None:
-    lines = (shared / "Ionosphere.csv").read_text().splitlines(keepends=True)
+def test_halves_of_a_real_file_share_the_fingerprint(tmp_path: Path) -> None:
+    lines = SONAR.read_text().splitlines(keepends=True)
     header, rows = lines[0], lines[1:]
-    a = load_csv(DataSpec(write(tmp_path, header + "".join(rows[0::2]), "a.csv"), "Class", "bad"))
-    b = load_csv(DataSpec(write(tmp_path, header + "".join(rows[1::2]), "b.csv"), "Class", "bad"))
-    whole = load_csv(DataSpec(shared / "Ionosphere.csv", "Class", "bad"))
+    a = load_csv(DataSpec(write(tmp_path, header + "".join(rows[0::2]), "a.csv"), "Class", "M"))
+    b = load_csv(DataSpec(write(tmp_path, header + "".join(rows[1::2]), "b.csv"), "Class", "M"))
+    whole = load_csv(DataSpec(SONAR, "Class", "M"))
     assert a.fingerprint == b.fingerprint == whole.fingerprint
-    assert a.X.shape[0] + b.X.shape[0] == 351
+    assert a.X.shape[0] + b.X.shape[0] == 208
 
 
 # ---------------------------------------------------------------------------------------------

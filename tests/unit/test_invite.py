@@ -102,10 +102,63 @@ def test_init_with_data_writes_the_data_table(tmp_path: Path, capsys: pytest.Cap
     assert cli.main(["init", "--dir", str(tmp_path / "b"), "--name", "b", "--listen", "127.0.0.1:17441",
                      "--data", str(data), "--label", "class"]) == 2
     err = capsys.readouterr().err
-    assert len(err.splitlines()) == 1 and "data.label: column 'class' is not in the header" in err and "'age'" in err
+    assert len(err.splitlines()) == 1 and "data.label: " in err and "label column 'class' not found" in err
+    assert "did you mean 'Class'?" in err and "'age'" in err
     assert cli.main(["init", "--dir", str(tmp_path / "b"), "--name", "b", "--listen", "127.0.0.1:17441",
                      "--data", str(tmp_path / "nope.csv")]) == 2
-    assert "cannot read" in capsys.readouterr().err and not (tmp_path / "b").exists()
+    assert "nope.csv: file not found" in capsys.readouterr().err and not (tmp_path / "b").exists()
     assert cli.main(["init", "--dir", str(tmp_path / "b"), "--name", "b", "--listen", "127.0.0.1:17441",
                      "--label", "Class"]) == 2
     assert not (tmp_path / "b").exists()
+
+
+def init(tmp_path: Path, name: str, data: Path, *flags: str) -> int:
+    return cli.main(["init", "--dir", str(tmp_path / name), "--name", name, "--listen", "127.0.0.1:17442",
+                     "--data", str(data), *flags])
+
+
+@pytest.fixture
+def wide(tmp_path: Path) -> Path:
+    """A CSV of 30 feature columns, an ID and a label (diagnosis: malignant / benign)."""
+    header = ["patient_id", *(f"feature_{i:02d}" for i in range(30)), "diagnosis"]
+    rows = [",".join(header)] + [",".join([f"p{r}", *(str(r + i) for i in range(30)),
+                                           "malignant" if r % 2 else "benign"]) for r in range(6)]
+    path = tmp_path / "wide.csv"
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def test_init_writes_ignore_id_column_and_partition_into_data(tmp_path: Path, wide: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    assert init(tmp_path, "h", wide, "--label", "diagnosis", "--positive", "malignant", "--ignore", "patient_id",
+                "--ignore", "feature_29", "--partition", "horizontal") == 0
+    section = cfg.load(tmp_path / "h" / "peers.toml").data
+    assert (section.ignore, section.partition, section.positive) == (("patient_id", "feature_29"), "horizontal",
+                                                                     "malignant")
+    assert init(tmp_path, "v", wide, "--label", "diagnosis", "--partition", "vertical", "--id-column",
+                "patient_id") == 0
+    section = cfg.load(tmp_path / "v" / "peers.toml").data
+    assert (section.partition, section.id_column) == ("vertical", "patient_id")
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("flags, key, words", [
+    (["--label", "Diagnosis"], "data.label", ["did you mean 'diagnosis'?", "'feature_25'", "'diagnosis'"]),
+    (["--label", "diagnosis", "--ignore", "patient-id"], "data.ignore", ["did you mean 'patient_id'?"]),
+    (["--label", "diagnosis", "--partition", "vertical", "--id-column", "id"], "data.id_column", ["'patient_id'"]),
+    (["--label", "diagnosis", "--id-column", "patient_id"], "data.id_column", ['partition = "vertical"']),
+    (["--label", "diagnosis", "--positive", "M"], "data.positive", ["'benign', 'malignant'"]),
+])
+def test_init_checks_every_column_it_writes_and_lists_every_column(
+        tmp_path: Path, wide: Path, flags: list[str], key: str, words: list[str],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert init(tmp_path, "x", wide, *flags) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and f"{key}: " in err and all(w in err for w in words), err
+    assert "..." not in err and not (tmp_path / "x").exists()
+
+
+def test_init_without_data_refuses_the_data_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["init", "--dir", str(tmp_path / "a"), "--name", "a", "--listen", "127.0.0.1:17443",
+                     "--ignore", "Id"]) == 2
+    assert "go with --data" in capsys.readouterr().err and not (tmp_path / "a").exists()

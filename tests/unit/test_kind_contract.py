@@ -147,8 +147,13 @@ def test_a_tiny_job_reads_draws_and_predicts(name: str, site_files: list[Path], 
 
         (tmp_path / "exported.json").write_text(json.dumps(exported, indent=2))
         booster = xgboost.Booster(model_file=str(tmp_path / "exported.json"))
-        got = booster.predict(xgboost.DMatrix(rows(result["features"])))
+        features = list(result["features"])
+        assert booster.feature_names == features and booster.feature_types == ["float"] * len(features)
+        assert all(f in kind.export_note(result) for f in features)     # every column, not the first 6
+        got = booster.predict(xgboost.DMatrix(rows(features), feature_names=features))
         assert np.allclose(got, [p["score"] for p in predictions], rtol=0, atol=1e-7)
+        with pytest.raises(ValueError, match="feature_names mismatch"):    # columns in another order: refused
+            booster.predict(xgboost.DMatrix(rows(features[::-1]), feature_names=features[::-1]))
     if name == "bofrf":        # a probability, the vote sum under its own name, the same prediction
         assert all(0 <= p["score"] <= 1 and (p["score"] > 0.5) == (p["vote_sum"] > 0) == p["prediction"]
                    for p in predictions if abs(p["vote_sum"]) > 1e-12)

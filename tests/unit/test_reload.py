@@ -7,8 +7,11 @@ import asyncio
 import dataclasses
 from pathlib import Path
 
-from fedpeer.config.load import Address, Config, Limits, MembershipTiming, PeerEntry, Policy
-from fedpeer.daemon.reload import applicable, compare, one_line
+import pytest
+
+from fedpeer.config.load import Address, Config, DataSection, Limits, MembershipTiming, PeerEntry, Policy
+from fedpeer.daemon.reload import applicable, check_data, compare, one_line
+from fedpeer.errors import ConfigError
 from fedpeer.jobs import messages as m
 from fedpeer.jobs.lifecycle.registry import JobRegistry
 from tests.unit.test_job_registry import (
@@ -93,3 +96,25 @@ async def test_the_proposer_names_every_missing_pair_by_its_own_names(tmp_path: 
     error = registry.show(job_id)["error"]
     assert error == ("site-me: alice does not list bob: run `fedpeer peer add` there; "
                      "bob does not list site-me: run `fedpeer peer add` there"), error
+
+
+def test_a_changed_data_section_is_checked_against_its_csv_as_init_checks_it(tmp_path: Path) -> None:
+    """A reload whose [data] names a column the CSV lacks, or a file that is not there, is refused
+    in one line naming the key and the fix (the node then keeps the old configuration)."""
+    csv = tmp_path / "cohort.csv"
+    csv.write_text("Id,age,Diagnosis\n1,50,M\n")
+    old = dataclasses.replace(make_config(tmp_path), data=DataSection(csv=str(csv), label="Diagnosis"))
+    check_data(old, old)
+    check_data(old, dataclasses.replace(old, data=DataSection(csv=str(csv), label="Diagnosis", ignore=("Id",))))
+    for data, key, words in ((DataSection(csv=str(csv), label="diagnosis"), "data.label",
+                              ["did you mean 'Diagnosis'?", "'Id', 'age', 'Diagnosis'", "fix [data] label"]),
+                             (DataSection(csv=str(csv), label="Diagnosis", ignore=("ID",)), "data.ignore",
+                              ["did you mean 'Id'?"]),
+                             (DataSection(csv=str(tmp_path / "gone.csv"), label="Diagnosis"), "data.csv",
+                              ["file not found", "an existing CSV"])):
+        with pytest.raises(ConfigError) as err:
+            check_data(old, dataclasses.replace(old, data=data))
+        assert err.value.key == key and "\n" not in str(err.value)
+        assert all(w in err.value.problem for w in words), err.value.problem
+    gone = dataclasses.replace(old, data=DataSection(csv=str(tmp_path / "gone.csv"), label="Diagnosis"))
+    check_data(gone, gone)    # unchanged: the running [data] is not re-judged by an unrelated edit

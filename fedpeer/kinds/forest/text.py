@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fedpeer.jobs.report import rows_text, score, table
+from fedpeer.jobs.report import class_names, rows_text, score, table
 
 SHOWN = ("auc", "accuracy", "sensitivity", "specificity", "mcc")
 MODELS = (("local_rf", "local random forest (this site's trees, unweighted)"),
@@ -44,8 +44,8 @@ def describe(result: Mapping[str, Any]) -> list[str]:
     boppid = result.get("boppid") or {}
     if boppid.get("models_refused"):
         lines += [f"  BOPPID refused the model of {site}: {why}" for site, why in boppid["models_refused"].items()]
-    lines.append(f"  model file {result.get('model_file', '-')}; `fedpeer predict` gives P(positive) as the "
-                 "weighted vote share, and the vote sum")
+    lines.append(f"  model file {result.get('model_file', '-')}; `fedpeer predict` gives P({class_names(result)[1]}) "
+                 "as the weighted vote share, and the vote sum")
     return lines
 
 

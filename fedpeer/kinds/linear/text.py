@@ -41,6 +41,7 @@ def describe(kind: str, result: Mapping[str, Any]) -> list[str]:
         for h in result["history"]:
             test = "-" if h.get("test_auc") is None else f"{h['test_auc']:.4f}"
             rows.append((h["iteration"], f"{h['loss']:.6f}", f"{h['grad_max']:.2e}", f"{h['step']:g}", test))
+        rows = [r[:4] for r in rows] if all(r[4] == "-" for r in rows[1:]) else rows   # no test rows: no column
     lines.append(table(rows, indent="  "))
     if kind == "mlp":
         return lines

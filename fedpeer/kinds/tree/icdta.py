@@ -212,6 +212,7 @@ RULES_SHOWN_MAX = 64       # aggregated rules `job show` prints; the rest are in
 def describe(result: Mapping[str, Any]) -> list[str]:
     """`fedpeer job show` lines of an icdta result: the trees kept, the global tree, its AUC, the rules."""
     from fedpeer.jobs.report import score
+    from fedpeer.kinds.tree.text import rule_lines
 
     info = result["icdta"]
     lost = ", ".join(result.get("lost") or []) or "none"
@@ -232,7 +233,7 @@ def describe(result: Mapping[str, Any]) -> list[str]:
             lines.append(f"  {name}'s tree {said} here: {why}")
     rules = list(result.get("rules") or [])
     lines.append(f"  rules ({len(rules) + result.get('rules_omitted', 0)}; rows are the federation's training rows):")
-    lines += [f"    {r}" for r in rules[:RULES_SHOWN_MAX]]
+    lines += rule_lines(result, rules[:RULES_SHOWN_MAX])
     more = len(rules) - RULES_SHOWN_MAX + result.get("rules_omitted", 0)
     if more > 0:
         lines.append(f"    ... and {more} more (the job's result)")

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fedpeer.jobs.report import score, table
+import re
+
+from fedpeer.jobs.report import DEFAULT_CLASS_NAMES, class_names, score, table
 
 RULES_SHOWN_MAX = 64       # rules `job show` prints; the rest are in the result and `fedpeer export`
 
@@ -31,11 +33,36 @@ def describe(result: Mapping[str, Any]) -> list[str]:
     rules = list(result.get("rules") or [])
     lines.append(f"  rules ({len(rules) + result.get('rules_omitted', 0)}; a leaf's share is of the federation's "
                  "training rows):")
-    lines += [f"    {rule}" for rule in rules[:RULES_SHOWN_MAX]]
+    lines += rule_lines(result, rules[:RULES_SHOWN_MAX])
     more = len(rules) - RULES_SHOWN_MAX + result.get("rules_omitted", 0)
     if more > 0:
         lines.append(f"    ... and {more} more (the job's result, `fedpeer export`)")
     return lines
+
+
+_HIDDEN_MIX = re.compile(r"; class mix not shown: a class has fewer than (\d+) rows here\)$")
+
+
+def rule_lines(result: Mapping[str, Any], rules: Sequence[str]) -> list[str]:
+    """The rules as `job show` prints them: a binary tree's classes by the names people use (the
+    site's [data] positive class and the other one, `class_names`), and the reason a leaf's class mix
+    is not shown said once under the rules instead of on every such rule (marked *)."""
+    binary = list(result.get("classes") or []) == list(DEFAULT_CLASS_NAMES)
+    names = dict(zip(DEFAULT_CLASS_NAMES, class_names(result))) if binary else {}
+    out, hidden = [], None
+    for rule in rules:
+        path, then, tail = rule.rpartition(" then ") if " then " in rule else ("", "", rule)
+        if names:
+            tail = re.sub(r"\b(negative|positive)\b(?= \(| \d)", lambda m: names[m.group(1)], tail)
+        found = _HIDDEN_MIX.search(tail)
+        if found:
+            hidden = found.group(1)
+            tail = tail[:found.start()] + ")*"
+        out.append(f"    {path}{then}{tail}")
+    if hidden is not None:
+        out.append(f"    * class mix not shown: a class has fewer than {hidden} rows in that leaf (min_leaf_rows), "
+                   "which its total would give away")
+    return out
 
 
 def site_table(sites: Sequence[Mapping[str, Any]]) -> str:

@@ -223,17 +223,23 @@ def predict_file(path: Path, result: Mapping[str, Any], rows: Callable[[Sequence
 def export_file(path: Path, result: Mapping[str, Any]) -> dict:
     """`fedpeer export`: the stored model, checked as `predict` checks it, as xgboost's own JSON
     model document: `xgboost.Booster(model_file=...)` loads it and predicts what `fedpeer
-    predict` gives, from the columns of `result["features"]` in that order."""
+    predict` gives. It carries the columns in xgboost's own `feature_names` / `feature_types`
+    fields, so xgboost checks a DataFrame's columns by name (and refuses data without names)."""
     if not isinstance(result.get("model_sha256"), str):
         raise JobError(f"{path.parent / 'job.json'}: the job record holds no model_sha256 to check {path} against")
-    return json.loads(load_model(path, result["model_sha256"]))
+    doc = json.loads(load_model(path, result["model_sha256"]))
+    features = [str(f) for f in result.get("features") or []]
+    if features:
+        doc["learner"]["feature_names"] = features
+        doc["learner"]["feature_types"] = ["float"] * len(features)
+    return doc
 
 
 def export_note(result: Mapping[str, Any]) -> str:
     features = list(result.get("features") or [])
-    shown = ", ".join(features[:6]) + (f", ... ({len(features)} in all)" if len(features) > 6 else "")
     return (f"xgboost's own JSON model: load it with xgboost.Booster(model_file=FILE) (the file name ending "
-            f".json); booster.predict(xgboost.DMatrix(X)) takes X's columns in this order: {shown}")
+            f".json); it names its {len(features)} columns (feature_names), and booster.predict("
+            f"xgboost.DMatrix(df)) checks a DataFrame's columns by name: {', '.join(features)}")
 
 
 # [policy.xgboost]: the largest (or smallest) parameters of a job this site agrees to run; each bounds

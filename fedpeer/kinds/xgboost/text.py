@@ -11,6 +11,7 @@ from fedpeer.jobs.report import (
     CLASSIFICATION_METRICS,
     METRIC_NAMES,
     REGRESSION_METRICS,
+    evaluated,
     evaluated_rows,
     evaluation_lines,
     lead_block,
@@ -42,7 +43,10 @@ def describe(result: Mapping[str, Any]) -> list[str]:
     for h in result["history"]:
         rows.append((h["round"], h["term"], h["leader"], len(h["participants"]), h["trees_added"],
                      *(score(h.get(k)) for k in keys)))
-    lines.append(table(rows, indent="  "))
+    shown = evaluated(rows, 5)
+    lines.append(table(shown, indent="  "))
+    if len(shown) < len(rows):
+        lines.append(f"  ({len(rows) - len(shown)} rounds without a federated evaluation not shown)")
     for h in result["history"]:
         for site, why in (h.get("excluded") or {}).items():
             lines.append(f"  round {h['round']}: {site} left out: {why}")
