@@ -14,13 +14,20 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
+# On Linux x86_64 and aarch64 fedpeer takes xgboost-cpu (pyproject.toml), which installs the same
+# `xgboost` module as the full build: a venv made before holds the full build, which goes first.
+DROP_FULL_XGBOOST = $(BIN)/python -c "import platform, sys; sys.exit(not (sys.platform == 'linux' and \
+	platform.machine() in ('x86_64', 'aarch64')))" && $(BIN)/pip uninstall --quiet --yes xgboost 2>/dev/null || true
+
 $(DEMO_STAMP): pyproject.toml $(BIN)/python
 	@echo "make: installing fedpeer into $(VENV) (a minute or two on a fresh machine)"
+	@$(DROP_FULL_XGBOOST)
 	$(BIN)/pip install --quiet -e .
 	touch $(DEMO_STAMP)
 
 $(TEST_STAMP): pyproject.toml $(BIN)/python
 	@echo "make: installing fedpeer with every extra and its test tools into $(VENV) (a few minutes on a fresh machine)"
+	@$(DROP_FULL_XGBOOST)
 	$(BIN)/pip install --quiet -e '.[test]'
 	@# The console's browser test (tests/integration/test_console.py) drives Debian's headless Chromium;
 	@# the site-network tests (tests/integration/test_netns.py) put firewalls (iptables) and an HTTP
