@@ -1,0 +1,71 @@
+"""The privacy ledger (fedpeer/jobs/privacy.py): refuses an over-budget job with one line, survives a
+restart and a kill between writes, charges a failed job, fails closed on a file that lies."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from fedpeer.errors import StateError
+from fedpeer.jobs.privacy import PrivacyLedger, show
+
+FP = "ab" * 16
+
+
+def test_an_over_budget_job_is_refused_with_what_is_left(tmp_path):
+    ledger = PrivacyLedger(tmp_path, 8.0, 1e-5)
+    for i in range(3):
+        assert ledger.refusal("site-b", FP, 2.0, 1e-7, f"j{i}") is None
+        ledger.reserve(FP, f"j{i}", "stats", 2.0 if i < 2 else 2.7, 1e-7, at_ms=i)
+    assert ledger.refusal("site-b", FP, 2.0, 1e-7, "j9") == "site-b: this job needs ε 2; its budget has 1.3 left of 8"
+    assert ledger.refusal("site-b", FP, 1.3, 1e-7, "j9") is None
+    assert ledger.refusal("site-b", "cd" * 16, 2.0, 1e-7, "j9") is None     # another dataset, its own budget
+    assert "δ" in ledger.refusal("site-b", FP, 0.1, 1e-4, "j9")
+
+
+def test_charges_survive_a_restart_and_a_job_is_never_charged_twice(tmp_path):
+    ledger = PrivacyLedger(tmp_path, 8.0, 1e-5)
+    ledger.reserve(FP, "j1", "kmeans", 3.0, 1e-6, at_ms=0)
+    ledger.settle(FP, "j1", 3.4, 1e-6)     # a retried sum's second release
+    ledger.settle(FP, "j1", 1.0, 1e-6)     # never lower
+    again = PrivacyLedger(tmp_path, 8.0, 1e-5)
+    assert again.spent(FP).epsilon == pytest.approx(3.4)
+    assert again.refusal("a", FP, 8.0, 1e-6, "j1") is None      # the same job after a restart
+    again.reserve(FP, "j1", "kmeans", 3.0, 1e-6, at_ms=1)
+    assert again.spent(FP).jobs == 1
+    assert "3.4" in show(again.rows())
+
+
+def test_a_job_that_fails_stays_charged(tmp_path):
+    ledger = PrivacyLedger(tmp_path, 2.0, 1e-5)
+    ledger.reserve(FP, "j1", "stats", 1.5, 1e-6, at_ms=0)
+    # the job fails after its first sum: nothing settles, nothing refunds
+    assert PrivacyLedger(tmp_path, 2.0, 1e-5).refusal("a", FP, 1.0, 1e-6, "j2") is not None
+
+
+def test_a_kill_9_between_charges_leaves_every_completed_charge(tmp_path):
+    script = ("import sys; from fedpeer.jobs.privacy import PrivacyLedger\n"
+              "l = PrivacyLedger(sys.argv[1], 1e9, 0.5)\n"
+              "for i in range(10**6):\n"
+              "    l.reserve('ab', f'j{i}', 'stats', 1.0, 0.0, 0); print(i, flush=True)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    done = [proc.stdout.readline() for _ in range(20)]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert int(done[-1]) == 19
+    assert PrivacyLedger(tmp_path, 1e9, 0.5).spent("ab").jobs >= 20      # every acknowledged charge
+
+
+def test_a_ledger_that_lies_fails_closed(tmp_path):
+    (tmp_path / "privacy.json").write_text(json.dumps({"version": 1, "datasets": {FP: {"j": {"epsilon": -1}}}}))
+    with pytest.raises(StateError, match="privacy ledger"):
+        PrivacyLedger(tmp_path, 8.0, 1e-5)
+    (tmp_path / "privacy.json").write_text("{not json")
+    with pytest.raises(StateError, match="unreadable"):
+        PrivacyLedger(tmp_path, 8.0, 1e-5)
