@@ -1,0 +1,88 @@
+"""DP jobs in the seeded simulation (memory network, virtual time): every member ends with the same
+noised result, no message any member sees holds an un-noised total, poisoned sums still fail."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedpeer.jobs.kind import ImplausibleTotal, JobContext
+from fedpeer.kinds import stats, stats_dp
+from fedpeer.testing.members import member_keys, poisoned_sums, run_members
+from tests.sim.test_implausible_totals import blobs
+
+DP = {"bins": 4, "dp_epsilon": 1.0, "dp_clip": 10.0, "dp_rows_max": 10_000}
+
+
+def _run(params: dict, sites: list, mode: str = "allreduce", poison=None, victim: int = 0) -> tuple[list, object]:
+    keys, names = member_keys("dp", len(sites))
+    checked = stats.KIND.check_params({**params, "secure_sum": mode})
+    nets = []
+
+    def member(net, i, k):
+        nets.append(net)
+        ctx = JobContext(names[k], names, 2_000, data=sites[i], noise_rng=np.random.default_rng(100 + i))
+        return stats.run(net.channel(k), checked, ctx)
+    if poison is None:
+        return run_members(keys, member), nets[0]
+    with poisoned_sums(stats_dp, keys[victim], poison):
+        return run_members(keys, member), nets[0]
+
+
+def _clean_totals(sites: list, params: dict, mean: np.ndarray, edges: np.ndarray) -> list[np.ndarray]:
+    """What the two sums would total without noise (the values no member may ever see)."""
+    firsts = [stats_dp.local_first(s.X, s.y, params["dp_clip"]) for s in sites]
+    seconds = [stats_dp.local_second(s.X, s.y, params["dp_clip"], mean, edges) for s in sites]
+    first = np.concatenate([sum(f[j] for f in firsts) for j in range(3)])
+    second = np.concatenate([sum(s[0] for s in seconds), sum(s[1] for s in seconds).ravel()])
+    return [first.view(np.uint64), second.view(np.uint64)]
+
+
+@pytest.mark.parametrize("mode", ["allreduce", "pairwise", "ring"])
+def test_a_dp_stats_job_ends_alike_everywhere_and_no_message_holds_an_unnoised_total(mode):
+    sites = blobs(labelled=True)
+    results, net = _run(DP, sites, mode)
+    assert all(isinstance(r, dict) for r in results), results
+    assert all(r == results[0] for r in results)            # one noised result, the same at every member
+    r = results[0]
+    assert r["privacy"]["epsilon"] <= 1.0 and r["privacy"]["delta"] == 1e-8
+    X = np.vstack([s.X for s in sites])
+    assert abs(r["count"] - len(X)) < 30
+    # the mean's error: the Σx noise (variance μ in quanta of 2^-f) over the rows, within 5 σ
+    sigma = np.sqrt(r["privacy"]["noise_variance"]["sums"]) / 2.0 ** stats_dp.fraction_bits(10.0, 20) / len(X)
+    assert np.allclose([r["mean"][c] for c in ("x0", "x1")], X.mean(axis=0), atol=5 * sigma + 0.05)
+    edges = np.array([r["histograms"][c]["edges"] for c in ("x0", "x1")])
+    clean = _clean_totals(sites, DP, np.array([r["mean"][c] for c in ("x0", "x1")]), edges)
+    windows = {tuple(c[i:i + 3]) for c in clean for i in range(len(c) - 2)}
+    seen = 0
+    for _src, _dst, msg in net.sent:
+        for value in vars(msg).values():
+            if isinstance(value, np.ndarray) and value.dtype == np.uint64:
+                seen += 1
+                got = {tuple(value[i:i + 3]) for i in range(len(value) - 2)}
+                assert not (got & windows), f"an un-noised total in {type(msg).__name__}"
+    assert seen
+
+
+def test_dp_parameters_need_dp_clip_and_cost_what_they_say():
+    assert stats_dp.budget(stats.KIND.check_params(DP)) == (1.0, 1e-8)
+    assert stats_dp.budget(stats.KIND.check_params({"bins": 4})) == (0.0, 0.0)
+    results, _ = _run({**DP, "dp_clip": 0.0}, blobs(labelled=True))
+    assert all("needs dp_clip" in str(r) for r in results)
+
+
+@pytest.mark.parametrize("entry", [0, 1, 2, 4, -1])
+@pytest.mark.parametrize("which", [0, 1])
+def test_poisoned_dp_sums_still_fail_everywhere(which, entry):
+    seen = []
+
+    def poison(tag, vector):
+        seen.append(tag)
+        if len(seen) - 1 != which:
+            return None
+        out = vector.copy()
+        out[entry:entry + 1 or None] += np.uint64(2 ** 50)
+        return out
+    results, _ = _run(DP, blobs(labelled=True), poison=poison)
+    assert all(isinstance(r, ImplausibleTotal) for r in results), results
+    assert all("within the noise" in str(r) for r in results)
