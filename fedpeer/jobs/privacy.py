@@ -33,6 +33,16 @@ JOBS_PER_DATASET_MAX = 100_000      # a bound on the file; beyond it the site re
 SPENT_SLACK = 1e-9                  # float rounding of sums of charges (a fraction of the budget)
 
 
+def job_cost(params: Mapping[str, Any]) -> tuple[float, float]:
+    """A job's (ε, δ) from its proposal's public parameters: dp_epsilon, and dp_delta or else
+    1/dp_rows_max² (fedpeer/protocols/dp.py `default_delta`); (0, 0) for a job without DP."""
+    epsilon = float(params.get("dp_epsilon", 0.0) or 0.0)
+    if epsilon <= 0:
+        return 0.0, 0.0
+    delta = float(params.get("dp_delta", 0.0) or 0.0)
+    return epsilon, delta or 1.0 / float(max(int(params.get("dp_rows_max", 1_000_000)), 2)) ** 2
+
+
 @dataclass(frozen=True)
 class Spent:
     epsilon: float
@@ -61,6 +71,10 @@ class PrivacyLedger:
                 and all(_valid_jobs(jobs) for jobs in doc["datasets"].values())):
             raise StateError(self.path, "", f"not a privacy ledger of version {LEDGER_VERSION}; {fix}")
         return doc
+
+    def set_budget(self, epsilon_budget: float, delta_budget: float) -> None:
+        """[privacy] as peers.toml says now (a reload may change it; what was spent stays)."""
+        self.epsilon_budget, self.delta_budget = float(epsilon_budget), float(delta_budget)
 
     def spent(self, dataset: str) -> Spent:
         jobs = self._doc["datasets"].get(dataset, {})

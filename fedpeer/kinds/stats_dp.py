@@ -34,6 +34,7 @@ from fedpeer.data.rows import rows_of
 from fedpeer.errors import JobError
 from fedpeer.jobs.capabilities import DP_SKELLAM
 from fedpeer.jobs.kind import JobContext, Param, checked_total
+from fedpeer.jobs.privacy import job_cost
 from fedpeer.ml.moments import bin_edges, local_histograms
 from fedpeer.protocols import dp
 from fedpeer.protocols.fixedpoint import fraction_bits
@@ -55,11 +56,7 @@ PARAMS = {
 
 def budget(params: Mapping[str, Any]) -> tuple[float, float]:
     """The job's (ε, δ), the cost every member's ledger charges; (0, 0) without DP."""
-    eps = float(params.get("dp_epsilon", 0.0))
-    if eps <= 0:
-        return 0.0, 0.0
-    delta = float(params.get("dp_delta", 0.0)) or dp.default_delta(params.get("dp_rows_max", 1_000_000))
-    return eps, delta
+    return job_cost(params)
 
 
 def plan(d: int, bins: int) -> list[dp.DpSum]:

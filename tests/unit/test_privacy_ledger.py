@@ -69,3 +69,55 @@ def test_a_ledger_that_lies_fails_closed(tmp_path):
     (tmp_path / "privacy.json").write_text("{not json")
     with pytest.raises(StateError, match="unreadable"):
         PrivacyLedger(tmp_path, 8.0, 1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# The ledger in the job lifecycle: a member refuses a DP job beyond its budget before any sum, and
+# so does the proposing site for its own proposal (every member computes the same cost).
+
+DP_PARAMS = {"dp_epsilon": 2.0, "dp_clip": 10.0}
+
+
+async def _answer(tmp_path, spent: float, params: dict) -> tuple[list, str]:
+    import asyncio
+    import dataclasses
+
+    from fedpeer.config import load as cfg
+    from fedpeer.jobs import messages as m
+    from fedpeer.jobs.lifecycle.registry import JobRegistry
+    from fedpeer.kinds.catalog import job_kinds
+    from tests.unit.test_policy import ALICE, NAMES, FakeTransport, make_config, proposal, small_csv
+
+    config = make_config(tmp_path, cfg.Policy(), small_csv(tmp_path / "data.csv", 20))
+    config = dataclasses.replace(config, privacy=cfg.Privacy(epsilon_budget=8.0, delta_budget=1e-5))
+    transport = FakeTransport()
+    async with asyncio.TaskGroup() as tg:
+        registry = JobRegistry(config, transport, NAMES, job_kinds(), tg.create_task)
+        fp = None
+        if spent:
+            from fedpeer.data.dataset import DataSpec, load_csv
+            fp = load_csv(DataSpec(csv=tmp_path / "data.csv", label="label", positive="yes")).fingerprint.hex()
+            registry.privacy.reserve(fp, "earlier", "stats", spent, 1e-7, at_ms=0)
+        registry.on_message(ALICE, "peer-job", proposal(ALICE, "peer-job", "stats", params))
+        own = registry.propose("stats", params, ["alice", "bob"])
+        for _ in range(500):
+            if (transport.of(m.JobReject) or transport.of(m.JobAccept)) and (
+                    registry.jobs[own].state == "failed" or len(transport.of(m.JobPropose)) == 2):
+                break
+            await asyncio.sleep(0.01)
+        for job in (registry.jobs.get("peer-job"), registry.jobs[own]):
+            if job is not None and job.task is not None:
+                job.task.cancel()
+    return [msg.reason for _, msg in transport.of(m.JobReject)], registry.show(own).get("error") or ""
+
+
+async def test_a_member_refuses_a_dp_job_beyond_its_budget_and_so_does_its_own_proposal(tmp_path):
+    rejects, own_error = await _answer(tmp_path, 6.7, DP_PARAMS)
+    line = "site-me: this job needs ε 2; its budget has 1.3 left of 8"
+    assert rejects == [line]
+    assert own_error == f"site-me: {line}"
+
+
+async def test_a_dp_job_within_the_budget_is_accepted(tmp_path):
+    rejects, own_error = await _answer(tmp_path, 5.0, DP_PARAMS)
+    assert rejects == [] and "budget" not in own_error     # (cancelled while it waits for the members)
