@@ -40,7 +40,7 @@ from fedpeer.protocols import dp
 from fedpeer.protocols.fixedpoint import fraction_bits
 from fedpeer.protocols.securesum.api import secure_sum
 
-VALUE_BITS = 20            # a clipped value's magnitude in quanta: 2^20 (the sum's bits per value)
+VALUE_BITS = 19            # a clipped value's magnitude in quanta: 2^19 (20 bits a value with its sign)
 CAPABILITY = DP_SKELLAM
 PARAMS = {
     "dp_epsilon": Param(float, 0.0, "differential privacy: the job's ε for each site's rows (0: off)",
@@ -76,23 +76,26 @@ def _noised(values: list[np.ndarray], sums: list[dp.DpSum], mus: list[float], me
     return np.concatenate(parts).view(np.uint64)
 
 
-def _quanta(x: np.ndarray, bound: float) -> tuple[np.ndarray, int]:
-    f = fraction_bits(bound, VALUE_BITS)
-    return np.rint(x * 2.0 ** f).astype(np.int64), f
+def _summed_quanta(x: np.ndarray, bound: float) -> np.ndarray:
+    """Σ round(x·2^f) per column, exactly: each rounded value is at most 2^VALUE_BITS, so float64
+    sums of up to 2^33 rows stay integers below 2^53 (no int64 copy of the rows is needed)."""
+    assert x.shape[0] < 2 ** (52 - VALUE_BITS)
+    scaled = x * 2.0 ** fraction_bits(bound, VALUE_BITS)
+    return np.rint(scaled, out=scaled).sum(axis=0).astype(np.int64)
 
 
 def local_first(X: np.ndarray, y: Any, clip: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     Xc = dp.clip_entries(X, -clip, clip)
-    q, _ = _quanta(Xc, clip)
-    q2, _ = _quanta(Xc * Xc, clip * clip)
     n_pos = int(np.asarray(y).sum()) if y is not None else 0
-    return np.array([X.shape[0], n_pos], dtype=np.int64), q.sum(axis=0), q2.sum(axis=0)
+    return np.array([X.shape[0], n_pos], dtype=np.int64), _summed_quanta(Xc, clip), \
+        _summed_quanta(np.square(Xc, out=Xc), clip * clip)
 
 
 def local_second(X: np.ndarray, y: Any, clip: float, mean: np.ndarray, edges: np.ndarray) -> tuple:
     Xc = dp.clip_entries(X, -clip, clip)
-    q3, _ = _quanta((Xc - mean) ** 2, 4 * clip * clip)
-    return q3.sum(axis=0), local_histograms(Xc, edges).astype(np.int64)
+    hist = local_histograms(Xc, edges).astype(np.int64)
+    Xc -= mean
+    return _summed_quanta(np.square(Xc, out=Xc), 4 * clip * clip), hist
 
 
 def check_first(total: np.ndarray, d: int, bounds: list[float], rows_max: int) -> tuple[int, int]:

@@ -49,7 +49,8 @@ def test_a_dp_stats_job_ends_alike_everywhere_and_no_message_holds_an_unnoised_t
     X = np.vstack([s.X for s in sites])
     assert abs(r["count"] - len(X)) < 30
     # the mean's error: the Σx noise (variance μ in quanta of 2^-f) over the rows, within 5 σ
-    sigma = np.sqrt(r["privacy"]["noise_variance"]["sums"]) / 2.0 ** stats_dp.fraction_bits(10.0, 20) / len(X)
+    quantum = 2.0 ** -stats_dp.fraction_bits(10.0, stats_dp.VALUE_BITS)
+    sigma = np.sqrt(r["privacy"]["noise_variance"]["sums"]) * quantum / len(X)
     assert np.allclose([r["mean"][c] for c in ("x0", "x1")], X.mean(axis=0), atol=5 * sigma + 0.05)
     edges = np.array([r["histograms"][c]["edges"] for c in ("x0", "x1")])
     clean = _clean_totals(sites, DP, np.array([r["mean"][c] for c in ("x0", "x1")]), edges)

@@ -97,3 +97,9 @@ def test_budgets_outside_the_declared_range_are_refused():
     with pytest.raises(ValueError):
         dp.calibrate([dp.DpSum("s", 1, 1, 1)], 1.0, 0.5)
     assert dp.default_delta(1000) == 1e-6
+
+
+def test_the_vectorised_curve_is_theorem_3_5_at_every_order():
+    releases = [(dp.DpSum("a", 7, 3, 4), 50.0), (dp.DpSum("b", 2, 1.5, 1), 9.0)]
+    want = [sum(dp.skellam_rdp(a, s.l1, s.l2, mu) for s, mu in releases) for a in dp.ORDERS]
+    assert np.allclose(dp.rdp_curve(releases), want, rtol=1e-12)
