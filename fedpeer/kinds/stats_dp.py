@@ -68,34 +68,19 @@ def plan(d: int, bins: int) -> list[dp.DpSum]:
             dp.DpSum("histograms", d, math.sqrt(d), d * (bins + 2))]
 
 
-def _noised(values: list[np.ndarray], sums: list[dp.DpSum], mus: list[float], members: int,
-            rng: np.random.Generator) -> np.ndarray:
-    """int64 values plus this member's Skellam shares, group by group, as uint64 for the sum."""
-    parts = [v.astype(np.int64) + dp.draw_share(rng, dp.share_mu(mu, members), s.entries)
-             for v, s, mu in zip(values, sums, mus)]
-    return np.concatenate(parts).view(np.uint64)
-
-
-def _summed_quanta(x: np.ndarray, bound: float) -> np.ndarray:
-    """Σ round(x·2^f) per column, exactly: each rounded value is at most 2^VALUE_BITS, so float64
-    sums of up to 2^33 rows stay integers below 2^53 (no int64 copy of the rows is needed)."""
-    assert x.shape[0] < 2 ** (52 - VALUE_BITS)
-    scaled = x * 2.0 ** fraction_bits(bound, VALUE_BITS)
-    return np.rint(scaled, out=scaled).sum(axis=0).astype(np.int64)
-
-
 def local_first(X: np.ndarray, y: Any, clip: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     Xc = dp.clip_entries(X, -clip, clip)
     n_pos = int(np.asarray(y).sum()) if y is not None else 0
-    return np.array([X.shape[0], n_pos], dtype=np.int64), _summed_quanta(Xc, clip), \
-        _summed_quanta(np.square(Xc, out=Xc), clip * clip)
+    sums = dp.summed_quanta(Xc.copy(), clip, VALUE_BITS)
+    return np.array([X.shape[0], n_pos], dtype=np.int64), sums, \
+        dp.summed_quanta(np.square(Xc, out=Xc), clip * clip, VALUE_BITS)
 
 
 def local_second(X: np.ndarray, y: Any, clip: float, mean: np.ndarray, edges: np.ndarray) -> tuple:
     Xc = dp.clip_entries(X, -clip, clip)
     hist = local_histograms(Xc, edges).astype(np.int64)
     Xc -= mean
-    return _summed_quanta(np.square(Xc, out=Xc), 4 * clip * clip), hist
+    return dp.summed_quanta(np.square(Xc, out=Xc), 4 * clip * clip, VALUE_BITS), hist
 
 
 def check_first(total: np.ndarray, d: int, bounds: list[float], rows_max: int) -> tuple[int, int]:
@@ -144,8 +129,8 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext, result_of:
 
     ch.progress("moments, noised (secure sum 1 of 2)", 1, 2)
     counts, s1, s2 = await rows.additive(local_first, clip)
-    first = await secure_sum(ch, "stats/dp-moments", _noised([counts, s1, s2], sums[:3], mus[:3], members, rng),
-                             mode=mode, hop_timeout_ms=hop)
+    vector = dp.noised_vector([counts, s1, s2], sums[:3], mus[:3], members, rng)
+    first = await secure_sum(ch, "stats/dp-moments", vector, mode=mode, hop_timeout_ms=hop)
     _whole(first, ch)
     t1 = dp.signed(first.total)
     n, n_pos = checked_total("stats/dp-moments", check_first, t1, d, bounds,
@@ -156,8 +141,8 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext, result_of:
 
     ch.progress("spread and histograms, noised (secure sum 2 of 2)", 2, 2)
     centred, hist = await rows.additive(local_second, clip, mean, edges)
-    second = await secure_sum(ch, "stats/dp-spread", _noised([centred, hist.ravel()], sums[3:], mus[3:], members,
-                                                             rng), mode=mode, hop_timeout_ms=hop)
+    vector = dp.noised_vector([centred, hist.ravel()], sums[3:], mus[3:], members, rng)
+    second = await secure_sum(ch, "stats/dp-spread", vector, mode=mode, hop_timeout_ms=hop)
     _whole(second, ch)
     t2 = dp.signed(second.total)
     counts2 = checked_total("stats/dp-spread", check_second, t2, n, d, bins, bounds)

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 import numpy as np
 from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
+from fedpeer.protocols.fixedpoint import fraction_bits
+
 ORDERS = tuple(range(2, 65)) + tuple(range(72, 1025, 8))   # integer Rényi orders (Theorem 3.5 needs integers)
 NOISE_TAIL = 1e-9          # a check of a noised total fails an honest federation at most this often
 CALIBRATE_RTOL = 1e-3      # c is within 0.1 % of the least that meets the budget
@@ -148,6 +150,24 @@ def add_noise(vector: np.ndarray, noise: np.ndarray) -> np.ndarray:
 def signed(total: np.ndarray) -> np.ndarray:
     """A noised uint64 total read as signed integers (noise may take a count below zero)."""
     return total.view(np.int64)
+
+
+def noised_vector(values: Sequence[np.ndarray], sums: Sequence[DpSum], mus: Sequence[float], members: int,
+                  rng: np.random.Generator) -> np.ndarray:
+    """A member's contribution to one secure sum: its int64 values, group by group, each plus its
+    Skellam share of that group's variance, as the uint64 vector the sum masks."""
+    parts = [np.asarray(v, dtype=np.int64) + draw_share(rng, share_mu(mu, members), s.entries)
+             for v, s, mu in zip(values, sums, mus, strict=True)]
+    return np.concatenate(parts).view(np.uint64)
+
+
+def summed_quanta(x: np.ndarray, bound: float, value_bits: int) -> np.ndarray:
+    """Σ round(x·2^f) per column with bound·2^f <= 2^value_bits, exactly: every rounded value is at
+    most 2^value_bits, so float64 sums of fewer than 2^(52 - value_bits) rows stay whole (no int64
+    copy of the rows). `x` is scaled in place."""
+    assert x.shape[0] < 2 ** (52 - value_bits)
+    x *= 2.0 ** fraction_bits(bound, value_bits)
+    return np.rint(x, out=x).sum(axis=0).astype(np.int64)
 
 
 def clip_l2(rows: np.ndarray, bound: float) -> np.ndarray:
