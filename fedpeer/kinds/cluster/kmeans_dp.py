@@ -1,0 +1,145 @@
+"""`kmeans` with differential privacy (`--param dp_epsilon=E --param dp_clip=C`): Lloyd's rounds on
+clipped, noised secure sums (fedpeer/protocols/dp.py; docs/algorithms.md, clustering).
+
+A DP job is hard k-means, one restart, a public number of rounds (`dp_rounds`, fixed in advance so
+the noise can be calibrated before any sum): the accountant must know every release.
+1. moments: [rows] and [Σx per feature] (values clipped to ±C): the noised federation mean and
+   spread, from which the initial centres are drawn with the job seed (public), as in kmeans.
+2. dp_rounds rounds, each one sum of [Σx of the rows nearest each centre (k·d)] and [their counts (k)].
+Sensitivities (add or remove one row; quanta of 2^-f with C·2^f <= 2^VALUE_BITS): rows 1; Σx
+L1 d·2^VALUE_BITS, L2 √d·2^VALUE_BITS (a row adds to one centre only, so per round too); counts 1.
+All 2 + 2·dp_rounds releases are calibrated together (equal noise multipliers). A centre whose
+noised count is below `min_cluster_rows` keeps its place; centres stay within ±C.
+
+What every member learns: the noised totals only. The inertia is not released (another release
+would cost budget): the result reports none; a member scores its own rows with the centres.
+Checks: every round's counts adding up to the rows and each count, each Σx within what honest
+members' clipped rows could give, widened by the noise's bound (dp.noise_bound) and no more.
+A member lost inside a DP sum stops the job (its noise share would be missing); it stays charged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from fedpeer.errors import JobError
+from fedpeer.jobs.capabilities import DP_SKELLAM
+from fedpeer.jobs.kind import JobContext, Param, checked_total
+from fedpeer.jobs.privacy import job_cost
+from fedpeer.protocols import dp
+from fedpeer.protocols.fixedpoint import fraction_bits
+from fedpeer.protocols.securesum.api import secure_sum
+
+VALUE_BITS = 19
+PARAMS = {
+    "dp_epsilon": Param(float, 0.0, "differential privacy: the job's ε for each site's rows (0: off)",
+                        low=0.0, high=dp.EPSILON_MAX, capability=DP_SKELLAM),
+    "dp_delta": Param(float, 0.0, "differential privacy: the job's δ (0: 1/dp_rows_max²)",
+                      low=0.0, high=dp.DELTA_MAX, capability=DP_SKELLAM),
+    "dp_rows_max": Param(int, 1_000_000, "differential privacy: a public bound on the federation's rows (for δ)",
+                         low=2, high=2**40, capability=DP_SKELLAM),
+    "dp_clip": Param(float, 0.0, "differential privacy: every feature value is clipped to ±dp_clip (required)",
+                     low=0.0, high=1e12, capability=DP_SKELLAM),
+    "dp_rounds": Param(int, 8, "differential privacy: Lloyd rounds, all run (the noise is calibrated to them)",
+                       low=1, high=100, capability=DP_SKELLAM),
+}
+
+
+def plan(k: int, d: int, rounds: int) -> list[dp.DpSum]:
+    top = float(2 ** VALUE_BITS)
+    sums = [dp.DpSum("rows", 1, 1, 1), dp.DpSum("moments", d * top, math.sqrt(d) * top, d)]
+    for r in range(1, rounds + 1):
+        sums += [dp.DpSum(f"round{r}/sums", d * top, math.sqrt(d) * top, k * d), dp.DpSum(f"round{r}/counts", 1, 1, k)]
+    return sums
+
+
+def local_round(X: np.ndarray, centres: np.ndarray, clip: float) -> tuple[np.ndarray, np.ndarray]:
+    """(Σ quantised x per nearest centre (k·d), rows per centre (k)) of this site's clipped rows."""
+    nearest = ((X[:, None, :] - centres[None, :, :]) ** 2).sum(axis=2).argmin(axis=1)
+    k, d = centres.shape
+    sums = np.zeros((k, d), dtype=np.int64)
+    for j in range(k):
+        rows = X[nearest == j]
+        if len(rows):
+            sums[j] = dp.summed_quanta(rows.copy(), clip, VALUE_BITS)
+    return sums.ravel(), np.bincount(nearest, minlength=k).astype(np.int64)
+
+
+def check_round(sums: np.ndarray, counts: np.ndarray, n: int, b_sums: float, b_counts: float) -> None:
+    top = float(2 ** VALUE_BITS)
+    k = len(counts)
+    if np.any(counts < -b_counts) or abs(int(counts.sum()) - n) > k * b_counts + b_counts:
+        raise ValueError("check 'the cluster sizes add up to the rows (within the noise)' failed")
+    most = (np.maximum(counts, 0) + b_counts)[:, None] * top + b_sums
+    if np.any(np.abs(sums.reshape(k, -1)) > most):
+        raise ValueError("check 'every cluster's Σx within its rows times the clip (within the noise)' failed")
+
+
+async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
+    clip, rounds, k = float(params["dp_clip"]), int(params["dp_rounds"]), int(params["k"])
+    if clip <= 0:
+        raise JobError("kmeans with dp_epsilon needs dp_clip: the public bound on every feature's |value|")
+    if params["fuzziness"] != 1.0 or params["init"]:
+        raise JobError("kmeans with dp_epsilon runs hard k-means from drawn centres: leave fuzziness and init out")
+    X = dp.clip_entries(np.asarray(ctx.data.X, dtype=float), -clip, clip)
+    d, members = X.shape[1], len(ch.members)
+    eps, delta = job_cost(params)
+    sums = plan(k, d, rounds)
+    mus = dp.calibrate(sums, eps, delta)
+    bounds = [dp.noise_bound(mu, s.entries) for s, mu in zip(sums, mus)]
+    rng = ctx.noise_rng if ctx.noise_rng is not None else dp.os_rng()
+    scale = 2.0 ** -fraction_bits(clip, VALUE_BITS)
+    mode, hop, tag = params["secure_sum"], ctx.hop_timeout_ms, "kmeans/dp-"
+
+    ch.progress("moments, noised", 0, rounds + 1)
+    vector = dp.noised_vector([[X.shape[0]], dp.summed_quanta(X.copy(), clip, VALUE_BITS)], sums[:2], mus[:2],
+                              members, rng)
+    total = _signed(await secure_sum(ch, tag + "moments", vector, mode=mode, hop_timeout_ms=hop), ch)
+    n = int(total[0])
+    if not 2 <= n <= params["dp_rows_max"] + bounds[0]:
+        checked_total(tag + "moments", _fail, "the rows between 2 and dp_rows_max (within the noise)")
+    mean = np.clip(total[1:] * scale / n, -clip, clip)
+    init = np.random.default_rng(params["seed"])
+    centres = np.clip(mean + init.normal(size=(k, d)) * clip / 4, -clip, clip)
+    sizes = np.zeros(k)
+    for r in range(1, rounds + 1):
+        ch.progress(f"lloyd round {r}, noised", r, rounds + 1)
+        s_local, c_local = local_round(X, centres, clip)
+        i = 2 * r
+        vector = dp.noised_vector([s_local, c_local], sums[i:i + 2], mus[i:i + 2], members, rng)
+        total = _signed(await secure_sum(ch, f"{tag}round{r}", vector, mode=mode, hop_timeout_ms=hop), ch)
+        s_total, sizes = total[:k * d], total[k * d:]
+        checked_total(f"{tag}round{r}", check_round, s_total, sizes, n, bounds[i], bounds[i + 1])
+        kept = sizes >= params["min_cluster_rows"]
+        moved = s_total.reshape(k, d) * scale / np.maximum(sizes, 1)[:, None]
+        centres = np.where(kept[:, None], np.clip(moved, -clip, clip), centres)
+    order = np.lexsort(centres.T[::-1])
+    released = list(zip(sums, mus))
+    return {
+        "k": k, "features": list(ctx.data.features), "rows": n,
+        "participants": [ctx.names.get(m, m.hex()[:16]) for m in ch.members],
+        "centers": centres[order].tolist(), "inertia": None, "iterations": rounds, "converged": None,
+        "cluster_sizes": [int(c) if c >= params["min_cluster_rows"] else f"< {params['min_cluster_rows']}"
+                          for c in np.maximum(sizes, 0)[order]],
+        "secure_sum": mode, "standardized": False, "fuzziness": 1.0,
+        "privacy": {"mechanism": "skellam", "epsilon": dp.epsilon_of(released, delta), "delta": delta,
+                    "epsilon_asked": eps, "clip": clip, "rounds": rounds, "bits_per_value": VALUE_BITS + 1,
+                    "accounting": f"RDP (dp-accounting), {len(sums)} releases"},
+        "_model": {"kind": "kmeans", "features": list(ctx.data.features), "centers": centres[order],
+                   "shift": np.zeros(d), "scale": np.ones(d), "fuzziness": 1.0},
+    }
+
+
+def _signed(outcome: Any, ch: Any) -> np.ndarray:
+    if len(outcome.participants) != len(ch.members):
+        raise JobError("a member was lost inside a DP sum: the total lacks its noise share, so the job stops "
+                       "(every site's ledger keeps the charge)")
+    return dp.signed(outcome.total)
+
+
+def _fail(words: str) -> None:
+    raise ValueError(f"check '{words}' failed")
