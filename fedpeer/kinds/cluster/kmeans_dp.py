@@ -3,12 +3,13 @@ clipped, noised secure sums (fedpeer/protocols/dp.py; docs/algorithms.md, cluste
 
 A DP job is hard k-means, one restart, a public number of rounds (`dp_rounds`, fixed in advance so
 the noise can be calibrated before any sum): the accountant must know every release.
-1. moments: [rows] and [Σx per feature] (values clipped to ±C): the noised federation mean and
-   spread, from which the initial centres are drawn with the job seed (public), as in kmeans.
+1. moments: [rows], [Σx per feature] and [Σx² per feature] (values clipped to ±C): the noised
+   federation mean and spread, from which the initial centres are drawn with the job seed
+   (public), as kmeans draws them (N(mean, std²)).
 2. dp_rounds rounds, each one sum of [Σx of the rows nearest each centre (k·d)] and [their counts (k)].
-Sensitivities (add or remove one row; quanta of 2^-f with C·2^f <= 2^VALUE_BITS): rows 1; Σx
-L1 d·2^VALUE_BITS, L2 √d·2^VALUE_BITS (a row adds to one centre only, so per round too); counts 1.
-All 2 + 2·dp_rounds releases are calibrated together (equal noise multipliers). A centre whose
+Sensitivities (add or remove one row; quanta of 2^-f with C·2^f <= 2^VALUE_BITS): rows 1; Σx and
+Σx² (its own scale) L1 d·2^VALUE_BITS, L2 √d·2^VALUE_BITS (a row adds to one centre only, so per round too); counts 1.
+All 3 + 2·dp_rounds releases are calibrated together (equal noise multipliers). A centre whose
 noised count is below `min_cluster_rows` keeps its place; centres stay within ±C.
 
 What every member learns: the noised totals only. The inertia is not released (another release
@@ -30,6 +31,7 @@ from fedpeer.errors import JobError
 from fedpeer.jobs.capabilities import DP_SKELLAM
 from fedpeer.jobs.kind import JobContext, Param, checked_total
 from fedpeer.jobs.privacy import job_cost
+from fedpeer.ml.cluster.kmeans import initial_centers
 from fedpeer.protocols import dp
 from fedpeer.protocols.fixedpoint import fraction_bits
 from fedpeer.protocols.securesum.api import secure_sum
@@ -51,7 +53,8 @@ PARAMS = {
 
 def plan(k: int, d: int, rounds: int) -> list[dp.DpSum]:
     top = float(2 ** VALUE_BITS)
-    sums = [dp.DpSum("rows", 1, 1, 1), dp.DpSum("moments", d * top, math.sqrt(d) * top, d)]
+    sums = [dp.DpSum("rows", 1, 1, 1), dp.DpSum("moments", d * top, math.sqrt(d) * top, d),
+            dp.DpSum("squares", d * top, math.sqrt(d) * top, d)]
     for r in range(1, rounds + 1):
         sums += [dp.DpSum(f"round{r}/sums", d * top, math.sqrt(d) * top, k * d), dp.DpSum(f"round{r}/counts", 1, 1, k)]
     return sums
@@ -96,20 +99,23 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
     mode, hop, tag = params["secure_sum"], ctx.hop_timeout_ms, "kmeans/dp-"
 
     ch.progress("moments, noised", 0, rounds + 1)
-    vector = dp.noised_vector([[X.shape[0]], dp.summed_quanta(X.copy(), clip, VALUE_BITS)], sums[:2], mus[:2],
-                              members, rng)
+    moments = [[X.shape[0]], dp.summed_quanta(X.copy(), clip, VALUE_BITS),
+               dp.summed_quanta(np.square(X), clip * clip, VALUE_BITS)]
+    vector = dp.noised_vector(moments, sums[:3], mus[:3], members, rng)
     total = _signed(await secure_sum(ch, tag + "moments", vector, mode=mode, hop_timeout_ms=hop), ch)
     n = int(total[0])
     if not 2 <= n <= params["dp_rows_max"] + bounds[0]:
         checked_total(tag + "moments", _fail, "the rows between 2 and dp_rows_max (within the noise)")
-    mean = np.clip(total[1:] * scale / n, -clip, clip)
-    init = np.random.default_rng(params["seed"])
-    centres = np.clip(mean + init.normal(size=(k, d)) * clip / 4, -clip, clip)
+    mean = np.clip(total[1:1 + d] * scale / n, -clip, clip)
+    square_scale = 2.0 ** -fraction_bits(clip * clip, VALUE_BITS)
+    std = np.sqrt(np.clip(total[1 + d:] * square_scale / n - mean * mean, 0.0, clip * clip))
+    # kmeans' own initial centres (fedpeer/ml/cluster/kmeans.py): N(mean, std²) with the job seed
+    centres = np.clip(initial_centers(mean, std, k, params["seed"], 0), -clip, clip)
     sizes = np.zeros(k)
     for r in range(1, rounds + 1):
         ch.progress(f"lloyd round {r}, noised", r, rounds + 1)
         s_local, c_local = local_round(X, centres, clip)
-        i = 2 * r
+        i = 1 + 2 * r
         vector = dp.noised_vector([s_local, c_local], sums[i:i + 2], mus[i:i + 2], members, rng)
         total = _signed(await secure_sum(ch, f"{tag}round{r}", vector, mode=mode, hop_timeout_ms=hop), ch)
         s_total, sizes = total[:k * d], total[k * d:]
