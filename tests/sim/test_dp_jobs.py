@@ -138,3 +138,38 @@ def test_kmeans_dp_refuses_what_it_cannot_account_for():
     assert all("hard k-means" in str(r) for r in results)
     results, _ = _run_kmeans({**KM, "dp_clip": 0.0}, blobs())
     assert all("needs dp_clip" in str(r) for r in results)
+
+
+def test_kmeans_dp_local_sums_are_the_exact_sums_of_rounded_values():
+    from fedpeer.kinds.cluster import kmeans_dp
+
+    rng = np.random.default_rng(5)
+    X = np.clip(rng.normal(scale=4, size=(3000, 6)), -10, 10)
+    centres = rng.normal(size=(4, 6))
+    f = kmeans_dp.fraction_bits(10.0, kmeans_dp.VALUE_BITS)
+    Q = np.rint(X * 2.0 ** f)
+    sums, counts = kmeans_dp.local_round(X, Q, centres)
+    nearest = ((X[:, None] - centres[None]) ** 2).sum(axis=2).argmin(axis=1)
+    want = np.array([[int(v) for v in Q[nearest == j].astype(np.int64).sum(axis=0)] for j in range(4)])
+    assert np.array_equal(sums.reshape(4, 6), want) and np.array_equal(counts, np.bincount(nearest, minlength=4))
+
+
+@pytest.mark.parametrize("entry", [0, 3, -1])
+@pytest.mark.parametrize("which", [0, 2])
+def test_poisoned_dp_kmeans_sums_still_fail_everywhere(which, entry):
+    from fedpeer.kinds.cluster import kmeans, kmeans_dp
+
+    seen = []
+
+    def poison(tag, vector):
+        seen.append(tag)
+        if len(seen) - 1 != which:
+            return None
+        out = vector.copy()
+        out[entry:entry + 1 or None] += np.uint64(2 ** 50)
+        return out
+    keys, _ = member_keys("dpk", 3)
+    with poisoned_sums(kmeans_dp, keys[1], poison):
+        results, _ = _run_kmeans(KM, blobs())
+    assert seen and all(isinstance(r, ImplausibleTotal) for r in results), results
+    assert kmeans.KIND.name == "kmeans"

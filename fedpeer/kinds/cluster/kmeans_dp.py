@@ -14,7 +14,8 @@ noised count is below `min_cluster_rows` keeps its place; centres stay within ±
 
 What every member learns: the noised totals only. The inertia is not released (another release
 would cost budget): the result reports none; a member scores its own rows with the centres.
-Checks: every round's counts adding up to the rows and each count, each Σx within what honest
+Checks: the moments' rows within [2, dp_rows_max], Σx and Σx² within what the rows' clipped
+values allow; every round's counts adding up to the rows and each count, each Σx within what honest
 members' clipped rows could give, widened by the noise's bound (dp.noise_bound) and no more.
 A member lost inside a DP sum stops the job (its noise share would be missing); it stays charged.
 """
@@ -60,16 +61,28 @@ def plan(k: int, d: int, rounds: int) -> list[dp.DpSum]:
     return sums
 
 
-def local_round(X: np.ndarray, centres: np.ndarray, clip: float) -> tuple[np.ndarray, np.ndarray]:
-    """(Σ quantised x per nearest centre (k·d), rows per centre (k)) of this site's clipped rows."""
-    nearest = ((X[:, None, :] - centres[None, :, :]) ** 2).sum(axis=2).argmin(axis=1)
-    k, d = centres.shape
-    sums = np.zeros((k, d), dtype=np.int64)
-    for j in range(k):
-        rows = X[nearest == j]
-        if len(rows):
-            sums[j] = dp.summed_quanta(rows.copy(), clip, VALUE_BITS)
-    return sums.ravel(), np.bincount(nearest, minlength=k).astype(np.int64)
+def local_round(X: np.ndarray, Q: np.ndarray, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(Σ quantised x per nearest centre (k·d), rows per centre (k)) of this site's clipped rows X,
+    Q = round(X·2^f) (whole floats below 2^VALUE_BITS: their float64 sums over fewer than
+    2^(52 - VALUE_BITS) rows are exact, matrix product included)."""
+    nearest = ((centres * centres).sum(axis=1) - 2.0 * (X @ centres.T)).argmin(axis=1)
+    k = centres.shape[0]
+    onehot = np.zeros((X.shape[0], k))
+    onehot[np.arange(X.shape[0]), nearest] = 1.0
+    return (onehot.T @ Q).astype(np.int64).ravel(), np.bincount(nearest, minlength=k).astype(np.int64)
+
+
+def check_moments(total: np.ndarray, d: int, bounds: list[float], rows_max: int) -> int:
+    n, top = int(total[0]), float(2 ** VALUE_BITS)
+    if not 2 <= n <= rows_max + bounds[0]:
+        raise ValueError("check 'the rows between 2 and dp_rows_max (within the noise)' failed")
+    most = (n + bounds[0]) * top
+    if np.any(np.abs(total[1:1 + d]) > most + bounds[1]):
+        raise ValueError("check 'every Σx within the rows times the clip (within the noise)' failed")
+    squares = total[1 + d:]
+    if np.any(squares < -bounds[2]) or np.any(squares > most + bounds[2]):
+        raise ValueError("check 'every Σx² within [0, rows times the clip²] (within the noise)' failed")
+    return n
 
 
 def check_round(sums: np.ndarray, counts: np.ndarray, n: int, b_sums: float, b_counts: float) -> None:
@@ -96,6 +109,8 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
     bounds = [dp.noise_bound(mu, s.entries) for s, mu in zip(sums, mus)]
     rng = ctx.noise_rng if ctx.noise_rng is not None else dp.os_rng()
     scale = 2.0 ** -fraction_bits(clip, VALUE_BITS)
+    assert X.shape[0] < 2 ** (52 - VALUE_BITS)
+    Q = np.rint(X / scale)
     mode, hop, tag = params["secure_sum"], ctx.hop_timeout_ms, "kmeans/dp-"
 
     ch.progress("moments, noised", 0, rounds + 1)
@@ -103,9 +118,7 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
                dp.summed_quanta(np.square(X), clip * clip, VALUE_BITS)]
     vector = dp.noised_vector(moments, sums[:3], mus[:3], members, rng)
     total = _signed(await secure_sum(ch, tag + "moments", vector, mode=mode, hop_timeout_ms=hop), ch)
-    n = int(total[0])
-    if not 2 <= n <= params["dp_rows_max"] + bounds[0]:
-        checked_total(tag + "moments", _fail, "the rows between 2 and dp_rows_max (within the noise)")
+    n = checked_total(tag + "moments", check_moments, total, d, bounds, params["dp_rows_max"])
     mean = np.clip(total[1:1 + d] * scale / n, -clip, clip)
     square_scale = 2.0 ** -fraction_bits(clip * clip, VALUE_BITS)
     std = np.sqrt(np.clip(total[1 + d:] * square_scale / n - mean * mean, 0.0, clip * clip))
@@ -114,7 +127,7 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
     sizes = np.zeros(k)
     for r in range(1, rounds + 1):
         ch.progress(f"lloyd round {r}, noised", r, rounds + 1)
-        s_local, c_local = local_round(X, centres, clip)
+        s_local, c_local = local_round(X, Q, centres)
         i = 1 + 2 * r
         vector = dp.noised_vector([s_local, c_local], sums[i:i + 2], mus[i:i + 2], members, rng)
         total = _signed(await secure_sum(ch, f"{tag}round{r}", vector, mode=mode, hop_timeout_ms=hop), ch)
@@ -146,6 +159,3 @@ def _signed(outcome: Any, ch: Any) -> np.ndarray:
                        "(every site's ledger keeps the charge)")
     return dp.signed(outcome.total)
 
-
-def _fail(words: str) -> None:
-    raise ValueError(f"check '{words}' failed")
