@@ -121,3 +121,44 @@ async def test_a_member_refuses_a_dp_job_beyond_its_budget_and_so_does_its_own_p
 async def test_a_dp_job_within_the_budget_is_accepted(tmp_path):
     rejects, own_error = await _answer(tmp_path, 5.0, DP_PARAMS)
     assert rejects == [] and "budget" not in own_error     # (cancelled while it waits for the members)
+
+
+def _runner(tmp_path, budget: float):
+    from types import SimpleNamespace
+
+    from fedpeer.jobs.lifecycle.runner import JobRunner
+
+    ledger = PrivacyLedger(tmp_path, budget, 1e-5)
+    registry = SimpleNamespace(privacy=ledger, transport=SimpleNamespace(me=b"me", now_ms=lambda: 5),
+                               config=SimpleNamespace(node=SimpleNamespace(name="site-me"),
+                                                      privacy=SimpleNamespace(epsilon_budget=budget,
+                                                                              delta_budget=1e-5)))
+    runner = JobRunner(registry)
+    from fedpeer.jobs.lifecycle.admission import Admission
+    registry.admission = Admission(registry)
+    return runner, ledger
+
+
+def _record(job_id: str, eps: float):
+    from fedpeer.jobs.records import JobRecord
+
+    return JobRecord(id=job_id, kind="stats", params={"dp_epsilon": eps, "dp_clip": 1.0}, proposer=b"p",
+                     members=(b"me", b"p"), created_ms=0, data_fingerprint=FP)
+
+
+def test_a_job_is_charged_when_it_starts_so_its_failure_refunds_nothing(tmp_path):
+    runner, _ = _runner(tmp_path, 8.0)
+    runner._charge(_record("j1", 3.0))          # the job starts; then it fails: nothing settles
+    assert PrivacyLedger(tmp_path, 8.0, 1e-5).spent(FP).epsilon == 3.0   # as a restart finds it
+    runner._settle(_record("j1", 3.0), {"privacy": {"epsilon": 3.2, "delta": 1e-12}})
+    assert PrivacyLedger(tmp_path, 8.0, 1e-5).spent(FP).epsilon == pytest.approx(3.2)
+
+
+def test_a_job_accepted_before_another_spent_the_budget_is_refused_at_its_start(tmp_path):
+    from fedpeer.jobs.lifecycle.runner import SiteFailure
+
+    runner, ledger = _runner(tmp_path, 4.0)
+    runner._charge(_record("j1", 3.0))
+    with pytest.raises(SiteFailure, match="this job needs ε 2; its budget has 1 left of 4"):
+        runner._charge(_record("j2", 2.0))
+    assert ledger.spent(FP).jobs == 1
