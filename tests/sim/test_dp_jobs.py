@@ -173,3 +173,14 @@ def test_poisoned_dp_kmeans_sums_still_fail_everywhere(which, entry):
         results, _ = _run_kmeans(KM, blobs())
     assert seen and all(isinstance(r, ImplausibleTotal) for r in results), results
     assert kmeans.KIND.name == "kmeans"
+
+
+def test_dp_results_describe_themselves():
+    from fedpeer.kinds.cluster import kmeans
+
+    r = _run_kmeans(KM, blobs())[0][0]
+    text = "\n".join(kmeans.describe("kmeans", r))
+    assert "differential privacy ε" in text and "no inertia released" in text
+    assert kmeans.site_table([{"name": "site-1", "state": "done", "rows": 60, "result": r}])
+    s = _run(DP, blobs(labelled=True))[0][0]
+    assert stats.describe(s) and stats.site_table([{"name": "site-1", "state": "done", "rows": 60, "result": s}])

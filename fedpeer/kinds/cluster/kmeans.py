@@ -232,6 +232,8 @@ def describe(kind: str, result: Mapping[str, Any]) -> list[str]:
                 f"({result['synthetic_rows']} synthetic points); noise {result['noise_fraction']:.3f} of the rows",
                 f"  cluster sizes: {' '.join(str(c) for c in result['cluster_sizes']) or '-'}; eps {result['eps']}, "
                 f"min_samples {result['min_samples']}"]
+    if kind == "kmeans" and "privacy" in result:
+        return kmeans_dp.describe(result)
     fit = "inertia" if kind == "kmeans" else "log_likelihood"
     lines = [f"  federation: {result['rows']} rows over {', '.join(result['participants'])}; k = {result['k']}; "
              f"{result['iterations']} rounds ({'converged' if result['converged'] else 'max_iter reached'}); "

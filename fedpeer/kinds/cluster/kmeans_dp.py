@@ -144,7 +144,7 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
         "centers": centres[order].tolist(), "inertia": None, "iterations": rounds, "converged": None,
         "cluster_sizes": [int(c) if c >= params["min_cluster_rows"] else f"< {params['min_cluster_rows']}"
                           for c in np.maximum(sizes, 0)[order]],
-        "secure_sum": mode, "standardized": False, "fuzziness": 1.0,
+        "secure_sum": mode, "standardized": False, "fuzziness": 1.0, "history": [], "secure_sums": rounds + 1,
         "privacy": {"mechanism": "skellam", "epsilon": dp.epsilon_of(released, delta), "delta": delta,
                     "epsilon_asked": eps, "clip": clip, "rounds": rounds, "bits_per_value": VALUE_BITS + 1,
                     "accounting": f"RDP (dp-accounting), {len(sums)} releases"},
@@ -159,3 +159,15 @@ def _signed(outcome: Any, ch: Any) -> np.ndarray:
                        "(every site's ledger keeps the charge)")
     return dp.signed(outcome.total)
 
+
+
+def describe(result: Mapping[str, Any]) -> list[str]:
+    """`fedpeer job show` lines for a DP kmeans result: what was spent, the noised sizes, the centres."""
+    p = result["privacy"]
+    lines = [f"  federation: about {result['rows']} rows (noised) over {', '.join(result['participants'])}; "
+             f"k = {result['k']}; {result['iterations']} rounds; differential privacy ε {p['epsilon']:.3g}, "
+             f"δ {p['delta']:.2g} (values clipped to ±{p['clip']:g}); no inertia released"]
+    for c, (size, centre) in enumerate(zip(result["cluster_sizes"], result["centers"])):
+        shown = ", ".join(f"{v:.6g}" for v in centre[:8]) + (" ..." if len(centre) > 8 else "")
+        lines.append(f"  {c}  {size}  {shown}")
+    return lines
