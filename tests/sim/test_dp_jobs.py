@@ -184,3 +184,15 @@ def test_dp_results_describe_themselves():
     assert kmeans.site_table([{"name": "site-1", "state": "done", "rows": 60, "result": r}])
     s = _run(DP, blobs(labelled=True))[0][0]
     assert stats.describe(s) and stats.site_table([{"name": "site-1", "state": "done", "rows": 60, "result": s}])
+
+
+def test_dp_needs_dp_skellam_of_every_member_and_is_left_out_at_its_default():
+    from fedpeer.jobs import capabilities as caps
+    from fedpeer.kinds import releases
+
+    asked = stats.KIND.check_params(DP)
+    assert "dp-skellam-1" in caps.lacking(stats.KIND, asked, releases.BASELINE_CAPABILITIES)
+    plain = stats.KIND.check_params({"bins": 4})
+    assert caps.lacking(stats.KIND, plain, releases.BASELINE_CAPABILITIES) == []
+    sent = caps.for_members(stats.KIND, plain, [releases.BASELINE_CAPABILITIES])
+    assert not any(name.startswith("dp_") for name in sent)      # a 0.1.0 member gets no dp_* parameter
