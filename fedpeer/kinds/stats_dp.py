@@ -49,6 +49,9 @@ PARAMS = {
                       low=0.0, high=dp.DELTA_MAX, capability=CAPABILITY),
     "dp_rows_max": Param(int, 1_000_000, "differential privacy: a public bound on the federation's rows (for δ)",
                          low=2, high=2**40, capability=CAPABILITY),
+    "dp_colluders": Param(int, 0, "differential privacy: members that may pool their noise shares against a site; "
+                          "each member adds noise for the others (0: sites do not collude)", low=0, high=1000,
+                          capability=CAPABILITY),
     "dp_clip": Param(float, 0.0, "differential privacy: every feature value is clipped to ±dp_clip (required)",
                      low=0.0, high=1e12, capability=CAPABILITY),
 }
@@ -119,17 +122,21 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext, result_of:
     eps, delta = budget(params)
     rows, d, bins = rows_of(data), len(data.features), int(params["bins"])
     members = len(ch.members)
+    colluders = int(params.get("dp_colluders", 0))
+    if colluders >= members:
+        raise JobError(f"dp_colluders {colluders} leaves no member's noise for a site among {members} members")
     rng = ctx.noise_rng if ctx.noise_rng is not None else dp.os_rng()
     sums = plan(d, bins)
     mus = dp.calibrate(sums, eps, delta)
-    bounds = [dp.noise_bound(mu, s.entries) for s, mu in zip(sums, mus)]
+    total_mu = members / (members - colluders)      # the total carries μ·n/(n − t): t shares beyond μ
+    bounds = [dp.noise_bound(mu * total_mu, s.entries) for s, mu in zip(sums, mus)]
     mode, hop = params["secure_sum"], ctx.hop_timeout_ms
     f1, f2 = fraction_bits(clip, VALUE_BITS), fraction_bits(clip * clip, VALUE_BITS)
     f3 = fraction_bits(4 * clip * clip, VALUE_BITS)
 
     ch.progress("moments, noised (secure sum 1 of 2)", 1, 2)
     counts, s1, s2 = await rows.additive(local_first, clip)
-    vector = dp.noised_vector([counts, s1, s2], sums[:3], mus[:3], members, rng)
+    vector = dp.noised_vector([counts, s1, s2], sums[:3], mus[:3], members, rng, colluders)
     first = await secure_sum(ch, "stats/dp-moments", vector, mode=mode, hop_timeout_ms=hop)
     _whole(first, ch)
     t1 = dp.signed(first.total)
@@ -141,7 +148,7 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext, result_of:
 
     ch.progress("spread and histograms, noised (secure sum 2 of 2)", 2, 2)
     centred, hist = await rows.additive(local_second, clip, mean, edges)
-    vector = dp.noised_vector([centred, hist.ravel()], sums[3:], mus[3:], members, rng)
+    vector = dp.noised_vector([centred, hist.ravel()], sums[3:], mus[3:], members, rng, colluders)
     second = await secure_sum(ch, "stats/dp-spread", vector, mode=mode, hop_timeout_ms=hop)
     _whole(second, ch)
     t2 = dp.signed(second.total)
@@ -151,7 +158,8 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext, result_of:
                      ctx, mode)
     released = list(zip(sums, mus))
     result["privacy"] = {"mechanism": "skellam", "epsilon": dp.epsilon_of(released, delta), "delta": delta,
-                         "epsilon_asked": eps, "clip": clip, "noise_variance": dict(zip([s.name for s in sums], mus)),
+                         "epsilon_asked": eps, "clip": clip, "colluders": colluders,
+                         "noise_variance": dict(zip([s.name for s in sums], mus)),
                          "bits_per_value": VALUE_BITS + 1, "accounting": "RDP (dp-accounting), 5 releases"}
     return result
 

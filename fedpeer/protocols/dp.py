@@ -153,10 +153,10 @@ def signed(total: np.ndarray) -> np.ndarray:
 
 
 def noised_vector(values: Sequence[np.ndarray], sums: Sequence[DpSum], mus: Sequence[float], members: int,
-                  rng: np.random.Generator) -> np.ndarray:
+                  rng: np.random.Generator, colluders: int = 0) -> np.ndarray:
     """A member's contribution to one secure sum: its int64 values, group by group, each plus its
-    Skellam share of that group's variance, as the uint64 vector the sum masks."""
-    parts = [np.asarray(v, dtype=np.int64) + draw_share(rng, share_mu(mu, members), s.entries)
+    Skellam share of that group's variance (`share_mu`), as the uint64 vector the sum masks."""
+    parts = [np.asarray(v, dtype=np.int64) + draw_share(rng, share_mu(mu, members, colluders), s.entries)
              for v, s, mu in zip(values, sums, mus, strict=True)]
     return np.concatenate(parts).view(np.uint64)
 

@@ -196,3 +196,15 @@ def test_dp_needs_dp_skellam_of_every_member_and_is_left_out_at_its_default():
     assert caps.lacking(stats.KIND, plain, releases.BASELINE_CAPABILITIES) == []
     sent = caps.for_members(stats.KIND, plain, [releases.BASELINE_CAPABILITIES])
     assert not any(name.startswith("dp_") for name in sent)      # a 0.1.0 member gets no dp_* parameter
+
+
+def test_with_colluders_assumed_every_member_adds_noise_for_them():
+    sites = blobs(labelled=True)
+    plain = _run(DP, sites)[0][0]
+    guarded = _run({**DP, "dp_colluders": 2}, sites)[0][0]
+    assert guarded["privacy"]["colluders"] == 2
+    # 3 members, 2 colluders: each member draws the whole μ, the total 3μ; the centred sums and
+    # histograms hold the noise, whose spread shows in the counts' deviation from the rows
+    assert plain["count"] != guarded["count"]
+    refused = _run({**DP, "dp_colluders": 3}, sites)[0]
+    assert all("leaves no member's noise" in str(r) for r in refused)

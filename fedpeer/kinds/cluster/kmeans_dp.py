@@ -45,6 +45,9 @@ PARAMS = {
                       low=0.0, high=dp.DELTA_MAX, capability=DP_SKELLAM),
     "dp_rows_max": Param(int, 1_000_000, "differential privacy: a public bound on the federation's rows (for δ)",
                          low=2, high=2**40, capability=DP_SKELLAM),
+    "dp_colluders": Param(int, 0, "differential privacy: members that may pool their noise shares against a site; "
+                          "each member adds noise for the others (0: sites do not collude)", low=0, high=1000,
+                          capability=DP_SKELLAM),
     "dp_clip": Param(float, 0.0, "differential privacy: every feature value is clipped to ±dp_clip (required)",
                      low=0.0, high=1e12, capability=DP_SKELLAM),
     "dp_rounds": Param(int, 8, "differential privacy: Lloyd rounds, all run (the noise is calibrated to them)",
@@ -103,10 +106,14 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
         raise JobError("kmeans with dp_epsilon runs hard k-means from drawn centres: leave fuzziness and init out")
     X = dp.clip_entries(np.asarray(ctx.data.X, dtype=float), -clip, clip)
     d, members = X.shape[1], len(ch.members)
+    colluders = int(params.get("dp_colluders", 0))
+    if colluders >= members:
+        raise JobError(f"dp_colluders {colluders} leaves no member's noise for a site among {members} members")
     eps, delta = job_cost(params)
     sums = plan(k, d, rounds)
     mus = dp.calibrate(sums, eps, delta)
-    bounds = [dp.noise_bound(mu, s.entries) for s, mu in zip(sums, mus)]
+    total_mu = members / (members - colluders)      # the total carries μ·n/(n − t): t shares beyond μ
+    bounds = [dp.noise_bound(mu * total_mu, s.entries) for s, mu in zip(sums, mus)]
     rng = ctx.noise_rng if ctx.noise_rng is not None else dp.os_rng()
     scale = 2.0 ** -fraction_bits(clip, VALUE_BITS)
     assert X.shape[0] < 2 ** (52 - VALUE_BITS)
@@ -116,7 +123,7 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
     ch.progress("moments, noised", 0, rounds + 1)
     moments = [[X.shape[0]], dp.summed_quanta(X.copy(), clip, VALUE_BITS),
                dp.summed_quanta(np.square(X), clip * clip, VALUE_BITS)]
-    vector = dp.noised_vector(moments, sums[:3], mus[:3], members, rng)
+    vector = dp.noised_vector(moments, sums[:3], mus[:3], members, rng, colluders)
     total = _signed(await secure_sum(ch, tag + "moments", vector, mode=mode, hop_timeout_ms=hop), ch)
     n = checked_total(tag + "moments", check_moments, total, d, bounds, params["dp_rows_max"])
     mean = np.clip(total[1:1 + d] * scale / n, -clip, clip)
@@ -129,7 +136,7 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
         ch.progress(f"lloyd round {r}, noised", r, rounds + 1)
         s_local, c_local = local_round(X, Q, centres)
         i = 1 + 2 * r
-        vector = dp.noised_vector([s_local, c_local], sums[i:i + 2], mus[i:i + 2], members, rng)
+        vector = dp.noised_vector([s_local, c_local], sums[i:i + 2], mus[i:i + 2], members, rng, colluders)
         total = _signed(await secure_sum(ch, f"{tag}round{r}", vector, mode=mode, hop_timeout_ms=hop), ch)
         s_total, sizes = total[:k * d], total[k * d:]
         checked_total(f"{tag}round{r}", check_round, s_total, sizes, n, bounds[i], bounds[i + 1])
@@ -146,7 +153,8 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
                           for c in np.maximum(sizes, 0)[order]],
         "secure_sum": mode, "standardized": False, "fuzziness": 1.0, "history": [], "secure_sums": rounds + 1,
         "privacy": {"mechanism": "skellam", "epsilon": dp.epsilon_of(released, delta), "delta": delta,
-                    "epsilon_asked": eps, "clip": clip, "rounds": rounds, "bits_per_value": VALUE_BITS + 1,
+                    "epsilon_asked": eps, "clip": clip, "colluders": colluders, "rounds": rounds,
+                    "bits_per_value": VALUE_BITS + 1,
                     "accounting": f"RDP (dp-accounting), {len(sums)} releases"},
         "_model": {"kind": "kmeans", "features": list(ctx.data.features), "centers": centres[order],
                    "shift": np.zeros(d), "scale": np.ones(d), "fuzziness": 1.0},
