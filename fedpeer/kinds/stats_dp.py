@@ -10,9 +10,10 @@ What a row can change (add or remove one row; the sensitivities, in each sum's i
 - the counts [rows, positives]: L1 2, L2 √2; the histograms (one bin per column): L1 d, L2 √d.
 The five groups are five releases for the accountant; their noise is calibrated jointly
 (`dp.calibrate`: equal noise multipliers), so the whole job is (dp_epsilon, dp_delta)-DP for each
-site's rows, and δ defaults to 1/dp_rows_max². A DP job never re-runs a sum over fewer members:
-a total without a lost member's noise share carries less noise than calibrated, so a member lost
-inside a sum fails the job (which stays charged in every site's ledger, fedpeer/jobs/privacy.py).
+site's rows, and δ defaults to 1/dp_rows_max². A DP sum gets one attempt (attempts_max=1): a ring
+mode's re-run over fewer members would hand every member a total without the lost member's noise
+share, so a member lost inside a sum fails the job (which stays charged in every site's ledger,
+fedpeer/jobs/privacy.py).
 
 Checks: the noised totals are bounded by what honest members' clipped rows could give, widened by
 the noise's high-probability range (`dp.noise_bound`, tail dp.NOISE_TAIL per sum) and no more:
@@ -137,7 +138,7 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext, result_of:
     ch.progress("moments, noised (secure sum 1 of 2)", 1, 2)
     counts, s1, s2 = await rows.additive(local_first, clip)
     vector = dp.noised_vector([counts, s1, s2], sums[:3], mus[:3], members, rng, colluders)
-    first = await secure_sum(ch, "stats/dp-moments", vector, mode=mode, hop_timeout_ms=hop)
+    first = await secure_sum(ch, "stats/dp-moments", vector, mode=mode, hop_timeout_ms=hop, attempts_max=1)
     _whole(first, ch)
     t1 = dp.signed(first.total)
     n, n_pos = checked_total("stats/dp-moments", check_first, t1, d, bounds,
@@ -149,7 +150,7 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext, result_of:
     ch.progress("spread and histograms, noised (secure sum 2 of 2)", 2, 2)
     centred, hist = await rows.additive(local_second, clip, mean, edges)
     vector = dp.noised_vector([centred, hist.ravel()], sums[3:], mus[3:], members, rng, colluders)
-    second = await secure_sum(ch, "stats/dp-spread", vector, mode=mode, hop_timeout_ms=hop)
+    second = await secure_sum(ch, "stats/dp-spread", vector, mode=mode, hop_timeout_ms=hop, attempts_max=1)
     _whole(second, ch)
     t2 = dp.signed(second.total)
     counts2 = checked_total("stats/dp-spread", check_second, t2, n, d, bins, bounds)

@@ -3,6 +3,8 @@ noised result, no message any member sees holds an un-noised total, poisoned sum
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 import pytest
 
@@ -208,3 +210,25 @@ def test_with_colluders_assumed_every_member_adds_noise_for_them():
     assert plain["count"] != guarded["count"]
     refused = _run({**DP, "dp_colluders": 3}, sites)[0]
     assert all("leaves no member's noise" in str(r) for r in refused)
+
+
+def test_a_member_lost_inside_a_dp_sum_stops_the_job_with_no_total_short_of_its_noise():
+    from fedpeer.testing.members import after_step
+
+    sites = blobs(labelled=True)
+    keys, names = member_keys("dp", len(sites))
+    checked = stats.KIND.check_params({**DP, "secure_sum": "ring"})
+
+    def member(net, i, k):
+        ctx = JobContext(names[k], names, 2_000, data=sites[i], noise_rng=np.random.default_rng(100 + i))
+        return stats.run(net.channel(k), checked, ctx)
+    real, delivered = stats_dp.secure_sum, []
+
+    async def watched(*args, **kw):
+        outcome = await real(*args, **kw)
+        delivered.append(len(outcome.participants))
+        return outcome
+    with mock.patch.object(stats_dp, "secure_sum", watched):
+        results = run_members(keys, member, crash=after_step(1), victim=1)
+    assert not any(isinstance(r, dict) for r in results), results
+    assert all(n == len(keys) for n in delivered), "a total short of a member's noise reached a member"

@@ -17,7 +17,8 @@ would cost budget): the result reports none; a member scores its own rows with t
 Checks: the moments' rows within [2, dp_rows_max], Σx and Σx² within what the rows' clipped
 values allow; every round's counts adding up to the rows and each count, each Σx within what honest
 members' clipped rows could give, widened by the noise's bound (dp.noise_bound) and no more.
-A member lost inside a DP sum stops the job (its noise share would be missing); it stays charged.
+A DP sum gets one attempt (attempts_max=1): a ring mode's re-run over fewer members would hand
+every member a total short of the lost member's noise share. A lost member stops the job; it stays charged.
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
     moments = [[X.shape[0]], dp.summed_quanta(X.copy(), clip, VALUE_BITS),
                dp.summed_quanta(np.square(X), clip * clip, VALUE_BITS)]
     vector = dp.noised_vector(moments, sums[:3], mus[:3], members, rng, colluders)
-    total = _signed(await secure_sum(ch, tag + "moments", vector, mode=mode, hop_timeout_ms=hop), ch)
+    total = _signed(await secure_sum(ch, tag + "moments", vector, mode=mode, hop_timeout_ms=hop, attempts_max=1), ch)
     n = checked_total(tag + "moments", check_moments, total, d, bounds, params["dp_rows_max"])
     mean = np.clip(total[1:1 + d] * scale / n, -clip, clip)
     square_scale = 2.0 ** -fraction_bits(clip * clip, VALUE_BITS)
@@ -137,7 +138,8 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
         s_local, c_local = local_round(X, Q, centres)
         i = 1 + 2 * r
         vector = dp.noised_vector([s_local, c_local], sums[i:i + 2], mus[i:i + 2], members, rng, colluders)
-        total = _signed(await secure_sum(ch, f"{tag}round{r}", vector, mode=mode, hop_timeout_ms=hop), ch)
+        outcome = await secure_sum(ch, f"{tag}round{r}", vector, mode=mode, hop_timeout_ms=hop, attempts_max=1)
+        total = _signed(outcome, ch)
         s_total, sizes = total[:k * d], total[k * d:]
         checked_total(f"{tag}round{r}", check_round, s_total, sizes, n, bounds[i], bounds[i + 1])
         kept = sizes >= params["min_cluster_rows"]
