@@ -181,6 +181,9 @@ def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                    "label_counts, missing and binary_refusal (what stats and bofrf would say of the label, "
                    "or null) as JSON")
 
+    s = sub.add_parser("privacy", help="what DP jobs released of this site's data against [privacy] (no daemon needed)")
+    s.add_argument("--config", type=Path, help=CONFIG_HELP.format(" (its state_dir holds the ledger)"))
+
     s = sub.add_parser("console", help="serve a page on loopback that shows the federation and its jobs and "
                        "proposes jobs; prints its URL (with a fresh token) on the first line")
     s.add_argument("--config", type=Path, help=CONFIG_HELP.format(" (the daemon the page talks to)"))
@@ -596,10 +599,19 @@ def _data(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _privacy(args: argparse.Namespace) -> int:
+    from fedpeer.jobs.privacy import PrivacyLedger, show
+
+    config = _load(args.config)
+    print(show(PrivacyLedger(config.node.state_dir, config.privacy.epsilon_budget, config.privacy.delta_budget).rows()))
+    return EXIT_OK
+
+
 _COMMANDS = {"init": _init, "invite": _invite, "key": _key, "peer": _peer, "reload": _reload, "start": _start,
              "status": _status, "netcheck": _status, "ping": _ping, "run": _run, "jobs": _jobs, "job": _job,
              "predict": _predict,
-             "harness": _harness, "export": _export, "data": _data, "console": _console}
+             "harness": _harness, "export": _export, "data": _data, "console": _console,
+             "privacy": _privacy}
 
 if __name__ == "__main__":
     sys.exit(main())

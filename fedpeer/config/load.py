@@ -169,6 +169,18 @@ class Tracking:
 
 
 @dataclass(frozen=True)
+class Privacy:
+    """[privacy]: the (ε, δ) this site lets its data release, in total, per dataset (fedpeer/jobs/privacy.py)."""
+
+    epsilon_budget: float = 8.0       # ε over every DP job on one dataset (they add up)
+    delta_budget: float = 1e-5        # δ likewise
+
+    def __post_init__(self) -> None:
+        if not (self.epsilon_budget >= 0 and 0 <= self.delta_budget < 1):
+            raise ValueError("epsilon_budget must be >= 0 and delta_budget in [0, 1)")
+
+
+@dataclass(frozen=True)
 class NodeSection:
     name: str
     listen: Address
@@ -202,6 +214,7 @@ class Config:
     jobs: JobLimits = field(default_factory=JobLimits)
     election: ElectionConfig = field(default_factory=lambda: SITE_ELECTION)   # [election]
     tracking: Tracking = field(default_factory=Tracking)
+    privacy: Privacy = field(default_factory=Privacy)
     network: Network = field(default_factory=Network)
     ignored: tuple[str, ...] = ()     # obsolete keys present in the file (accepted, no effect; logged at start)
 
@@ -213,7 +226,7 @@ class Config:
 # `fedpeer init` hold one) and reported, never an error. Replay protection is per session now.
 OBSOLETE_LIMITS = ("clock_skew_ms_max", "replay_window_ms", "replay_recent_max")
 _TOP_KEYS = {"node", "peer", "policy", "limits", "membership", "data", "jobs", "election", "tracking",
-             "network"}
+             "network", "privacy"}
 _NODE_KEYS = {"name", "listen", "advertise", "key_file", "state_dir", "admin", "metrics"}
 _PEER_KEYS = {"name", "address", "public_key"}
 
@@ -248,6 +261,7 @@ def load(path: str | os.PathLike[str]) -> Config:
         election=_section(path, "election", raw.get("election", {}), ElectionConfig, SITE_ELECTION),
         tracking=_section(path, "tracking", raw.get("tracking", {}), Tracking),
         network=_section(path, "network", raw.get("network", {}), Network),
+        privacy=_section(path, "privacy", raw.get("privacy", {}), Privacy),
         ignored=ignored,
     )
     _check_peer_uniqueness(config)
@@ -517,6 +531,8 @@ def _section(path: Path, name: str, table: object, cls: type[_T], defaults: _T |
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise ConfigError(path, where, "expected a list of strings")
             value = tuple(value)
+        elif expected is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)          # epsilon_budget = 8 means 8.0
         elif expected in (str, bool, float):
             if not isinstance(value, expected) or (expected is float and isinstance(value, bool)):
                 raise ConfigError(path, where, f"expected {expected.__name__}")

@@ -31,7 +31,8 @@ REVERSE_LINKS = "net-reverse-links"   # takes links a peer dialed to it, turned 
 RELAY = "net-relay"                   # relays sealed frames between members (fedpeer/net/relay.py)
 DIALBACK = "msg-dialback"             # dials a member back on request (fedpeer/daemon/reach.py)
 VERTICAL_2 = "vertical-psi-2"         # vertical jobs: PSI checked by every member, gathers under commitments
-BUILD_FORMATS = frozenset({SITE_INFO, REVERSE_LINKS, RELAY, DIALBACK, VERTICAL_2})   # beyond any kind's
+DP_SKELLAM = "dp-skellam-1"           # DP jobs: members' Skellam noise shares inside the sum (fedpeer/protocols/dp.py)
+BUILD_FORMATS = frozenset({SITE_INFO, REVERSE_LINKS, RELAY, DIALBACK, VERTICAL_2, DP_SKELLAM})   # beyond any kind's
 
 
 def of_kind(kind: JobKind) -> str:

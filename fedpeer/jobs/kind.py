@@ -101,6 +101,7 @@ class JobContext:
     data: Any = None                # fedpeer.data.dataset.Dataset when the kind needs data
     test_data: Any = None           # Dataset of [data] test_csv, if the site has one
     workdir: Path | None = None     # state/jobs/<id>: where a job keeps what must survive its steps
+    noise_rng: Any = None           # DP noise (numpy Generator): seeded in simulations; None: from the OS
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from fedpeer.errors import JobError
 from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param, checked_total
 from fedpeer.jobs.params import SECURE_SUM_EXPLAINED
 from fedpeer.jobs.report import DEFAULT_CLASS_NAMES, class_names, table
-from fedpeer.kinds import vertical_stats
+from fedpeer.kinds import stats_dp, vertical_stats
 from fedpeer.kinds.aligned import MESSAGES as VERTICAL_MESSAGES
 from fedpeer.ml.moments import (  # noqa: F401  (bin_edges, local_histograms: importable from here)
     FIXED,
@@ -50,6 +50,7 @@ PARAMS = {
     "bins": Param(int, 10, "histogram bins per column between mean-3sd and mean+3sd (plus one below, one above)",
                   low=1, high=1000),
     "secure_sum": SECURE_SUM_EXPLAINED,
+    **stats_dp.PARAMS,       # differential privacy (fedpeer/kinds/stats_dp.py): off at dp_epsilon = 0
 }
 
 
@@ -59,8 +60,13 @@ def local_spread(X: np.ndarray, y: Any, mean: np.ndarray, edges: np.ndarray) -> 
 
 
 async def run(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
+    dp_on = params.get("dp_epsilon", 0.0) > 0
     if ctx.data.partition == "vertical":      # every column is one site's (fedpeer/kinds/vertical_stats.py)
+        if dp_on:
+            raise JobError("stats over vertical data does not take dp_epsilon (its sums are one site's columns)")
         return await vertical_stats.run_vertical(ch, params, ctx)
+    if dp_on:
+        return await stats_dp.run_dp(ch, params, ctx, _result)
     data = ctx.data
     rows, d = rows_of(data), len(data.features)
     parties = len(ch.members)

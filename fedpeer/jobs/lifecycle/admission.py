@@ -22,6 +22,7 @@ from typing import Any
 from fedpeer.errors import JobError, RemoteProtocolError
 from fedpeer.identity import fingerprint
 from fedpeer.jobs.kind import JobKind, dask_refusal, vertical_refusal
+from fedpeer.jobs.privacy import job_cost
 from fedpeer.jobs.records import JobRecord
 from fedpeer.jobs.lifecycle.host import Host
 
@@ -131,9 +132,22 @@ class Admission:
         if dataset.rows < rows_min:   # without the count, and without rows_min: above the count, it bounds it
             release_data(dataset)
             raise JobError("local data has fewer rows than this site's policy allows")
+        refusal = self.privacy_refusal(record, dataset.fingerprint.hex())
+        if refusal is not None:          # before any sum: the rows were read, never used
+            release_data(dataset)
+            raise JobError(refusal)
         record.data, record.test_data, record.rows = dataset, test, int(dataset.rows)
         record.data_fingerprint = dataset.fingerprint.hex()
         return dataset.fingerprint, dataset.features
+
+    def privacy_refusal(self, record: JobRecord, dataset: str) -> str | None:
+        """A DP job beyond what [privacy] has left for this dataset: the line it is refused with."""
+        epsilon, delta = job_cost(record.params)
+        if epsilon <= 0:
+            return None
+        config, ledger = self._registry.config, self._registry.privacy
+        ledger.set_budget(config.privacy.epsilon_budget, config.privacy.delta_budget)
+        return ledger.refusal(config.node.name, dataset, epsilon, delta, record.id)
 
 
 def release_data(data: Any) -> None:

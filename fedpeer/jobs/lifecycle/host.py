@@ -49,6 +49,7 @@ class Host(Protocol):
     as_member: Any
     runner: Any
     versions: Any                           # fedpeer/jobs/versions.py PeerVersions, or None
+    privacy: Any                            # fedpeer/jobs/privacy.py PrivacyLedger
 
     def find(self, job_id: str) -> JobRecord | None: ...
     def finish(self, record: JobRecord, state: str, error: str | None, result: dict | None = None) -> None: ...

@@ -46,6 +46,7 @@ from fedpeer.jobs.lifecycle.host import Transport
 from fedpeer.jobs.lifecycle.nodechannel import DEAD_DETAIL, DeathWatch
 from fedpeer.jobs.lifecycle.proposer import ProposerSide
 from fedpeer.jobs.lifecycle.runner import JobRunner, SiteFailure
+from fedpeer.jobs.privacy import PrivacyLedger
 from fedpeer.jobs.records import PENDING, TERMINAL, JobRecord, RecordFiles, advance
 
 log = logging.getLogger("fedpeer.jobs")
@@ -69,6 +70,9 @@ class JobRegistry:
         self.jobs: dict[str, JobRecord] = {}
         self.unstored: OrderedDict[str, JobRecord] = OrderedDict()   # peers' proposals that never ran
         self.deaths = DeathWatch()
+        # what DP jobs released of each dataset here (fedpeer/jobs/privacy.py); a ledger that lies stops the start
+        self.privacy = PrivacyLedger(config.node.state_dir, config.privacy.epsilon_budget,
+                                     config.privacy.delta_budget)
         self.admission = Admission(self)
         self.as_proposer = ProposerSide(self)
         self.as_member = MemberSide(self)

@@ -27,6 +27,7 @@ from fedpeer.base.logs import fields
 from fedpeer.errors import DataError, JobError, public_reason
 from fedpeer.identity import fingerprint
 from fedpeer.jobs import messages as m
+from fedpeer.jobs.privacy import job_cost
 from fedpeer.jobs.kind import ImplausibleTotal, JobContext, JobFailsEverywhere, JobKind
 from fedpeer.jobs.lifecycle.admission import release_data
 from fedpeer.jobs.lifecycle.nodechannel import DEAD_DETAIL, NodeChannel
@@ -87,6 +88,7 @@ class JobRunner:
         if not await registry.records.on_disk(record):
             raise SiteFailure(me, f"{registry.records.write_problem()}: this site cannot record the job; "
                                   "free space in its state dir")
+        self._charge(record)
         log.info("job_started", extra=fields(job=record.id, kind=record.kind, members=len(record.members)))
         ctx = JobContext(site_name=registry.config.node.name, names=registry.names,
                          hop_timeout_ms=registry.config.jobs.hop_timeout_ms, data=record.data,
@@ -112,6 +114,7 @@ class JobRunner:
             raise SiteFailure.here(me, exc, everywhere=isinstance(exc, JobFailsEverywhere)) from None
         release_data(record.data)
         record.data = record.test_data = None
+        self._settle(record, result)
         model = result.pop("_model", None)
         if model is not None and kind.save_model is not None:   # stored before the record says done
             path = registry.root / record.id / kind.model_file
@@ -124,6 +127,36 @@ class JobRunner:
             # what `fedpeer predict` checks the file against, for every kind (xgboost also has its own)
             result["model_file_sha256"] = await asyncio.to_thread(_file_sha256, path)
         registry.finish(record, "done", None, result)
+
+    def _charge(self, record: JobRecord) -> None:
+        """A DP job's declared (ε, δ) charged to this dataset's ledger before its first sum, durably:
+        a job that fails or whose daemon is killed stays charged. Re-checked here, since another
+        DP job may have spent the budget since this one was accepted (fedpeer/jobs/privacy.py)."""
+        epsilon, delta = job_cost(record.params)
+        if epsilon <= 0:
+            return
+        registry, me = self._registry, self._registry.transport.me
+        dataset = record.data_fingerprint or ""
+        refusal = registry.admission.privacy_refusal(record, dataset)
+        if refusal is not None:
+            raise SiteFailure(me, refusal)
+        try:
+            registry.privacy.reserve(dataset, record.id, record.kind, epsilon, delta, registry.transport.now_ms())
+        except OSError as exc:
+            raise SiteFailure(me, f"cannot charge the privacy ledger ({exc.strerror or exc}); "
+                                  "free space in the state dir") from None
+
+    def _settle(self, record: JobRecord, result: dict) -> None:
+        """What the job's own accountant counted, if more than declared (a retried release)."""
+        counted = result.get("privacy") if isinstance(result, dict) else None
+        if job_cost(record.params)[0] > 0 and isinstance(counted, dict):
+            registry = self._registry
+            try:
+                registry.privacy.settle(record.data_fingerprint or "", record.id, float(counted["epsilon"]),
+                                        float(counted["delta"]))
+            except OSError as exc:
+                raise SiteFailure(registry.transport.me, f"cannot charge the privacy ledger "
+                                                         f"({exc.strerror or exc})") from None
 
     async def guard(self, record: JobRecord, work: Any) -> None:
         """Runs a job task: every failure ends the record with a reason and tells whom it must.

@@ -39,6 +39,7 @@ from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param, checked_total
 from fedpeer.jobs.params import SECURE_SUM_EXPLAINED, seed
 from fedpeer.jobs.report import series, table
 from fedpeer.kinds.aligned import MESSAGES as VERTICAL_MESSAGES
+from fedpeer.kinds.cluster import kmeans_dp
 from fedpeer.kinds.cluster.vertical import run_vertical
 from fedpeer.ml.blas import one_blas_thread
 from fedpeer.ml.cluster import kmeans as cl
@@ -73,6 +74,7 @@ PARAMS = {
                   high=INIT_CHARS_MAX),
     "min_cluster_rows": MIN_CLUSTER_ROWS,
     "secure_sum": SECURE_SUM_EXPLAINED,
+    **kmeans_dp.PARAMS,         # differential privacy (fedpeer/kinds/cluster/kmeans_dp.py): off at dp_epsilon = 0
 }
 
 
@@ -186,8 +188,13 @@ async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, offload: 
 
 
 async def run(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
+    dp_on = params.get("dp_epsilon", 0.0) > 0
     if ctx.data.partition == "vertical":      # LLF-CM over vertical sites (fedpeer/kinds/cluster/vertical.py)
+        if dp_on:
+            raise JobError("kmeans over vertical data does not take dp_epsilon")
         return await run_vertical(ch, params, ctx)
+    if dp_on:
+        return await kmeans_dp.run_dp(ch, params, ctx)
     return await run_job(ch, params, ctx)
 
 
@@ -225,6 +232,8 @@ def describe(kind: str, result: Mapping[str, Any]) -> list[str]:
                 f"({result['synthetic_rows']} synthetic points); noise {result['noise_fraction']:.3f} of the rows",
                 f"  cluster sizes: {' '.join(str(c) for c in result['cluster_sizes']) or '-'}; eps {result['eps']}, "
                 f"min_samples {result['min_samples']}"]
+    if kind == "kmeans" and "privacy" in result:
+        return kmeans_dp.describe(result)
     fit = "inertia" if kind == "kmeans" else "log_likelihood"
     lines = [f"  federation: {result['rows']} rows over {', '.join(result['participants'])}; k = {result['k']}; "
              f"{result['iterations']} rounds ({'converged' if result['converged'] else 'max_iter reached'}); "
