@@ -53,8 +53,8 @@ PARAMS = {
     "kmeans_max_iter": Param(int, 100, "rounds of the federated k-means that initialises EM", low=1, high=10_000),
     "n_init": Param(int, 4, "restarts of the initialising k-means (all in the same secure sums)", low=1, high=100),
     "seed": seed("job seed: the k-means initial centres"),
-    "standardize": Param(bool, False, "fit (x - mean) / std with the federated mean and std; the mixture is "
-                         "reported in original units either way"),
+    "standardize": Param(bool, True, "fit (x - mean) / std with the federated mean and std (false: raw units); "
+                         "the mixture is reported in original units either way"),
     "init": Param(str, "", "explicit initial k-means centres in original units, 'x1,x2;y1,y2' (at most 1024 "
                   "characters); empty: drawn from the federated mean and std", high=km.INIT_CHARS_MAX),
     "min_cluster_rows": km.MIN_CLUSTER_ROWS,
@@ -103,7 +103,8 @@ async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, offload: 
         if step == params["max_iter"] or (step > 1 and abs(history[-1] - history[-2]) / n < params["tol"]):
             break
         model = mx.mstep(n, f_total, model.means, cov, params["reg_covar"])
-    return result(model, history, c_total, space, params, features, n, sums, lloyd)
+    return {**result(model, history, c_total, space, params, features, n, sums, lloyd),
+            "warnings": km.warnings(params, n, totals, features)}
 
 
 async def run(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:

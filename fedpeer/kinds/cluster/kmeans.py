@@ -64,8 +64,8 @@ PARAMS = {
     "n_init": Param(int, 10, "restarts from different seeded initial centres, all in the same secure sums; "
                     "the lowest inertia is kept (1 when init is given)", low=1, high=100),
     "seed": seed("job seed: initial centres and empty-cluster re-seeding"),
-    "standardize": Param(bool, False, "cluster (x - mean) / std with the federated mean and std; centres are "
-                         "reported in original units either way"),
+    "standardize": Param(bool, True, "cluster (x - mean) / std with the federated mean and std (false: raw "
+                         "units, where the widest column decides); centres are reported in original units either way"),
     "fuzziness": Param(float, 1.0, "1: hard k-means; m > 1: fuzzy c-means with fuzzifier m (Bezdek)",
                        low=1.0, high=10.0),
     "init": Param(str, "", "explicit initial centres in original units, 'x1,x2;y1,y2' (k groups of one value "
@@ -182,7 +182,17 @@ async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, offload: 
     space, lloyd = _plan_for(params, n, totals, d)
     Z = await offload(space.to, X)
     await run_lloyd(ch, sums, lloyd, Z, n, offload, "lloyd")
-    return result(lloyd, space, params, features, n, sums)
+    return {**result(lloyd, space, params, features, n, sums), "warnings": warnings(params, n, totals, features)}
+
+
+def warnings(params: Mapping[str, Any], n: int, totals: np.ndarray, features: tuple[str, ...]) -> list[str]:
+    """What a data scientist should hear of a kmeans or gmm job's set-up: columns of very different
+    scales left unstandardized (from the federated std of secure sum 1)."""
+    if params["standardize"]:
+        return []
+    _, std = cl.finish_moments(n, totals, len(features))
+    line = cl.scale_warning(std, features)
+    return [line] if line else []
 
 
 async def run(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
@@ -224,7 +234,7 @@ def describe(kind: str, result: Mapping[str, Any]) -> list[str]:
                 f"{result['clusters']} clusters from {result['local_clusters']} shared local-cluster descriptions "
                 f"({result['synthetic_rows']} synthetic points); noise {result['noise_fraction']:.3f} of the rows",
                 f"  cluster sizes: {' '.join(str(c) for c in result['cluster_sizes']) or '-'}; eps {result['eps']}, "
-                f"min_samples {result['min_samples']}"]
+                f"min_samples {result['min_samples']}"] + [f"  warning: {w}" for w in result.get("warnings", [])]
     fit = "inertia" if kind == "kmeans" else "log_likelihood"
     lines = [f"  federation: {result['rows']} rows over {', '.join(result['participants'])}; k = {result['k']}; "
              f"{result['iterations']} rounds ({'converged' if result['converged'] else 'max_iter reached'}); "
@@ -237,6 +247,7 @@ def describe(kind: str, result: Mapping[str, Any]) -> list[str]:
         what = "inertia" if result.get("fuzziness", 1.0) == 1.0 else "fuzzy objective (sum of u^m d^2)"
         lines.append(f"  {what} {result['inertia']:.6g} ({result['inertia_units']}); kept restart "
                      f"{result['kept_restart'] + 1} of {result['restarts']}")
+    lines += [f"  warning: {w}" for w in result.get("warnings", [])]
     lines.append("  " + fit.replace("_", "-") + " per round: "
                  + ", ".join(f"{h[fit]:.6g}" for h in result["history"]))
     centres = result["centers"] if kind == "kmeans" else result["means"]
