@@ -314,3 +314,38 @@ def test_dbscan_by_default_finds_clusters_where_raw_units_find_only_noise_and_sa
     # the stored model clusters new rows in the same standardized space
     model = run(dj, parts, {})[0]["_model"]
     assert [r["cluster"] for r in dj.predict(model, X[:20])].count(-1) < 20
+
+
+def test_kmeans_k_max_keeps_the_best_calinski_harabasz_and_says_why() -> None:
+    from sklearn.metrics import calinski_harabasz_score
+
+    X, parts = non_iid_blobs(n=900, d=2, seed=1)        # three blobs, well apart
+    fed = same_everywhere(run(kj, parts, {"k_max": 5, "n_init": 3, "seed": 1}))
+    assert [s["k"] for s in fed["k_scores"]] == [2, 3, 4, 5]
+    assert fed["k"] == 3 and fed["k_chosen"] == "k = 3: the best Calinski-Harabasz score over k = 2..5"
+    Z = (X - X.mean(axis=0)) / X.std(axis=0)
+    labels = np.argmin(((Z[:, None, :] - ((np.array(fed["centers"]) - X.mean(axis=0)) / X.std(axis=0))) ** 2)
+                       .sum(axis=2), axis=1)
+    kept = next(s for s in fed["k_scores"] if s["k"] == 3)
+    assert kept["calinski_harabasz"] == pytest.approx(calinski_harabasz_score(Z, labels), rel=1e-9)
+    assert "  k = 3: the best Calinski-Harabasz score over k = 2..5" in kj.KIND.describe(fed)
+    fixed = same_everywhere(run(kj, parts, {"k": 8, "n_init": 1}))
+    assert fixed["k_scores"] == [] and fixed["k_chosen"].startswith("k = 8: as given (the default); k_max = K")
+
+
+def test_gmm_k_max_keeps_the_lowest_bic() -> None:
+    _, parts = non_iid_blobs(n=900, d=2, seed=1)
+    fed = same_everywhere(run(gj, parts, {"k_max": 4, "n_init": 2, "seed": 1, "covariance": "diag"}))
+    bics = {s["k"]: s["bic"] for s in fed["k_scores"]}
+    assert sorted(bics) == [2, 3, 4] and fed["k"] == min(bics, key=bics.get) == 3
+    assert fed["bic"] == bics[3] and "lowest) BIC over k = 2..4" in fed["k_chosen"]
+
+
+def test_k_max_is_bounded_by_the_clusters_limit_and_refuses_init_and_fuzziness() -> None:
+    params = kj.KIND.check_params({"k": 3, "k_max": 12})
+    with pytest.raises(JobError, match="in effect 12"):
+        kj.KIND.check_policy(params, {"clusters_max": 10})
+    kj.KIND.check_policy(kj.KIND.check_params({"k": 3}), {"clusters_max": 10})
+    for bad in ({"k_max": 4, "fuzziness": 2.0}, {"k_max": 4, "init": "0,0;1,1"}, {"k_max": 1}):
+        with pytest.raises(JobError, match="k_max"):
+            kj.k_range(kj.KIND.check_params(bad))

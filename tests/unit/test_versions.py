@@ -298,3 +298,7 @@ def test_new_cluster_defaults_never_reach_a_0_1_0_member_as_its_own_old_default(
     assert set(caps.for_members(dbscan, legacy, [old])) == set(legacy) - {"standardize", "eps_auto"}
     new = old | {"dbscan-standardize", "dbscan-eps-auto"}
     assert caps.for_members(dbscan, params, [new]) == params
+    for name in ("kmeans", "gmm"):    # choosing k is new: at 0 (k as given) 0.1.0 members take part
+        chosen = kinds[name].check_params({"k_max": 6})
+        assert caps.lacking(kinds[name], chosen, old) == [f"{name}-k-auto"]
+        assert "k_max" not in caps.for_members(kinds[name], kinds[name].check_params({}), [old])

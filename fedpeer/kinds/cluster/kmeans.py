@@ -71,9 +71,37 @@ PARAMS = {
     "init": Param(str, "", "explicit initial centres in original units, 'x1,x2;y1,y2' (k groups of one value "
                   "per feature, at most 1024 characters); empty: drawn from the federated mean and std",
                   high=INIT_CHARS_MAX),
+    "k_max": Param(int, 0, "0: k as given; 2 or more: every k from 2 to k_max is fitted and the one with the "
+                   "highest Calinski-Harabasz score (from the same secure sums) is kept (hard k-means, no init)",
+                   low=0, high=1000, capability="kmeans-k-auto"),
     "min_cluster_rows": MIN_CLUSTER_ROWS,
     "secure_sum": SECURE_SUM_EXPLAINED,
 }
+
+
+def k_range(params: Mapping[str, Any], n: int | None = None) -> list[int]:
+    """The k a job fits: [k], or 2..k_max (below the row count n when known)."""
+    if not params["k_max"]:
+        return [params["k"]]
+    if params["k_max"] < 2:
+        raise JobError("parameter k_max: 0 (k as given) or at least 2")
+    if params["init"] or params.get("fuzziness", 1.0) != 1.0:
+        raise JobError("k_max chooses k for hard k-means from drawn centres: leave init empty and fuzziness 1")
+    return list(range(2, params["k_max"] + 1 if n is None else min(params["k_max"], n - 1) + 1))
+
+
+def k_chosen(params: Mapping[str, Any], scores: Sequence[Mapping[str, Any]], criterion: str, best: int,
+             default: int) -> str:
+    """Which k the result holds, and why."""
+    if not scores:
+        return (f"k = {params['k']}: as given{' (the default)' if params['k'] == default else ''}; "
+                f"k_max = K tries k = 2..K and keeps the best by {criterion}")
+    return f"k = {best}: the best {criterion} over k = {scores[0]['k']}..{scores[-1]['k']}"
+
+
+def in_effect(params: Mapping[str, Any]) -> dict[str, int]:
+    """[policy] clusters_max bounds the largest k a job fits: k_max when it chooses k."""
+    return {"k": max(params["k"], params["k_max"])}
 
 
 class Sums:
@@ -170,19 +198,40 @@ def _plan_for(params: Mapping[str, Any], n: int, totals: np.ndarray, d: int) -> 
                    fuzziness=params["fuzziness"], init=init)
 
 
+def calinski_harabasz(space: cl.Space, n: int, totals: np.ndarray, d: int, k: int, inertia: float) -> float:
+    """(B / (k - 1)) / (W / (n - k)) in the clustering space: W the inertia, B = T - W with T the
+    total sum of squares about the mean, from secure sum 1's Σx, Σx² (as scikit-learn's score)."""
+    z_sums, z_squares, _ = cl.space_moments(space, n, totals, d)
+    total = float((z_squares - z_sums * z_sums / n).sum())
+    return float("inf") if inertia <= 0 else (total - inertia) / (k - 1) / (inertia / (n - k))
+
+
 async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, offload: Offload = asyncio.to_thread) -> dict:
     X, features = ctx.data.X, ctx.data.features
-    d, k = len(features), params["k"]
+    d, ks = len(features), k_range(params)
     restarts = 1 if params["init"] else params["n_init"]
-    nf, nc = cl.block_sizes(k, d)
+    nf, nc = cl.block_sizes(max(ks), d)
     check_size("kmeans", nf * restarts, nc * restarts, "lower k or n_init")
     sums = Sums(ch, ctx, params["secure_sum"], "kmeans")
     ch.progress("moments", 0, 1)
     n, totals = await federated_moments(sums, X, offload)
-    space, lloyd = _plan_for(params, n, totals, d)
-    Z = await offload(space.to, X)
-    await run_lloyd(ch, sums, lloyd, Z, n, offload, "lloyd")
-    return {**result(lloyd, space, params, features, n, sums), "warnings": warnings(params, n, totals, features)}
+    fits, scores = [], []
+    for k in k_range(params, n) if params["k_max"] else ks:
+        sums.prefix = f"kmeans/k{k}" if params["k_max"] else "kmeans"
+        space, lloyd = _plan_for({**params, "k": k}, n, totals, d)
+        Z = await offload(space.to, X)
+        await run_lloyd(ch, sums, lloyd, Z, n, offload, f"k = {k}: lloyd" if params["k_max"] else "lloyd")
+        inertia = lloyd.restarts[lloyd.best()].inertia
+        assert inertia is not None
+        fits.append((k, space, lloyd))
+        if params["k_max"]:
+            scores.append({"k": k, "calinski_harabasz": calinski_harabasz(space, n, totals, d, k, inertia),
+                           "inertia": inertia})
+    at = max(range(len(scores)), key=lambda i: scores[i]["calinski_harabasz"]) if scores else 0
+    k, space, lloyd = fits[at]
+    return {**result(lloyd, space, {**params, "k": k}, features, n, sums), "k_scores": scores,
+            "k_chosen": k_chosen(params, scores, "Calinski-Harabasz score", k, PARAMS["k"].default),
+            "warnings": warnings(params, n, totals, features)}
 
 
 def warnings(params: Mapping[str, Any], n: int, totals: np.ndarray, features: tuple[str, ...]) -> list[str]:
@@ -196,6 +245,8 @@ def warnings(params: Mapping[str, Any], n: int, totals: np.ndarray, features: tu
 
 
 async def run(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
+    if ctx.data.partition == "vertical" and params["k_max"]:
+        raise JobError("k_max: k is chosen over horizontal sites only; give k")
     if ctx.data.partition == "vertical":      # LLF-CM over vertical sites (fedpeer/kinds/cluster/vertical.py)
         return await run_vertical(ch, params, ctx)
     return await run_job(ch, params, ctx)
@@ -247,6 +298,7 @@ def describe(kind: str, result: Mapping[str, Any]) -> list[str]:
         what = "inertia" if result.get("fuzziness", 1.0) == 1.0 else "fuzzy objective (sum of u^m d^2)"
         lines.append(f"  {what} {result['inertia']:.6g} ({result['inertia_units']}); kept restart "
                      f"{result['kept_restart'] + 1} of {result['restarts']}")
+    lines += [f"  {result['k_chosen']}"] if "k_chosen" in result else []
     lines += [f"  warning: {w}" for w in result.get("warnings", [])]
     lines.append("  " + fit.replace("_", "-") + " per round: "
                  + ", ".join(f"{h[fit]:.6g}" for h in result["history"]))
@@ -363,6 +415,7 @@ KIND = JobKind(name="kmeans", help="exact federated k-means / fuzzy c-means on s
                params=PARAMS, run=run, needs_data=True, binary_label=False, needs_label=False,
                save_model=save_model,
                model_file="model.npz",
-               limits=LIMITS, describe=functools.partial(describe, "kmeans"), site_table=site_table,
+               limits=LIMITS, in_effect=in_effect, describe=functools.partial(describe, "kmeans"),
+               site_table=site_table,
                predict=predict_file, history=functools.partial(history, "inertia"),
                vertical=True, messages=VERTICAL_MESSAGES)
