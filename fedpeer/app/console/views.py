@@ -20,6 +20,17 @@ CURVE_POINTS_MAX = 5_000     # per series sent to the page (the last ones: a cur
 METRICS_MAX = 64             # metrics on the model card
 MEMBERS_TEXT_CHARS_MAX = 4_096
 MODEL_DIGEST_KEYS = ("model_sha256", "model_file_sha256")   # where a result names its stored model's digest
+# What a chart says of its series: the y axis' title, and whether its values lie in [0, 1]
+SERIES_TITLES = {
+    "auc": ("AUC", True), "accuracy": ("accuracy (share of rows right)", True),
+    "logloss": ("log-loss (nats per row)", False), "rmse": ("RMSE (label units)", False),
+    "mae": ("MAE (label units)", False), "inertia": ("inertia (sum of squared distances)", False),
+    "log_likelihood": ("log-likelihood (nats, all rows)", False), "objective": ("objective (sum of squares)", False),
+    "loss": ("training loss (per row)", False), "train_loss": ("training loss (per row)", False),
+    "f1": ("F1", True), "precision": ("precision", True), "recall": ("recall", True), "mcc": ("MCC", False),
+}
+ROW_SERIES = ("test_rows", "rows", "eval_rows")     # counts a point rests on: said on the axis, never drawn
+NOT_METRICS = ("base_score",)                        # a model's constant, not a measure of it
 
 
 def kinds_doc() -> list[dict]:
@@ -96,7 +107,8 @@ def job_view(record: dict, readings: Sequence[tuple[str | None, str, dict | None
     from fedpeer.kinds.catalog import job_kinds
 
     kind = job_kinds().get(record["kind"])
-    return {**record, "curves": curves(kind, record), "card": card(kind, record),
+    drawn = curves(kind, record)
+    return {**record, "curves": drawn, "charts": charts(drawn, record), "card": card(kind, record),
             "sites": sites(record, readings), "site_table": site_table(kind, readings)}
 
 
@@ -132,6 +144,31 @@ def series(entries: Sequence[Any]) -> dict[str, list[list[float]]]:
     return {k: v[-CURVE_POINTS_MAX:] for k, v in out.items()}
 
 
+def charts(drawn: Mapping[str, list[list[float]]], record: Mapping[str, Any]) -> list[dict]:
+    """What the page draws of `curves`: one chart per series that varies, each with its axes'
+    titles (units, and the rows each point rests on) and its y range ([0, 1] for a bounded metric).
+    Row counts and constant whole numbers (`test_rows`, `trees_added`) are not curves."""
+    result = record.get("result") or {}
+    params = record.get("params") or {}
+    rows_points = next((drawn[k] for k in ROW_SERIES if drawn.get(k)), None)
+    rows = int(rows_points[-1][1]) if rows_points else _rows(result, "test_rows") or _rows(
+        result.get("federated_eval") or {}, "test_rows")
+    held_out = isinstance(params.get("test_fraction"), (int, float)) and params["test_fraction"] > 0
+    out = []
+    for name, points in drawn.items():
+        values = [y for _, y in points]
+        if name in ROW_SERIES or (len(set(values)) == 1 and all(float(v).is_integer() for v in values)
+                                  and len(values) > 1 and name not in SERIES_TITLES):
+            continue
+        title, bounded = SERIES_TITLES.get(name, (name.replace("_", " "), False))
+        if rows is not None and name not in ("inertia", "log_likelihood", "objective"):
+            title += f" · {rows} {'held-out ' if held_out else ''}rows per point"
+        bounded = bounded and all(0.0 <= v <= 1.0 for v in values)
+        out.append({"name": name, "points": points, "x_title": "round", "y_title": title,
+                    "y_range": [0.0, 1.0] if bounded else None})
+    return out
+
+
 def card(kind: Any, record: Mapping[str, Any]) -> dict:
     """The model's card: kind, the parameters that differ from the kind's defaults, the members,
     the data's schema fingerprint at this site, and every metric of the result with its rows."""
@@ -140,6 +177,7 @@ def card(kind: Any, record: Mapping[str, Any]) -> dict:
     result = record.get("result") or {}
     return {
         "kind": record["kind"], "help": kind.help if kind is not None else None,
+        "mode": result.get("mode") if isinstance(result.get("mode"), str) else params.get("mode"),
         "params_changed": {k: v for k, v in sorted(params.items()) if k not in defaults or defaults[k] != v},
         "members": [f"{m['name']} ({m['fingerprint']})" for m in record.get("members") or ()],
         "data_fingerprint": record.get("data_fingerprint"),
@@ -154,7 +192,7 @@ def metrics(result: Mapping[str, Any], params: Mapping[str, Any]) -> list[dict]:
     was measured on where the result says (`test_rows`, or a nested part's `rows`) and its source."""
     found: list[dict] = []
     for key, value in result.items():
-        if key.startswith("_") or key in params:
+        if key.startswith("_") or key in params or key in NOT_METRICS:
             continue
         if _metric(value):
             source = result.get(f"{key}_source")      # "auc_source": where the result says it was measured
@@ -164,8 +202,14 @@ def metrics(result: Mapping[str, Any], params: Mapping[str, Any]) -> list[dict]:
             rows = _rows(value, "test_rows", "rows")
             source = value.get("on") if isinstance(value.get("on"), str) else key
             found += [{"name": f"{key}.{k}", "value": v, "rows": rows, "source": source}
-                      for k, v in value.items() if _metric(v)]
-    return found[:METRICS_MAX]
+                      for k, v in value.items() if _metric(v) and k not in NOT_METRICS]
+    seen: set[tuple[str, float]] = set()       # each metric once: `auc` and `federated_eval.auc` are one
+    once = []
+    for m in found:
+        if (m["name"].rsplit(".", 1)[-1], m["value"]) not in seen:
+            seen.add((m["name"].rsplit(".", 1)[-1], m["value"]))
+            once.append(m)
+    return once[:METRICS_MAX]
 
 
 def _rows(doc: Mapping[str, Any], *keys: str) -> int | None:
