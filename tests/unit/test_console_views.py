@@ -116,3 +116,19 @@ def test_the_card_names_the_mode_and_each_metric_once_without_base_score() -> No
     assert [m["name"] for m in card["metrics"]] == ["auc", "federated_eval.logloss"]
     hist = views.card(kind, {**record, "result": {**record["result"], "mode": "histogram"}})
     assert hist["mode"] == "histogram"
+
+
+def test_training_loss_is_drawn_beside_the_test_metrics_without_their_rows() -> None:
+    drawn = {"loss": [[1.0, 0.6], [2.0, 0.4]], "test_auc": [[1.0, 0.9], [2.0, 0.95]]}
+    loss, auc = views.charts(drawn, {"params": {"test_fraction": 0.2}, "result": {"test_rows": 114}})
+    assert loss["y_title"] == "training loss (per training row)" and loss["y_range"] is None
+    assert auc["y_title"] == "AUC · 114 held-out rows per point" and auc["y_range"] == [0.0, 1.0]
+
+
+def test_an_auc_curve_whose_points_rest_on_different_bins_says_so() -> None:
+    drawn = {"auc": [[1.0, 0.98], [2.0, 0.99]]}
+    same = {"history": [{"round": 1, "eval_bins": 100}, {"round": 2, "eval_bins": 1000, "curve": {"eval_bins": 100}}]}
+    assert "bins" not in views.charts(drawn, {"params": {}, "result": same})[0]["y_title"]
+    mixed = {"history": [{"round": 1, "eval_bins": 64}, {"round": 2, "eval_bins": 1000}]}
+    assert views.charts(drawn, {"params": {}, "result": mixed})[0]["y_title"] == \
+        "AUC · score bins differ: 64 from round 1, 1000 from round 2"

@@ -20,14 +20,20 @@ CURVE_POINTS_MAX = 5_000     # per series sent to the page (the last ones: a cur
 METRICS_MAX = 64             # metrics on the model card
 MEMBERS_TEXT_CHARS_MAX = 4_096
 MODEL_DIGEST_KEYS = ("model_sha256", "model_file_sha256")   # where a result names its stored model's digest
-# What a chart says of its series: the y axis' title, and whether its values lie in [0, 1]
+# What a chart says of its series: the y axis' title, whether its values lie in [0, 1], and whether
+# they are measured on the evaluated rows (the chart then says how many) rather than on training rows
 SERIES_TITLES = {
-    "auc": ("AUC", True), "accuracy": ("accuracy (share of rows right)", True),
-    "logloss": ("log-loss (nats per row)", False), "rmse": ("RMSE (label units)", False),
-    "mae": ("MAE (label units)", False), "inertia": ("inertia (sum of squared distances)", False),
-    "log_likelihood": ("log-likelihood (nats, all rows)", False), "objective": ("objective (sum of squares)", False),
-    "loss": ("training loss (per row)", False), "train_loss": ("training loss (per row)", False),
-    "f1": ("F1", True), "precision": ("precision", True), "recall": ("recall", True), "mcc": ("MCC", False),
+    "auc": ("AUC", True, True), "test_auc": ("AUC", True, True),
+    "accuracy": ("accuracy (share of rows right)", True, True),
+    "logloss": ("log-loss (nats per row)", False, True), "rmse": ("RMSE (label units)", False, True),
+    "mae": ("MAE (label units)", False, True), "f1": ("F1", True, True), "precision": ("precision", True, True),
+    "recall": ("recall", True, True), "mcc": ("MCC", False, True),
+    "inertia": ("inertia (sum of squared distances)", False, False),
+    "log_likelihood": ("log-likelihood (nats, all rows)", False, False),
+    "objective": ("objective (sum of squares)", False, False),
+    "loss": ("training loss (per training row)", False, False),
+    "train_loss": ("training loss (per training row)", False, False),
+    "grad_max": ("largest |gradient| (training rows)", False, False),
 }
 ROW_SERIES = ("test_rows", "rows", "eval_rows")     # counts a point rests on: said on the axis, never drawn
 NOT_METRICS = ("base_score",)                        # a model's constant, not a measure of it
@@ -154,19 +160,36 @@ def charts(drawn: Mapping[str, list[list[float]]], record: Mapping[str, Any]) ->
     rows = int(rows_points[-1][1]) if rows_points else _rows(result, "test_rows") or _rows(
         result.get("federated_eval") or {}, "test_rows")
     held_out = isinstance(params.get("test_fraction"), (int, float)) and params["test_fraction"] > 0
+    bins = _bins_used(result.get("history") if isinstance(result.get("history"), list) else [])
     out = []
     for name, points in drawn.items():
         values = [y for _, y in points]
         if name in ROW_SERIES or (len(set(values)) == 1 and all(float(v).is_integer() for v in values)
                                   and len(values) > 1 and name not in SERIES_TITLES):
             continue
-        title, bounded = SERIES_TITLES.get(name, (name.replace("_", " "), False))
-        if rows is not None and name not in ("inertia", "log_likelihood", "objective"):
+        title, bounded, on_rows = SERIES_TITLES.get(name, (name.replace("_", " "), False, False))
+        if rows is not None and on_rows:
             title += f" · {rows} {'held-out ' if held_out else ''}rows per point"
+        if len(bins) > 1 and name in ("auc", "test_auc"):     # points on different score bins: said, not hidden
+            title += f" · score bins differ: {', '.join(f'{b} from round {r}' for b, r in bins)}"
         bounded = bounded and all(0.0 <= v <= 1.0 for v in values)
         out.append({"name": name, "points": points, "x_title": "round", "y_title": title,
                     "y_range": [0.0, 1.0] if bounded else None})
     return out
+
+
+def _bins_used(entries: Sequence[Any]) -> list[tuple[int, Any]]:
+    """(score bins, first round) each time the bins of the evaluated history entries change (an
+    entry's `curve`, when it has one, is what the chart draws)."""
+    changes: list[tuple[int, Any]] = []
+    for entry in entries:
+        if not isinstance(entry, Mapping):
+            continue
+        drawn = entry.get("curve") if isinstance(entry.get("curve"), Mapping) else entry
+        b = drawn.get("eval_bins")
+        if isinstance(b, int) and (not changes or changes[-1][0] != b):
+            changes.append((b, entry.get("round")))
+    return changes
 
 
 def card(kind: Any, record: Mapping[str, Any]) -> dict:
