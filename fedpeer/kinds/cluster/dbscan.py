@@ -80,11 +80,13 @@ async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, offload: 
         space = km.cl.make_space(*km.cl.finish_moments(n_all, totals, d), True)
         shift, scale = space.shift, space.scale
         X = await offload(space.to, X)
-    eps = p["eps"]
+    eps, kdist = p["eps"], None
     if p["eps_auto"]:
         ch.progress("k-distances", 0, 2)
         hist = await offload(one_blas_thread, db.kdistance_histogram, X, p["min_samples"])
         _, kdist = await sums.add("kdistances", np.zeros(0), hist)
+        if p["standardize"]:             # the rows are known already: every one counted once
+            checked_total(sums.tag("kdistances"), db.check_kdistances, kdist, n_all)
         eps = checked_total(sums.tag("kdistances"), db.eps_from_histogram, kdist)
     ch.progress("local DBSCAN and descriptions", 0, 2)
     described, moments = await offload(one_blas_thread, db.describe_with_moments, X, eps, p["min_samples"],
@@ -102,6 +104,8 @@ async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, offload: 
     tag = sums.tag("descriptions")
     shared = checked_total(tag, db.unpack, total[:-2 * d], len(members), slots, comps, d)
     checked_total(tag, db.check_counts, shared, n, int(counts[1]))
+    if kdist is not None:
+        checked_total(sums.tag("kdistances"), db.check_kdistances, kdist, n)
     checked_total(tag, db.check_moments, shared, total[-2 * d:], p["reg_covar"], n)
     synthetic_rows = sum(rows for _, _, rows, *_ in shared)
     if synthetic_rows > p["synthetic_rows_max"]:

@@ -247,6 +247,12 @@ def kdistance_histogram(Z: np.ndarray, min_samples: int) -> np.ndarray:
                        minlength=len(counts)).astype(np.int64)
 
 
+def check_kdistances(counts: np.ndarray, rows: int) -> None:
+    """ValueError unless the summed k-distance histogram holds every row once."""
+    if int(np.asarray(counts).sum()) != rows:
+        raise ValueError(f"the k-distance histograms hold {int(np.asarray(counts).sum())} rows, not the {rows} rows")
+
+
 def eps_from_histogram(counts: np.ndarray, quantile: float = EPS_AUTO_QUANTILE) -> float:
     """The upper edge of the bin where the summed histogram reaches `quantile` of the rows (at most
     one bin, a factor 10^0.05, above the exact quantile). JobError when it lies outside the edges."""
