@@ -305,6 +305,7 @@ def test_dbscan_by_default_finds_clusters_where_raw_units_find_only_noise_and_sa
     fed = same_everywhere(run(dj, parts, {}))
     assert fed["clusters"] >= 1 and fed["noise_fraction"] < 0.5 and fed["standardized"]
     assert fed["eps_chosen"].startswith("eps ") and "quantile" in fed["eps_chosen"] and fed["warnings"] == []
+    assert any(fed["eps_chosen"] in line for line in dj.KIND.describe(fed))
     raw = same_everywhere(run(dj, parts, {"standardize": False, "eps_auto": False}))   # 0.1.0's defaults
     assert raw["clusters"] == 0 and raw["noise_fraction"] == 1.0
     assert raw["warnings"] and "are noise" in raw["warnings"][0] and "eps_auto=true" in raw["warnings"][0]

@@ -284,7 +284,8 @@ def describe(kind: str, result: Mapping[str, Any]) -> list[str]:
         return [f"  federation: {result['rows']} rows over {', '.join(result['participants'])}; "
                 f"{result['clusters']} clusters from {result['local_clusters']} shared local-cluster descriptions "
                 f"({result['synthetic_rows']} synthetic points); noise {result['noise_fraction']:.3f} of the rows",
-                f"  cluster sizes: {' '.join(str(c) for c in result['cluster_sizes']) or '-'}; eps {result['eps']}, "
+                f"  cluster sizes: {' '.join(str(c) for c in result['cluster_sizes']) or '-'}; "
+                f"{result.get('eps_chosen') or 'eps ' + str(result['eps'])}, "
                 f"min_samples {result['min_samples']}"] + [f"  warning: {w}" for w in result.get("warnings", [])]
     fit = "inertia" if kind == "kmeans" else "log_likelihood"
     lines = [f"  federation: {result['rows']} rows over {', '.join(result['participants'])}; k = {result['k']}; "
