@@ -10,7 +10,10 @@ plus the formats of its own daemon (BUILD_FORMATS); a site says which it provide
 
 Rules: a job needs its kind's capability and the capability of every value it uses; a parameter
 only some members know is needed only when it is not at its default, and is left out of the
-proposal at its default (the member that does not know it uses the same default). Formats only
+proposal at its default (the member that does not know it uses the same default). A parameter added with a new default
+behaviour names what members without it do (`Param.before`): its capability is needed at every other
+value, the default included. A parameter 0.1.0 knows is always carried, so a default changed since
+(kmeans' `standardize`) reaches an old member as the value it must use. Formats only
 newer builds understand are therefore used only when every member has them: a kind chooses a
 new format through a parameter whose default is the old one. Names are short, lower-case and
 stable: a protocol that changes takes a new name, never the old one's.
@@ -68,7 +71,7 @@ def needed(kind: JobKind, params: Mapping[str, Any], vertical: bool = False) -> 
         needs.append(VERTICAL_2)
     for name, param in kind.params.items():
         value = params.get(name, param.default)
-        if param.capability and value != param.default:
+        if param.capability and value != param.without_capability:
             needs.append(param.capability)
         needs += [cap for v, cap in param.value_capabilities if v == value]
     return list(dict.fromkeys(needs))
@@ -85,5 +88,5 @@ def for_members(kind: JobKind, params: Mapping[str, Any], member_caps: Iterable[
     every = list(member_caps)
     return {name: value for name, value in params.items()
             if not (name in kind.params and kind.params[name].capability
-                    and value == kind.params[name].default
+                    and value == kind.params[name].without_capability
                     and any(kind.params[name].capability not in caps for caps in every))}

@@ -61,8 +61,18 @@ class Param:
     # every release knows; one added later names the capability of the builds that know it (at its
     # default it is then left out of proposals to members without it: they use the same default).
     capability: str | None = None
+    # With `capability`: what a member without it computes, where that is not `default` (a parameter
+    # added with a new default behaviour, e.g. dbscan's `standardize`, True here and absent, so False,
+    # at 0.1.0). The capability is then needed at every value but this one, and the parameter is
+    # left out of a proposal only at this value.
+    before: Any = None
     # (value, capability) pairs: values that only builds with that capability run (secure-sum modes)
     value_capabilities: tuple[tuple[Any, str], ...] = ()
+
+    @property
+    def without_capability(self) -> Any:
+        """The value a member that lacks this parameter's capability acts on."""
+        return self.default if self.before is None else self.before
 
     def check(self, name: str, value: Any) -> Any:
         if self.type is float and isinstance(value, int) and not isinstance(value, bool):

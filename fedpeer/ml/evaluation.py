@@ -159,6 +159,16 @@ def site_counts(y: Any, proba: Any, bins: int) -> tuple[np.ndarray, float]:
     return np.concatenate([hist.ravel(), [correct, rows]]).astype(np.int64), loss
 
 
+def coarsen(counts: Any, groups: int, bins: int, to_bins: int) -> np.ndarray | None:
+    """Summed `site_counts` at `bins` as they would be at `to_bins` (a divisor of bins): bin b of
+    `bins` lies inside bin b // (bins / to_bins) of `to_bins`. None when to_bins does not divide bins."""
+    if to_bins <= 0 or bins % to_bins:
+        return None
+    counts = np.asarray(counts)
+    hist = counts[:-2].reshape(max(groups, 1) * 2, to_bins, bins // to_bins).sum(axis=2)
+    return np.concatenate([hist.ravel(), counts[-2:]]).astype(counts.dtype)
+
+
 def metrics(counts: Any, loss: float, groups: int, bins: int) -> dict:
     """The federation's AUC (exact up to ties inside a bin; macro one-vs-rest over the classes
     with both labels present for multi-class), log-loss and accuracy from summed `site_counts`

@@ -50,6 +50,7 @@ def test_harness_kmeans_equals_sklearn_from_the_same_centres_and_predict_assigns
     work = tmp_path / "fed"
     r = subprocess.run([sys.executable, "-m", "fedpeer", "harness", "--sites", "3", "--job", "kmeans", "--site-data",
                         *map(str, paths), "--ignore", "Id", "--param", "k=3", "--param", f"init={text}",
+                        "--param", "standardize=false",
                         "--param", "secure_sum=ring", "--workdir", str(work), "--json", "--timeout-s", "120"],
                        capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
     report = json.loads(r.stdout)
@@ -81,7 +82,7 @@ async def test_gmm_between_daemons_equals_the_pooled_reference(make_federation, 
     _attach_data(h, paths, ignore=["Id"])               # no label
     h.start()
     await h.wait_all_alive(timeout_s=30)
-    params = {"k": 3, "covariance": "diag", "seed": 4, "n_init": 2, "tol": 1e-6}
+    params = {"k": 3, "covariance": "diag", "seed": 4, "n_init": 2, "tol": 1e-6, "standardize": False}
     job_id = await h.propose(0, "gmm", params)
     records = await h.wait_job(job_id, timeout_s=90)
     assert {r["state"] for r in records.values()} == {"done"}, [r["error"] for r in records.values()]

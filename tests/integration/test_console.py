@@ -221,29 +221,42 @@ async def test_a_job_proposed_in_the_browser_runs_and_its_curve_draws(make_feder
         browser.wait("return [...document.querySelectorAll('#peers tbody tr')].some("
                      "r => r.dataset.peer === 'site-2' && r.innerText.includes('alive'))", 30, "the peer shows alive")
         browser.wait("return document.querySelectorAll('#kind option').length > 1", 30, "the kinds load")
-        browser.click("#kind option[value=kmeans]")
+        browser.click("#kind option[value=gmm]")
         browser.wait("return !!document.getElementById('param-k')", 10, "the kind's parameters show")
         browser.type("#param-k", "3")
+        browser.type("#param-tol", "0")                  # every EM round runs: a curve that grows for seconds
+        browser.type("#param-max_iter", "1000")
         browser.click("#propose-button")
         job_id = browser.wait("const m = document.getElementById('propose-message').innerText;"
                               "return m.startsWith('proposed ') && m.slice(9)", 30, "the proposal is accepted")
-        points = browser.wait(
+        # the curve while the job runs, as the page redraws it: the points it had at each look
+        seen = browser.wait(
             "const s = document.getElementById('job-section');"
-            "const c = document.querySelector('#curves svg.curve polyline');"
-            "return s.dataset.state === 'done' && c && c.points.numberOfItems >= 2 && c.points.numberOfItems",
+            "const c = document.querySelector('#curves svg.curve[data-series=log_likelihood] polyline');"
+            "window.seen = window.seen || [];"
+            "if (s.dataset.state === 'running' && c) window.seen.push(c.points.numberOfItems);"
+            "return s.dataset.state === 'done' && c && c.points.numberOfItems >= 2 && window.seen",
             JOB_WAIT_S, f"job {job_id} done with a curve of two points or more")
-        assert points >= 2
+        assert len(set(seen)) >= 2 and seen == sorted(seen), f"the running job's curve grows: {seen}"
+        axes = browser.run("return [...document.querySelectorAll('#curves svg.curve[data-series=log_likelihood]"
+                           " .axis-title')].map(t => t.textContent)")
+        assert axes == ["round", "log-likelihood (nats, all rows)"], axes
+        assert browser.run("return location.hash") == f"#job={job_id}", "the job has a URL of its own"
+        assert browser.run("return document.querySelectorAll('#curves .download-csv, #curves .download-svg')"
+                           ".length") == 2
         text = browser.run("return document.getElementById('job-section').innerText")
-        assert job_id in text and "inertia" in text
-        for shown in ("k=3", "data fingerprint", "site-1", "site-2"):
+        assert job_id in text and "log_likelihood" in text
+        for shown in ("max_iter=1000", "data fingerprint", "site-1", "site-2"):
             assert shown in text, shown
         assert browser.run("return document.querySelectorAll('#sites tbody tr').length") == 2
         assert browser.run("return document.querySelectorAll('#sites tbody .state-done').length") == 2, \
             "both sites' results are read (--site)"
         assert browser.run("return document.cookie") == "", "nothing of the console is a cookie"
-        browser.run("location.reload()")              # a reload keeps the tab's session
+        browser.run("location.reload()")              # a reload keeps the tab's session, and the job's URL its job
         browser.wait("return [...document.querySelectorAll('#peers tbody tr')].some("
                      "r => r.dataset.peer === 'site-2')", 30, "the peers show again after a reload")
+        browser.wait(f"return document.getElementById('job-id').innerText.startsWith({json.dumps(job_id)})", 30,
+                     "the reloaded URL shows its job")
         shot = browser.screenshot(tmp_path / "console.png")
         assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         artifacts = os.environ.get("FEDPEER_TEST_ARTIFACTS")

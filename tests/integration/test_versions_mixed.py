@@ -94,7 +94,8 @@ async def test_release_0_1_0_beside_this_build(make_federation, tmp_path: Path) 
     docs = await h.statuses()
     peer = next(p for p in docs[0]["peers"] if p["name"] == f"site-{OLD + 1}")
     assert peer["version"]["software"] == "0.1.0" and peer["version"]["protocol"] == [2, 2]
-    assert peer["version"]["speaks"] == 2 and peer["version"]["missing"] == sorted(capabilities.BUILD_FORMATS)
+    assert peer["version"]["speaks"] == 2 and peer["version"]["missing"] == sorted(
+        capabilities.provided(job_kinds().values()) - releases.BASELINE_CAPABILITIES)
     assert "version" not in docs[OLD]["node"], "the old build is what it was"
 
     names = [s.name for s in h.sites]

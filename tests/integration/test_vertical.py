@@ -58,7 +58,8 @@ def test_harness_vertical_kmeans_equals_scikit_learn_on_the_joined_rows(tmp_path
     text = ";".join(",".join(repr(float(v)) for v in row) for row in init)
     r = subprocess.run([sys.executable, "-m", "fedpeer", "harness", "--sites", "3", "--job", "kmeans",
                         "--partition", "vertical", "--id-column", "ID", "--site-data", *map(str, paths),
-                        "--param", "k=3", "--param", "tol=0", "--param", f"init={text}", "--json",
+                        "--param", "k=3", "--param", "tol=0", "--param", f"init={text}",
+                        "--param", "standardize=false", "--json",
                         "--timeout-s", "120"], capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
     report = json.loads(r.stdout)
     assert report["job"]["state"] == "done", (report["job"], r.stderr[-2000:])

@@ -94,7 +94,7 @@ def test_federated_kmeans_equals_sklearn_from_the_same_centres(offset: float) ->
     X, parts = X + offset, [p + offset for p in parts]
     init = X[[0, 1, 2]]
     text = ";".join(",".join(repr(float(v)) for v in row) for row in init)
-    fed = same_everywhere(run(kj, parts, {"k": 3, "init": text, "n_init": 5}))
+    fed = same_everywhere(run(kj, parts, {"k": 3, "init": text, "n_init": 5, "standardize": False}))
     sk = KMeans(3, init=init, n_init=1, tol=1e-4, max_iter=300).fit(X)
     order = cl.canonical_order(sk.cluster_centers_)
     np.testing.assert_allclose(fed["centers"], sk.cluster_centers_[order], rtol=RTOL)
@@ -107,7 +107,7 @@ def test_small_clusters_are_shown_as_below_the_minimum_and_the_model_predicts() 
     X, parts = non_iid_blobs(n=300)
     far = np.array([[40.0, 40.0], [40.5, 40.0]])               # a cluster of 2 rows, at one site
     parts[0] = np.vstack([parts[0], far])
-    results = run(kj, parts, {"k": 4, "n_init": 6, "seed": 2})
+    results = run(kj, parts, {"k": 4, "n_init": 6, "seed": 2, "standardize": False})
     fed = same_everywhere(results)
     assert fed["cluster_sizes"][-1] == "< 5" and fed["centers"][-1] == pytest.approx([40.25, 40.0])
     assert sorted(c for c in fed["cluster_sizes"] if isinstance(c, int)) and sum(
@@ -141,7 +141,8 @@ def test_federated_gmm_equals_the_pooled_reference_and_sklearn(covariance: str) 
     from sklearn.mixture import GaussianMixture
 
     X, parts = non_iid_blobs(n=1500, d=2, seed=5)
-    params = {"k": 3, "covariance": covariance, "seed": 3, "n_init": 2, "tol": 1e-6, "max_iter": 200}
+    params = {"k": 3, "covariance": covariance, "seed": 3, "n_init": 2, "tol": 1e-6, "max_iter": 200,
+              "standardize": False}
     fed = same_everywhere(run(gj, parts, params))
     p = gj.KIND.check_params(params)
     space, lloyd, _ = cl.reference_kmeans(X, **gj._kmeans_params(p) | {"init": None})
@@ -200,7 +201,8 @@ def test_federated_dbscan_agrees_with_centralized_dbscan() -> None:
     from fedpeer.kinds.cluster import dbscan as dj
 
     X, parts = moons_and_blobs()
-    results = run(dj, parts, {"eps": 0.2, "min_samples": 5, "components": 6, "seed": 1})
+    results = run(dj, parts, {"eps": 0.2, "min_samples": 5, "components": 6, "seed": 1,
+                                 "standardize": False, "eps_auto": False})
     fed = same_everywhere(results)
     central = DBSCAN(eps=0.2, min_samples=5).fit_predict(X)
     model = results[2]["_model"]
@@ -258,3 +260,93 @@ def test_gmm_reports_each_em_rounds_log_likelihood_live_in_the_results_units() -
     assert [p["round"] for p in live] == [h["round"] for h in fed["history"]]
     assert np.allclose([p["log_likelihood"] for p in live], [h["log_likelihood"] for h in fed["history"]],
                        rtol=1e-12, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Defaults a data scientist would choose (issue 39), on scikit-learn's breast-cancer rows
+# ---------------------------------------------------------------------------------------------
+
+def breast_cancer_sites() -> tuple[np.ndarray, list[np.ndarray]]:
+    from sklearn.datasets import load_breast_cancer
+    X = load_breast_cancer().data
+    return X, [X[i::3] for i in range(3)]
+
+
+def test_kmeans_by_default_is_scikit_learns_kmeans_on_the_standardized_pooled_rows() -> None:
+    from sklearn.cluster import KMeans
+
+    X, parts = breast_cancer_sites()
+    Z = (X - X.mean(axis=0)) / X.std(axis=0)
+    init = X[[0, 100, 200]]                                   # original units, as `init` takes them
+    text = ";".join(",".join(repr(float(v)) for v in row) for row in init)
+    fed = same_everywhere(run(kj, parts, {"k": 3, "init": text}))
+    sk = KMeans(3, init=(init - X.mean(axis=0)) / X.std(axis=0), n_init=1, tol=1e-4, max_iter=300).fit(Z)
+    centres = sk.cluster_centers_ * X.std(axis=0) + X.mean(axis=0)   # reported in original units
+    order = cl.canonical_order(centres)
+    np.testing.assert_allclose(fed["centers"], centres[order], rtol=1e-7)
+    np.testing.assert_allclose(fed["inertia"], sk.inertia_, rtol=1e-7)
+    assert fed["standardized"] and fed["inertia_units"] == "standardized features" and fed["warnings"] == []
+    assert fed["cluster_sizes"] == list(np.bincount(sk.labels_)[order])
+
+
+def test_kmeans_and_gmm_on_raw_columns_of_very_different_scales_warn() -> None:
+    _, parts = breast_cancer_sites()
+    for kind, params in ((kj, {"k": 2, "n_init": 1}), (gj, {"k": 2, "n_init": 1, "max_iter": 3})):
+        raw = same_everywhere(run(kind, parts, {**params, "standardize": False}))
+        assert len(raw["warnings"]) == 1 and "column scales differ" in raw["warnings"][0]
+        assert "x23" in raw["warnings"][0] and "standardize=true" in raw["warnings"][0]
+        assert any("warning: column scales differ" in line for line in kind.KIND.describe(raw))
+
+
+def test_dbscan_by_default_finds_clusters_where_raw_units_find_only_noise_and_says_so() -> None:
+    from fedpeer.kinds.cluster import dbscan as dj
+
+    X, parts = breast_cancer_sites()
+    fed = same_everywhere(run(dj, parts, {}))
+    assert fed["clusters"] >= 1 and fed["noise_fraction"] < 0.5 and fed["standardized"]
+    assert fed["eps_chosen"].startswith("eps ") and "quantile" in fed["eps_chosen"] and fed["warnings"] == []
+    assert any(fed["eps_chosen"] in line for line in dj.KIND.describe(fed))
+    raw = same_everywhere(run(dj, parts, {"standardize": False, "eps_auto": False}))   # 0.1.0's defaults
+    assert raw["clusters"] == 0 and raw["noise_fraction"] == 1.0
+    assert raw["warnings"] and "are noise" in raw["warnings"][0] and "eps_auto=true" in raw["warnings"][0]
+    assert any(line.startswith("  warning: ") for line in dj.KIND.describe(raw))
+    whole = same_everywhere(run(dj, parts, {"standardize": False, "eps_auto": False, "eps": 1e5}))
+    assert whole["clusters"] == 1 and "one cluster holds all" in whole["warnings"][0]
+    # the stored model clusters new rows in the same standardized space
+    model = run(dj, parts, {})[0]["_model"]
+    assert [r["cluster"] for r in dj.predict(model, X[:20])].count(-1) < 20
+
+
+def test_kmeans_k_max_keeps_the_best_calinski_harabasz_and_says_why() -> None:
+    from sklearn.metrics import calinski_harabasz_score
+
+    X, parts = non_iid_blobs(n=900, d=2, seed=1)        # three blobs, well apart
+    fed = same_everywhere(run(kj, parts, {"k_max": 5, "n_init": 3, "seed": 1}))
+    assert [s["k"] for s in fed["k_scores"]] == [2, 3, 4, 5]
+    assert fed["k"] == 3 and fed["k_chosen"] == "k = 3: the best Calinski-Harabasz score over k = 2..5"
+    Z = (X - X.mean(axis=0)) / X.std(axis=0)
+    labels = np.argmin(((Z[:, None, :] - ((np.array(fed["centers"]) - X.mean(axis=0)) / X.std(axis=0))) ** 2)
+                       .sum(axis=2), axis=1)
+    kept = next(s for s in fed["k_scores"] if s["k"] == 3)
+    assert kept["calinski_harabasz"] == pytest.approx(calinski_harabasz_score(Z, labels), rel=1e-9)
+    assert "  k = 3: the best Calinski-Harabasz score over k = 2..5" in kj.KIND.describe(fed)
+    fixed = same_everywhere(run(kj, parts, {"k": 8, "n_init": 1}))
+    assert fixed["k_scores"] == [] and fixed["k_chosen"].startswith("k = 8: as given (the default); k_max = K")
+
+
+def test_gmm_k_max_keeps_the_lowest_bic() -> None:
+    _, parts = non_iid_blobs(n=900, d=2, seed=1)
+    fed = same_everywhere(run(gj, parts, {"k_max": 4, "n_init": 2, "seed": 1, "covariance": "diag"}))
+    bics = {s["k"]: s["bic"] for s in fed["k_scores"]}
+    assert sorted(bics) == [2, 3, 4] and fed["k"] == min(bics, key=bics.get) == 3
+    assert fed["bic"] == bics[3] and "lowest) BIC over k = 2..4" in fed["k_chosen"]
+
+
+def test_k_max_is_bounded_by_the_clusters_limit_and_refuses_init_and_fuzziness() -> None:
+    params = kj.KIND.check_params({"k": 3, "k_max": 12})
+    with pytest.raises(JobError, match="in effect 12"):
+        kj.KIND.check_policy(params, {"clusters_max": 10})
+    kj.KIND.check_policy(kj.KIND.check_params({"k": 3}), {"clusters_max": 10})
+    for bad in ({"k_max": 4, "fuzziness": 2.0}, {"k_max": 4, "init": "0,0;1,1"}, {"k_max": 1}):
+        with pytest.raises(JobError, match="k_max"):
+            kj.k_range(kj.KIND.check_params(bad))

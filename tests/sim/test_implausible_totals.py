@@ -148,7 +148,7 @@ def test_gmm(which: int, at: float, amount: int, member: int, covariance: str) -
 @given(which=st.integers(0, 1), at=AT, amount=AMOUNT, member=MEMBER)
 def test_dbscan(which: int, at: float, amount: int, member: int) -> None:
     params = dj.KIND.check_params({"eps": 1.0, "min_samples": 5, "components": 2, "local_clusters_max": 3,
-                                   "secure_sum": "ring"})
+                                   "secure_sum": "ring", "standardize": False, "eps_auto": False})
     results, names, poisoned = run_kind(_inline_run(dj), blobs(), params, kj, member,
                                         poison_one(which, at, amount, cluster_layout(3)))
     fails_everywhere(results, names, poisoned)

@@ -121,7 +121,8 @@ def test_vertical_kmeans_over_three_sites_equals_scikit_learn_on_the_joined_rows
     from sklearn.cluster import KMeans
     sites, joined = three_sites()
     C0 = joined[[3, 120, 260]]
-    params = kj.KIND.check_params({"k": 3, "tol": 0.0, "max_iter": 300, "init": init_text(C0)})
+    params = kj.KIND.check_params({"k": 3, "tol": 0.0, "max_iter": 300, "init": init_text(C0),
+                                   "standardize": False})
     fed = same_everywhere(run_job(kv.run_vertical, sites, params))
     km = KMeans(3, init=C0, n_init=1, tol=0.0, max_iter=300, algorithm="lloyd").fit(joined)
     want = km.cluster_centers_[cl.canonical_order(km.cluster_centers_)]
@@ -149,7 +150,8 @@ def test_vertical_kmeans_standardized_with_restarts_is_the_same_everywhere_and_m
 def test_vertical_fuzzy_c_means_equals_the_reference_on_the_joined_rows() -> None:
     sites, joined = three_sites(seed=2)
     C0 = joined[[10, 200, 330]]
-    params = kj.KIND.check_params({"k": 3, "tol": 0.0, "max_iter": 12, "fuzziness": 2.0, "init": init_text(C0)})
+    params = kj.KIND.check_params({"k": 3, "tol": 0.0, "max_iter": 12, "fuzziness": 2.0, "init": init_text(C0),
+                                   "standardize": False})
     fed = same_everywhere(run_job(kv.run_vertical, sites, params))
     space, lloyd, _ = cl.reference_kmeans(joined, k=3, seed=0, n_init=1, standardize=False, tol=0.0, max_iter=12,
                                           fuzziness=2.0, init=C0)

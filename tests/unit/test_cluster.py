@@ -298,3 +298,25 @@ def test_too_many_local_clusters_tells_other_sites_no_count() -> None:
         db.pack([None] * 7, 0, 3, 5, 2, 2)
     assert "7 local clusters" in str(caught.value)                   # this site's operator sees the count
     assert "7" not in public_reason(caught.value) and "local_clusters_max" in public_reason(caught.value)
+
+
+def test_eps_from_the_summed_k_distances_and_its_checks() -> None:
+    from fedpeer.ml.cluster import dbscan as dbm
+
+    rng = np.random.default_rng(0)
+    Z = rng.standard_normal((400, 3))
+    parts = [Z[:150], Z[150:300], Z[300:], Z[:2]]               # the last site has fewer rows than min_samples
+    hists = [dbm.kdistance_histogram(p, 5) for p in parts]
+    assert hists[3][-1] == 2 and hists[3].sum() == 2
+    total = sum(hists)
+    dbm.check_kdistances(total, 402)
+    with pytest.raises(ValueError, match="hold 403 rows"):
+        dbm.check_kdistances(total + np.eye(len(total), dtype=np.int64)[5], 402)
+    eps = dbm.eps_from_histogram(total)
+    local = np.concatenate([np.sort(np.linalg.norm(p[:, None] - p[None], axis=2), axis=1)[:, 4] for p in parts[:3]])
+    assert np.mean(local <= eps) >= 0.75 and np.mean(local <= eps / 10 ** 0.05) < 0.75 + 1e-9
+    with pytest.raises(JobError, match="set eps"):
+        dbm.eps_from_histogram(np.eye(len(total), dtype=np.int64)[-1] * 10)
+    assert dbm.noise_warning(10, 6, np.array([4])).startswith("6 of 10 rows (60%) are noise")
+    assert dbm.noise_warning(10, 0, np.array([10])).startswith("one cluster holds all 10 rows")
+    assert dbm.noise_warning(10, 2, np.array([5, 3])) is None

@@ -88,3 +88,47 @@ def test_per_site_rows_read_each_sites_own_record_by_fingerprint() -> None:
 def test_answers_hold_no_number_a_browser_cannot_parse() -> None:
     doc = views.finite({"a": [1.0, float("inf"), {"b": float("nan")}], "c": (2, "x")})
     assert json.dumps(doc, allow_nan=False) == '{"a": [1.0, null, {"b": null}], "c": [2, "x"]}'
+
+
+def test_charts_title_their_axes_with_units_and_rows_bound_metrics_and_draw_no_constants() -> None:
+    """Issue 39: a reviewer reads what each axis is, on how many rows each point rests, bounded
+    metrics on [0, 1]; `test_rows` and other constant counts are not curves."""
+    drawn = {"auc": [[1.0, 0.98], [2.0, 0.985]], "logloss": [[1.0, 0.3], [2.0, 0.2]],
+             "test_rows": [[1.0, 103.0], [2.0, 103.0]], "trees_added": [[1.0, 3.0], [2.0, 3.0]]}
+    charts = views.charts(drawn, {"params": {"test_fraction": 0.2}, "result": None})
+    assert [c["name"] for c in charts] == ["auc", "logloss"]
+    auc, loss = charts
+    assert auc["x_title"] == "round" and auc["y_title"] == "AUC · 103 held-out rows per point"
+    assert auc["y_range"] == [0.0, 1.0] and loss["y_range"] is None
+    assert loss["y_title"] == "log-loss (nats per row) · 103 held-out rows per point"
+    done = views.charts({"inertia": [[1.0, 9.0], [2.0, 4.0]]}, {"params": {}, "result": {"rows": 500}})
+    assert done == [{"name": "inertia", "points": [[1.0, 9.0], [2.0, 4.0]], "x_title": "round",
+                     "y_title": "inertia (sum of squared distances)", "y_range": None}]
+
+
+def test_the_card_names_the_mode_and_each_metric_once_without_base_score() -> None:
+    name, kind = next((n, k) for n, k in job_kinds().items() if "mode" in k.params and "eval_round_bins" in k.params)
+    record = {"kind": name, "params": {"mode": "bagging"}, "members": [],
+              "result": {"mode": None, "auc": 0.98, "auc_source": "federated", "base_score": 0.37,
+                         "federated_eval": {"auc": 0.98, "logloss": 0.1, "test_rows": 103, "rows": "test parts"}}}
+    card = views.card(kind, record)
+    assert card["mode"] == "bagging"
+    assert [m["name"] for m in card["metrics"]] == ["auc", "federated_eval.logloss"]
+    hist = views.card(kind, {**record, "result": {**record["result"], "mode": "histogram"}})
+    assert hist["mode"] == "histogram"
+
+
+def test_training_loss_is_drawn_beside_the_test_metrics_without_their_rows() -> None:
+    drawn = {"loss": [[1.0, 0.6], [2.0, 0.4]], "test_auc": [[1.0, 0.9], [2.0, 0.95]]}
+    loss, auc = views.charts(drawn, {"params": {"test_fraction": 0.2}, "result": {"test_rows": 114}})
+    assert loss["y_title"] == "training loss (per training row)" and loss["y_range"] is None
+    assert auc["y_title"] == "AUC · 114 held-out rows per point" and auc["y_range"] == [0.0, 1.0]
+
+
+def test_an_auc_curve_whose_points_rest_on_different_bins_says_so() -> None:
+    drawn = {"auc": [[1.0, 0.98], [2.0, 0.99]]}
+    same = {"history": [{"round": 1, "eval_bins": 100}, {"round": 2, "eval_bins": 1000, "curve": {"eval_bins": 100}}]}
+    assert "bins" not in views.charts(drawn, {"params": {}, "result": same})[0]["y_title"]
+    mixed = {"history": [{"round": 1, "eval_bins": 64}, {"round": 2, "eval_bins": 1000}]}
+    assert views.charts(drawn, {"params": {}, "result": mixed})[0]["y_title"] == \
+        "AUC · score bins differ: 64 from round 1, 1000 from round 2"

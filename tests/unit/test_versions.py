@@ -64,7 +64,8 @@ def test_the_commit_is_read_from_gits_files(tmp_path: Path) -> None:
 def test_this_build_runs_exactly_the_baseline_plus_its_own_formats() -> None:
     provided = caps.provided(job_kinds().values())
     assert releases.BASELINE_CAPABILITIES <= provided
-    assert provided - caps.BUILD_FORMATS == releases.BASELINE_CAPABILITIES, "a capability 0.1.0 lacks?"
+    added = {p.capability for kind in job_kinds().values() for p in kind.params.values() if p.capability}
+    assert provided - caps.BUILD_FORMATS - added == releases.BASELINE_CAPABILITIES, "a capability 0.1.0 lacks?"
 
 
 def test_every_parameter_or_choice_added_since_0_1_0_declares_a_capability() -> None:
@@ -275,3 +276,29 @@ def test_status_shows_each_peers_build_and_what_it_lacks() -> None:
     assert "0.2.0 0123456789ab p2-2 6 caps" in text
     assert "0.1.0 be4d39cf3944 p2-2 4 caps (refused SiteInfo)" in text
     assert "  bob lacks: fmt-fast, kind-newkind" in text
+
+
+def test_new_cluster_defaults_never_reach_a_0_1_0_member_as_its_own_old_default() -> None:
+    """kmeans' and gmm's `standardize` default changed (0.1.0: False): 0.1.0 knows the parameter, so
+    the proposal always carries it. dbscan's `standardize` and `eps_auto` are new, on by default, and
+    0.1.0 acts as if both were off: at the default a 0.1.0 member lacks them and is left out by name;
+    at off it takes part and the parameters are left out of what it receives."""
+    kinds = job_kinds()
+    old = releases.BASELINE_CAPABILITIES
+    for name in ("kmeans", "gmm"):
+        params = kinds[name].check_params({})
+        assert params["standardize"] is True and kinds[name].params["standardize"].capability is None
+        assert caps.for_members(kinds[name], params, [old])["standardize"] is True
+        assert caps.lacking(kinds[name], params, old) == []
+    dbscan = kinds["dbscan"]
+    params = dbscan.check_params({})
+    assert caps.lacking(dbscan, params, old) == ["dbscan-standardize", "dbscan-eps-auto"]
+    legacy = dbscan.check_params({"standardize": False, "eps_auto": False})
+    assert caps.lacking(dbscan, legacy, old) == []
+    assert set(caps.for_members(dbscan, legacy, [old])) == set(legacy) - {"standardize", "eps_auto"}
+    new = old | {"dbscan-standardize", "dbscan-eps-auto"}
+    assert caps.for_members(dbscan, params, [new]) == params
+    for name in ("kmeans", "gmm"):    # choosing k is new: at 0 (k as given) 0.1.0 members take part
+        chosen = kinds[name].check_params({"k_max": 6})
+        assert caps.lacking(kinds[name], chosen, old) == [f"{name}-k-auto"]
+        assert "k_max" not in caps.for_members(kinds[name], kinds[name].check_params({}), [old])

@@ -20,6 +20,23 @@ CURVE_POINTS_MAX = 5_000     # per series sent to the page (the last ones: a cur
 METRICS_MAX = 64             # metrics on the model card
 MEMBERS_TEXT_CHARS_MAX = 4_096
 MODEL_DIGEST_KEYS = ("model_sha256", "model_file_sha256")   # where a result names its stored model's digest
+# What a chart says of its series: the y axis' title, whether its values lie in [0, 1], and whether
+# they are measured on the evaluated rows (the chart then says how many) rather than on training rows
+SERIES_TITLES = {
+    "auc": ("AUC", True, True), "test_auc": ("AUC", True, True),
+    "accuracy": ("accuracy (share of rows right)", True, True),
+    "logloss": ("log-loss (nats per row)", False, True), "rmse": ("RMSE (label units)", False, True),
+    "mae": ("MAE (label units)", False, True), "f1": ("F1", True, True), "precision": ("precision", True, True),
+    "recall": ("recall", True, True), "mcc": ("MCC", False, True),
+    "inertia": ("inertia (sum of squared distances)", False, False),
+    "log_likelihood": ("log-likelihood (nats, all rows)", False, False),
+    "objective": ("objective (sum of squares)", False, False),
+    "loss": ("training loss (per training row)", False, False),
+    "train_loss": ("training loss (per training row)", False, False),
+    "grad_max": ("largest |gradient| (training rows)", False, False),
+}
+ROW_SERIES = ("test_rows", "rows", "eval_rows")     # counts a point rests on: said on the axis, never drawn
+NOT_METRICS = ("base_score",)                        # a model's constant, not a measure of it
 
 
 def kinds_doc() -> list[dict]:
@@ -96,7 +113,8 @@ def job_view(record: dict, readings: Sequence[tuple[str | None, str, dict | None
     from fedpeer.kinds.catalog import job_kinds
 
     kind = job_kinds().get(record["kind"])
-    return {**record, "curves": curves(kind, record), "card": card(kind, record),
+    drawn = curves(kind, record)
+    return {**record, "curves": drawn, "charts": charts(drawn, record), "card": card(kind, record),
             "sites": sites(record, readings), "site_table": site_table(kind, readings)}
 
 
@@ -132,6 +150,48 @@ def series(entries: Sequence[Any]) -> dict[str, list[list[float]]]:
     return {k: v[-CURVE_POINTS_MAX:] for k, v in out.items()}
 
 
+def charts(drawn: Mapping[str, list[list[float]]], record: Mapping[str, Any]) -> list[dict]:
+    """What the page draws of `curves`: one chart per series that varies, each with its axes'
+    titles (units, and the rows each point rests on) and its y range ([0, 1] for a bounded metric).
+    Row counts and constant whole numbers (`test_rows`, `trees_added`) are not curves."""
+    result = record.get("result") or {}
+    params = record.get("params") or {}
+    rows_points = next((drawn[k] for k in ROW_SERIES if drawn.get(k)), None)
+    rows = int(rows_points[-1][1]) if rows_points else _rows(result, "test_rows") or _rows(
+        result.get("federated_eval") or {}, "test_rows")
+    held_out = isinstance(params.get("test_fraction"), (int, float)) and params["test_fraction"] > 0
+    bins = _bins_used(result.get("history") if isinstance(result.get("history"), list) else [])
+    out = []
+    for name, points in drawn.items():
+        values = [y for _, y in points]
+        if name in ROW_SERIES or (len(set(values)) == 1 and all(float(v).is_integer() for v in values)
+                                  and len(values) > 1 and name not in SERIES_TITLES):
+            continue
+        title, bounded, on_rows = SERIES_TITLES.get(name, (name.replace("_", " "), False, False))
+        if rows is not None and on_rows:
+            title += f" · {rows} {'held-out ' if held_out else ''}rows per point"
+        if len(bins) > 1 and name in ("auc", "test_auc"):     # points on different score bins: said, not hidden
+            title += f" · score bins differ: {', '.join(f'{b} from round {r}' for b, r in bins)}"
+        bounded = bounded and all(0.0 <= v <= 1.0 for v in values)
+        out.append({"name": name, "points": points, "x_title": "round", "y_title": title,
+                    "y_range": [0.0, 1.0] if bounded else None})
+    return out
+
+
+def _bins_used(entries: Sequence[Any]) -> list[tuple[int, Any]]:
+    """(score bins, first round) each time the bins of the evaluated history entries change (an
+    entry's `curve`, when it has one, is what the chart draws)."""
+    changes: list[tuple[int, Any]] = []
+    for entry in entries:
+        if not isinstance(entry, Mapping):
+            continue
+        drawn = entry.get("curve") if isinstance(entry.get("curve"), Mapping) else entry
+        b = drawn.get("eval_bins")
+        if isinstance(b, int) and (not changes or changes[-1][0] != b):
+            changes.append((b, entry.get("round")))
+    return changes
+
+
 def card(kind: Any, record: Mapping[str, Any]) -> dict:
     """The model's card: kind, the parameters that differ from the kind's defaults, the members,
     the data's schema fingerprint at this site, and every metric of the result with its rows."""
@@ -140,6 +200,7 @@ def card(kind: Any, record: Mapping[str, Any]) -> dict:
     result = record.get("result") or {}
     return {
         "kind": record["kind"], "help": kind.help if kind is not None else None,
+        "mode": result.get("mode") if isinstance(result.get("mode"), str) else params.get("mode"),
         "params_changed": {k: v for k, v in sorted(params.items()) if k not in defaults or defaults[k] != v},
         "members": [f"{m['name']} ({m['fingerprint']})" for m in record.get("members") or ()],
         "data_fingerprint": record.get("data_fingerprint"),
@@ -154,7 +215,7 @@ def metrics(result: Mapping[str, Any], params: Mapping[str, Any]) -> list[dict]:
     was measured on where the result says (`test_rows`, or a nested part's `rows`) and its source."""
     found: list[dict] = []
     for key, value in result.items():
-        if key.startswith("_") or key in params:
+        if key.startswith("_") or key in params or key in NOT_METRICS:
             continue
         if _metric(value):
             source = result.get(f"{key}_source")      # "auc_source": where the result says it was measured
@@ -164,8 +225,14 @@ def metrics(result: Mapping[str, Any], params: Mapping[str, Any]) -> list[dict]:
             rows = _rows(value, "test_rows", "rows")
             source = value.get("on") if isinstance(value.get("on"), str) else key
             found += [{"name": f"{key}.{k}", "value": v, "rows": rows, "source": source}
-                      for k, v in value.items() if _metric(v)]
-    return found[:METRICS_MAX]
+                      for k, v in value.items() if _metric(v) and k not in NOT_METRICS]
+    seen: set[tuple[str, float]] = set()       # each metric once: `auc` and `federated_eval.auc` are one
+    once = []
+    for m in found:
+        if (m["name"].rsplit(".", 1)[-1], m["value"]) not in seen:
+            seen.add((m["name"].rsplit(".", 1)[-1], m["value"]))
+            once.append(m)
+    return once[:METRICS_MAX]
 
 
 def _rows(doc: Mapping[str, Any], *keys: str) -> int | None:

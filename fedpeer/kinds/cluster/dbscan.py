@@ -5,6 +5,10 @@ clusters synthetic points drawn from each site's description of its local cluste
 (fedpeer/ml/cluster/dbscan.py has the steps and the rules).
 
 Secure sums, in order (tags `dbscan/...`):
+0. with `standardize` (the default): moments, as the kmeans job: the federated mean and std, every
+   row clustered as (x - mean) / std. With `eps_auto` (the default): kdistances, the federation's
+   histogram of each row's distance to its min_samples-th nearest row at its own site (fixed
+   log-spaced bins), eps its EPS_AUTO_QUANTILE quantile. It reveals that histogram, federation-wide.
 1. descriptions: every member's slots (its own filled, the others zero), the Σx and Σx² of its
    rows in local clusters, its row count and its local noise count. The total is every site's
    descriptions side by side.
@@ -40,8 +44,13 @@ from fedpeer.ml.blas import one_blas_thread
 from fedpeer.ml.cluster import dbscan as db
 
 PARAMS = {
-    "eps": Param(float, 0.5, "DBSCAN neighbourhood radius, in feature units (local and synthetic runs)",
-                 low=1e-12, high=1e12),
+    "eps": Param(float, 0.5, "DBSCAN neighbourhood radius (local and synthetic runs), in standardized units "
+                 "(feature units with standardize=false); unused with eps_auto", low=1e-12, high=1e12),
+    "standardize": Param(bool, True, "cluster (x - mean) / std with the federated mean and std (one more secure "
+                         "sum); false: raw feature units", capability="dbscan-standardize", before=False),
+    "eps_auto": Param(bool, True, f"eps from the federation's k-distances: the {db.EPS_AUTO_QUANTILE:g} quantile "
+                      "of every row's distance to its min_samples-th nearest row at its own site (a secure sum "
+                      "of per-site histograms); false: eps as given", capability="dbscan-eps-auto", before=False),
     "min_samples": Param(int, 5, "DBSCAN: rows within eps that make a core point", low=1, high=100_000),
     "components": Param(int, 10, "Gaussians describing each local cluster (fewer for smaller clusters)",
                         low=1, high=100),
@@ -64,8 +73,23 @@ async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, offload: 
     km.check_size("dbscan", len(members) * slots * db.slot_size(comps, d) + 2 * d, 2,
                   "lower local_clusters_max or components")
     sums = km.Sums(ch, ctx, p["secure_sum"], "dbscan")
+    shift, scale = np.zeros(d), np.ones(d)
+    if p["standardize"]:
+        ch.progress("moments", 0, 2)
+        n_all, totals = await km.federated_moments(sums, X, offload)
+        space = km.cl.make_space(*km.cl.finish_moments(n_all, totals, d), True)
+        shift, scale = space.shift, space.scale
+        X = await offload(space.to, X)
+    eps, kdist = p["eps"], None
+    if p["eps_auto"]:
+        ch.progress("k-distances", 0, 2)
+        hist = await offload(one_blas_thread, db.kdistance_histogram, X, p["min_samples"])
+        _, kdist = await sums.add("kdistances", np.zeros(0), hist)
+        if p["standardize"]:             # the rows are known already: every one counted once
+            checked_total(sums.tag("kdistances"), db.check_kdistances, kdist, n_all)
+        eps = checked_total(sums.tag("kdistances"), db.eps_from_histogram, kdist)
     ch.progress("local DBSCAN and descriptions", 0, 2)
-    described, moments = await offload(one_blas_thread, db.describe_with_moments, X, p["eps"], p["min_samples"],
+    described, moments = await offload(one_blas_thread, db.describe_with_moments, X, eps, p["min_samples"],
                                        comps, p["seed"], p["reg_covar"])
     try:
         packed = db.pack(described, members.index(ch.me), len(members), slots, comps, d)
@@ -80,28 +104,34 @@ async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, offload: 
     tag = sums.tag("descriptions")
     shared = checked_total(tag, db.unpack, total[:-2 * d], len(members), slots, comps, d)
     checked_total(tag, db.check_counts, shared, n, int(counts[1]))
+    if kdist is not None:
+        checked_total(sums.tag("kdistances"), db.check_kdistances, kdist, n)
     checked_total(tag, db.check_moments, shared, total[-2 * d:], p["reg_covar"], n)
     synthetic_rows = sum(rows for _, _, rows, *_ in shared)
     if synthetic_rows > p["synthetic_rows_max"]:
         raise JobError(f"the sites' local clusters hold {synthetic_rows} rows, more synthetic points than "
                        f"synthetic_rows_max {p['synthetic_rows_max']}; raise it (each member clusters them all)")
     S = db.synthesize(shared, p["seed"])
-    labels = await offload(one_blas_thread, db.cluster_synthetic, S, p["eps"], p["min_samples"])
+    labels = await offload(one_blas_thread, db.cluster_synthetic, S, eps, p["min_samples"])
     k = int(labels.max()) + 1 if len(labels) else 0
-    mine = await offload(one_blas_thread, db.assign, X, S, labels, p["eps"])
+    mine = await offload(one_blas_thread, db.assign, X, S, labels, eps)
     ch.progress("cluster sizes (secure sum 2 of 2)", 2, 2)
     _, sizes = await sums.add("sizes", np.zeros(0), np.bincount(mine + 1, minlength=k + 1).astype(np.int64))
     checked_total(sums.tag("sizes"), db.check_sizes, sizes, n)
+    warning = db.noise_warning(n, int(sizes[0]), sizes[1:])
     return {
         "features": list(features), "rows": n, "participants": sums.names(),
         "clusters": k, "noise_fraction": float(sizes[0]) / n if n else 0.0,   # exact: noise is not a cluster
         "cluster_sizes": km.sizes_shown(sizes[1:], p["min_cluster_rows"]),
         "local_clusters": len(shared), "local_noise_rows": int(counts[1]), "synthetic_rows": int(len(S)),
-        "synthetic_noise": int((labels < 0).sum()), "eps": p["eps"], "min_samples": p["min_samples"],
+        "synthetic_noise": int((labels < 0).sum()), "eps": eps, "min_samples": p["min_samples"],
+        "eps_chosen": (f"eps {eps:.4g}: the {db.EPS_AUTO_QUANTILE:g} quantile of the rows' k-distances"
+                       if p["eps_auto"] else f"eps {eps:.4g}: as given"),
+        "standardized": p["standardize"], "warnings": [warning] if warning else [],
         "secure_sum": p["secure_sum"], "secure_sums": len(sums.sent_entries),
         "bytes_sent_per_site": 8 * sum(sums.sent_entries),
         "_model": {"kind": "dbscan", "features": list(features), "points": S, "labels": labels.astype(np.float64),
-                   "eps": p["eps"]},
+                   "eps": eps, "shift": shift, "scale": scale},
     }
 
 
@@ -127,13 +157,20 @@ def load_model(path: Any) -> dict:
                 or not np.isfinite(labels).all() or (labels < -1).any() or (labels != np.round(labels)).any() \
                 or not float(eps) > 0:
             raise ValueError("arrays out of shape or range")
+        d = len(features)      # models before `standardize` hold no shift and scale: raw units
+        shift, scale = stored.get("shift", np.zeros(d)), stored.get("scale", np.ones(d))
+        if shift.shape != (d,) or scale.shape != (d,) or not np.isfinite(shift).all() or not (scale > 0).all():
+            raise ValueError("shift or scale out of shape or range")
     except (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as exc:
         raise DataError(f"{path}: not a valid stored dbscan model: {exc}") from None
-    return {"features": tuple(features), "points": points, "labels": labels.astype(np.int64), "eps": float(eps)}
+    return {"features": tuple(features), "points": points, "labels": labels.astype(np.int64), "eps": float(eps),
+            "shift": shift, "scale": scale}
 
 
 def predict(model: Mapping[str, Any], X: np.ndarray) -> list[dict]:
     """Each row's cluster: that of the nearest clustered synthetic point within eps, else -1 (noise)."""
+    if "shift" in model:
+        X = (X - model["shift"]) / model["scale"]
     labels = db.assign(X, model["points"], model["labels"], model["eps"])
     return [{"row": i + 1, "cluster": int(c)} for i, c in enumerate(labels)]
 

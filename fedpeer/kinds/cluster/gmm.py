@@ -53,10 +53,12 @@ PARAMS = {
     "kmeans_max_iter": Param(int, 100, "rounds of the federated k-means that initialises EM", low=1, high=10_000),
     "n_init": Param(int, 4, "restarts of the initialising k-means (all in the same secure sums)", low=1, high=100),
     "seed": seed("job seed: the k-means initial centres"),
-    "standardize": Param(bool, False, "fit (x - mean) / std with the federated mean and std; the mixture is "
-                         "reported in original units either way"),
+    "standardize": Param(bool, True, "fit (x - mean) / std with the federated mean and std (false: raw units); "
+                         "the mixture is reported in original units either way"),
     "init": Param(str, "", "explicit initial k-means centres in original units, 'x1,x2;y1,y2' (at most 1024 "
                   "characters); empty: drawn from the federated mean and std", high=km.INIT_CHARS_MAX),
+    "k_max": Param(int, 0, "0: k as given; 2 or more: a mixture for every k from 2 to k_max, the one with the "
+                   "lowest BIC kept (no init)", low=0, high=1000, capability="gmm-k-auto"),
     "min_cluster_rows": km.MIN_CLUSTER_ROWS,
     "secure_sum": SECURE_SUM_EXPLAINED,
 }
@@ -70,18 +72,36 @@ def _kmeans_params(params: Mapping[str, Any]) -> dict:
 
 async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, offload: km.Offload = asyncio.to_thread) -> dict:
     X, features = ctx.data.X, ctx.data.features
-    d, k, cov = len(features), params["k"], params["covariance"]
+    d, cov, ks = len(features), params["covariance"], km.k_range(params)
     restarts = 1 if params["init"] else params["n_init"]
-    nf, nc = cl.block_sizes(k, d)
+    nf, nc = cl.block_sizes(max(ks), d)
     km.check_size("gmm", nf * restarts, nc * restarts, "lower k or n_init")
-    gf, gc = mx.stat_sizes(k, d, cov)
+    gf, gc = mx.stat_sizes(max(ks), d, cov)
     km.check_size("gmm", gf, gc, "use covariance=diag or fewer components")
     sums = km.Sums(ch, ctx, params["secure_sum"], "gmm")
     ch.progress("moments", 0, 1)
     n, totals = await km.federated_moments(sums, X, offload)
+    fits, scores = [], []
+    for k in km.k_range(params, n) if params["k_max"] else ks:
+        sums.prefix = f"gmm/k{k}" if params["k_max"] else "gmm"
+        fit = await fit_k(ch, {**params, "k": k}, X, features, sums, n, totals, offload)
+        fits.append(fit)
+        if params["k_max"]:
+            scores.append({"k": k, "bic": fit["bic"], "log_likelihood": fit["log_likelihood"]})
+    at = min(range(len(scores)), key=lambda i: scores[i]["bic"]) if scores else 0
+    return {**fits[at], "k_scores": scores, "k_chosen": km.k_chosen(params, scores, "(lowest) BIC", fits[at]["k"],
+                                                              PARAMS["k"].default),
+            "warnings": km.warnings(params, n, totals, features)}
+
+
+async def fit_k(ch: Any, params: Mapping[str, Any], X: np.ndarray, features: tuple[str, ...], sums: km.Sums,
+                n: int, totals: np.ndarray, offload: km.Offload) -> dict:
+    """One mixture of params' k: the k-means that starts it, then EM, as the result holds it."""
+    d, k, cov = len(features), params["k"], params["covariance"]
+    first = len(sums.sent_entries)
     space, lloyd = km._plan_for(_kmeans_params(params), n, totals, d)
     Z = await offload(space.to, X)
-    await km.run_lloyd(ch, sums, lloyd, Z, n, offload, "k-means init")
+    await km.run_lloyd(ch, sums, lloyd, Z, n, offload, f"k = {k}: k-means init" if params["k_max"] else "k-means init")
     best = lloyd.restarts[lloyd.best()]
     centers = best.centers
     labels, _ = await offload(km.one_blas_thread, cl.nearest, Z, centers)
@@ -103,7 +123,7 @@ async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, offload: 
         if step == params["max_iter"] or (step > 1 and abs(history[-1] - history[-2]) / n < params["tol"]):
             break
         model = mx.mstep(n, f_total, model.means, cov, params["reg_covar"])
-    return result(model, history, c_total, space, params, features, n, sums, lloyd)
+    return result(model, history, c_total, space, params, features, n, sums, lloyd, first)
 
 
 async def run(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
@@ -111,7 +131,7 @@ async def run(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
 
 
 def result(model: mx.Mixture, history: list[float], counts: np.ndarray, space: cl.Space, params: Mapping[str, Any],
-           features: tuple[str, ...], n: int, sums: km.Sums, lloyd: cl.Lloyd) -> dict:
+           features: tuple[str, ...], n: int, sums: km.Sums, lloyd: cl.Lloyd, first: int = 1) -> dict:
     k, d, cov = params["k"], len(features), params["covariance"]
     original = mx.to_original(model, space.shift, space.scale)
     order = cl.canonical_order(original.means)
@@ -129,7 +149,7 @@ def result(model: mx.Mixture, history: list[float], counts: np.ndarray, space: c
         "iterations": len(history), "converged": converged,
         "history": [{"round": i + 1, "log_likelihood": v} for i, v in enumerate(loglik)],
         "cluster_sizes": km.sizes_shown(counts[order], params["min_cluster_rows"]),
-        "kmeans_rounds": len(sums.sent_entries) - len(history) - 2,
+        "kmeans_rounds": len(sums.sent_entries) - first - len(history) - 1,
         "kmeans_inertia": lloyd.restarts[lloyd.best()].inertia,
         "standardized": params["standardize"], "reg_covar": params["reg_covar"],
         "secure_sum": params["secure_sum"], "secure_sums": len(sums.sent_entries),
@@ -195,5 +215,6 @@ KIND = JobKind(name="gmm", help="exact federated Gaussian mixture (EM on secure-
                params=PARAMS, run=run, needs_data=True, binary_label=False, needs_label=False,
                save_model=km.save_model,
                model_file="model.npz",
-               limits=LIMITS, describe=functools.partial(km.describe, "gmm"), site_table=km.site_table,
+               limits=LIMITS, in_effect=km.in_effect, describe=functools.partial(km.describe, "gmm"),
+               site_table=km.site_table,
                predict=predict_file, history=functools.partial(km.history, "log_likelihood"))

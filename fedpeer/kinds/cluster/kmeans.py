@@ -65,17 +65,45 @@ PARAMS = {
     "n_init": Param(int, 10, "restarts from different seeded initial centres, all in the same secure sums; "
                     "the lowest inertia is kept (1 when init is given)", low=1, high=100),
     "seed": seed("job seed: initial centres and empty-cluster re-seeding"),
-    "standardize": Param(bool, False, "cluster (x - mean) / std with the federated mean and std; centres are "
-                         "reported in original units either way"),
+    "standardize": Param(bool, True, "cluster (x - mean) / std with the federated mean and std (false: raw "
+                         "units, where the widest column decides); centres are reported in original units either way"),
     "fuzziness": Param(float, 1.0, "1: hard k-means; m > 1: fuzzy c-means with fuzzifier m (Bezdek)",
                        low=1.0, high=10.0),
     "init": Param(str, "", "explicit initial centres in original units, 'x1,x2;y1,y2' (k groups of one value "
                   "per feature, at most 1024 characters); empty: drawn from the federated mean and std",
                   high=INIT_CHARS_MAX),
+    "k_max": Param(int, 0, "0: k as given; 2 or more: every k from 2 to k_max is fitted and the one with the "
+                   "highest Calinski-Harabasz score (from the same secure sums) is kept (hard k-means, no init)",
+                   low=0, high=1000, capability="kmeans-k-auto"),
     "min_cluster_rows": MIN_CLUSTER_ROWS,
     "secure_sum": SECURE_SUM_EXPLAINED,
     **kmeans_dp.PARAMS,         # differential privacy (fedpeer/kinds/cluster/kmeans_dp.py): off at dp_epsilon = 0
 }
+
+
+def k_range(params: Mapping[str, Any], n: int | None = None) -> list[int]:
+    """The k a job fits: [k], or 2..k_max (below the row count n when known)."""
+    if not params["k_max"]:
+        return [params["k"]]
+    if params["k_max"] < 2:
+        raise JobError("parameter k_max: 0 (k as given) or at least 2")
+    if params["init"] or params.get("fuzziness", 1.0) != 1.0:
+        raise JobError("k_max chooses k for hard k-means from drawn centres: leave init empty and fuzziness 1")
+    return list(range(2, params["k_max"] + 1 if n is None else min(params["k_max"], n - 1) + 1))
+
+
+def k_chosen(params: Mapping[str, Any], scores: Sequence[Mapping[str, Any]], criterion: str, best: int,
+             default: int) -> str:
+    """Which k the result holds, and why."""
+    if not scores:
+        return (f"k = {params['k']}: as given{' (the default)' if params['k'] == default else ''}; "
+                f"k_max = K tries k = 2..K and keeps the best by {criterion}")
+    return f"k = {best}: the best {criterion} over k = {scores[0]['k']}..{scores[-1]['k']}"
+
+
+def in_effect(params: Mapping[str, Any]) -> dict[str, int]:
+    """[policy] clusters_max bounds the largest k a job fits: k_max when it chooses k."""
+    return {"k": max(params["k"], params["k_max"])}
 
 
 class Sums:
@@ -172,23 +200,58 @@ def _plan_for(params: Mapping[str, Any], n: int, totals: np.ndarray, d: int) -> 
                    fuzziness=params["fuzziness"], init=init)
 
 
+def calinski_harabasz(space: cl.Space, n: int, totals: np.ndarray, d: int, k: int, inertia: float) -> float:
+    """(B / (k - 1)) / (W / (n - k)) in the clustering space: W the inertia, B = T - W with T the
+    total sum of squares about the mean, from secure sum 1's Σx, Σx² (as scikit-learn's score)."""
+    z_sums, z_squares, _ = cl.space_moments(space, n, totals, d)
+    total = float((z_squares - z_sums * z_sums / n).sum())
+    return float("inf") if inertia <= 0 else (total - inertia) / (k - 1) / (inertia / (n - k))
+
+
 async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, offload: Offload = asyncio.to_thread) -> dict:
     X, features = ctx.data.X, ctx.data.features
-    d, k = len(features), params["k"]
+    d, ks = len(features), k_range(params)
     restarts = 1 if params["init"] else params["n_init"]
-    nf, nc = cl.block_sizes(k, d)
+    nf, nc = cl.block_sizes(max(ks), d)
     check_size("kmeans", nf * restarts, nc * restarts, "lower k or n_init")
     sums = Sums(ch, ctx, params["secure_sum"], "kmeans")
     ch.progress("moments", 0, 1)
     n, totals = await federated_moments(sums, X, offload)
-    space, lloyd = _plan_for(params, n, totals, d)
-    Z = await offload(space.to, X)
-    await run_lloyd(ch, sums, lloyd, Z, n, offload, "lloyd")
-    return result(lloyd, space, params, features, n, sums)
+    fits, scores = [], []
+    for k in k_range(params, n) if params["k_max"] else ks:
+        sums.prefix = f"kmeans/k{k}" if params["k_max"] else "kmeans"
+        space, lloyd = _plan_for({**params, "k": k}, n, totals, d)
+        Z = await offload(space.to, X)
+        await run_lloyd(ch, sums, lloyd, Z, n, offload, f"k = {k}: lloyd" if params["k_max"] else "lloyd")
+        inertia = lloyd.restarts[lloyd.best()].inertia
+        assert inertia is not None
+        fits.append((k, space, lloyd))
+        if params["k_max"]:
+            scores.append({"k": k, "calinski_harabasz": calinski_harabasz(space, n, totals, d, k, inertia),
+                           "inertia": inertia})
+    at = max(range(len(scores)), key=lambda i: scores[i]["calinski_harabasz"]) if scores else 0
+    k, space, lloyd = fits[at]
+    return {**result(lloyd, space, {**params, "k": k}, features, n, sums), "k_scores": scores,
+            "k_chosen": k_chosen(params, scores, "Calinski-Harabasz score", k, PARAMS["k"].default),
+            "warnings": warnings(params, n, totals, features)}
+
+
+def warnings(params: Mapping[str, Any], n: int, totals: np.ndarray, features: tuple[str, ...]) -> list[str]:
+    """What a data scientist should hear of a kmeans or gmm job's set-up: columns of very different
+    scales left unstandardized (from the federated std of secure sum 1)."""
+    if params["standardize"]:
+        return []
+    _, std = cl.finish_moments(n, totals, len(features))
+    line = cl.scale_warning(std, features)
+    return [line] if line else []
 
 
 async def run(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
     dp_on = params.get("dp_epsilon", 0.0) > 0
+    if ctx.data.partition == "vertical" and params["k_max"]:
+        raise JobError("k_max: k is chosen over horizontal sites only; give k")
+    if dp_on and params.get("k_max"):
+        raise JobError("k_max: choosing k would spend privacy budget on every k tried; with dp_epsilon, give k")
     if ctx.data.partition == "vertical":      # LLF-CM over vertical sites (fedpeer/kinds/cluster/vertical.py)
         if dp_on:
             raise JobError("kmeans over vertical data does not take dp_epsilon")
@@ -230,8 +293,9 @@ def describe(kind: str, result: Mapping[str, Any]) -> list[str]:
         return [f"  federation: {result['rows']} rows over {', '.join(result['participants'])}; "
                 f"{result['clusters']} clusters from {result['local_clusters']} shared local-cluster descriptions "
                 f"({result['synthetic_rows']} synthetic points); noise {result['noise_fraction']:.3f} of the rows",
-                f"  cluster sizes: {' '.join(str(c) for c in result['cluster_sizes']) or '-'}; eps {result['eps']}, "
-                f"min_samples {result['min_samples']}"]
+                f"  cluster sizes: {' '.join(str(c) for c in result['cluster_sizes']) or '-'}; "
+                f"{result.get('eps_chosen') or 'eps ' + str(result['eps'])}, "
+                f"min_samples {result['min_samples']}"] + [f"  warning: {w}" for w in result.get("warnings", [])]
     if kind == "kmeans" and "privacy" in result:
         return kmeans_dp.describe(result)
     fit = "inertia" if kind == "kmeans" else "log_likelihood"
@@ -246,6 +310,8 @@ def describe(kind: str, result: Mapping[str, Any]) -> list[str]:
         what = "inertia" if result.get("fuzziness", 1.0) == 1.0 else "fuzzy objective (sum of u^m d^2)"
         lines.append(f"  {what} {result['inertia']:.6g} ({result['inertia_units']}); kept restart "
                      f"{result['kept_restart'] + 1} of {result['restarts']}")
+    lines += [f"  {result['k_chosen']}"] if "k_chosen" in result else []
+    lines += [f"  warning: {w}" for w in result.get("warnings", [])]
     lines.append("  " + fit.replace("_", "-") + " per round: "
                  + ", ".join(f"{h[fit]:.6g}" for h in result["history"]))
     centres = result["centers"] if kind == "kmeans" else result["means"]
@@ -361,6 +427,7 @@ KIND = JobKind(name="kmeans", help="exact federated k-means / fuzzy c-means on s
                params=PARAMS, run=run, needs_data=True, binary_label=False, needs_label=False,
                save_model=save_model,
                model_file="model.npz",
-               limits=LIMITS, describe=functools.partial(describe, "kmeans"), site_table=site_table,
+               limits=LIMITS, in_effect=in_effect, describe=functools.partial(describe, "kmeans"),
+               site_table=site_table,
                predict=predict_file, history=functools.partial(history, "inertia"),
                vertical=True, messages=VERTICAL_MESSAGES)

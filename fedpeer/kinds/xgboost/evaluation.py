@@ -19,7 +19,7 @@ from fedpeer.kinds.xgboost.messages import (
     Directive,
     _Died,
 )
-from fedpeer.kinds.xgboost.target import check_eval, eval_metrics, eval_vector
+from fedpeer.kinds.xgboost.target import check_eval, curve_metrics, eval_metrics, eval_vector
 from fedpeer.protocols.securesum.api import secure_sum
 from fedpeer.runtime.channel import RecvTimeout, SubChannel
 
@@ -80,7 +80,11 @@ class Evaluating:
         checked_total(f"xgb/eval/{term}/{rnd}", check_eval, out.total, p)   # every participant: the job ends
         metrics = eval_metrics(out.total, p)
         entry.update(metrics)
-        self.ch.progress(f"round {rnd} of {p['rounds']}", rnd, p["rounds"], point={"round": rnd, **metrics})
+        curve = curve_metrics(out.total, p)
+        if curve is not None:        # the last round, scored finer: its curve point at the rounds' bins
+            entry["curve"] = curve
+        self.ch.progress(f"round {rnd} of {p['rounds']}", rnd, p["rounds"],
+                         point={"round": rnd, **{k: v for k, v in (curve or metrics).items() if k != "eval_bins"}})
         entry["evaluated_by"] = [m.hex() for m in out.participants]
 
     async def while_alive(self, peer: bytes, work: Any, term: int | None = None,

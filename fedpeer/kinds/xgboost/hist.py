@@ -80,6 +80,7 @@ from fedpeer.jobs.kind import ImplausibleTotal, JobContext, JobFailsEverywhere, 
 from fedpeer.kinds.xgboost.target import (
     check_eval,
     class_names,
+    curve_metrics,
     encode_eval,
     eval_metrics,
     eval_sums,
@@ -403,7 +404,8 @@ class HistJob:
                 return None
             raise
         checked_total(tag, check_eval, total, params)
-        return eval_metrics(total, params)
+        curve = curve_metrics(total, params)     # the final evaluation: also at the rounds' bins
+        return {**eval_metrics(total, params), **({"curve": curve} if curve else {})}
 
     def evaluate_rounds(self, test: tuple[np.ndarray, np.ndarray] | Callable[..., Any]) -> None:
         """Evaluate the model so far every `eval_every` rounds on `test` (the history)."""
@@ -481,8 +483,9 @@ async def run_hist(ch: Any, params: Mapping[str, Any], ctx: JobContext,
     fed = await job.evaluate(model, test) if p["test_fraction"] > 0 else None
     if fed is not None:
         job.history.append({"round": p["rounds"], "trees": info.n_trees, **fed})
+        curve = fed.pop("curve", None) or fed
         ch.progress(f"histogram mode: round {p['rounds']} of {p['rounds']}", job.total_trees, job.total_trees,
-                    point={"round": p["rounds"], **fed})
+                    point={"round": p["rounds"], **{k: v for k, v in curve.items() if k != "eval_bins"}})
     score_result(out, p, fed, "the sites' test parts")
     if ctx.test_data is not None:
         X, y = ctx.test_data.X, site_labels(ctx.test_data, p)

@@ -182,6 +182,24 @@ def eval_metrics(total: np.ndarray, params: Mapping[str, Any]) -> dict:
     return out
 
 
+def curve_metrics(total: np.ndarray, params: Mapping[str, Any]) -> dict | None:
+    """The last round's metrics at the rounds' bins (`eval_round_bins`), from its total summed at
+    `eval_bins`: the learning curve's points then all rest on the same bins (the result keeps the
+    finer score). None for regression, equal bins, or bins the rounds' do not divide."""
+    from fedpeer.ml.moments import FIXED
+
+    to = min(params["eval_round_bins"], params["eval_bins"])
+    if is_regression(params) or to == params["eval_bins"]:
+        return None
+    k = _n_counts(params)
+    coarse = evalcounts.coarsen(decode_counts(total[:k]), groups_of(params), params["eval_bins"], to)
+    if coarse is None:
+        return None
+    out = evalcounts.metrics(coarse, float(FIXED.decode(total[k:])[0]), groups_of(params), to)
+    out["test_rows"] = out.pop("rows")
+    return {**out, "eval_bins": to}
+
+
 def metric_keys(params: Mapping[str, Any]) -> tuple[str, ...]:
     """The keys of `eval_metrics`; the first is the one a result leads with."""
     return ("rmse", "mae", "test_rows") if is_regression(params) else ("auc", "logloss", "accuracy", "test_rows")

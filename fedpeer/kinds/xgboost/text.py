@@ -72,5 +72,8 @@ def site_table(sites: Sequence[Mapping[str, Any]]) -> str:
 
 
 def history(result: Mapping[str, Any]) -> dict[str, list[tuple[float, float]]]:
-    """The curves of an xgboost result: the federated evaluation of each committed round."""
-    return series(result.get("history") or [], "round", metric_keys(result))
+    """The curves of an xgboost result: the federated evaluation of each committed round, every
+    point at the rounds' bins (the last round, scored finer for the result, also holds its
+    `curve` at those bins)."""
+    entries = [{**h, **h["curve"]} if isinstance(h.get("curve"), Mapping) else h for h in result.get("history") or []]
+    return series(entries, "round", metric_keys(result))

@@ -221,3 +221,57 @@ def assign(X: np.ndarray, S: np.ndarray, labels: np.ndarray, eps: float) -> np.n
     dist, idx = nn.kneighbors(X)
     out = labels[core][idx[:, 0]]
     return np.where(dist[:, 0] <= eps, out, -1).astype(np.int64)
+
+
+# ---------------------------------------------------------------------------------------------
+# eps from the federation's k-distances (`eps_auto`)
+# ---------------------------------------------------------------------------------------------
+
+KDIST_EDGES = np.logspace(-4, 4, 161)   # 20 bins a decade over [1e-4, 1e4], plus one below and one above
+EPS_AUTO_QUANTILE = 0.75                # eps: where three rows in four have min_samples rows that near
+
+
+def kdistance_histogram(Z: np.ndarray, min_samples: int) -> np.ndarray:
+    """Counts of this site's rows' k-distances (to their min_samples-th nearest row of the site, the
+    row itself counted as DBSCAN counts it) in KDIST_EDGES' bins, with an underflow bin first and an
+    overflow bin last. A site with fewer rows than min_samples puts every row in the overflow bin.
+    A site's own k-distance is at least the federation's (its rows are a subset)."""
+    from sklearn.neighbors import NearestNeighbors
+
+    counts = np.zeros(len(KDIST_EDGES) + 1, dtype=np.int64)
+    if Z.shape[0] < min_samples:
+        counts[-1] = Z.shape[0]
+        return counts
+    dist, _ = NearestNeighbors(n_neighbors=min_samples).fit(Z).kneighbors(Z)
+    return np.bincount(np.searchsorted(KDIST_EDGES, dist[:, -1], side="right"),
+                       minlength=len(counts)).astype(np.int64)
+
+
+def check_kdistances(counts: np.ndarray, rows: int) -> None:
+    """ValueError unless the summed k-distance histogram holds every row once."""
+    if int(np.asarray(counts).sum()) != rows:
+        raise ValueError(f"the k-distance histograms hold {int(np.asarray(counts).sum())} rows, not the {rows} rows")
+
+
+def eps_from_histogram(counts: np.ndarray, quantile: float = EPS_AUTO_QUANTILE) -> float:
+    """The upper edge of the bin where the summed histogram reaches `quantile` of the rows (at most
+    one bin, a factor 10^0.05, above the exact quantile). JobError when it lies outside the edges."""
+    total = int(counts.sum())
+    if total == 0:
+        raise JobError("eps_auto: no rows to measure k-distances on")
+    at = int(np.searchsorted(np.cumsum(counts), quantile * total))
+    if at == 0 or at >= len(KDIST_EDGES):
+        raise JobError(f"eps_auto: the rows' k-distances lie outside [{KDIST_EDGES[0]:g}, {KDIST_EDGES[-1]:g}] "
+                       "standardized units; set eps")
+    return float(KDIST_EDGES[at])
+
+
+def noise_warning(rows: int, noise: int, sizes: np.ndarray) -> str | None:
+    """One line when the clustering says little: more than half the rows noise, or one cluster
+    holding every row."""
+    if rows and noise * 2 > rows:
+        return (f"{noise} of {rows} rows ({noise / rows:.0%}) are noise: eps is small for these rows "
+                "(raise eps, or eps_auto=true)")
+    if rows and len(sizes) == 1 and int(sizes[0]) == rows:
+        return f"one cluster holds all {rows} rows: eps is large for these rows (lower eps)"
+    return None

@@ -96,6 +96,24 @@ class Space:
         return bool((self.shift != 0).any() or (self.scale != 1).any())
 
 
+SCALE_RATIO_WARN = 100.0     # columns whose std differ more than this dominate unstandardized distances
+
+
+def scale_warning(std: np.ndarray, features: tuple[str, ...] | list[str]) -> str | None:
+    """One line when unstandardized columns' federated std differ by more than SCALE_RATIO_WARN
+    times (the clusters then follow the widest column), else None."""
+    live = np.flatnonzero(std > 0)
+    if len(live) < 2:
+        return None
+    wide, narrow = live[np.argmax(std[live])], live[np.argmin(std[live])]
+    ratio = float(std[wide] / std[narrow])
+    if ratio <= SCALE_RATIO_WARN:
+        return None
+    return (f"column scales differ {ratio:.0f}x (std of {features[wide]} {std[wide]:.4g}, of {features[narrow]} "
+            f"{std[narrow]:.4g}): unstandardized, the clusters follow the widest columns; "
+            "standardize=true clusters (x - mean) / std")
+
+
 def make_space(mean: np.ndarray, std: np.ndarray, standardize: bool) -> Space:
     """Standardise with the federated mean and std; a constant feature (std 0) keeps scale 1."""
     if not standardize:

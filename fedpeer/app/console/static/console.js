@@ -10,8 +10,8 @@ const SESSION_HEADER = "X-Fedpeer-Session";
 const SESSION_KEY = "fedpeer-console-session";
 const ASK_FRESH = "ask the console for a fresh URL (press Enter where `fedpeer console` runs, or send it SIGUSR1)";
 const POLL_MS = Number(document.querySelector('meta[name="fedpeer-poll-ms"]').content) || 1000;
-const CURVE_W = 360, CURVE_H = 200;                            // px, one chart per series
-const PAD = { left: 58, right: 12, top: 22, bottom: 30 };      // px around the plot area
+const CURVE_W = 380, CURVE_H = 230;                            // px, one chart per series
+const PAD = { left: 62, right: 12, top: 22, bottom: 44 };      // px around the plot area (axis titles in it)
 const TICKS = 5;                                               // labelled ticks per axis
 const TERMINAL = ["done", "failed", "cancelled"];
 
@@ -56,7 +56,7 @@ async function api(path, options) {
 async function openSession() {
   const token = new URLSearchParams(location.search).get("token");
   if (token === null) return;
-  history.replaceState(null, "", "/");
+  history.replaceState(null, "", "/" + location.hash);    // a job's link (#job=ID) stays
   const doc = await request("/api/session", {
     method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ token }) });
   session = doc.session;
@@ -138,9 +138,16 @@ function drawJobs(doc) {
   }));
 }
 
+// A job's own URL: this page with #job=ID (in this tab, whose session it uses).
+function jobFromHash() {
+  const m = /^#job=(.+)$/.exec(location.hash);
+  return m ? decodeURIComponent(m[1]) : null;
+}
+
 function select(id) {
   selected = id;
   lastDrawn = "";
+  if (jobFromHash() !== id) history.replaceState(null, "", `/#job=${encodeURIComponent(id)}`);
   for (const tr of $("jobs").querySelectorAll("tbody tr")) tr.className = tr.dataset.job === id ? "selected" : "";
   pollJob();
 }
@@ -154,6 +161,7 @@ function drawJob(job) {
   $("job-section").hidden = false;
   $("job-section").dataset.state = job.state;
   $("job-id").textContent = `${job.id} (${job.kind})`;
+  $("job-link").href = `/#job=${encodeURIComponent(job.id)}`;
   const p = job.progress || {};
   const step = p.total ? ` · step ${p.step} of ${p.total}` : "";
   const elapsed = job.elapsed_s === null ? "" : ` · ${job.elapsed_s.toFixed(1)} s`;
@@ -164,7 +172,8 @@ function drawJob(job) {
   $("job-error").hidden = !job.error;
   $("job-error").textContent = job.error || "";
   $("cancel-button").hidden = TERMINAL.includes(job.state);
-  drawCurves(job.curves || {});
+  drawCurves(job.charts || Object.entries(job.curves || {}).map(([name, points]) => (
+    { name, points, x_title: "round", y_title: name, y_range: null })));
   drawCard(job.card || {});
   drawSites(job.sites || [], job.site_table);
 }
@@ -185,16 +194,22 @@ function svgEl(tag, attrs, text) {
   return e;
 }
 
-function curve(name, points) {
+function curve(chart) {
+  const { name, points } = chart;
   const svg = svgEl("svg", { class: "curve", width: CURVE_W, height: CURVE_H, viewBox: `0 0 ${CURVE_W} ${CURVE_H}`,
-                             "data-series": name, "data-points": points.length });
+                             xmlns: "http://www.w3.org/2000/svg", "data-series": name, "data-points": points.length });
   const xs = points.map((q) => q[0]), ys = points.map((q) => q[1]);
   let [x0, x1] = [Math.min(...xs), Math.max(...xs)], [y0, y1] = [Math.min(...ys), Math.max(...ys)];
+  if (chart.y_range) [y0, y1] = chart.y_range;      // a bounded metric on its whole range, never a zoom
   if (x0 === x1) { x0 -= 1; x1 += 1; }
   if (y0 === y1) { const d = Math.abs(y0) * 0.05 || 1; y0 -= d; y1 += d; }
   const w = CURVE_W - PAD.left - PAD.right, h = CURVE_H - PAD.top - PAD.bottom;
   const sx = (x) => PAD.left + ((x - x0) / (x1 - x0)) * w, sy = (y) => PAD.top + h - ((y - y0) / (y1 - y0)) * h;
   svg.append(svgEl("text", { x: PAD.left, y: 14, class: "title" }, name));
+  svg.append(svgEl("text", { x: PAD.left + w / 2, y: CURVE_H - 6, "text-anchor": "middle", class: "axis-title x" },
+                   chart.x_title));
+  svg.append(svgEl("text", { x: 12, y: PAD.top + h / 2, "text-anchor": "middle", class: "axis-title y",
+                             transform: `rotate(-90 12 ${PAD.top + h / 2})` }, chart.y_title));
   for (const y of ticks(y0, y1)) {
     svg.append(svgEl("line", { x1: PAD.left, x2: PAD.left + w, y1: sy(y), y2: sy(y), class: "grid" }));
     svg.append(svgEl("text", { x: PAD.left - 4, y: sy(y) + 3, "text-anchor": "end", class: "tick" }, fmtNum(y)));
@@ -205,15 +220,40 @@ function curve(name, points) {
   }
   svg.append(svgEl("line", { x1: PAD.left, x2: PAD.left, y1: PAD.top, y2: PAD.top + h, class: "axis" }));
   svg.append(svgEl("line", { x1: PAD.left, x2: PAD.left + w, y1: PAD.top + h, y2: PAD.top + h, class: "axis" }));
-  svg.append(svgEl("polyline", { points: points.map((q) => `${sx(q[0]).toFixed(1)},${sy(q[1]).toFixed(1)}`).join(" ") }));
+  svg.append(svgEl("polyline", { fill: "none", stroke: "#2457c5", "stroke-width": 2, points: points.map((q) => `${sx(q[0]).toFixed(1)},${sy(q[1]).toFixed(1)}`).join(" ") }));
   if (points.length <= 60) for (const q of points) svg.append(svgEl("circle", { cx: sx(q[0]), cy: sy(q[1]), r: 2.5 }));
   return svg;
 }
 
-function drawCurves(curves) {
-  const names = Object.keys(curves).filter((n) => curves[n].length > 0);
-  $("no-curves").hidden = names.length > 0;
-  $("curves").replaceChildren(...names.map((n) => curve(n, curves[n])));
+function download(filename, type, text) {
+  const a = el("a");
+  a.href = URL.createObjectURL(new Blob([text], { type }));
+  a.download = filename;
+  a.click();
+  setTimeout(() => URL.revokeObjectURL(a.href), 1000);
+}
+
+// One chart with its data as CSV and itself as SVG, both downloaded from what the page holds.
+function chartBox(chart) {
+  const box = el("figure", null, "chart");
+  const svg = curve(chart);
+  const csv = el("button", "CSV"), image = el("button", "SVG");
+  csv.type = image.type = "button";
+  csv.className = "download-csv";
+  image.className = "download-svg";
+  const base = `${selected}-${chart.name}`;
+  csv.addEventListener("click", () => download(`${base}.csv`, "text/csv",
+    `${chart.x_title},${chart.name}\n` + chart.points.map((q) => `${q[0]},${q[1]}`).join("\n") + "\n"));
+  image.addEventListener("click", () => download(`${base}.svg`, "image/svg+xml",
+    new XMLSerializer().serializeToString(svg)));
+  box.append(svg, csv, image);
+  return box;
+}
+
+function drawCurves(charts) {
+  const shown = charts.filter((c) => c.points.length > 0);
+  $("no-curves").hidden = shown.length > 0;
+  $("curves").replaceChildren(...shown.map(chartBox));
 }
 
 function cardRow(label, value) {
@@ -226,6 +266,7 @@ function cardRow(label, value) {
 
 function drawCard(card) {
   const rows = [cardRow("kind", card.help ? `${card.kind} — ${card.help}` : card.kind)];
+  if (card.mode) rows.push(cardRow("mode", card.mode));
   const changed = Object.entries(card.params_changed || {});
   rows.push(cardRow("parameters (not default)", changed.length ? changed.map(([k, v]) => `${k}=${JSON.stringify(v)}`).join(", ") : "all defaults"));
   rows.push(cardRow("members", (card.members || []).join(", ")));
@@ -371,5 +412,8 @@ document.addEventListener("DOMContentLoaded", async () => {
     return;
   }
   loadKinds().catch((err) => banner(err.message));
+  const linked = jobFromHash();
+  if (linked !== null) select(linked);
+  window.addEventListener("hashchange", () => { const id = jobFromHash(); if (id !== null && id !== selected) select(id); });
   tick();
 });
