@@ -85,3 +85,49 @@ async def test_a_member_flipping_its_gradient_signs_fails_histogram_xgboost_ever
     h = await _federation_with_a_liar(make_federation, tmp_path, XGB_FLIP)
     job_id = await h.propose(0, "xgboost", {"rounds": 5, "max_depth": 3})
     await _fails_everywhere_without_a_model(h, job_id, "root gradient sum")
+
+
+PSI_GREEDY_COLLECTOR = '''
+import fedpeer.protocols.psi as target
+_real = target._count
+
+async def _greedy(ch, full, rows_min, sizes, wait_ms, tag):
+    members = tuple(ch.members)
+    if ch.me == members[0]:                     # the collector announces the last member's whole list
+        victim = sorted(full[members[-1]])[:min(sizes.values())]
+        full = {owner: victim for owner in full}
+    return await _real(ch, full, rows_min, sizes, wait_ms, tag)
+
+target._count = _greedy
+'''
+
+
+async def test_a_collector_announcing_another_members_whole_list_is_refused_before_any_unblinding(
+        make_federation, tmp_path: Path) -> None:
+    """Finding 1 against real daemons: the collector (the member whose key sorts first: a site can
+    choose such a key) runs a build that announces, as the common points, the last member's whole
+    fully blinded list (cut to the smallest member's size, so the count passes). Before, the
+    members stripped their scalars from those points and the collector recovered IDs outside the
+    intersection; now every other member checks the points against the lists it blinded last and
+    refuses, naming the collector, before anyone removes a scalar."""
+    from fedpeer.identity import parse_public_key
+    from tests.integration.test_vertical import attach, write_blocks
+    _, paths = write_blocks(tmp_path, seed=5)
+    h = make_federation(3, start=False)
+    attach(h.sites, paths, partition="vertical", id_column="ID")
+    collector = min(range(3), key=lambda i: parse_public_key(h.sites[i].public_key))
+    lie = tmp_path / "liar"
+    lie.mkdir()
+    (lie / "sitecustomize.py").write_text(PSI_GREEDY_COLLECTOR)
+    h.sites[collector].env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(lie), str(ROOT)])}
+    h.start()
+    await h.wait_all_alive(timeout_s=30)
+    honest = [i for i in range(3) if i != collector]
+    job_id = await h.propose(honest[0], "stats", {"bins": 8})
+    records = await h.wait_job(job_id, timeout_s=120)
+    for i in honest:
+        r = records[i]
+        assert r["state"] == "failed", (r["state"], r.get("result"))
+        assert "announced common IDs that are not all in a list this site blinded last" in r["error"] or \
+            "outside a list it blinded last" in r["error"], r["error"]
+        assert not r.get("result"), r["result"]
