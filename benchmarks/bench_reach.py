@@ -9,8 +9,7 @@ and how soon the links it keeps open for its peers are back after they are dropp
   aborts the sockets and resets them, as a middlebox that sends a reset does), and the clock runs
   until its status shows every link open again (`--drops` times). A middlebox that forgets a flow
   without a word is noticed by the TCP keep-alive instead: after `[network] keepalive_ms` (20 s)
-  of silence plus 3 probes 1 s apart, or at the first request written on it (5 s unacknowledged,
-  fedpeer/net/dial.py UNACKED_MS_MAX); tests/integration/test_netns.py shows the keep-alive keeping
+  of silence plus 3 probes 1 s apart; tests/integration/test_netns.py shows the keep-alive keeping
   such links through 40 s idle behind a middlebox that forgets flows after 30 s.
 - Paths (`--repeats` > 0): the same jobs (stats, k-means, exact logreg, 5 histogram trees; one
   `make_classification` set of `--rows` x 20 split evenly; the same site keys every time) on three

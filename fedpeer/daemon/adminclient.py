@@ -120,7 +120,7 @@ async def _exchange(target: Target, method: str, path: str, headers: dict[str, s
             raise _not_http(target, method, path) from None
         status_line, *header_lines = head.decode("latin-1").split("\r\n")
         version, _, rest = status_line.partition(" ")
-        if not version.startswith("HTTP/1.") or not rest[:3].isdigit():
+        if not version.startswith("HTTP/1.") or not (rest[:3].isascii() and rest[:3].isdigit()):
             raise _not_http(target, method, path)
         fields = {}
         for line in header_lines:
@@ -129,7 +129,7 @@ async def _exchange(target: Target, method: str, path: str, headers: dict[str, s
                 fields[name.strip().lower()] = value.strip()
         if fields.get("transfer-encoding", "").lower() == "chunked":
             answer = await _read_chunked(reader)
-        elif "content-length" in fields and fields["content-length"].isdigit():
+        elif "content-length" in fields and fields["content-length"].isascii() and fields["content-length"].isdigit():
             answer = await reader.readexactly(int(fields["content-length"]))
         else:
             answer = await reader.read()

@@ -16,10 +16,14 @@ from fedpeer.daemon.reach import DialBackAsk, DialBackAnswer, Reach
 from fedpeer.errors import RemoteProtocolError
 from fedpeer.jobs.capabilities import RELAY
 from fedpeer.net.dial import Route
+from fedpeer.net.links import OFF_LOOP_BYTES_MIN
 from fedpeer.net.relay import RelayRequest, Relayer
 from fedpeer.net.reverse import ReverseDialer, ReverseOffer
 from fedpeer.net.transport import SendError
 from fedpeer.wire import frame as wire
+
+OFFER_BYTES_MAX = 4 * 1024     # a sealed ReverseOffer is ~150 bytes: a larger frame at its path is refused unread
+
 
 def _monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
@@ -40,7 +44,14 @@ class NetPaths:
 
     def start(self, tg: asyncio.TaskGroup) -> None:
         tg.create_task(self.dialer.run())
-        tg.create_task(self.reach.run(lambda: sorted(p for p, n in self.dialer.up.items() if n > 0)))
+        tg.create_task(self.reach.run(self._askable))
+
+    def _askable(self) -> list[bytes]:
+        """Whom a dial-back may be asked of: while this site keeps links, the peers it has links to
+        (their answer comes back on them); once dialable, any alive member (it reaches us)."""
+        if self.reach.wants_reverse_links:
+            return sorted(p for p, n in self.dialer.up.items() if n > 0)
+        return sorted(v.node for v in self._node.membership.view() if v.state == mb.MemberState.ALIVE)
 
     def _name(self, key: bytes) -> str:
         return self._node._name(key) or "?"
@@ -58,8 +69,9 @@ class NetPaths:
         await self._node.send_reliable(dst, address, msg)
 
     def receive(self, src: bytes, msg: object) -> None:
-        if isinstance(msg, DialBackAsk):
-            self._node._spawn(self.reach.on_ask(src, msg, self._member_address(src)))
+        if isinstance(msg, DialBackAsk):   # only to the address in our peers.toml: a member's own word
+            entry = self._node.config.peer_by_key(src)   # (its gossip) could aim us at any host and port
+            self._node._spawn(self.reach.on_ask(src, msg, str(entry.address) if entry is not None else None))
         elif isinstance(msg, DialBackAnswer):
             self.reach.on_answer(src, msg)
 
@@ -70,6 +82,8 @@ class NetPaths:
 
     async def on_reverse(self, frame: bytes | memoryview, header: wire.FrameHeader, peer_ip: str) -> Any:
         """A peer offers a connection it dialed for us to send on: verified like any frame."""
+        if len(frame) > OFFER_BYTES_MAX:
+            raise wire.refused_from(header.sender, RemoteProtocolError("oversize", "a reverse offer is small"))
         envelope = self._node._gate.open(frame, _monotonic_ms(), header)
         if not isinstance(envelope.msg, ReverseOffer):
             raise wire.refused_from(envelope.src, RemoteProtocolError("unexpected_kind", "not a reverse offer"))
@@ -80,7 +94,10 @@ class NetPaths:
 
     async def on_relay(self, frame: bytes | memoryview, header: wire.FrameHeader, peer_ip: str) -> Any:
         """A member asks us to forward a frame to another: verified like any frame, then budgeted."""
-        envelope = self._node._gate.open(frame, _monotonic_ms(), header)
+        if len(frame) > OFF_LOOP_BYTES_MIN:     # decrypting MiBs would stall the loop
+            envelope = await asyncio.to_thread(self._node._gate.open, frame, _monotonic_ms(), header)
+        else:
+            envelope = self._node._gate.open(frame, _monotonic_ms(), header)
         if not isinstance(envelope.msg, RelayRequest):
             raise wire.refused_from(envelope.src, RemoteProtocolError("unexpected_kind", "not a relay request"))
         try:

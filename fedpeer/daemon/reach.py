@@ -10,7 +10,10 @@ Every asked peer failed: "outbound-only", the links stay, and one warning line s
 again every RECHECK_MS (a firewall may change). "yes" and "no" skip the check.
 
 A peer runs at most one dial-back per asking member per DIALBACK_INTERVAL_MS, and only to the
-address it already has for that member: a member cannot point us elsewhere.
+address its own peers.toml has for that member (never the address the member gossips of itself):
+a member cannot aim us at another host or port. A dialable site checks again every RECHECK_MS
+with any alive member; when none answers (its firewall closed), it is "unknown" again and opens
+its links. The check is a TCP connect: it proves the port opens, not that this site answers there.
 """
 
 from __future__ import annotations
@@ -79,13 +82,17 @@ class Reach:
     def wants_reverse_links(self) -> bool:
         return self.state != "dialable"
 
-    async def run(self, linked: Callable[[], list[bytes]]) -> None:
-        """Check now and then (`linked()`: peers with a link open to them, who can answer us)."""
+    async def run(self, askable: Callable[[], list[bytes]]) -> None:
+        """Check now and then (`askable()`: peers whose answer can reach us). A dialable site that
+        no peer answers any more (its firewall closed) is "unknown" again: it opens its links."""
         if self.setting != "auto":
             return
         while True:
-            peers = linked()[:DIALBACK_PEERS]
+            peers = askable()[:DIALBACK_PEERS]
             done = bool(peers) and await self._check(peers)
+            if not done and self.state == "dialable" and self.checked_ms is not None:
+                self.state, self.detail = "unknown", "no peer answered a dial-back: links open again until one does"
+                log.warning("reachability", extra=fields(state=self.state, detail=self.detail))
             await asyncio.sleep((RECHECK_MS if done else ASK_RETRY_MS) / 1000)
 
     async def _check(self, peers: list[bytes]) -> bool:

@@ -56,6 +56,7 @@ class _Adopted:
         self.idle: list[Link] = []
         self.count = 0
         self.reach = "unknown"            # what the peer said of itself when it offered them
+        self.closed = False               # the peer left peers.toml, or we stop: busy links close on return
         self._changed = asyncio.Event()
 
     async def take(self) -> Link | None:
@@ -76,15 +77,20 @@ class _Adopted:
         self.give(link)
 
     def give(self, link: Link) -> None:
+        if self.closed:
+            link.close()
+            return
         self.idle.append(link)
         self._changed.set()
 
     def lost(self, link: Link) -> None:
         link.close()
-        self.count -= 1
+        if not self.closed:
+            self.count -= 1
         self._changed.set()
 
     def close(self) -> None:
+        self.closed = True
         for link in self.idle:
             link.close()
         self.idle.clear()

@@ -11,9 +11,10 @@ one-line error naming the proxy (never its credentials).
 
 Every connection gets TCP keep-alive (`[network] keepalive_ms`, at most 25 s): NATs and stateful
 firewalls forget a flow that has been idle for 30 s or more, and the probes also tell a site within
-seconds that a middlebox dropped a link it keeps open. Data left unacknowledged for UNACKED_MS_MAX
-ends the connection too (TCP_USER_TIMEOUT): a request written on a link a middlebox dropped without
-a word fails in seconds, and the sender's retry takes another link, well within a job's hop timeout.
+seconds that a middlebox dropped a link it keeps open. No TCP_USER_TIMEOUT: since Linux 5.11 it
+also ends a connection whose peer holds a zero window that long, which is how our server makes a
+sender wait for a read slot; a request written on a link a middlebox dropped without a word waits
+for its answer up to `[limits] http_timeout_ms`.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ PROXY_HEAD_BYTES_MAX = 8 * 1024     # a proxy's answer to CONNECT: status line a
 PROXY_STATUS_CHARS_SHOWN = 60       # characters of a proxy's status line quoted in an error
 KEEPALIVE_PROBE_INTERVAL_S = 1      # after the idle time: a probe every second ...
 KEEPALIVE_PROBES_MAX = 3            # ... and the link is dead after this many unanswered
-UNACKED_MS_MAX = 5_000              # data unacknowledged this long: the link is dead (a middlebox forgot it)
 
 
 class ProxyError(ConnectionError):
@@ -96,8 +96,6 @@ def keep_alive(sock: socket.socket, keepalive_ms: int) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, max(1, keepalive_ms // 1000))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_PROBE_INTERVAL_S)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_PROBES_MAX)
-    if hasattr(socket, "TCP_USER_TIMEOUT"):   # a request on a silently dropped link fails in seconds, not at
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, UNACKED_MS_MAX)   # http_timeout_ms
 
 
 async def dial(address: str, route: Route) -> tuple[socket.socket, str]:

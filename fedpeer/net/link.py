@@ -228,7 +228,7 @@ def parse_answer(buf: bytearray, got: int, eof: bool) -> Answer | None:
         if not eof and got < ANSWER_BYTES_MAX:
             return None
         return Answer(status, headers, bytes(buf[body_at:got])[:ANSWER_BODY_BYTES_MAX], False)
-    if not length_text.isdigit():
+    if not (length_text.isascii() and length_text.isdigit()):   # int() refuses "²"
         raise BadAnswer("bad content-length")
     length = int(length_text)
     if length > ANSWER_BODY_BYTES_MAX:   # not ours to read: the status says enough

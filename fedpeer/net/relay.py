@@ -11,8 +11,9 @@ sender in the relay's 200 (`wrap` / `unwrap`), so the sender reads it as if it h
 
 The relay learns that the two members talk, when, and how many bytes: never what. It cannot alter a
 frame unseen (the destination's AEAD check refuses it) nor replay one (its replay window), and it
-cannot forge an answer's refusal tag. A relay that drops what it is given is a lost send: the
-sender's retries and its other relays (RELAY_TRIES_MAX) go on.
+cannot forge an answer's refusal tag. A relay that fails to forward is a lost send (the sender's
+retries and its other relays, RELAY_TRIES_MAX, go on); one that drops a frame and answers 204 —
+not authenticated, as on a direct link — leaves the loss to the job's own timeouts.
 """
 
 from __future__ import annotations

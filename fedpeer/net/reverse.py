@@ -39,6 +39,7 @@ REACH_WORDS = frozenset({"unknown", "outbound-only", "dialable"})
 OFFER_TIMEOUT_MS = 10_000          # dial, offer and its answer (a session's handshake included)
 REDIAL_MS_MIN = 100                # a link that failed to open is dialed again after this (full jitter) ...
 REDIAL_MS_MAX = 1_000              # ... doubling up to this: a dropped link is back within ~1 s
+LINK_LIVED_S = 1.0                 # a link that lived this long is dialed again at once when it ends
 OLD_PEER_RETRY_MS = 300_000        # a peer that answered 404 (a build without reverse links) is asked again
 ANSWER_CHARS_SHOWN = 60            # characters of an unexpected answer quoted in the error
 log = logging.getLogger("fedpeer.transport")
@@ -124,16 +125,21 @@ class ReverseDialer:
                 self._failed(peer, exc)
                 await asyncio.sleep(REDIAL_MS_MAX / 1000)
                 continue
-            backoff_ms = REDIAL_MS_MIN
             self.opened += 1
             self.up[peer] += 1
             self.last_error.pop(peer, None)
+            opened_at = asyncio.get_running_loop().time()
             try:
                 await asyncio.shield(conn.lost)   # (a cancel must not cancel the connection's own future)
             finally:
                 self.up[peer] -= 1
                 if not conn.lost.done():     # cancelled: no longer wanted, or the node stops
                     conn.transport.close()
+            if asyncio.get_running_loop().time() - opened_at >= LINK_LIVED_S:
+                backoff_ms = REDIAL_MS_MIN    # a link that lived: dial again at once
+            else:                             # one that dies young (a peer or middlebox closing it): back off
+                await asyncio.sleep(self._rng.uniform(0, backoff_ms) / 1000)
+                backoff_ms = min(2 * backoff_ms, REDIAL_MS_MAX)
 
     def _failed(self, peer: bytes, exc: BaseException) -> None:
         why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
@@ -168,7 +174,7 @@ class ReverseDialer:
 def _refusal(answer: bytes) -> OfferRefused:
     line = answer.split(b"\r\n", 1)[0].decode("latin-1")
     parts = line.split(" ", 2)
-    status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+    status = int(parts[1]) if len(parts) > 1 and parts[1].isascii() and parts[1].isdigit() else 0
     if status == 404:
         return OfferRefused(404, "the peer's build has no reverse links (it is older): it cannot send to us "
                                  "unless it can dial us")

@@ -593,7 +593,8 @@ def _parse_head(head: bytes, bytes_max: int) -> tuple[str, int, bool]:
     if "transfer-encoding" in headers:
         raise _Reply(411, "length_required")     # frames have a length; no chunked bodies
     length_text = headers.get("content-length", "")
-    if not length_text.isdigit() or len(length_text) > CONTENT_LENGTH_DIGITS_MAX:
+    # ASCII digits only: latin-1 "²" is a digit to isdigit() and not to int()
+    if not (length_text.isascii() and length_text.isdigit()) or len(length_text) > CONTENT_LENGTH_DIGITS_MAX:
         raise _Reply(411, "length_required")
     length = int(length_text)
     if length > bytes_max:

@@ -132,7 +132,8 @@ async def test_cli_run_wait_jobs_show(make_federation, tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     record = json.loads(r.stdout)
     assert record["state"] == "done" and record["result"]["count"] == 569
-    assert record["params"] == {"bins": 5, "secure_sum": "ring"}
+    assert {k: record["params"][k] for k in ("bins", "secure_sum")} == {"bins": 5, "secure_sum": "ring"}
+    assert record["params"]["dp_epsilon"] == 0      # no differential privacy unless asked
     listing = _fedpeer("jobs", "--config", conf)
     assert record["id"] in listing.stdout and "done" in listing.stdout
     shown = _fedpeer("job", "show", record["id"], "--config", str(h.sites[1].config_path))

@@ -56,7 +56,9 @@ def test_every_member_stores_the_same_global_tree_with_its_auc() -> None:
     assert r["federation_rows"] == len(X) and load_model(r["_model"])[0].n_leaves == r["n_leaves"]
     lines = tree_kind.KIND.describe({k: v for k, v in r.items() if k != "_model"})
     assert lines[0].startswith("  tree (icdta): 3 local trees, kept site-1, site-2, site-3 (accuracy >= 0.5)")
-    assert lines[-1].startswith("    if ") and "training row" in lines[-1]
+    rules = [line for line in lines if line.startswith("    if ")]
+    assert rules and "training row" in rules[-1]
+    assert all(line.startswith("    if ") or line.startswith("    * ") for line in lines[lines.index(rules[0]):])
 
 
 def test_multi_class_with_a_test_part_and_the_mean_filter() -> None:
