@@ -47,7 +47,7 @@ demo: $(DEMO_STAMP)
 
 test: $(TEST_STAMP)
 	$(BIN)/ruff check fedpeer tests scripts benchmarks
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal
 
 clean:
 	rm -rf $(VENV) .demo
