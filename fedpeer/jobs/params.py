@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from fedpeer.jobs.capabilities import DP_SKELLAM
 from fedpeer.jobs.kind import Param
+from fedpeer.protocols import dp
 
 SECURE_SUM_MODES = ("ring", "pairwise", "allreduce")
 SEED_MAX = 2**31 - 1
@@ -42,3 +44,18 @@ def seed(drives: str) -> Param:
 def test_fraction(default: float, low: float, help: str) -> Param:
     """The share of each site's rows kept out of training to test the model on."""
     return Param(float, default, help, low=low, high=0.9)
+
+
+DP_PARAMS = {   # differential privacy, shared by the kinds that take it (stats, kmeans)
+    "dp_epsilon": Param(float, 0.0, "differential privacy: the job's ε for each site's rows (0: off)",
+                        low=0.0, high=dp.EPSILON_MAX, capability=DP_SKELLAM),
+    "dp_delta": Param(float, 0.0, "differential privacy: the job's δ (0: 1/dp_rows_max²)",
+                      low=0.0, high=dp.DELTA_MAX, capability=DP_SKELLAM),
+    "dp_rows_max": Param(int, 1_000_000, "differential privacy: a public bound on the federation's rows (for δ)",
+                         low=2, high=2**40, capability=DP_SKELLAM),
+    "dp_colluders": Param(int, 0, "differential privacy: members that may pool their noise shares against a site; "
+                          "each member adds noise for the others (0: sites do not collude)", low=0, high=1000,
+                          capability=DP_SKELLAM),
+    "dp_clip": Param(float, 0.0, "differential privacy: every feature value is clipped to ±dp_clip (required)",
+                     low=0.0, high=1e12, capability=DP_SKELLAM),
+}

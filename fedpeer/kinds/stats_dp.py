@@ -34,7 +34,8 @@ import numpy as np
 from fedpeer.data.rows import rows_of
 from fedpeer.errors import JobError
 from fedpeer.jobs.capabilities import DP_SKELLAM
-from fedpeer.jobs.kind import JobContext, Param, checked_total
+from fedpeer.jobs.kind import JobContext, checked_total
+from fedpeer.jobs.params import DP_PARAMS
 from fedpeer.jobs.privacy import job_cost
 from fedpeer.ml.moments import bin_edges, local_histograms
 from fedpeer.protocols import dp
@@ -43,19 +44,7 @@ from fedpeer.protocols.securesum.api import secure_sum
 
 VALUE_BITS = 19            # a clipped value's magnitude in quanta: 2^19 (20 bits a value with its sign)
 CAPABILITY = DP_SKELLAM
-PARAMS = {
-    "dp_epsilon": Param(float, 0.0, "differential privacy: the job's ε for each site's rows (0: off)",
-                        low=0.0, high=dp.EPSILON_MAX, capability=CAPABILITY),
-    "dp_delta": Param(float, 0.0, "differential privacy: the job's δ (0: 1/dp_rows_max²)",
-                      low=0.0, high=dp.DELTA_MAX, capability=CAPABILITY),
-    "dp_rows_max": Param(int, 1_000_000, "differential privacy: a public bound on the federation's rows (for δ)",
-                         low=2, high=2**40, capability=CAPABILITY),
-    "dp_colluders": Param(int, 0, "differential privacy: members that may pool their noise shares against a site; "
-                          "each member adds noise for the others (0: sites do not collude)", low=0, high=1000,
-                          capability=CAPABILITY),
-    "dp_clip": Param(float, 0.0, "differential privacy: every feature value is clipped to ±dp_clip (required)",
-                     low=0.0, high=1e12, capability=CAPABILITY),
-}
+PARAMS = DP_PARAMS
 
 
 def budget(params: Mapping[str, Any]) -> tuple[float, float]:
