@@ -155,6 +155,7 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext, result_of:
 
 
 def _whole(outcome: Any, ch: Any) -> None:
-    if len(outcome.participants) != len(ch.members):
-        raise JobError("a member was lost inside a DP sum: the total lacks its noise share, so the job stops "
-                       "(every site's ledger keeps the charge)")
+    try:
+        dp.whole_total(outcome.participants, ch.members, outcome.total)
+    except ValueError as exc:
+        raise JobError(str(exc)) from None

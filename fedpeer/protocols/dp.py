@@ -141,6 +141,19 @@ def os_rng() -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(secrets.randbits(128)))
 
 
+LOST_INSIDE = ("a member was lost inside a DP sum: the total lacks its noise share, so the job stops "
+               "(every site's ledger keeps the charge)")
+
+
+def whole_total(participants: Sequence[bytes], members: Sequence[bytes], total: np.ndarray) -> np.ndarray:
+    """A DP sum's total read as signed integers, or ValueError(LOST_INSIDE) when it went without a
+    member: a DP sum gets one attempt (docs/security.md, a DP sum's retry), so a total short of a
+    member's noise share is never used."""
+    if len(participants) != len(members):
+        raise ValueError(LOST_INSIDE)
+    return signed(total)
+
+
 def add_noise(vector: np.ndarray, noise: np.ndarray) -> np.ndarray:
     """`vector` (uint64, the member's encoded contribution) plus signed `noise`, modulo 2^64."""
     assert vector.dtype == np.uint64 and vector.shape == noise.shape

@@ -155,10 +155,10 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
 
 
 def _signed(outcome: Any, ch: Any) -> np.ndarray:
-    if len(outcome.participants) != len(ch.members):
-        raise JobError("a member was lost inside a DP sum: the total lacks its noise share, so the job stops "
-                       "(every site's ledger keeps the charge)")
-    return dp.signed(outcome.total)
+    try:
+        return dp.whole_total(outcome.participants, ch.members, outcome.total)
+    except ValueError as exc:
+        raise JobError(str(exc)) from None
 
 
 
