@@ -71,7 +71,7 @@ PARAMS = {
     **{name: DP_PARAMS[name] for name in ("dp_delta", "dp_rows_max", "dp_colluders")},
     "dp_grad_clip": Param(float, 1.0, "differential privacy: the L2 bound every row's log-loss gradient is "
                           "clipped to (no feature bounds needed)", low=1e-6, high=1e6, capability=DP_LOGREG),
-    "dp_iterations": Param(int, 30, "differential privacy: gradient-descent steps, all run (the noise is "
+    "dp_iterations": Param(int, 20, "differential privacy: gradient-descent steps, all run (the noise is "
                            "calibrated to them); one secure sum each", low=1, high=1000, capability=DP_LOGREG),
     "dp_step": Param(float, 2.0, "differential privacy: the gradient-descent step on the mean penalised "
                      "log-loss", low=1e-6, high=1e3, capability=DP_LOGREG),
