@@ -163,3 +163,14 @@ def test_dp_logreg_needs_its_own_capability():
     plain = logreg.KIND.check_params({})
     sent = caps.for_members(logreg.KIND, plain, [releases.BASELINE_CAPABILITIES])
     assert not any(name.startswith("dp_") for name in sent)
+
+
+def test_a_dp_logreg_result_describes_itself():
+    from fedpeer.kinds.linear import text
+
+    r = run({**DP, "test_fraction": 0.2}, sites())[0][0]
+    assert r["held_out_here"]["rows"] == 60 and 0.5 < r["auc"] <= 1.0 and "not released" in r["auc_source"]
+    shown = "\n".join(text.describe("logreg", r))
+    assert "differential privacy: ε" in shown and "not released: class counts" in shown and "f0" in shown
+    assert "site-1" in text.site_table([{"name": "site-1", "state": "done", "rows": 300, "result": r}])
+    assert set(text.history(r)) == {"grad_max"}
