@@ -174,3 +174,19 @@ def test_a_dp_logreg_result_describes_itself():
     assert "differential privacy: ε" in shown and "not released: class counts" in shown and "f0" in shown
     assert "site-1" in text.site_table([{"name": "site-1", "state": "done", "rows": 300, "result": r}])
     assert set(text.history(r)) == {"grad_max"}
+
+
+def test_a_multinomial_dp_fit_ends_alike_everywhere_with_a_row_per_class():
+    rng = np.random.default_rng(8)
+    data = []
+    for _ in range(3):
+        X = rng.normal(size=(200, 3))
+        y = np.argmax(X @ np.array([[2.0, 0, -2], [0, 2, 0], [-2, 0, 2]]).T + rng.gumbel(size=(200, 3)), axis=1)
+        data.append(dataset(X, np.array(["a", "b", "c"])[y], positive=None))
+    results, _ = run({**DP, "classes": "a,b,c"}, data)
+    assert all(isinstance(r, dict) for r in results), results
+    assert np.array(results[0]["coef"]).shape == (3, 3) and all(r["coef"] == results[0]["coef"] for r in results)
+    X = np.vstack([s.X for s in data])
+    labels = np.concatenate([s.labels for s in data])
+    got = np.argmax(X @ np.array(results[0]["coef"]).T + results[0]["intercept"], axis=1)
+    assert (np.array(["a", "b", "c"])[got] == labels).mean() > 0.6

@@ -130,6 +130,8 @@ async def fit_dp(member: Any) -> dict:
     ch, params, ctx = member.ch, member.params, member.ctx
     if params["mode"] != "exact":
         raise JobError("logreg mode fedavg does not take dp_epsilon (only mode exact has DP)")
+    if params["groups"].strip():
+        raise JobError("logreg: groups is for mode fedavg, which does not take dp_epsilon")
     members = len(ch.members)
     colluders = int(params["dp_colluders"])
     if colluders >= members:
