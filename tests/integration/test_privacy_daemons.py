@@ -80,7 +80,7 @@ async def test_a_small_budget_refuses_by_name_and_the_ledger_survives_kill_9(mak
     # kill -9 and restart: the ledger, and each job's charge, are still there
     h.kill9(1)
     h.restart(1)
-    await h.wait_all_alive(timeout_s=30, among=[1])
+    await h.wait_until(lambda statuses: statuses[1] is not None, 30, "site-2 answers again", among=[1])
     assert _spent(_privacy(h, 1, cli=True)) == (2, 1.25)
     charged = {j["id"]: j["privacy_spent"] for j in (await h.status(1))["jobs"]}     # `fedpeer status`
     assert charged[first["id"]]["epsilon"] == 1.0 and charged[failed]["epsilon"] == 0.25
