@@ -466,6 +466,8 @@ LIMITS = {
     "rounds_max": Limit("rounds", 10_000, "mode fedavg: communication rounds, one secure sum each (rounds)"),
     "local_epochs_max": Limit("local_epochs", 1000,
                               "mode fedavg: passes over the site's rows per round (local_epochs)"),
+    "dp_iterations_max": Limit("dp_iterations", 1000,
+                               "with dp_epsilon: gradient steps, one noised secure sum each (dp_iterations)"),
 }
 
 
