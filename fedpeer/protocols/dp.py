@@ -39,7 +39,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
 from fedpeer.protocols.fixedpoint import fraction_bits
 
@@ -87,6 +86,10 @@ def epsilon_of(releases: Sequence[tuple[DpSum, float]], delta: float) -> float:
     """The (ε, δ)-DP ε of releasing every sum in `releases` (composition by RDP)."""
     if not releases:
         return 0.0
+    # dp-accounting imports scipy.stats and its PLD half on import (~1.5 s of CPU): only a DP job
+    # pays for it, in its calibration's worker thread (or the daemon's ML preload), never every
+    # `fedpeer` command and daemon start.
+    from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
     eps, _ = compute_epsilon(ORDERS, rdp_curve(releases), delta)
     return float(eps)
 

@@ -23,6 +23,7 @@ every member a total short of the lost member's noise share. A lost member stops
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -103,7 +104,7 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
         raise JobError(f"dp_colluders {colluders} leaves no member's noise for a site among {members} members")
     eps, delta = job_cost(params)
     sums = plan(k, d, rounds)
-    mus = dp.calibrate(sums, eps, delta)
+    mus = await asyncio.to_thread(dp.calibrate, sums, eps, delta)    # a search over dp-accounting's curve: off the loop
     total_mu = members / (members - colluders)      # the total carries μ·n/(n − t): t shares beyond μ
     bounds = [dp.noise_bound(mu * total_mu, s.entries) for s, mu in zip(sums, mus)]
     rng = ctx.noise_rng if ctx.noise_rng is not None else dp.os_rng()
