@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedpeer.app.harness.zygote import Forked, Zygote, shared_zygote
 from fedpeer.app.sitefiles import add_peers, init_site
 from fedpeer.config import load as cfg
 from fedpeer.daemon import admin
@@ -51,7 +52,7 @@ class Site:
     dir: Path
     port: int
     public_key: str = ""
-    process: subprocess.Popen | None = None
+    process: subprocess.Popen | Forked | None = None
     config: cfg.Config | None = None
     paused: bool = False
     starts: int = 0
@@ -125,6 +126,9 @@ class Harness:
     # per site: the host it listens on and a command its daemon runs under (network namespaces)
     hosts: list[str] | None = None
     wraps: list[list[str]] | None = None
+    # daemons forked from a process that imported them already (zygote.py); None: `python -m fedpeer
+    # start` each. The default is the process-wide one a test run sets (tests/conftest.py).
+    zygote: Zygote | None = field(default_factory=shared_zygote)
     sites: list[Site] = field(default_factory=list)
 
     def create(self) -> None:
@@ -169,12 +173,16 @@ class Harness:
             assert site.process is None or site.process.poll() is not None, f"{site.name} already running"
             log = open(site.log_path, "ab")
             site.log_start = log.tell()             # this start's lines begin here (the log is appended to)
-            site.process = subprocess.Popen(
-                [*(site.wrap or []), sys.executable, "-m", "fedpeer", "start", "--config", str(site.config_path),
-                 "--log-level", self.log_level],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=site.env,
-                cwd=site.dir if site.env is not None else None)
-            log.close()
+            argv = ["start", "--config", str(site.config_path), "--log-level", self.log_level]
+            if self.zygote is not None and site.wrap is None and site.env is None:
+                log.close()
+                site.process = self.zygote.spawn(argv, str(site.log_path))
+            else:
+                site.process = subprocess.Popen(
+                    [*(site.wrap or []), sys.executable, "-m", "fedpeer", *argv],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=site.env,
+                    cwd=site.dir if site.env is not None else None)
+                log.close()
             site.paused, site.starts = False, site.starts + 1
 
     def stop(self, i: int | None = None) -> None:
