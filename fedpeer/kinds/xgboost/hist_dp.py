@@ -65,20 +65,20 @@ def refusal(params: Mapping[str, Any]) -> str | None:
     return None
 
 
-def check_level(G: np.ndarray, H: np.ndarray, expected: np.ndarray | None, b_entry: float, b_total: float,
+def check_level(G: np.ndarray, H: np.ndarray, expected: np.ndarray | None, b_entry: float, b_g: float, b_h: float,
                 rows_max: int) -> None:
     """A level's noised totals (int64 quanta, (nodes, F_r, bins)) against what honest members'
     clipped rows could give, widened by the noise's bounds (module docstring)."""
     if np.any(H < -b_entry):
         raise ValueError("every H bin at least zero (within the noise)")
     gt, ht, g_node, h_node = dx.node_totals(G, H)
-    if np.any(np.abs(gt - g_node[:, None]) > b_total) or np.any(np.abs(ht - h_node[:, None]) > b_total):
+    if np.any(np.abs(gt - g_node[:, None]) > b_g) or np.any(np.abs(ht - h_node[:, None]) > b_h):
         raise ValueError("the features' totals of a node agree (within the noise)")
-    most = rows_max * float(2 ** dx.VALUE_BITS) + b_total
-    if np.any(np.abs(g_node) > most) or np.any(h_node > most) or np.any(h_node < -b_total):
+    most = rows_max * float(2 ** dx.VALUE_BITS)
+    if np.any(np.abs(g_node) > most + b_g) or np.any(h_node > most + b_h) or np.any(h_node < -b_h):
         raise ValueError("a node's G and H within what dp_rows_max rows give (within the noise)")
-    if expected is not None and (np.any(np.abs(g_node - expected[:, 0]) > b_total)
-                                 or np.any(np.abs(h_node - expected[:, 1]) > b_total)):
+    if expected is not None and (np.any(np.abs(g_node - expected[:, 0]) > b_g)
+                                 or np.any(np.abs(h_node - expected[:, 1]) > b_h)):
         raise ValueError("a node's totals equal its side of the parent's split (within the noise)")
 
 
@@ -124,9 +124,11 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext,
     n_released = int(tree_features(p, 0, F).sum())
     eps, delta = job_cost(params)
     sums = dx.plan(n_released, depth, p.num_round, n_bins)
-    mu = dp.calibrate(sums, eps, delta)[0]         # every release has the same sensitivity: one μ
-    mu_total = mu * members / (members - colluders)     # the total carries μ·n/(n − t)
-    sigma_h = math.sqrt(mu_total) * 2.0 ** -dx.HESS_FRAC
+    mus = dp.calibrate(sums, eps, delta, [1.0, dx.HESS_NOISE_WEIGHT] * (len(sums) // 2))
+    mu_g, mu_h = mus[0], mus[1]                         # the same sensitivity: one μ for G's, one for H's
+    spread = members / (members - colluders)            # the total carries μ·n/(n − t)
+    sigma_g = math.sqrt(mu_g * spread) * 2.0 ** -dx.GRAD_FRAC      # one bin's noise, in g's units
+    sigma_h = math.sqrt(mu_h * spread) * 2.0 ** -dx.HESS_FRAC
     rng = ctx.noise_rng if ctx.noise_rng is not None else dp.os_rng()
     mode, hop, rows_max = params["secure_sum"], ctx.hop_timeout_ms, int(params["dp_rows_max"])
     seed = site_seed(params["seed"], ch.me)
@@ -148,16 +150,17 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext,
             frontier = np.asarray(tree.frontier, dtype=np.int64)
             G, H = await offload(dx.level_sums, tree_bins, gq, hq, positions, frontier, n_bins, drawn)
             s = [dataclasses.replace(x, entries=G.size) for x in sums[i:i + 2]]    # the nodes that are there
-            vector = dp.noised_vector([G.ravel(), H.ravel()], s, [mu, mu], members, rng, colluders)
+            vector = dp.noised_vector([G.ravel(), H.ravel()], s, [mu_g, mu_h], members, rng, colluders)
             tag = f"{TAG}/t{t}/d{d}"
             outcome = await secure_sum(ch, tag, vector, mode=mode, hop_timeout_ms=hop, attempts_max=1)
-            released += [(s[0], mu), (s[1], mu)]
+            released += [(s[0], mu_g), (s[1], mu_h)]
             total = _signed(outcome, ch)
             Gt, Ht = total[:G.size].reshape(G.shape), total[G.size:].reshape(H.shape)
-            b_entry = dp.noise_bound(mu_total, 2 * G.size)
-            b_total = dp.noise_bound(2.0 * mu_total * n_bins, 4 * len(frontier) * len(chosen))
-            checked_total(tag, check_level, Gt, Ht, expected, b_entry, b_total, rows_max)
-            level = dx.decide(tree, Gt * 2.0 ** -dx.GRAD_FRAC, Ht * 2.0 ** -dx.HESS_FRAC, chosen, sp, sigma_h,
+            b_entry = dp.noise_bound(mu_h * spread, H.size)
+            node_entries = 2 * len(frontier) * len(chosen)      # a node's totals, and their differences
+            b_g, b_h = (dp.noise_bound(2.0 * m * spread * n_bins, node_entries) for m in (mu_g, mu_h))
+            checked_total(tag, check_level, Gt, Ht, expected, b_entry, b_g, b_h, rows_max)
+            level = dx.decide(tree, Gt * 2.0 ** -dx.GRAD_FRAC, Ht * 2.0 ** -dx.HESS_FRAC, chosen, sp, sigma_g, sigma_h,
                               last=d == depth - 1)
             expected = np.array([[tree.G[c] * 2.0 ** dx.GRAD_FRAC, tree.H[c] * 2.0 ** dx.HESS_FRAC]
                                  for c in tree.frontier]).reshape(-1, 2)
@@ -180,7 +183,7 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext,
         "secure_sums": len(released) // 2,
         "privacy": {"mechanism": "skellam", "epsilon": dp.epsilon_of(released, delta), "delta": delta,
                     "epsilon_asked": eps, "colluders": colluders, "releases": len(released),
-                    "noise_variance": mu, "bits_per_value": dx.VALUE_BITS + 1, "bins": n_bins,
+                    "noise_variance": {"g": mu_g, "h": mu_h}, "bits_per_value": dx.VALUE_BITS + 1, "bins": n_bins,
                     "split_rule": "xgboost's gain on the noised G, H; each side's noised H at least "
                                   f"max(min_child_weight, {dx.HESS_SIGMAS:g} noise sd); leaves from noised sums",
                     "accounting": f"RDP (dp-accounting), {len(released)} releases"},
