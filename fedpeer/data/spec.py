@@ -85,7 +85,7 @@ def _example(text: str) -> str:
     return repr(text if len(text) <= 40 else text[:37] + "...")
 
 
-def _near(name: str, columns: Sequence[str]) -> str:
+def near_column(name: str, columns: Sequence[str]) -> str:
     """" (did you mean 'X'?)": a column spelled alike but for case and spaces, else a close one."""
     close = [c for c in columns if c.strip().lower() == name.strip().lower()]
     if not close:
@@ -97,7 +97,7 @@ def _near(name: str, columns: Sequence[str]) -> str:
 def not_in_header(subject: str, name: str, header: Sequence[str]) -> str:
     """The words for a column [data] names that the header lacks (`data check`, a job's load, `init`,
     `reload`): the nearest name, and every column of the header (never cut short)."""
-    return (f"{subject} not found{_near(name, header)}; the columns are "
+    return (f"{subject} not found{near_column(name, header)}; the columns are "
             f"{', '.join(repr(c) for c in header) or 'none'}")
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import secrets
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -76,11 +77,14 @@ _ORDERS = np.array(ORDERS, dtype=float)
 
 def rdp_curve(releases: Sequence[tuple[DpSum, float]]) -> list[float]:
     """The composed RDP curve over ORDERS of releases [(sum, μ), ...] (a retried sum appears twice):
-    skellam_rdp at every order, vectorised over the orders."""
+    skellam_rdp at every order, vectorised over the orders; alike releases (the same sensitivities
+    and μ: a tree's levels) are computed once and counted."""
     a, total = _ORDERS, np.zeros(len(ORDERS))
-    for s, mu in releases:
-        l2sq = s.l2 * s.l2
-        total += a * l2sq / (2 * mu) + np.minimum(((2 * a - 1) * l2sq + 6 * s.l1) / (4 * mu * mu), 3 * s.l1 / (2 * mu))
+    alike = Counter((s.l1, s.l2, mu) for s, mu in releases)
+    for (l1, l2, mu), times in alike.items():
+        l2sq = l2 * l2
+        total += times * (a * l2sq / (2 * mu) + np.minimum(((2 * a - 1) * l2sq + 6 * l1) / (4 * mu * mu),
+                                                          3 * l1 / (2 * mu)))
     return total.tolist()
 
 

@@ -105,3 +105,34 @@ def test_dp_xgboost_needs_dp_trees_of_every_member_even_one_whose_stats_take_dp(
     sent = caps.for_members(xgb.KIND, plain, [releases.BASELINE_CAPABILITIES])
     assert not any(name.startswith("dp_") for name in sent)      # an older member gets no dp_* parameter
     assert caps.DP_TREES in caps.declared(xgb.KIND)
+
+
+def test_data_check_reports_the_bounds_a_dp_job_would_use(tmp_path):
+    from fedpeer.app.datacheck import format_report, report
+    from fedpeer.config.load import DataSection, JobLimits
+
+    csv = tmp_path / "rows.csv"
+    csv.write_text("age,bmi,area,y\n30,22,500,1\n130,25,700,0\n50,31,900,1\n70,28,800,0\n")
+    plain = format_report(report(DataSection(csv=str(csv), label="y", positive="1"), JobLimits()))
+    assert "public bounds ([data] bounds): none; a DP histogram xgboost job (dp_epsilon) would be refused" in plain
+    data = DataSection(csv=str(csv), label="y", positive="1", bounds={"age": (0.0, 120.0), "bmii": (10.0, 60.0)})
+    text = format_report(report(data, JobLimits()))
+    assert "public bounds ([data] bounds): 1 of 3 features; without: bmi, area" in text
+    assert "[data] bounds names 'bmii', which is no feature (did you mean 'bmi'?)" in text
+    assert "rows outside their bounds (they fall in the first or last bin): age 1" in text
+
+
+def test_init_writes_where_the_bounds_go_and_the_file_still_loads(tmp_path):
+    from fedpeer.app.sitefiles import init_site
+    from fedpeer.config import load as cfg
+
+    csv = tmp_path / "rows.csv"
+    csv.write_text("age,y\n30,1\n40,0\n")
+    conf, _ = init_site(tmp_path / "site", "site-a", "127.0.0.1:7400", data=csv, label="y", positive="1")
+    assert "# bounds = { age = [0, 120] }" in conf.read_text()
+    assert cfg.load(conf).data.bounds == {}
+    conf.write_text(conf.read_text().replace("# bounds = { age = [0, 120] }", "bounds = { age = [0, 120] }"))
+    assert cfg.load(conf).data.bounds == {"age": (0.0, 120.0)}
+    conf.write_text(conf.read_text().replace("bounds = { age = [0, 120] }", "bounds = { age = [120, 0] }"))
+    with pytest.raises(cfg.ConfigError, match=r"data\.bounds\.age: expected \[low, high\]"):
+        cfg.load(conf)

@@ -160,11 +160,11 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext,
             node_entries = 2 * len(frontier) * len(chosen)      # a node's totals, and their differences
             b_g, b_h = (dp.noise_bound(2.0 * m * spread * n_bins, node_entries) for m in (mu_g, mu_h))
             checked_total(tag, check_level, Gt, Ht, expected, b_entry, b_g, b_h, rows_max)
-            level = dx.decide(tree, Gt * 2.0 ** -dx.GRAD_FRAC, Ht * 2.0 ** -dx.HESS_FRAC, chosen, sp, sigma_g, sigma_h,
+            dx.decide(tree, Gt * 2.0 ** -dx.GRAD_FRAC, Ht * 2.0 ** -dx.HESS_FRAC, chosen, sp, sigma_g, sigma_h,
                               last=d == depth - 1)
             expected = np.array([[tree.G[c] * 2.0 ** dx.GRAD_FRAC, tree.H[c] * 2.0 ** dx.HESS_FRAC]
                                  for c in tree.frontier]).reshape(-1, 2)
-            dx.route(tree, level, frontier, bins, positions)
+            await offload(dx.route, tree, bins, positions)
             i += 2
         i = (t + 1) * 2 * depth
         final = dx.finish(tree, cuts, sp)

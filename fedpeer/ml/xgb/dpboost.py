@@ -35,6 +35,7 @@ import numpy as np
 
 from fedpeer.ml.xgb.hist import level_histograms
 from fedpeer.ml.xgb.histtree import RT_EPS, SplitParams
+from fedpeer.ml.xgb.kernels import route_kernel
 from fedpeer.ml.xgb.tree import _f32, _Tree
 from fedpeer.protocols import dp
 from fedpeer.protocols.fixedpoint import fraction_bits
@@ -122,16 +123,6 @@ class DpTree:
     frontier: list[int] = field(default_factory=lambda: [0])
 
 
-@dataclass(frozen=True)
-class Level:
-    """What a level decided, for the next one and for the checks: per frontier node, whether it
-    split, on what (feature index into all features, cut k), and each child's expected sums."""
-
-    split: np.ndarray           # bool (nodes,)
-    feature: np.ndarray         # int64 (nodes,)
-    cut: np.ndarray             # int64 (nodes,)
-
-
 def node_totals(G: np.ndarray, H: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per node: each released feature's noised totals (nodes, F_r) and their mean (nodes,)."""
     gt, ht = G.sum(axis=2), H.sum(axis=2)
@@ -139,7 +130,7 @@ def node_totals(G: np.ndarray, H: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
 
 
 def decide(tree: DpTree, G: np.ndarray, H: np.ndarray, features: np.ndarray, sp: SplitParams, sigma_g: float,
-           sigma_h: float, last: bool) -> Level:
+           sigma_h: float, last: bool) -> None:
     """Split every frontier node of `tree` from its noised histograms G, H (float64 real units,
     (nodes, F_r, bins)) by the split rule (module docstring), appending the children; `last`: the
     children are at max_depth and become leaves with their side's sums. `sigma_g`, `sigma_h`: the
@@ -182,7 +173,6 @@ def decide(tree: DpTree, G: np.ndarray, H: np.ndarray, features: np.ndarray, sp:
         if not last:
             new_frontier += [first, first + 1]
     tree.frontier = new_frontier
-    return Level(split=split, feature=np.asarray(features)[fi], cut=kk)
 
 
 def debiased_gain(sp: SplitParams, G: np.ndarray, H: np.ndarray, var: np.ndarray | float) -> np.ndarray:
@@ -201,18 +191,13 @@ def shrunk(G: np.ndarray, var: np.ndarray) -> np.ndarray:
         return G * np.maximum(0.0, 1.0 - np.where(G != 0, var / (G * G), np.inf))
 
 
-def route(tree: DpTree, level: Level, frontier: Sequence[int], bins: np.ndarray, positions: np.ndarray) -> None:
-    """Move this member's rows at the level's split nodes to their children (in place, one pass)."""
-    made = np.asarray(frontier, dtype=np.int64)[level.split]
-    if not len(made):
-        return
-    n = len(tree.left)
-    feature, cut, left = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64), np.full(n, -1, dtype=np.int64)
-    feature[made], cut[made] = level.feature[level.split], level.cut[level.split]
-    left[made] = np.asarray(tree.left, dtype=np.int64)[made]
-    rows = np.flatnonzero(left[positions] >= 0)
-    at = positions[rows]
-    positions[rows] = left[at] + (bins[rows, feature[at]] >= cut[at])
+def route(tree: DpTree, bins: np.ndarray, positions: np.ndarray) -> None:
+    """Move this member's rows down to the tree's undecided nodes and leaves (in place): the exact
+    mode's compiled pass (kernels.route_kernel; no value is missing, so no bin is the missing one)."""
+    n_bins_max = np.iinfo(bins.dtype).max + 1
+    route_kernel(np.asarray(tree.left, dtype=np.int64), np.asarray(tree.feature, dtype=np.int64),
+                 np.asarray(tree.cut, dtype=np.int64), np.zeros(len(tree.left), dtype=np.int64),
+                 np.ascontiguousarray(bins), positions, n_bins_max)
 
 
 def finish(tree: DpTree, cuts: np.ndarray, sp: SplitParams) -> _Tree:
