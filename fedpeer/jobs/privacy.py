@@ -60,8 +60,11 @@ def bounds_refusal(params: Mapping[str, Any], bounds: Mapping[str, tuple[float, 
     """Why this site refuses a DP job whose dp_bounds differ from its own [data] bounds for one of
     the job's features (None: they agree, or the job carries none): every member must cut its
     rows at the same public points, and a site's bounds are what it declared public."""
-    if job_cost(params)[0] <= 0 or not params.get("dp_bounds"):
+    if job_cost(params)[0] <= 0 or "dp_bounds" not in params:
         return None
+    if not params["dp_bounds"]:
+        return ("this DP job needs dp_bounds, the public bounds of every feature: set [data] bounds in the "
+                "proposer's peers.toml (the proposal carries them) or give --dp-bounds")
     try:
         job = parse_bounds_text(str(params["dp_bounds"]))
     except ValueError as exc:

@@ -100,8 +100,11 @@ def test_a_dp_job_without_bounds_or_beyond_what_it_can_bound_is_refused_in_one_l
     results, _ = _run({**DP, "dp_bounds": bounds_text({"x0": (0.0, 1.0)})}, sites)
     assert all("no bounds for column 'x1'" in str(r) and str(r).startswith("site-") for r in results), results
     assert all("needs dp_bounds" in str(r) for r in _run({**DP, "dp_bounds": ""}, sites)[0])
-    assert all("binary:logistic only" in str(r)
-               for r in _run({**DP, "objective": "reg:squarederror"}, sites)[0])
+    from fedpeer.errors import JobError
+    for change, words in [({"objective": "reg:squarederror"}, "binary:logistic only"),
+                          ({"mode": "bagging"}, "histogram mode only"), ({"max_bin": 2048}, "max_bin up to 1024")]:
+        with pytest.raises(JobError, match=words):      # the CLI, the proposer and every member, before any charge
+            xgb.KIND.check_params({**DP, **change})
     assert all("leaves no member's noise" in str(r) for r in _run({**DP, "dp_colluders": 3}, sites)[0])
 
 

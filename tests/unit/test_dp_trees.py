@@ -76,6 +76,8 @@ def test_a_member_refuses_bounds_that_are_not_its_own_naming_the_column_and_no_v
     job = {"dp_epsilon": 1.0, "dp_bounds": bounds_text(mine)}
     assert bounds_refusal(job, mine, ["age", "bmi"]) is None
     assert bounds_refusal({"dp_epsilon": 0.0, "dp_bounds": ""}, {}, ["age"]) is None
+    assert bounds_refusal({"dp_epsilon": 1.0}, {}, ["age"]) is None                  # a kind without dp_bounds
+    assert "needs dp_bounds" in bounds_refusal({"dp_epsilon": 1.0, "dp_bounds": ""}, mine, ["age"])
     other = {**job, "dp_bounds": bounds_text({**mine, "age": (0.0, 110.0)})}
     line = bounds_refusal(other, mine, ["age", "bmi"])
     assert "'age'" in line and "differ" in line and "110" not in line and "120" not in line
@@ -136,3 +138,13 @@ def test_init_writes_where_the_bounds_go_and_the_file_still_loads(tmp_path):
     conf.write_text(conf.read_text().replace("bounds = { age = [0, 120] }", "bounds = { age = [120, 0] }"))
     with pytest.raises(cfg.ConfigError, match=r"data\.bounds\.age: expected \[low, high\]"):
         cfg.load(conf)
+
+
+def test_a_kind_without_dp_refuses_dp_parameters_in_one_line():
+    from fedpeer.errors import JobError
+    from fedpeer.kinds.tree import kind as tree
+
+    with pytest.raises(JobError) as e:
+        tree.KIND.check_params({"dp_epsilon": 1.0, "max_depth": 3})
+    assert str(e.value) == ("tree does not take differential privacy (dp_epsilon): its sums are released without "
+                            "noise; run it without dp_* parameters")

@@ -40,7 +40,7 @@ import numpy as np
 from fedpeer.data.spec import parse_bounds_text
 from fedpeer.errors import JobError
 from fedpeer.jobs.kind import JobContext, checked_total, site_seed
-from fedpeer.jobs.privacy import job_cost
+from fedpeer.jobs.privacy import bounds_refusal, job_cost
 from fedpeer.kinds.cluster.kmeans_dp import _signed
 from fedpeer.ml.xgb import dpboost as dx
 from fedpeer.ml.xgb.histboost import model_bytes, tree_features
@@ -51,7 +51,12 @@ TAG = "xgbh/dp"
 
 
 def refusal(params: Mapping[str, Any]) -> str | None:
-    """Why histogram XGBoost cannot take dp_epsilon with these parameters (None: it can)."""
+    """Why histogram XGBoost cannot take dp_epsilon with these parameters (None: it can, or no DP);
+    the kind's `refused`, so the CLI, the proposer and every member refuse before anything is
+    charged. Missing bounds are refused by every member (fedpeer/jobs/privacy.py `bounds_refusal`):
+    the proposer fills them from its [data] bounds after the CLI's check."""
+    if params.get("dp_epsilon", 0.0) <= 0:
+        return None
     if params["mode"] != "histogram":
         return "xgboost with dp_epsilon runs in histogram mode only (bagging mode's trees are a site's own rows)"
     if params["objective"] != "binary:logistic":
@@ -59,9 +64,6 @@ def refusal(params: Mapping[str, Any]) -> str | None:
                 "(g in [-1, 1], h in [0, 1/4]); multi:softprob and reg:squarederror are not yet")
     if params["max_bin"] > dx.BINS_MAX:
         return f"xgboost with dp_epsilon takes max_bin up to {dx.BINS_MAX} (uniform bins; 16 to 64 suit DP)"
-    if not params["dp_bounds"]:
-        return ("xgboost with dp_epsilon needs dp_bounds, the public bounds of every feature: set [data] bounds "
-                "in the proposer's peers.toml (the proposal carries them) or --param dp_bounds=col=lo:hi;...")
     return None
 
 
@@ -95,7 +97,7 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext,
     from fedpeer.kinds.xgboost.site import Site, score_result
     from fedpeer.kinds.xgboost.target import class_names, model_score, prepare, site_labels
 
-    why = refusal(params)
+    why = refusal(params) or bounds_refusal(params, {}, ())
     if why is not None:
         raise JobError(why)
     if getattr(ctx.data, "engine", "memory") == "dask":

@@ -20,6 +20,7 @@ from fedpeer.jobs.kind import Finished, JobContext, JobKind, Limit, Param, check
 from fedpeer.jobs.params import DP_TREE_PARAMS, SECURE_SUM_LARGE, seed, test_fraction
 from fedpeer.kinds.scoring import binary_rows, class_rows
 from fedpeer.kinds.xgboost import text
+from fedpeer.kinds.xgboost.hist_dp import refusal as dp_refusal
 from fedpeer.kinds.xgboost.messages import (
     DIRECTIVE_TAG,
     HISTORY_BYTES_MAX,
@@ -264,6 +265,6 @@ KIND = JobKind(name="xgboost", help="federated XGBoost: tree bagging / tree+ in 
                messages=MESSAGES, limits=LIMITS, describe=text.describe, site_table=text.site_table,
                predict=predict_file, export=export_file, export_note=export_note, history=text.history,
                rounds_metric=True, led=lambda p: p.get("mode") == "bagging",
-               dask_support='xgboost with mode = "histogram"',
+               dask_support='xgboost with mode = "histogram"', refused=dp_refusal,
                dask_refused=lambda p: None if p.get("mode", "histogram") == "histogram" else
                f"xgboost with mode = {p.get('mode')!r}")
