@@ -108,6 +108,17 @@ def test_a_dp_job_without_bounds_or_beyond_what_it_can_bound_is_refused_in_one_l
     assert all("leaves no member's noise" in str(r) for r in _run({**DP, "dp_colluders": 3}, sites)[0])
 
 
+def test_a_dp_result_says_what_it_spent_and_scores_only_its_own_test_part():
+    from fedpeer.kinds.xgboost import text
+
+    results, _ = _run({**DP, "test_fraction": 0.2}, blobs(labelled=True))
+    r = results[0]
+    assert r["federated_eval"] is None and r["history"] == [] and r["local_test"]["rows"] > 0
+    shown = "\n".join(text.describe(r))
+    assert "differential privacy: ε" in shown and "split rule: xgboost's gain on the noised G, H" in shown
+    assert "this site's own test part (not released)" in shown
+
+
 def test_honest_totals_under_heavy_noise_pass_every_check():
     results, _ = _run({**DP, "dp_epsilon": 0.2, "rounds": 3, "max_depth": 3}, blobs(labelled=True))
     assert all(isinstance(r, dict) for r in results), results

@@ -186,8 +186,9 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext,
         "privacy": {"mechanism": "skellam", "epsilon": dp.epsilon_of(released, delta), "delta": delta,
                     "epsilon_asked": eps, "colluders": colluders, "releases": len(released),
                     "noise_variance": {"g": mu_g, "h": mu_h}, "bits_per_value": dx.VALUE_BITS + 1, "bins": n_bins,
-                    "split_rule": "xgboost's gain on the noised G, H; each side's noised H at least "
-                                  f"max(min_child_weight, {dx.HESS_SIGMAS:g} noise sd); leaves from noised sums",
+                    "split_rule": "xgboost's gain on the noised G, H less the noise's expected share; each side's "
+                                  f"noised H at least max(min_child_weight, {dx.HESS_SIGMAS:g} noise sd); leaf "
+                                  "values from the noised sums, shrunk by their noise's variance",
                     "accounting": f"RDP (dp-accounting), {len(released)} releases"},
     }
     score_result(out, params, None, "")
