@@ -2,20 +2,21 @@
 every tree is one secure sum of the members' gradient and hessian histograms, each member's
 clipped and noised before it is masked (fedpeer/protocols/dp.py), so no member — the sum's
 initiator or a block owner included — holds an un-noised histogram. The arithmetic is
-fedpeer/ml/xgb/dpboost.py; docs/algorithms.md, "Differential privacy for trees".
+fedpeer/ml/xgb/dpboost.py; docs/algorithms.md, "Histogram mode with differential privacy".
 
 What is released, and nothing else: per tree (`rounds` of them, binary:logistic only) and level
 (max_depth of them) the noised histograms G and H of the tree's features (colsample_bytree
 chooses them from the job seed: only theirs travel) — 2·rounds·max_depth releases, calibrated
-together (`dp.calibrate`, equal noise multipliers), so the job is (dp_epsilon, dp_delta)-DP for
+together (`dp.calibrate`: one noise multiplier for every G, HESS_NOISE_WEIGHT times its variance
+for every H), so the job is (dp_epsilon, dp_delta)-DP for
 each site's rows, whatever the trees. Not released: the row counts (the split rule uses the
 noised hessians instead of min_leaf_rows), the label counts (the base score is 0.5, public), the
 quantile sketch (cut points are uniform over the proposal's public `dp_bounds`), and every
 evaluation (a DP job runs no evaluation sum: each site scores the model on its own test part, or
 its [data] test_csv, locally — `local_test` in its result, which never leaves it).
 
-Bounds: `dp_bounds` ("col=lo:hi;col=lo:hi", fedpeer/data/spec.py `bounds_text`) is carried by the proposal — the
-proposer fills it from its own [data] bounds — and every member refuses, before it touches its
+Bounds: `dp_bounds` (JSON {"col": [lo, hi], ...}, fedpeer/data/spec.py `bounds_text`) is carried by
+the proposal — the proposer fills it from its own [data] bounds — and every member refuses, before it touches its
 data, a job whose dp_bounds differ from its own [data] bounds for a feature or lack one
 (fedpeer/jobs/lifecycle/admission.py), so the cut points are the same public ones everywhere.
 
@@ -29,9 +30,9 @@ dp_rows_max rows could give, and (below the root) equal to its side of the paren
 
 from __future__ import annotations
 
-import math
 import asyncio
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -42,6 +43,7 @@ from fedpeer.errors import JobError
 from fedpeer.jobs.kind import JobContext, checked_total, site_seed
 from fedpeer.jobs.privacy import bounds_refusal, job_cost
 from fedpeer.kinds.cluster.kmeans_dp import _signed
+from fedpeer.ml.xgb import boosting
 from fedpeer.ml.xgb import dpboost as dx
 from fedpeer.ml.xgb.histboost import model_bytes, tree_features
 from fedpeer.protocols import dp
@@ -163,7 +165,7 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext,
             b_g, b_h = (dp.noise_bound(2.0 * m * spread * n_bins, node_entries) for m in (mu_g, mu_h))
             checked_total(tag, check_level, Gt, Ht, expected, b_entry, b_g, b_h, rows_max)
             dx.decide(tree, Gt * 2.0 ** -dx.GRAD_FRAC, Ht * 2.0 ** -dx.HESS_FRAC, chosen, sp, sigma_g, sigma_h,
-                              last=d == depth - 1)
+                      last=d == depth - 1)
             expected = np.array([[tree.G[c] * 2.0 ** dx.GRAD_FRAC, tree.H[c] * 2.0 ** dx.HESS_FRAC]
                                  for c in tree.frontier]).reshape(-1, 2)
             await offload(dx.route, tree, bins, positions)
@@ -173,8 +175,6 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext,
         margins += final.value[positions]
         trees.append(final)
     model = model_bytes(trees, (dx.BASE_SCORE,), F, p)
-    from fedpeer.ml.xgb import boosting
-
     info = boosting.model_info(model)
     out: dict[str, Any] = {
         "mode": "histogram", "rounds": params["rounds"], "trees": info.n_trees,

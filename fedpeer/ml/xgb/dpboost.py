@@ -1,6 +1,6 @@
 """Histogram XGBoost with differential privacy, the arithmetic: pure functions every member runs
 on the same noised totals (fedpeer/kinds/xgboost/hist_dp.py moves the vectors through the noised
-secure sums; docs/algorithms.md, "Differential privacy for trees").
+secure sums; docs/algorithms.md, "Histogram mode with differential privacy").
 
 - Cut points: uniform from public bounds ([data] bounds, carried by the proposal as `dp_bounds`):
   feature f in [lo_f, hi_f] gets `bins - 1` thresholds lo_f + k·(hi_f - lo_f)/bins (float32),
@@ -14,14 +14,17 @@ secure sums; docs/algorithms.md, "Differential privacy for trees").
   histograms are released; every level is one release of G and one of H: a row is in one node).
 - The split rule, on the noised sums only: per node and released feature, G_L, H_L = the noised
   bins left of a cut, G_R, H_R = the rest of that feature's bins; xgboost's loss change
-  gain(G_L, H_L) + gain(G_R, H_R) - gain(G, H) (histtree.SplitParams: the same formulas);
+  gain(G_L, H_L) + gain(G_R, H_R) - gain(G, H) (histtree.SplitParams: the same formulas), each
+  gain less the noise's expected share of it (`debiased_gain`: Var/(H + lambda), Var public);
   a candidate counts only when both sides' noised H reach the hessian floor
   max(min_child_weight, HESS_SIGMAS·σ_H·√(bins on that side)) (σ_H: the noise's standard deviation
   in one bin, public), so no side is noise alone; the best candidate (lowest feature, then cut,
   on a tie) splits when its change exceeds max(1e-6, gamma) and the node is above max_depth.
 - Leaf values: -G/(H + lambda)·eta (float32) from the node's own noised sums — the mean over the
-  released features of each feature's total (F_r independent estimates of one number) — or, for
-  a leaf at max_depth, the side of its parent's split. The base score is 0.5 (margin 0), public:
+  released features of each feature's total (F_r estimates of one number, their noise
+  independent) — or, for a leaf at max_depth, the side of its parent's split; G first shrunk by
+  its noise's variance (`shrunk`). The hessian histograms carry HESS_NOISE_WEIGHT times the
+  gradients' noise variance per unit of sensitivity (dp.calibrate's weights). The base score is 0.5 (margin 0), public:
   nothing is released for it.
 """
 
