@@ -239,7 +239,8 @@ def not_numeric(column: str) -> str:
 # may assume of a column without looking at the rows (histogram XGBoost places its cut points
 # evenly between them). A column's bounds are two finite numbers, low < high.
 BOUNDS_COLUMNS_MAX = 10_000     # columns a bounds table may name
-BOUNDS_TEXT_MAX = 1_000_000     # characters of a proposal's dp_bounds (its canonical JSON)
+BOUNDS_TEXT_MAX = 60 * 1024     # characters of a proposal's dp_bounds (its canonical JSON, ASCII): below the
+                                # 64 KiB a string may take on the wire (fedpeer/wire/frame.py STR_BYTES_MAX)
 
 
 def parse_bounds(table: object, where: str = "bounds") -> dict[str, tuple[float, float]]:
@@ -267,7 +268,8 @@ def bounds_text(bounds: dict[str, tuple[float, float]]) -> str:
     number as Python writes a float (it reads back exactly)."""
     import json
 
-    return json.dumps({k: [float(v[0]), float(v[1])] for k, v in sorted(bounds.items())}, separators=(",", ":"))
+    return json.dumps({k: [float(v[0]), float(v[1])] for k, v in sorted(bounds.items())}, separators=(",", ":"),
+                      ensure_ascii=True)
 
 
 def parse_bounds_text(text: str) -> dict[str, tuple[float, float]]:

@@ -69,6 +69,9 @@ def test_bounds_parse_in_one_line_and_read_back_exactly():
         assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match="expected JSON"):
         parse_bounds_text("age=0:1")
+    from fedpeer.data.spec import BOUNDS_TEXT_MAX
+    from fedpeer.wire.frame import STR_BYTES_MAX
+    assert bounds_text({"âge": (0.0, 1.0)}).isascii() and BOUNDS_TEXT_MAX < STR_BYTES_MAX   # a proposal decodes
 
 
 def test_a_member_refuses_bounds_that_are_not_its_own_naming_the_column_and_no_value():
