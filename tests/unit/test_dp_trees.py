@@ -151,3 +151,12 @@ def test_a_kind_without_dp_refuses_dp_parameters_in_one_line():
         tree.KIND.check_params({"dp_epsilon": 1.0, "max_depth": 3})
     assert str(e.value) == ("tree does not take differential privacy (dp_epsilon): its sums are released without "
                             "noise; run it without dp_* parameters")
+
+
+def test_a_dask_site_refuses_dp_xgboost_at_admission_before_any_charge():
+    from fedpeer.jobs.kind import dask_refusal
+    from fedpeer.kinds.catalog import job_kinds
+
+    line = dask_refusal(xgb.KIND, xgb.KIND.check_params({"dp_epsilon": 1.0}), job_kinds())
+    assert "not xgboost with dp_epsilon" in line
+    assert dask_refusal(xgb.KIND, xgb.KIND.check_params({}), job_kinds()) is None

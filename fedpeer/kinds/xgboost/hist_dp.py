@@ -102,8 +102,7 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext,
     why = refusal(params) or bounds_refusal(params, {}, ())
     if why is not None:
         raise JobError(why)
-    if getattr(ctx.data, "engine", "memory") == "dask":
-        raise JobError("xgboost with dp_epsilon runs on [data] engine = \"memory\" sites only")
+    assert getattr(ctx.data, "engine", "memory") == "memory", "a Dask site refuses DP at admission (dask_refused)"
     features = list(ctx.data.features)
     bounds = parse_bounds_text(params["dp_bounds"])
     lacking = [f for f in features if f not in bounds]

@@ -266,5 +266,5 @@ KIND = JobKind(name="xgboost", help="federated XGBoost: tree bagging / tree+ in 
                predict=predict_file, export=export_file, export_note=export_note, history=text.history,
                rounds_metric=True, led=lambda p: p.get("mode") == "bagging",
                dask_support='xgboost with mode = "histogram"', refused=dp_refusal,
-               dask_refused=lambda p: None if p.get("mode", "histogram") == "histogram" else
-               f"xgboost with mode = {p.get('mode')!r}")
+               dask_refused=lambda p: "xgboost with dp_epsilon" if p.get("dp_epsilon", 0.0) > 0 else
+               None if p.get("mode", "histogram") == "histogram" else f"xgboost with mode = {p.get('mode')!r}")
