@@ -123,3 +123,27 @@ def test_honest_totals_under_heavy_noise_pass_every_check():
     results, _ = _run({**DP, "dp_epsilon": 0.2, "rounds": 3, "max_depth": 3}, blobs(labelled=True))
     assert all(isinstance(r, dict) for r in results), results
     assert results[0]["privacy"]["epsilon"] <= 0.2
+
+
+def test_the_first_level_total_is_the_clean_histograms_plus_every_members_own_noise_share(monkeypatch):
+    """Each member's seeded share, drawn as it draws it, is in the released total: the total minus
+    the clean histograms is exactly the sum of all three members' shares (no member's is missing)."""
+    from fedpeer.protocols import dp
+
+    sites = blobs(labelled=True)
+    real, seen = hist_dp.secure_sum, {}
+
+    async def recording(ch, tag, vector, *args, **kw):
+        out = await real(ch, tag, vector, *args, **kw)
+        seen.setdefault(tag, dp.signed(out.total).copy())
+        return out
+    monkeypatch.setattr(hist_dp, "secure_sum", recording)
+    results, _ = _run(DP, sites)
+    mu = results[0]["privacy"]["noise_variance"]
+    clean = _clean_root(sites).view(np.int64)
+    half = len(clean) // 2
+    shares = [np.concatenate([dp.draw_share(rng, mu["g"] / 3, half), dp.draw_share(rng, mu["h"] / 3, half)])
+              for rng in (np.random.default_rng(200 + i) for i in range(3))]
+    total = seen[f"{hist_dp.TAG}/t0/d0"]
+    assert np.array_equal(total - clean, shares[0] + shares[1] + shares[2])
+    assert all(np.abs(s).max() > 0 for s in shares)
