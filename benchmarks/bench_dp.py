@@ -15,14 +15,19 @@ value, and the ε the accountant counted. k-means: (4) 100 000 rows x 20 around 
 N(0, 9), unit spread, dp_clip 10, k 5, 8 DP rounds; (5) breast cancer standardised, k 2, dp_clip 4,
 5 DP rounds; the inertia of the DP centres on the pooled rows over the exact job's from the same
 initial centres (n_init 1, same seed) and over the exact job's best of 3 restarts, and the times
-(the exact job runs to convergence, the DP one its fixed rounds). Histogram XGBoost (`xgb_table`):
-(6) synthetic 100 000 training rows x 20 N(0, 1) columns over 5 sites (`xgb_data`: a logistic label
+(the exact job runs to convergence, the DP one its fixed rounds). Logistic regression: (6)
+synthetic 100 000 x 20 (N(0, 1) columns, labels from a logistic model) over 5 sites, scored on
+20 000 fresh rows, and (7) breast cancer standardised, a stratified 80/20 split per repeat, the
+455 training rows over 5 sites: the DP job (20 gradient steps, dp_grad_clip 1, dp_step 2)
+against the exact job (Newton, the pooled rows' scikit-learn model), test error and AUC on the
+held-out rows, the time ratio and the secure sums each made. Histogram XGBoost (`xgb_table`):
+(8) synthetic 100 000 training rows x 20 N(0, 1) columns over 5 sites (`xgb_data`: a logistic label
 in 6 columns with interactions), scored on 20 000 held-out rows of the same law, public bounds
-[-5, 5] for every column; (7) breast cancer, 455 rows over 5 sites, 114 held out (stratified),
+[-5, 5] for every column; (9) breast cancer, 455 rows over 5 sites, 114 held out (stratified),
 public bounds [0, each column's maximum rounded up] (assumed public: the maxima are the data's);
 20 trees of depth 4, 16 bins; the exact job against ε 1 and 8, interleaved in every repeat.
 
-Run: PYTHONPATH=. .venv/bin/python benchmarks/bench_dp.py [--repeats 3] [--json] [--only xgboost]
+Run: PYTHONPATH=. .venv/bin/python benchmarks/bench_dp.py [--repeats 3] [--json] [--only KIND ...]
 """
 
 from __future__ import annotations
@@ -39,10 +44,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fedpeer.data.dataset import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint  # noqa: E402
+from fedpeer.data.spec import bounds_text  # noqa: E402
 from fedpeer.jobs.kind import JobContext  # noqa: E402
 from fedpeer.kinds import stats, stats_dp  # noqa: E402
-from fedpeer.data.spec import bounds_text  # noqa: E402
 from fedpeer.kinds.cluster import kmeans  # noqa: E402
+from fedpeer.kinds.linear import logreg  # noqa: E402
 from fedpeer.kinds.xgboost import kind as xgb_kind  # noqa: E402
 from fedpeer.testing.memory import MemoryNetwork  # noqa: E402
 
@@ -68,9 +74,11 @@ def federate(sites: list[Dataset], params: dict, seed: int, kind=stats) -> tuple
     names = {k: f"site-{i + 1}" for i, k in enumerate(keys)}
     checked = kind.KIND.check_params(params)
 
+    run = getattr(kind, "run", None) or kind.run_job      # logreg's run_job: its local terms in a thread
+
     async def go() -> list:
         net = MemoryNetwork(keys, seed=0, delay_ms=(0.0, 0.0))
-        return await asyncio.gather(*[kind.run(net.channel(k), checked, JobContext(
+        return await asyncio.gather(*[run(net.channel(k), checked, JobContext(
             names[k], names, 60_000, data=sites[i], noise_rng=np.random.default_rng(seed * 100 + i)))
             for i, k in enumerate(keys)])
     start = time.perf_counter()
@@ -132,10 +140,70 @@ def measure_kmeans(name: str, X: np.ndarray, sites: list[Dataset], k: int, clip:
     return rows
 
 
-class _Xgb:
-    """The xgboost kind as `federate` calls a kind (its module has no run())."""
-    KIND = xgb_kind.KIND
-    run = staticmethod(xgb_kind.KIND.run)
+def test_scores(result: dict, X: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(test error, AUC) of a binary logreg result's coefficients (original units) on rows X."""
+    from sklearn.metrics import roc_auc_score
+
+    z = X @ np.asarray(result["coef"][0]) + result["intercept"][0]
+    return float(((z > 0) != y).mean()), float(roc_auc_score(y, z))
+
+
+def measure_logreg(name: str, draws: list[tuple[list[Dataset], np.ndarray, np.ndarray]], epsilons: list[float],
+                   iterations: int) -> list[dict]:
+    """DP logreg (gradient descent, `iterations` steps) against the exact job (Newton, the pooled
+    rows' scikit-learn model) on the same sites, scored on rows no site trained on; one draw per repeat."""
+    exact = [(federate(sites, {"test_fraction": 0.0}, r, logreg), Xt, yt) for r, (sites, Xt, yt) in enumerate(draws)]
+    e_scores = np.array([test_scores(res, Xt, yt) for (res, _), Xt, yt in exact])
+    rows = []
+    for eps in epsilons:
+        params = {"test_fraction": 0.0, "dp_epsilon": eps, "dp_iterations": iterations, "dp_rows_max": 10 ** 6}
+        runs = [federate(sites, params, r, logreg) for r, (sites, _, _) in enumerate(draws)]
+        scores = np.array([test_scores(res, Xt, yt) for (res, _), (_, Xt, yt) in zip(runs, draws)])
+        rows.append({"data": name, "epsilon": eps, "test_error": float(scores[:, 0].mean()),
+                     "test_error_exact": float(e_scores[:, 0].mean()), "auc": float(scores[:, 1].mean()),
+                     "auc_exact": float(e_scores[:, 1].mean()),
+                     "time_ratio": float(np.median([t for _, t in runs]) / np.median([t for (_, t), _, _ in exact])),
+                     "sums_dp": runs[0][0]["secure_sums"], "sums_exact": exact[0][0][0]["secure_sums"],
+                     "bits_per_value": runs[0][0]["privacy"]["bits_per_value"],
+                     "epsilon_counted": runs[0][0]["privacy"]["epsilon"]})
+    return rows
+
+
+def logreg_table(repeats: int) -> list[dict]:
+    """Synthetic 100 000 x 20 (N(0, 1) columns, labels from a logistic model) over 5 sites, scored
+    on 20 000 fresh rows; breast cancer standardised (pooled mean and std, as if public), each
+    repeat a stratified 80/20 split, the 455 training rows over 5 sites."""
+    from sklearn.datasets import load_breast_cancer
+    from sklearn.model_selection import train_test_split
+
+    rng = np.random.default_rng(1)
+    beta = rng.normal(scale=0.5, size=20)
+
+    def draw(n: int) -> tuple[np.ndarray, np.ndarray]:
+        X = rng.normal(size=(n, 20))
+        return X, rng.random(n) < 1 / (1 + np.exp(-(X @ beta - 0.5)))
+    draws = []
+    for _ in range(repeats):
+        (X, y), (Xt, yt) = draw(100_000), draw(20_000)
+        draws.append((split(X, y), Xt, yt))
+    table = measure_logreg("synthetic 100k x 20", draws, [1.0, 8.0], 20)
+    Xc, yc = load_breast_cancer(return_X_y=True)
+    Xs = (Xc - Xc.mean(axis=0)) / Xc.std(axis=0)
+    draws = []
+    for r in range(repeats):
+        X, Xt, y, yt = train_test_split(Xs, yc, test_size=0.2, stratify=yc, random_state=r)
+        draws.append((split(X, y), Xt, yt))
+    return table + measure_logreg("cancer standardised", draws, [1.0, 8.0], 20)
+
+
+def print_logreg(table: list[dict]) -> None:
+    print(f"{'LOGREG DATA':<22} {'ε':>4} {'TEST ERR DP / exact':>20} {'AUC DP / exact':>16} {'TIME x':>7} "
+          f"{'SUMS':>6} {'BITS':>5} {'ε COUNTED':>9}")
+    for r in table:
+        err = f"{100 * r['test_error']:>8.2f} / {100 * r['test_error_exact']:<5.2f} %"
+        sums = f"{r['sums_dp']:>3}/{r['sums_exact']:<2}"
+        print(f"{r['data']:<22} {r['epsilon']:>4g} {err} {r['auc']:>7.4f} / {r['auc_exact']:<6.4f} "
+              f"{r['time_ratio']:>7.2f} {sums} {r['bits_per_value']:>5} {r['epsilon_counted']:>9.3f}")
 
 
 def xgb_data(rng: np.random.Generator, rows: int) -> tuple[np.ndarray, np.ndarray]:
@@ -167,7 +235,7 @@ def measure_xgb(name: str, train: tuple[np.ndarray, np.ndarray], test: tuple[np.
             if eps:
                 params.update(dp_epsilon=eps, dp_bounds=bounds_text(bounds), dp_rows_max=10 ** 6)
             started = time.process_time()
-            result, seconds = federate(sites, params, r, _Xgb)
+            result, seconds = federate(sites, params, r, xgb_kind)
             cpu[eps].append(time.process_time() - started)
             proba = boosting.predict_proba(result["_model"], test[0])
             errors[eps].append(float(np.mean((np.asarray(proba) > 0.5) != test[1])))
@@ -207,22 +275,38 @@ XGB_BASE = {"mode": "histogram", "rounds": 20, "max_depth": 4, "max_bin": 16, "t
             "eval_every": 0, "secure_sum": "allreduce"}
 
 
+def print_xgb(xtable: list[dict], repeats: int) -> None:
+    print(f"histogram XGBoost, {XGB_BASE['rounds']} trees of depth {XGB_BASE['max_depth']}, {XGB_BASE['max_bin']}"
+          f" uniform bins from public bounds; test error on held-out pooled rows, median of {repeats} "
+          "interleaved runs")
+    print(f"{'XGBOOST DATA':<30} {'ε':>4} {'ERR EXACT':>9} {'ERR DP':>7} {'worst':>7} {'+POINTS':>7} "
+          f"{'TIME x':>7} {'CPU x':>6} {'s EXACT':>8} {'s DP':>6} {'BITS':>5} {'ε COUNTED':>9} {'RELEASES':>8}")
+    for r in xtable:
+        print(f"{r['data']:<30} {r['epsilon']:>4g} {100 * r['error_exact']:>8.2f}% {100 * r['error_dp']:>6.2f}% "
+              f"{100 * r['error_dp_worst']:>6.2f}% {r['points']:>7.2f} {r['time_ratio']:>7.2f} "
+              f"{r['cpu_ratio']:>6.2f} "
+              f"{r['seconds_exact']:>8.2f} {r['seconds_dp']:>6.2f} {r['bits_per_value']:>5} "
+              f"{r['epsilon_counted']:>9.3f} {r['releases']:>8}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--only", choices=("stats", "kmeans", "xgboost"), action="append",
-                        help="measure only these kinds (repeatable; default: all)")
+    parser.add_argument("--only", choices=("stats", "kmeans", "logreg", "xgboost"), action="append",
+                        help="run only these kinds' parts (repeatable; default: all)")
     args = parser.parse_args()
-    only = set(args.only or ("stats", "kmeans", "xgboost"))
+    only = set(args.only or ("stats", "kmeans", "logreg", "xgboost"))
     from sklearn.datasets import load_breast_cancer
 
+    ltable = logreg_table(args.repeats) if "logreg" in only else []
+    xtable = xgb_table(args.repeats, XGB_BASE) if "xgboost" in only else []
     rng = np.random.default_rng(0)
     X = rng.normal(size=(100_000, 20)) + 1 + np.arange(20) / 5
     y = rng.random(100_000) < 0.3
     Xc, yc = load_breast_cancer(return_X_y=True)
     Xs = (Xc - Xc.mean(axis=0)) / Xc.std(axis=0)
-    table, ktable, xtable = [], [], []
+    table, ktable = [], []
     if "stats" in only:
         table = measure("synthetic 100k x 20", split(X, y), 10.0, [1.0, 8.0], args.repeats, False)
         table += measure("cancer raw (569 x 30)", split(Xc, yc), float(np.abs(Xc).max()), [1.0, 8.0], args.repeats,
@@ -235,40 +319,32 @@ def main() -> int:
         ktable = measure_kmeans("synthetic 100k x 20, 5 blobs", Xk, split(Xk, y), 5, 10.0, [1.0, 8.0], args.repeats,
                                 8)
         ktable += measure_kmeans("cancer standardised", Xs, split(Xs, yc), 2, 4.0, [1.0, 8.0], args.repeats, 5)
-    if "xgboost" in only:
-        xtable = xgb_table(args.repeats, XGB_BASE)
     if args.json:
-        print(json.dumps({"stats": table, "kmeans": ktable, "xgboost": xtable}, indent=1))
+        print(json.dumps({"stats": table, "kmeans": ktable, "logreg": ltable, "xgboost": xtable}, indent=1))
         return 0
-    if xtable:
-        print(f"histogram XGBoost, {XGB_BASE['rounds']} trees of depth {XGB_BASE['max_depth']}, {XGB_BASE['max_bin']}"
-              f" uniform bins from public bounds; test error on held-out pooled rows, median of {args.repeats} "
-              "interleaved runs")
-        print(f"{'XGBOOST DATA':<30} {'ε':>4} {'ERR EXACT':>9} {'ERR DP':>7} {'worst':>7} {'+POINTS':>7} "
-              f"{'TIME x':>7} {'CPU x':>6} {'s EXACT':>8} {'s DP':>6} {'BITS':>5} {'ε COUNTED':>9} {'RELEASES':>8}")
-        for r in xtable:
-            print(f"{r['data']:<30} {r['epsilon']:>4g} {100 * r['error_exact']:>8.2f}% {100 * r['error_dp']:>6.2f}% "
-                  f"{100 * r['error_dp_worst']:>6.2f}% {r['points']:>7.2f} {r['time_ratio']:>7.2f} "
-                  f"{r['cpu_ratio']:>6.2f} "
-                  f"{r['seconds_exact']:>8.2f} {r['seconds_dp']:>6.2f} {r['bits_per_value']:>5} "
-                  f"{r['epsilon_counted']:>9.3f} {r['releases']:>8}")
+    if ktable:
+        print(f"{'KMEANS DATA':<30} {'ε':>4} {'INERTIA/SAME INIT med':>21} {'worst':>7} {'/BEST OF 3':>10} "
+              f"{'TIME x':>7} {'ROUNDS':>8} {'BITS':>5} {'ε COUNTED':>9}")
+        for r in ktable:
+            print(f"{r['data']:<30} {r['epsilon']:>4g} {r['inertia_ratio_median']:>21.4f} "
+                  f"{r['inertia_ratio_worst']:>7.4f} {r['inertia_vs_best_of_3']:>10.4f} {r['time_ratio']:>7.2f} "
+                  f"{r['rounds_dp']:>3}/{r['rounds_exact']:<4} {r['bits_per_value']:>5} {r['epsilon_counted']:>9.3f}")
         print()
-    if not ktable and not table:
-        return 0
-    print(f"{'KMEANS DATA':<30} {'ε':>4} {'INERTIA/SAME INIT med':>21} {'worst':>7} {'/BEST OF 3':>10} "
-          f"{'TIME x':>7} {'ROUNDS':>8} {'BITS':>5} {'ε COUNTED':>9}")
-    for r in ktable:
-        print(f"{r['data']:<30} {r['epsilon']:>4g} {r['inertia_ratio_median']:>21.4f} {r['inertia_ratio_worst']:>7.4f} "
-              f"{r['inertia_vs_best_of_3']:>10.4f} {r['time_ratio']:>7.2f} {r['rounds_dp']:>3}/{r['rounds_exact']:<4} "
-              f"{r['bits_per_value']:>5} {r['epsilon_counted']:>9.3f}")
-    print()
-    print(f"{'DATA':<24} {'ε':>4} {'MEAN ERR median':>16} {'worst':>10} {'ROWS ±':>7} {'TIME x':>7} "
-          f"{'BITS':>5} {'ε COUNTED':>9}")
-    for r in table:
-        pct = r["error_unit"] != "std"
-        shown = [f"{100 * v:.3g} %" if pct else f"{v:.3g} σ" for v in (r["mean_error_median"], r["mean_error_worst"])]
-        print(f"{r['data']:<24} {r['epsilon']:>4g} {shown[0]:>16} {shown[1]:>10} {r['count_error']:>7.1f} "
-              f"{r['time_ratio']:>7.2f} {r['bits_per_value']:>5} {r['epsilon_counted']:>9.3f}")
+    if table:
+        print(f"{'DATA':<24} {'ε':>4} {'MEAN ERR median':>16} {'worst':>10} {'ROWS ±':>7} {'TIME x':>7} "
+              f"{'BITS':>5} {'ε COUNTED':>9}")
+        for r in table:
+            pct = r["error_unit"] != "std"
+            shown = [f"{100 * v:.3g} %" if pct else f"{v:.3g} σ"
+                     for v in (r["mean_error_median"], r["mean_error_worst"])]
+            print(f"{r['data']:<24} {r['epsilon']:>4g} {shown[0]:>16} {shown[1]:>10} {r['count_error']:>7.1f} "
+                  f"{r['time_ratio']:>7.2f} {r['bits_per_value']:>5} {r['epsilon_counted']:>9.3f}")
+        print()
+    if ltable:
+        print_logreg(ltable)
+        print()
+    if xtable:
+        print_xgb(xtable, args.repeats)
     print(f"stats_dp.VALUE_BITS = {stats_dp.VALUE_BITS}: a member's value is {stats_dp.VALUE_BITS + 1} bits "
           "with its sign, inside a 64-bit sum entry")
     return 0

@@ -104,7 +104,15 @@ def jobs_table(jobs: list[Mapping[str, Any]]) -> str:
     rows = [("JOB", "KIND", "STATE", "PHASE", "ELAPSED")]
     rows += [(j["id"], j["kind"], j["state"], phase_text(j),
               "-" if j["elapsed_s"] is None else f"{j['elapsed_s']:.1f} s") for j in jobs]
+    if any(j.get("privacy_spent") for j in jobs):       # DP jobs: what this site's ledger charges each
+        rows = [(*rows[0], "ε SPENT HERE")] + [(*r, epsilon_text(j.get("privacy_spent")))
+                                              for r, j in zip(rows[1:], jobs)]
     return table(rows) if jobs else "no jobs"
+
+
+def epsilon_text(spent: Mapping[str, float] | None) -> str:
+    """A job's charge in this site's privacy ledger, as `fedpeer jobs` and the console show it."""
+    return "-" if not spent else f"{spent['epsilon']:.3g} (δ {spent['delta']:.2g})"
 
 
 def progress_text(record: Mapping[str, Any]) -> str:

@@ -501,7 +501,7 @@ class Node:
             "election_refused": {   # claims of leadership or votes that did not prove themselves
                 "uncertified_heartbeats": self.election.stats.uncertified_heartbeats,
                 "bad_vote_signatures": self.election.stats.bad_vote_signatures},
-            "jobs": [{k: j[k] for k in ("id", "kind", "state", "phase", "progress", "error")}
+            "jobs": [{k: j[k] for k in ("id", "kind", "state", "phase", "progress", "error", "privacy_spent")}
                      for j in self.jobs.list()[:STATUS_JOBS_MAX]],
             "rejected": dict(sorted(self.rejected.items())),
             "dropped_sends": self._client.dropped_best_effort,

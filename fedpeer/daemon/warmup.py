@@ -30,6 +30,7 @@ def preload_ml() -> None:
     compile, the first time on a machine) the compiled loops (histogram XGBoost's, k-means'): a job's first step
     no longer pays for it (xgboost + scikit-learn: ~4 s of a 3-round job's 4.5 s, cold)."""
     started = time.perf_counter()
+    import dp_accounting.rdp.rdp_privacy_accountant  # noqa: F401
     import sklearn.ensemble  # noqa: F401
     import xgboost  # noqa: F401
 

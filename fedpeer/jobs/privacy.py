@@ -143,6 +143,11 @@ class PrivacyLedger:
             entry["epsilon"], entry["delta"] = max(entry["epsilon"], float(epsilon)), max(entry["delta"], float(delta))
             write_json(self.path, self._doc)
 
+    def charged(self, dataset: str, job_id: str) -> dict[str, float] | None:
+        """What this job is charged on this dataset (its job record, the console), or None."""
+        entry = self._doc["datasets"].get(dataset, {}).get(job_id)
+        return None if entry is None else {"epsilon": float(entry["epsilon"]), "delta": float(entry["delta"])}
+
     def rows(self) -> list[dict[str, Any]]:
         """`fedpeer privacy`: one row per dataset, what it spent and what is left."""
         out = []

@@ -25,6 +25,7 @@ do not hold of noised totals and are not applied.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -117,7 +118,7 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext, result_of:
         raise JobError(f"dp_colluders {colluders} leaves no member's noise for a site among {members} members")
     rng = ctx.noise_rng if ctx.noise_rng is not None else dp.os_rng()
     sums = plan(d, bins)
-    mus = dp.calibrate(sums, eps, delta)
+    mus = await asyncio.to_thread(dp.calibrate, sums, eps, delta)    # a search over dp-accounting's curve: off the loop
     total_mu = members / (members - colluders)      # the total carries μ·n/(n − t): t shares beyond μ
     bounds = [dp.noise_bound(mu * total_mu, s.entries) for s, mu in zip(sums, mus)]
     mode, hop = params["secure_sum"], ctx.hop_timeout_ms
@@ -155,6 +156,7 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext, result_of:
 
 
 def _whole(outcome: Any, ch: Any) -> None:
-    if len(outcome.participants) != len(ch.members):
-        raise JobError("a member was lost inside a DP sum: the total lacks its noise share, so the job stops "
-                       "(every site's ledger keeps the charge)")
+    try:
+        dp.whole_total(outcome.participants, ch.members, outcome.total)
+    except ValueError as exc:
+        raise JobError(str(exc)) from None

@@ -41,7 +41,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
 from fedpeer.protocols.fixedpoint import fraction_bits
 
@@ -92,6 +91,10 @@ def epsilon_of(releases: Sequence[tuple[DpSum, float]], delta: float) -> float:
     """The (ε, δ)-DP ε of releasing every sum in `releases` (composition by RDP)."""
     if not releases:
         return 0.0
+    # dp-accounting imports scipy.stats and its PLD half on import (~1.5 s of CPU): only a DP job
+    # pays for it, in its calibration's worker thread (or the daemon's ML preload), never every
+    # `fedpeer` command and daemon start.
+    from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
     eps, _ = compute_epsilon(ORDERS, rdp_curve(releases), delta)
     return float(eps)
 
@@ -148,6 +151,19 @@ def draw_share(rng: np.random.Generator, mu_share: float, entries: int) -> np.nd
 def os_rng() -> np.random.Generator:
     """A Generator seeded from the operating system (the daemon's noise; never a job's seed)."""
     return np.random.Generator(np.random.PCG64(secrets.randbits(128)))
+
+
+LOST_INSIDE = ("a member was lost inside a DP sum: the total lacks its noise share, so the job stops "
+               "(every site's ledger keeps the charge)")
+
+
+def whole_total(participants: Sequence[bytes], members: Sequence[bytes], total: np.ndarray) -> np.ndarray:
+    """A DP sum's total read as signed integers, or ValueError(LOST_INSIDE) when it went without a
+    member: a DP sum gets one attempt (docs/security.md, a DP sum's retry), so a total short of a
+    member's noise share is never used."""
+    if len(participants) != len(members):
+        raise ValueError(LOST_INSIDE)
+    return signed(total)
 
 
 def add_noise(vector: np.ndarray, noise: np.ndarray) -> np.ndarray:

@@ -208,6 +208,8 @@ REFUSALS = [
     ("logreg", "iterations_max", 50, {"max_iter": 51}, "max_iter 51 > [policy.logreg] iterations_max 50"),
     ("logreg", "rounds_max", 50, {"rounds": 51}, "rounds 51 > [policy.logreg] rounds_max 50"),
     ("logreg", "local_epochs_max", 5, {"local_epochs": 6}, "local_epochs 6 > [policy.logreg] local_epochs_max 5"),
+    ("logreg", "dp_iterations_max", 50, {"dp_iterations": 51},
+     "dp_iterations 51 > [policy.logreg] dp_iterations_max 50"),
     ("mlp", "rounds_max", 50, {"rounds": 51}, "rounds 51 > [policy.mlp] rounds_max 50"),
     ("mlp", "local_epochs_max", 5, {"local_epochs": 6}, "local_epochs 6 > [policy.mlp] local_epochs_max 5"),
     ("kmeans", "clusters_max", 4, {"k": 5}, "k 5 > [policy.kmeans] clusters_max 4"),

@@ -227,7 +227,7 @@ class Console:
         return _json({"kinds": views.kinds_doc(), "poll_ms": POLL_INTERVAL_MS})
 
     async def jobs(self, request: web.Request) -> web.Response:
-        return _json(await self.sites[0].ask("GET", "/v1/jobs"))
+        return _json(views.job_list(await self.sites[0].ask("GET", "/v1/jobs")))
 
     async def propose(self, request: web.Request) -> web.Response:
         try:

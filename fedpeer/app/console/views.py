@@ -106,6 +106,30 @@ def _members(value: Any) -> list[str] | None:
 # -- one job ----------------------------------------------------------------------------------
 
 
+def job_list(doc: Mapping[str, Any]) -> dict:
+    """The daemon's job list with each job's ε spent at this site, as text (`epsilon_spent`:
+    fedpeer/app/jobtext.py `epsilon_text`, the words `fedpeer jobs` prints)."""
+    from fedpeer.app.jobtext import epsilon_text
+
+    return {**doc, "jobs": [{**j, "epsilon_spent": epsilon_text(j.get("privacy_spent"))}
+                            for j in doc.get("jobs") or ()]}
+
+
+def privacy(record: Mapping[str, Any], readings: Sequence[tuple[str | None, str, dict | None, str | None]]
+            ) -> dict | None:
+    """A DP job's privacy on its page: what each site the console reads has charged its ledger
+    (privacy_spent), and what the job's own accountant counted; None for a job without DP."""
+    result = record.get("result") or {}
+    counted = result.get("privacy") if isinstance(result.get("privacy"), Mapping) else None
+    charged = [{"name": name, "epsilon": doc["privacy_spent"]["epsilon"], "delta": doc["privacy_spent"]["delta"]}
+               for _, name, doc, _ in readings if doc is not None and doc.get("privacy_spent")]
+    if not charged and counted is None:
+        return None
+    return {"here": record.get("privacy_spent"), "sites": charged,
+            "counted": None if counted is None else {"epsilon": counted.get("epsilon"), "delta": counted.get("delta"),
+                                                     "split": counted.get("split")}}
+
+
 def job_view(record: dict, readings: Sequence[tuple[str | None, str, dict | None, str | None]]) -> dict:
     """The daemon's record of a job with what the page draws of it: `curves`, `card`, `sites`
     and the kind's own `site_table`. readings: (fingerprint, site name, that site's record or
@@ -115,7 +139,8 @@ def job_view(record: dict, readings: Sequence[tuple[str | None, str, dict | None
     kind = job_kinds().get(record["kind"])
     drawn = curves(kind, record)
     return {**record, "curves": drawn, "charts": charts(drawn, record), "card": card(kind, record),
-            "sites": sites(record, readings), "site_table": site_table(kind, readings)}
+            "sites": sites(record, readings), "site_table": site_table(kind, readings),
+            "privacy": privacy(record, readings)}
 
 
 def curves(kind: Any, record: Mapping[str, Any]) -> dict[str, list[list[float]]]:

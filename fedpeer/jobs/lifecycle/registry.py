@@ -123,14 +123,19 @@ class JobRegistry:
 
     def list(self) -> list[dict]:
         records = sorted(self.all_records(), key=lambda r: r.created_ms, reverse=True)[:RECORDS_LISTED_MAX]
-        return [{k: v for k, v in r.to_json(self.names, self.transport.now_ms()).items()
-                 if k not in ("result", "params")} for r in records]
+        return [{k: v for k, v in self._doc(r).items() if k not in ("result", "params")} for r in records]
 
     def show(self, job_id: str) -> dict:
         record = self.find(job_id)
         if record is None:
             raise JobError(f"no job {job_id!r} on this site")
-        return record.to_json(self.names, self.transport.now_ms())
+        return self._doc(record)
+
+    def _doc(self, record: JobRecord) -> dict:
+        """A record as the admin API shows it, with what this site's privacy ledger charges the job
+        (`privacy_spent`: {epsilon, delta}, or None for a job without DP or refused before its start)."""
+        return {**record.to_json(self.names, self.transport.now_ms()),
+                "privacy_spent": self.privacy.charged(record.data_fingerprint or "", record.id)}
 
     def running(self) -> int:
         """Jobs holding a [jobs] jobs_concurrent_max slot: running ones only, not pending proposals."""

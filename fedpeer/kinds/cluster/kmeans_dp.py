@@ -23,6 +23,7 @@ every member a total short of the lost member's noise share. A lost member stops
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -103,7 +104,7 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
         raise JobError(f"dp_colluders {colluders} leaves no member's noise for a site among {members} members")
     eps, delta = job_cost(params)
     sums = plan(k, d, rounds)
-    mus = dp.calibrate(sums, eps, delta)
+    mus = await asyncio.to_thread(dp.calibrate, sums, eps, delta)    # a search over dp-accounting's curve: off the loop
     total_mu = members / (members - colluders)      # the total carries μ·n/(n − t): t shares beyond μ
     bounds = [dp.noise_bound(mu * total_mu, s.entries) for s, mu in zip(sums, mus)]
     rng = ctx.noise_rng if ctx.noise_rng is not None else dp.os_rng()
@@ -155,10 +156,10 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
 
 
 def _signed(outcome: Any, ch: Any) -> np.ndarray:
-    if len(outcome.participants) != len(ch.members):
-        raise JobError("a member was lost inside a DP sum: the total lacks its noise share, so the job stops "
-                       "(every site's ledger keeps the charge)")
-    return dp.signed(outcome.total)
+    try:
+        return dp.whole_total(outcome.participants, ch.members, outcome.total)
+    except ValueError as exc:
+        raise JobError(str(exc)) from None
 
 
 

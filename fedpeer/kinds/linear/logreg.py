@@ -52,7 +52,7 @@ from fedpeer.data.dataset import split_train_test
 from fedpeer.jobs.kind import (ImplausibleTotal, JobContext, JobFailsEverywhere, JobKind, Limit, Param, checked_total,
                                site_seed)
 from fedpeer.jobs.params import SECURE_SUM_LARGE, test_fraction
-from fedpeer.kinds.linear import text
+from fedpeer.kinds.linear import logreg_dp, text
 from fedpeer.kinds.linear.fedavg import FEDAVG_PARAMS
 from fedpeer.ml import evaluation as evalcounts
 from fedpeer.ml.blas import one_blas_thread
@@ -95,6 +95,7 @@ PARAMS = {
     "secure_sum": SECURE_SUM_LARGE,
     "test_fraction": HELD_OUT,
     **FEDAVG_PARAMS,
+    **logreg_dp.PARAMS,         # differential privacy (fedpeer/kinds/linear/logreg_dp.py): off at dp_epsilon = 0
 }
 
 
@@ -225,6 +226,8 @@ class Member:
         return fed_counts, mean, linear.scale_from(centred, n), extra_total
 
     async def fit(self) -> dict:
+        if self.params["dp_epsilon"] > 0:
+            return await logreg_dp.fit_dp(self)
         if self.params["mode"] == "fedavg":
             from fedpeer.kinds.linear.fedavg import fit_logreg
             return await fit_logreg(self)
@@ -463,6 +466,8 @@ LIMITS = {
     "rounds_max": Limit("rounds", 10_000, "mode fedavg: communication rounds, one secure sum each (rounds)"),
     "local_epochs_max": Limit("local_epochs", 1000,
                               "mode fedavg: passes over the site's rows per round (local_epochs)"),
+    "dp_iterations_max": Limit("dp_iterations", 1000,
+                               "with dp_epsilon: gradient steps, one noised secure sum each (dp_iterations)"),
 }
 
 

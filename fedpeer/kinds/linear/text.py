@@ -20,6 +20,12 @@ def describe(kind: str, result: Mapping[str, Any]) -> list[str]:
     if kind == "mlp":
         lines.append(f"  model: MLP {'-'.join(map(str, result['layer_sizes']))} by FedAvg, {result['rounds']} "
                      f"rounds ({over})")
+    elif "privacy" in result:
+        p = result["privacy"]
+        lines.append(f"  model: logistic regression with differential privacy, {result['iterations']} gradient steps "
+                     f"of {p['step']:g}, C {result['C']:g} ({over}); about {result['rows']} rows (noised)")
+        lines.append(f"  differential privacy: ε {p['epsilon']:.3g}, δ {p['delta']:.2g}; row gradients clipped to "
+                     f"L2 {p['grad_clip']:g}; {p['split']}; not released: {p['not_released']}")
     else:
         lines.append(f"  model: {result['mode']} logistic regression, solver {result['solver']}, C "
                      f"{result['C']:g}: {result['status']} after {result['iterations']} iterations ({over})")
@@ -38,9 +44,10 @@ def describe(kind: str, result: Mapping[str, Any]) -> list[str]:
                   "-" if h.get("auc") is None else f"{h['auc']:.4f}") for h in result["history"]]
     else:
         rows = [("ITERATION", "LOGLOSS", "MAX |GRAD|", "STEP", "TEST AUC")]
-        for h in result["history"]:
+        for h in result["history"]:     # with DP no log-loss is released: its column shows "-"
             test = "-" if h.get("test_auc") is None else f"{h['test_auc']:.4f}"
-            rows.append((h["iteration"], f"{h['loss']:.6f}", f"{h['grad_max']:.2e}", f"{h['step']:g}", test))
+            loss = "-" if h.get("loss") is None else f"{h['loss']:.6f}"
+            rows.append((h["iteration"], loss, f"{h['grad_max']:.2e}", f"{h['step']:g}", test))
         rows = [r[:4] for r in rows] if all(r[4] == "-" for r in rows[1:]) else rows   # no test rows: no column
     lines.append(table(rows, indent="  "))
     if kind == "mlp":
@@ -64,7 +71,8 @@ def site_table(sites: Sequence[Mapping[str, Any]]) -> str:
             rows.append((s["name"], s["rows"] or "-", s["state"], "-", "-", "-", "-", "-", "-", "-"))
             continue
         last = r["history"][-1] if r.get("history") else {}
-        loss = f"{last.get('loss', last.get('logloss')):.6f}" if last else "-"
+        loss = last.get("loss", last.get("logloss"))
+        loss = "-" if loss is None else f"{loss:.6f}"
         auc = "-" if r.get("auc") is None else f"{r['auc']:.4f}"
         block = lead_block(r)
         n, on = evaluated_rows(block) if block else (None, "")

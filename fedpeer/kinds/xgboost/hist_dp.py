@@ -42,7 +42,6 @@ from fedpeer.data.spec import parse_bounds_text
 from fedpeer.errors import JobError
 from fedpeer.jobs.kind import JobContext, checked_total, site_seed
 from fedpeer.jobs.privacy import bounds_refusal, job_cost
-from fedpeer.kinds.cluster.kmeans_dp import _signed
 from fedpeer.ml.xgb import boosting
 from fedpeer.ml.xgb import dpboost as dx
 from fedpeer.ml.xgb.histboost import model_bytes, tree_features
@@ -127,7 +126,8 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext,
     n_released = int(tree_features(p, 0, F).sum())
     eps, delta = job_cost(params)
     sums = dx.plan(n_released, depth, p.num_round, n_bins)
-    mus = dp.calibrate(sums, eps, delta, [1.0, dx.HESS_NOISE_WEIGHT] * (len(sums) // 2))
+    mus = await offload(dp.calibrate, sums, eps, delta,     # a search over dp-accounting's curve: off the loop
+                        [1.0, dx.HESS_NOISE_WEIGHT] * (len(sums) // 2))
     mu_g, mu_h = mus[0], mus[1]                         # the same sensitivity: one μ for G's, one for H's
     spread = members / (members - colluders)            # the total carries μ·n/(n − t)
     sigma_g = math.sqrt(mu_g * spread) * 2.0 ** -dx.GRAD_FRAC      # one bin's noise, in g's units
@@ -157,7 +157,10 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext,
             tag = f"{TAG}/t{t}/d{d}"
             outcome = await secure_sum(ch, tag, vector, mode=mode, hop_timeout_ms=hop, attempts_max=1)
             released += [(s[0], mu_g), (s[1], mu_h)]
-            total = _signed(outcome, ch)
+            try:
+                total = dp.whole_total(outcome.participants, ch.members, outcome.total)
+            except ValueError as exc:
+                raise JobError(str(exc)) from None
             Gt, Ht = total[:G.size].reshape(G.shape), total[G.size:].reshape(H.shape)
             b_entry = dp.noise_bound(mu_h * spread, H.size)
             node_entries = 2 * len(frontier) * len(chosen)      # a node's totals, and their differences
@@ -174,6 +177,7 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext,
         margins += final.value[positions]
         trees.append(final)
     model = model_bytes(trees, (dx.BASE_SCORE,), F, p)
+    counted = await offload(dp.epsilon_of, released, delta)
     info = boosting.model_info(model)
     out: dict[str, Any] = {
         "mode": "histogram", "rounds": params["rounds"], "trees": info.n_trees,
@@ -182,7 +186,7 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext,
         "rows": {"train": int(len(y)), "test": int(len(site.test[1])) if params["test_fraction"] else 0},
         "members": [ctx.names.get(m, m.hex()[:16]) for m in ch.members], "lost": [],
         "secure_sums": len(released) // 2,
-        "privacy": {"mechanism": "skellam", "epsilon": dp.epsilon_of(released, delta), "delta": delta,
+        "privacy": {"mechanism": "skellam", "epsilon": counted, "delta": delta,
                     "epsilon_asked": eps, "colluders": colluders, "releases": len(released),
                     "noise_variance": {"g": mu_g, "h": mu_h}, "bits_per_value": dx.VALUE_BITS + 1, "bins": n_bins,
                     "split_rule": "xgboost's gain on the noised G, H less the noise's expected share; each side's "

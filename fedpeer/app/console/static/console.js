@@ -132,7 +132,8 @@ function drawJobs(doc) {
     tr.dataset.job = j.id;
     if (j.id === selected) tr.className = "selected";
     tr.append(el("td", j.id), el("td", j.kind), el("td", j.state, `state-${j.state}`), el("td", j.phase),
-              progressCell(j.progress), el("td", j.elapsed_s === null ? "-" : `${j.elapsed_s.toFixed(1)} s`, "num"));
+              progressCell(j.progress), el("td", j.elapsed_s === null ? "-" : `${j.elapsed_s.toFixed(1)} s`, "num"),
+              el("td", j.epsilon_spent || "-", "num epsilon"));
     tr.addEventListener("click", () => select(j.id));
     return tr;
   }));
@@ -174,7 +175,7 @@ function drawJob(job) {
   $("cancel-button").hidden = TERMINAL.includes(job.state);
   drawCurves(job.charts || Object.entries(job.curves || {}).map(([name, points]) => (
     { name, points, x_title: "round", y_title: name, y_range: null })));
-  drawCard(job.card || {});
+  drawCard(job.card || {}, job.privacy);
   drawSites(job.sites || [], job.site_table);
 }
 
@@ -264,8 +265,18 @@ function cardRow(label, value) {
   return tr;
 }
 
-function drawCard(card) {
+// A DP job's privacy (views.py `privacy`): ε and δ each site's ledger charges, and the accountant's count.
+function privacyText(privacy) {
+  const fmt = (e, d) => `ε ${Number(e.toPrecision(3))} (δ ${d.toExponential(1)})`;
+  const parts = privacy.sites.map((s) => `${s.name}: ${fmt(s.epsilon, s.delta)}`);
+  const counted = privacy.counted && privacy.counted.epsilon !== null
+    ? `; counted by the job's accountant ${fmt(privacy.counted.epsilon, privacy.counted.delta)}` : "";
+  return `${parts.join(", ") || "not charged yet"}${counted}`;
+}
+
+function drawCard(card, privacy) {
   const rows = [cardRow("kind", card.help ? `${card.kind} — ${card.help}` : card.kind)];
+  if (privacy) rows.push(cardRow("differential privacy, ε spent", privacyText(privacy)));
   if (card.mode) rows.push(cardRow("mode", card.mode));
   const changed = Object.entries(card.params_changed || {});
   rows.push(cardRow("parameters (not default)", changed.length ? changed.map(([k, v]) => `${k}=${JSON.stringify(v)}`).join(", ") : "all defaults"));
