@@ -64,7 +64,8 @@ def refusal(params: Mapping[str, Any]) -> str | None:
         return ("xgboost with dp_epsilon takes objective binary:logistic only: its per-row gradients are bounded "
                 "(g in [-1, 1], h in [0, 1/4]); multi:softprob and reg:squarederror are not yet")
     if params["max_bin"] > dx.BINS_MAX:
-        return f"xgboost with dp_epsilon takes max_bin up to {dx.BINS_MAX} (uniform bins; 16 to 64 suit DP)"
+        return (f"xgboost with dp_epsilon takes max_bin up to {dx.BINS_MAX} (uniform bins: a cut's side sums fewer "
+                "noised bins when there are fewer)")
     return None
 
 
