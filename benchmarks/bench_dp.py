@@ -20,9 +20,14 @@ synthetic 100 000 x 20 (N(0, 1) columns, labels from a logistic model) over 5 si
 20 000 fresh rows, and (7) breast cancer standardised, a stratified 80/20 split per repeat, the
 455 training rows over 5 sites: the DP job (20 gradient steps, dp_grad_clip 1, dp_step 2)
 against the exact job (Newton, the pooled rows' scikit-learn model), test error and AUC on the
-held-out rows, the time ratio and the secure sums each made. Histogram XGBoost does not take DP yet.
+held-out rows, the time ratio and the secure sums each made. Histogram XGBoost (`xgb_table`):
+(8) synthetic 100 000 training rows x 20 N(0, 1) columns over 5 sites (`xgb_data`: a logistic label
+in 6 columns with interactions), scored on 20 000 held-out rows of the same law, public bounds
+[-5, 5] for every column; (9) breast cancer, 455 rows over 5 sites, 114 held out (stratified),
+public bounds [0, each column's maximum rounded up] (assumed public: the maxima are the data's);
+20 trees of depth 4, 16 bins; the exact job against ε 1 and 8, interleaved in every repeat.
 
-Run: PYTHONPATH=. .venv/bin/python benchmarks/bench_dp.py [--repeats 3] [--json] [--only logreg]
+Run: PYTHONPATH=. .venv/bin/python benchmarks/bench_dp.py [--repeats 3] [--json] [--only KIND ...]
 """
 
 from __future__ import annotations
@@ -39,10 +44,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fedpeer.data.dataset import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint  # noqa: E402
+from fedpeer.data.spec import bounds_text  # noqa: E402
 from fedpeer.jobs.kind import JobContext  # noqa: E402
 from fedpeer.kinds import stats, stats_dp  # noqa: E402
 from fedpeer.kinds.cluster import kmeans  # noqa: E402
 from fedpeer.kinds.linear import logreg  # noqa: E402
+from fedpeer.kinds.xgboost import kind as xgb_kind  # noqa: E402
 from fedpeer.testing.memory import MemoryNetwork  # noqa: E402
 
 SITES = 5
@@ -199,50 +206,145 @@ def print_logreg(table: list[dict]) -> None:
               f"{r['time_ratio']:>7.2f} {sums} {r['bits_per_value']:>5} {r['epsilon_counted']:>9.3f}")
 
 
+def xgb_data(rng: np.random.Generator, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Synthetic classification rows: 20 N(0, 1) columns, P(y = 1) logistic in 6 of them with two
+    interactions (a stump ensemble's job), about 12 % of labels irreducible noise."""
+    X = rng.normal(size=(rows, 20))
+    logit = 1.5 * X[:, 0] - X[:, 1] + 0.8 * X[:, 2] * X[:, 3] + np.where(X[:, 4] > 0.5, 1.2, -0.4) \
+        + 0.6 * np.abs(X[:, 5]) - 0.5
+    return X, (rng.random(rows) < 1.0 / (1.0 + np.exp(-2.0 * logit))).astype(int)
+
+
+def measure_xgb(name: str, train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray],
+                bounds: dict, base: dict, epsilons: list[float], repeats: int) -> list[dict]:
+    """Histogram XGBoost trained over the sites (test_fraction 0), scored on held-out pooled rows:
+    the non-private job and each ε in turn, `repeats` times interleaved (the same machine load
+    for every variant); test error (1 - accuracy at 0.5), medians over the repeats; the time ratio
+    in wall time and in this process's CPU time (steadier on a shared machine)."""
+    from fedpeer.ml.xgb import boosting
+
+    sites = split(*train)
+    variants = [0.0, *epsilons]
+    errors: dict[float, list[float]] = {e: [] for e in variants}
+    times: dict[float, list[float]] = {e: [] for e in variants}
+    cpu: dict[float, list[float]] = {e: [] for e in variants}    # this process's CPU (the members' threads too)
+    privacy: dict[float, dict] = {}
+    for r in range(repeats):
+        for eps in variants:
+            params = {**base, "seed": r}
+            if eps:
+                params.update(dp_epsilon=eps, dp_bounds=bounds_text(bounds), dp_rows_max=10 ** 6)
+            started = time.process_time()
+            result, seconds = federate(sites, params, r, xgb_kind)
+            cpu[eps].append(time.process_time() - started)
+            proba = boosting.predict_proba(result["_model"], test[0])
+            errors[eps].append(float(np.mean((np.asarray(proba) > 0.5) != test[1])))
+            times[eps].append(seconds)
+            privacy[eps] = result.get("privacy") or {}
+    rows = []
+    for eps in epsilons:
+        rows.append({"data": name, "epsilon": eps, "error_exact": float(np.median(errors[0.0])),
+                     "error_dp": float(np.median(errors[eps])), "error_dp_worst": float(max(errors[eps])),
+                     "points": 100 * float(np.median(errors[eps]) - np.median(errors[0.0])),
+                     "time_ratio": float(np.median(times[eps]) / np.median(times[0.0])),
+                     "seconds_exact": float(np.median(times[0.0])), "seconds_dp": float(np.median(times[eps])),
+                     "cpu_ratio": float(np.median(cpu[eps]) / np.median(cpu[0.0])),
+                     "bits_per_value": privacy[eps]["bits_per_value"], "epsilon_counted": privacy[eps]["epsilon"],
+                     "releases": privacy[eps]["releases"], "test_rows": int(len(test[1]))})
+    return rows
+
+
+def xgb_table(repeats: int, base: dict) -> list[dict]:
+    from sklearn.datasets import load_breast_cancer
+    from sklearn.model_selection import train_test_split
+
+    rng = np.random.default_rng(1)
+    X, y = xgb_data(rng, 120_000)
+    table = measure_xgb("synthetic 100k x 20", (X[:100_000], y[:100_000]), (X[100_000:], y[100_000:]),
+                        {f"x{j}": (-5.0, 5.0) for j in range(20)}, base, [1.0, 8.0], repeats)
+    Xc, yc = load_breast_cancer(return_X_y=True)
+    Xa, Xb, ya, yb = train_test_split(Xc, yc, test_size=0.2, random_state=0, stratify=yc)
+    # public bounds assumed: [0, each column's maximum rounded up to 2 significant digits]
+    top = [float(f"{v:.2g}") if float(f"{v:.2g}") >= v else float(f"{v * 1.05:.2g}") for v in Xc.max(axis=0)]
+    table += measure_xgb("cancer (455 train, 114 test)", (Xa, ya), (Xb, yb),
+                         {f"x{j}": (0.0, t) for j, t in enumerate(top)}, base, [1.0, 8.0], repeats)
+    return table
+
+
+XGB_BASE = {"mode": "histogram", "rounds": 20, "max_depth": 4, "max_bin": 16, "test_fraction": 0.0,
+            "eval_every": 0, "secure_sum": "allreduce"}
+
+
+def print_xgb(xtable: list[dict], repeats: int) -> None:
+    print(f"histogram XGBoost, {XGB_BASE['rounds']} trees of depth {XGB_BASE['max_depth']}, {XGB_BASE['max_bin']}"
+          f" uniform bins from public bounds; test error on held-out pooled rows, median of {repeats} "
+          "interleaved runs")
+    print(f"{'XGBOOST DATA':<30} {'ε':>4} {'ERR EXACT':>9} {'ERR DP':>7} {'worst':>7} {'+POINTS':>7} "
+          f"{'TIME x':>7} {'CPU x':>6} {'s EXACT':>8} {'s DP':>6} {'BITS':>5} {'ε COUNTED':>9} {'RELEASES':>8}")
+    for r in xtable:
+        print(f"{r['data']:<30} {r['epsilon']:>4g} {100 * r['error_exact']:>8.2f}% {100 * r['error_dp']:>6.2f}% "
+              f"{100 * r['error_dp_worst']:>6.2f}% {r['points']:>7.2f} {r['time_ratio']:>7.2f} "
+              f"{r['cpu_ratio']:>6.2f} "
+              f"{r['seconds_exact']:>8.2f} {r['seconds_dp']:>6.2f} {r['bits_per_value']:>5} "
+              f"{r['epsilon_counted']:>9.3f} {r['releases']:>8}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--only", choices=("logreg",), help="run only this kind's part")
+    parser.add_argument("--only", choices=("stats", "kmeans", "logreg", "xgboost"), action="append",
+                        help="run only these kinds' parts (repeatable; default: all)")
     args = parser.parse_args()
-    ltable = logreg_table(args.repeats)
-    if args.only == "logreg":
-        print(json.dumps({"logreg": ltable}, indent=1)) if args.json else print_logreg(ltable)
-        return 0
+    only = set(args.only or ("stats", "kmeans", "logreg", "xgboost"))
     from sklearn.datasets import load_breast_cancer
 
+    ltable = logreg_table(args.repeats) if "logreg" in only else []
+    xtable = xgb_table(args.repeats, XGB_BASE) if "xgboost" in only else []
     rng = np.random.default_rng(0)
     X = rng.normal(size=(100_000, 20)) + 1 + np.arange(20) / 5
     y = rng.random(100_000) < 0.3
-    table = measure("synthetic 100k x 20", split(X, y), 10.0, [1.0, 8.0], args.repeats, False)
     Xc, yc = load_breast_cancer(return_X_y=True)
-    table += measure("cancer raw (569 x 30)", split(Xc, yc), float(np.abs(Xc).max()), [1.0, 8.0], args.repeats, False)
     Xs = (Xc - Xc.mean(axis=0)) / Xc.std(axis=0)
-    table += measure("cancer standardised", split(Xs, yc), 4.0, [1.0, 8.0], args.repeats, True)
-    centres = rng.normal(size=(5, 20)) * 3
-    owner = rng.integers(0, 5, 100_000)
-    Xk = centres[owner] + rng.normal(size=(100_000, 20))
-    ktable = measure_kmeans("synthetic 100k x 20, 5 blobs", Xk, split(Xk, y), 5, 10.0, [1.0, 8.0], args.repeats, 8)
-    ktable += measure_kmeans("cancer standardised", Xs, split(Xs, yc), 2, 4.0, [1.0, 8.0], args.repeats, 5)
+    table, ktable = [], []
+    if "stats" in only:
+        table = measure("synthetic 100k x 20", split(X, y), 10.0, [1.0, 8.0], args.repeats, False)
+        table += measure("cancer raw (569 x 30)", split(Xc, yc), float(np.abs(Xc).max()), [1.0, 8.0], args.repeats,
+                         False)
+        table += measure("cancer standardised", split(Xs, yc), 4.0, [1.0, 8.0], args.repeats, True)
+    if "kmeans" in only:
+        centres = rng.normal(size=(5, 20)) * 3
+        owner = rng.integers(0, 5, 100_000)
+        Xk = centres[owner] + rng.normal(size=(100_000, 20))
+        ktable = measure_kmeans("synthetic 100k x 20, 5 blobs", Xk, split(Xk, y), 5, 10.0, [1.0, 8.0], args.repeats,
+                                8)
+        ktable += measure_kmeans("cancer standardised", Xs, split(Xs, yc), 2, 4.0, [1.0, 8.0], args.repeats, 5)
     if args.json:
-        print(json.dumps({"stats": table, "kmeans": ktable, "logreg": ltable}, indent=1))
+        print(json.dumps({"stats": table, "kmeans": ktable, "logreg": ltable, "xgboost": xtable}, indent=1))
         return 0
-    print(f"{'KMEANS DATA':<30} {'ε':>4} {'INERTIA/SAME INIT med':>21} {'worst':>7} {'/BEST OF 3':>10} "
-          f"{'TIME x':>7} {'ROUNDS':>8} {'BITS':>5} {'ε COUNTED':>9}")
-    for r in ktable:
-        print(f"{r['data']:<30} {r['epsilon']:>4g} {r['inertia_ratio_median']:>21.4f} {r['inertia_ratio_worst']:>7.4f} "
-              f"{r['inertia_vs_best_of_3']:>10.4f} {r['time_ratio']:>7.2f} {r['rounds_dp']:>3}/{r['rounds_exact']:<4} "
-              f"{r['bits_per_value']:>5} {r['epsilon_counted']:>9.3f}")
-    print()
-    print(f"{'DATA':<24} {'ε':>4} {'MEAN ERR median':>16} {'worst':>10} {'ROWS ±':>7} {'TIME x':>7} "
-          f"{'BITS':>5} {'ε COUNTED':>9}")
-    for r in table:
-        pct = r["error_unit"] != "std"
-        shown = [f"{100 * v:.3g} %" if pct else f"{v:.3g} σ" for v in (r["mean_error_median"], r["mean_error_worst"])]
-        print(f"{r['data']:<24} {r['epsilon']:>4g} {shown[0]:>16} {shown[1]:>10} {r['count_error']:>7.1f} "
-              f"{r['time_ratio']:>7.2f} {r['bits_per_value']:>5} {r['epsilon_counted']:>9.3f}")
-    print()
-    print_logreg(ltable)
+    if ktable:
+        print(f"{'KMEANS DATA':<30} {'ε':>4} {'INERTIA/SAME INIT med':>21} {'worst':>7} {'/BEST OF 3':>10} "
+              f"{'TIME x':>7} {'ROUNDS':>8} {'BITS':>5} {'ε COUNTED':>9}")
+        for r in ktable:
+            print(f"{r['data']:<30} {r['epsilon']:>4g} {r['inertia_ratio_median']:>21.4f} "
+                  f"{r['inertia_ratio_worst']:>7.4f} {r['inertia_vs_best_of_3']:>10.4f} {r['time_ratio']:>7.2f} "
+                  f"{r['rounds_dp']:>3}/{r['rounds_exact']:<4} {r['bits_per_value']:>5} {r['epsilon_counted']:>9.3f}")
+        print()
+    if table:
+        print(f"{'DATA':<24} {'ε':>4} {'MEAN ERR median':>16} {'worst':>10} {'ROWS ±':>7} {'TIME x':>7} "
+              f"{'BITS':>5} {'ε COUNTED':>9}")
+        for r in table:
+            pct = r["error_unit"] != "std"
+            shown = [f"{100 * v:.3g} %" if pct else f"{v:.3g} σ"
+                     for v in (r["mean_error_median"], r["mean_error_worst"])]
+            print(f"{r['data']:<24} {r['epsilon']:>4g} {shown[0]:>16} {shown[1]:>10} {r['count_error']:>7.1f} "
+                  f"{r['time_ratio']:>7.2f} {r['bits_per_value']:>5} {r['epsilon_counted']:>9.3f}")
+        print()
+    if ltable:
+        print_logreg(ltable)
+        print()
+    if xtable:
+        print_xgb(xtable, args.repeats)
     print(f"stats_dp.VALUE_BITS = {stats_dp.VALUE_BITS}: a member's value is {stats_dp.VALUE_BITS + 1} bits "
           "with its sign, inside a 64-bit sum entry")
     return 0

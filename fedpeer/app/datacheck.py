@@ -11,6 +11,7 @@ import numpy as np
 from fedpeer.config.load import DataSection, JobLimits
 from fedpeer.data.dataset import Dataset, binary_label_problem
 from fedpeer.data.site import load_site
+from fedpeer.data.spec import near_column
 from fedpeer.kinds.catalog import job_kinds
 
 __all__ = ["report", "format_report"]
@@ -23,6 +24,7 @@ def report(data: DataSection, limits: JobLimits) -> dict[str, Any]:
     dataset, test = load_site(data, limits, needs_label=needs_label, binary=False)
     try:
         doc = _describe(dataset, data.csv or data.parquet or "[data] sql", count_labels=needs_label)
+        doc["bounds"] = _bounds(data, dataset)
     finally:
         if getattr(dataset, "engine", "memory") == "dask":
             dataset.close()
@@ -60,6 +62,21 @@ def _describe(ds: Any, source: str, *, count_labels: bool) -> dict[str, Any]:
     }
 
 
+def _bounds(data: DataSection, ds: Any) -> dict[str, Any]:
+    """[data] bounds against the features: the columns without bounds (a DP job that needs them
+    refuses), names that are no feature (a typo: with the nearest feature), and per column the
+    rows outside its bounds (they fall in the first or last bin; memory engine only)."""
+    features = list(ds.features)
+    out: dict[str, Any] = {"declared": len(data.bounds), "missing": [f for f in features if f not in data.bounds],
+                           "unknown": {name: near_column(name, features) for name in data.bounds
+                                       if name not in features}}
+    if getattr(ds, "engine", "memory") == "memory" and data.bounds:
+        X = np.asarray(ds.X)
+        out["outside"] = {f: int(np.count_nonzero((X[:, j] < data.bounds[f][0]) | (X[:, j] > data.bounds[f][1])))
+                          for j, f in enumerate(features) if f in data.bounds}
+    return out
+
+
 def _missing(ds: Dataset) -> dict[str, int]:
     """Missing (or infinite) values per feature column as the file holds them: counted before the
     policy acts (dropped rows and imputed cells are counted here; the loaded matrix has none)."""
@@ -75,6 +92,7 @@ def format_report(doc: dict[str, Any]) -> str:
         lines.append(f"partition vertical: one row per ID of column {doc['id_column']!r} (every ID once); a job "
                      "aligns them with the other sites' by a private set intersection")
     lines += _body(doc)
+    lines += _bounds_lines(doc.get("bounds"), len(doc["features"]))
     if doc.get("binary_refusal"):
         lines.append(f"binary jobs ({', '.join(doc['binary_jobs'])}) would refuse it: {doc['binary_refusal']}")
     if "test_csv" in doc:
@@ -82,6 +100,23 @@ def format_report(doc: dict[str, Any]) -> str:
         lines.append(f"test_csv {test['source']}: {test['rows']} rows")
         lines += ["  " + line for line in _body(test)]
     return "\n".join(lines)
+
+
+def _bounds_lines(b: dict[str, Any] | None, n_features: int) -> list[str]:
+    if b is None:
+        return []
+    if not b["declared"]:
+        return ["public bounds ([data] bounds): none; a DP histogram xgboost job (dp_epsilon) would be refused"]
+    lines = [f"public bounds ([data] bounds): {n_features - len(b['missing'])} of {n_features} features"
+             + (f"; without: {', '.join(b['missing'][:10])}" + (" ..." if len(b["missing"]) > 10 else "")
+                if b["missing"] else "")]
+    for name, near in b["unknown"].items():
+        lines.append(f"  [data] bounds names {name!r}, which is no feature{near}")
+    outside = {k: v for k, v in (b.get("outside") or {}).items() if v}
+    if outside:
+        lines.append("  rows outside their bounds (they fall in the first or last bin): "
+                     + ", ".join(f"{k} {v}" for k, v in outside.items()))
+    return lines
 
 
 def _body(doc: dict[str, Any]) -> list[str]:

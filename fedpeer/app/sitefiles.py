@@ -65,7 +65,9 @@ DATA_TEMPLATE = """
 csv = {csv}   # this site's rows (a header row); relative paths are relative to this file
 {label_line}
 {positive_line}
-{more}"""
+{more}# bounds = {{ age = [0, 120] }}   # public bounds per column for DP jobs (histogram xgboost's cut points):
+#   the same at every site, known without the rows (never this file's own min/max)
+"""
 
 
 def init_site(directory: Path, name: str, listen: str, advertise: str | None = None,

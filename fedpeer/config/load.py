@@ -14,6 +14,7 @@ import os
 import re
 import tomllib
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from fedpeer.core.membership.swim import MembershipConfig
 from fedpeer.base.files import check_not_writable_by_others, check_private_file, check_site_directory
 from fedpeer.config.address import Address, is_loopback, parse_address
 from fedpeer.config.network import Network
+from fedpeer.data.spec import parse_bounds
 from fedpeer.errors import ConfigError
 
 DEFAULT_PORT = 7400
@@ -144,6 +146,9 @@ class DataSection:
                                       # other columns of the same entities, aligned by a private set intersection
                                       # on id_column (fedpeer/protocols/psi.py)
     id_column: str = ""               # vertical: the column naming each entity (never a feature)
+    # public bounds per column, { age = [0, 120] }: what a DP job may assume without the rows (histogram
+    # XGBoost's cut points); the same at every site (fedpeer/data/spec.py `parse_bounds`)
+    bounds: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -357,7 +362,14 @@ def _node(path: Path, table: dict) -> NodeSection:
 
 
 def _data(path: Path, table: object) -> DataSection:
+    table = dict(_table(path, "data", table))
+    raw_bounds = table.pop("bounds", {})
     data = _section(path, "data", table, DataSection)
+    try:
+        data = dataclasses.replace(data, bounds=parse_bounds(raw_bounds, "data.bounds"))
+    except ValueError as exc:
+        where, _, why = str(exc).partition(": ")
+        raise ConfigError(path, where, why) from None
     if not data.csv and not data.parquet and not data.sql:   # label may stay unset: clustering jobs need none
         raise ConfigError(path, "data.csv", "missing (required when [data] is present, or set data.parquet "
                           "or data.sql)")

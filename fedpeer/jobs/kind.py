@@ -178,6 +178,9 @@ class JobKind:
     # whether a job with these parameters runs under the federation's elected leader (what
     # `fedpeer harness --kill-leader-at-round` kills); None: never
     led: Callable[[Mapping[str, Any]], bool] | None = None
+    # checked params -> why they cannot run together (one line), or None: refused wherever they are
+    # checked (the CLI, the proposer, every member), before any data is read or privacy charged
+    refused: Callable[[Mapping[str, Any]], str | None] | None = None
 
     def __post_init__(self) -> None:
         for name, limit in self.limits.items():
@@ -185,9 +188,17 @@ class JobKind:
 
     def check_params(self, given: Mapping[str, Any]) -> dict[str, Any]:
         unknown = set(given) - set(self.params)
+        private = sorted(name for name in unknown if name.startswith("dp_"))
+        if private:      # a kind without differential privacy: its totals are released as they are
+            raise JobError(f"{self.name} does not take differential privacy ({', '.join(private)}): its sums are "
+                           "released without noise; run it without dp_* parameters")
         if unknown:
             raise JobError(f"{self.name}: unknown parameter(s) {sorted(unknown)}; known: {sorted(self.params)}")
-        return {name: p.check(name, given.get(name, p.default)) for name, p in self.params.items()}
+        checked = {name: p.check(name, given.get(name, p.default)) for name, p in self.params.items()}
+        why = self.refused(checked) if self.refused is not None else None
+        if why is not None:
+            raise JobError(why)
+        return checked
 
     def policy_limits(self, table: Mapping[str, int]) -> dict[str, int]:
         """A site's [policy.<kind>] table (as written, checked by `check_table`) with every limit

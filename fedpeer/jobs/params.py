@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from fedpeer.jobs.capabilities import DP_SKELLAM
+from fedpeer.data.spec import BOUNDS_TEXT_MAX
+from fedpeer.jobs.capabilities import DP_SKELLAM, DP_TREES
 from fedpeer.jobs.kind import Param
 from fedpeer.protocols import dp
 
@@ -58,4 +59,16 @@ DP_PARAMS = {   # differential privacy, shared by the kinds that take it (stats,
                           capability=DP_SKELLAM),
     "dp_clip": Param(float, 0.0, "differential privacy: every feature value is clipped to ±dp_clip (required)",
                      low=0.0, high=1e12, capability=DP_SKELLAM),
+}
+
+# Histogram XGBoost takes the same DP parameters under its own capability (a member whose stats and
+# kmeans take DP may still run an xgboost without it: it must be refused by name), without dp_clip
+# (its cut points come from public per-column bounds, dp_bounds) and with dp_bounds.
+DP_TREE_PARAMS = {
+    **{name: dataclasses.replace(param, capability=DP_TREES)
+       for name, param in DP_PARAMS.items() if name != "dp_clip"},
+    "dp_bounds": Param(str, "", "differential privacy: every feature's public bounds, JSON "
+                       "{\"col\": [low, high], ...}; filled from the proposer's [data] bounds when left out; "
+                       "every member refuses a job whose dp_bounds differ from its own [data] bounds",
+                       high=BOUNDS_TEXT_MAX, capability=DP_TREES),
 }

@@ -19,12 +19,13 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fedpeer.base.store import read_json, write_json
+from fedpeer.data.spec import bounds_difference, bounds_text, parse_bounds_text
 from fedpeer.errors import FedpeerError, StateError
 
 LEDGER_FILE = "privacy.json"
@@ -41,6 +42,34 @@ def job_cost(params: Mapping[str, Any]) -> tuple[float, float]:
         return 0.0, 0.0
     delta = float(params.get("dp_delta", 0.0) or 0.0)
     return epsilon, delta or 1.0 / float(max(int(params.get("dp_rows_max", 1_000_000)), 2)) ** 2
+
+
+def with_bounds(kind_params: Mapping[str, Any], params: Mapping[str, Any],
+                bounds: Mapping[str, tuple[float, float]]) -> dict[str, Any]:
+    """A proposal's parameters with dp_bounds filled from the proposer's [data] `bounds`, for a DP
+    job of a kind that takes them and a proposal that leaves them out (the bounds are public, and
+    carrying their values lets every member compare them with its own and name a column that differs)."""
+    out = dict(params)
+    if "dp_bounds" in kind_params and job_cost(params)[0] > 0 and not out.get("dp_bounds") and bounds:
+        out["dp_bounds"] = bounds_text(dict(bounds))
+    return out
+
+
+def bounds_refusal(params: Mapping[str, Any], bounds: Mapping[str, tuple[float, float]],
+                   features: Sequence[str]) -> str | None:
+    """Why this site refuses a DP job whose dp_bounds differ from its own [data] bounds for one of
+    the job's features (None: they agree, or the job carries none): every member must cut its
+    rows at the same public points, and a site's bounds are what it declared public."""
+    if job_cost(params)[0] <= 0 or "dp_bounds" not in params:
+        return None
+    if not params["dp_bounds"]:
+        return ("this DP job needs dp_bounds, the public bounds of every feature: set [data] bounds in the "
+                "proposer's peers.toml (the proposal carries them) or give --dp-bounds")
+    try:
+        job = parse_bounds_text(str(params["dp_bounds"]))
+    except ValueError as exc:
+        return str(exc)
+    return bounds_difference(job, dict(bounds), features)
 
 
 @dataclass(frozen=True)

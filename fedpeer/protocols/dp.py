@@ -20,8 +20,9 @@ Rules:
   composed curve becomes (ε, δ) by dp-accounting's conversion (`compute_epsilon`, Balle et al.
   2020's tighter conversion). Nothing here is a float comparison of a secret: μ is public.
 - The budget split of a job (`calibrate`): every sum gets the same noise multiplier, μ_i = c·Δ2_i²
-  (its RDP's leading term is then the same for every sum: an equal share of the budget), and the
-  one scalar c is the least (up to 0.1 %) for which the composition of all the job's sums meets
+  (its RDP's leading term is then the same for every sum: an equal share of the budget), or public
+  weights w_i of it, μ_i = c·w_i·Δ2_i² (histogram XGBoost's hessians take more noise than its
+  gradients), and the one scalar c is the least (up to 0.1 %) for which the composition of all the job's sums meets
   the job's (ε, δ). Every member computes it from public numbers alone, so identically.
 - Checks of noised totals allow the noise's high-probability range and no more (`noise_bound`:
   Bernstein's inequality for a centred Poisson difference, union over the entries): an honest
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import math
 import secrets
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -74,11 +76,14 @@ _ORDERS = np.array(ORDERS, dtype=float)
 
 def rdp_curve(releases: Sequence[tuple[DpSum, float]]) -> list[float]:
     """The composed RDP curve over ORDERS of releases [(sum, μ), ...] (a retried sum appears twice):
-    skellam_rdp at every order, vectorised over the orders."""
+    skellam_rdp at every order, vectorised over the orders; alike releases (the same sensitivities
+    and μ: a tree's levels) are computed once and counted."""
     a, total = _ORDERS, np.zeros(len(ORDERS))
-    for s, mu in releases:
-        l2sq = s.l2 * s.l2
-        total += a * l2sq / (2 * mu) + np.minimum(((2 * a - 1) * l2sq + 6 * s.l1) / (4 * mu * mu), 3 * s.l1 / (2 * mu))
+    alike = Counter((s.l1, s.l2, mu) for s, mu in releases)
+    for (l1, l2, mu), times in alike.items():
+        l2sq = l2 * l2
+        total += times * (a * l2sq / (2 * mu) + np.minimum(((2 * a - 1) * l2sq + 6 * l1) / (4 * mu * mu),
+                                                          3 * l1 / (2 * mu)))
     return total.tolist()
 
 
@@ -100,24 +105,28 @@ def check_budget(epsilon: float, delta: float) -> None:
                          f"δ in (0, {DELTA_MAX}]")
 
 
-def calibrate(sums: Sequence[DpSum], epsilon: float, delta: float) -> list[float]:
+def calibrate(sums: Sequence[DpSum], epsilon: float, delta: float,
+              weights: Sequence[float] | None = None) -> list[float]:
     """The variance μ_i per entry of every sum so that releasing all of them once is (ε, δ)-DP:
-    μ_i = c·Δ2_i² with the least c found by bisection in log space (equal noise multipliers)."""
+    μ_i = c·w_i·Δ2_i² with the least c found by bisection in log space — equal noise multipliers,
+    or with `weights` w_i (public, e.g. more noise on a sum that tolerates it) in that proportion."""
     check_budget(epsilon, delta)
     assert sums
+    w = [1.0] * len(sums) if weights is None else [float(x) for x in weights]
+    assert len(w) == len(sums) and min(w) > 0
 
     def eps(c: float) -> float:
-        return epsilon_of([(s, c * s.l2 * s.l2) for s in sums], delta)
+        return epsilon_of([(s, c * wi * s.l2 * s.l2) for s, wi in zip(sums, w)], delta)
 
     lo, hi = 1e-6, 1.0
     while eps(hi) > epsilon:
         lo, hi = hi, hi * 4
-        if hi * max(s.l2 for s in sums) ** 2 > MU_MAX:
+        if hi * max(wi * s.l2 ** 2 for s, wi in zip(sums, w)) > MU_MAX:
             raise ValueError(f"ε {epsilon} needs more noise than a 64-bit sum can carry")
     while hi / lo > 1 + CALIBRATE_RTOL:
         mid = math.sqrt(lo * hi)
         lo, hi = (lo, mid) if eps(mid) <= epsilon else (mid, hi)
-    return [hi * s.l2 * s.l2 for s in sums]
+    return [hi * wi * s.l2 * s.l2 for s, wi in zip(sums, w)]
 
 
 def default_delta(rows_max: int) -> float:

@@ -22,7 +22,7 @@ from typing import Any
 from fedpeer.errors import JobError, RemoteProtocolError
 from fedpeer.identity import fingerprint
 from fedpeer.jobs.kind import JobKind, dask_refusal, vertical_refusal
-from fedpeer.jobs.privacy import job_cost
+from fedpeer.jobs.privacy import bounds_refusal, job_cost
 from fedpeer.jobs.records import JobRecord
 from fedpeer.jobs.lifecycle.host import Host
 
@@ -132,6 +132,10 @@ class Admission:
         if dataset.rows < rows_min:   # without the count, and without rows_min: above the count, it bounds it
             release_data(dataset)
             raise JobError("local data has fewer rows than this site's policy allows")
+        refusal = bounds_refusal(record.params, data.bounds, dataset.features)
+        if refusal is not None:          # a DP job's public bounds must be this site's own
+            release_data(dataset)
+            raise JobError(f"{config.node.name}: {refusal}")
         refusal = self.privacy_refusal(record, dataset.fingerprint.hex())
         if refusal is not None:          # before any sum: the rows were read, never used
             release_data(dataset)

@@ -39,6 +39,7 @@ from fedpeer.jobs.lifecycle.runner import SiteFailure
 from fedpeer.jobs.records import JobRecord
 from fedpeer.runtime.channel import PeerRefused, PeerUnreachable
 from fedpeer.jobs.lifecycle.host import Host
+from fedpeer.jobs.privacy import with_bounds
 from fedpeer.jobs.versions import refusal_line
 
 
@@ -71,6 +72,8 @@ class ProposerSide:
             raise JobError(f"{problem}: no new job until the state dir takes writes again")
         registry.retry_unsaved()   # records the full disk kept in memory come first
         kind = registry.admission.kind_allowed(kind_name)
+        data = registry.config.data        # a DP job's public bounds: the proposer's [data] bounds
+        params = with_bounds(kind.params, params, data.bounds if data is not None else {})
         try:
             checked = registry.admission.checked_params(kind, params)
         except JobError as exc:   # our own policy binds our own proposals too

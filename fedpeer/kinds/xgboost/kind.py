@@ -17,9 +17,10 @@ import numpy as np
 from fedpeer.base.store import atomic_write
 from fedpeer.errors import JobError
 from fedpeer.jobs.kind import Finished, JobContext, JobKind, Limit, Param, checked_total
-from fedpeer.jobs.params import SECURE_SUM_LARGE, seed, test_fraction
+from fedpeer.jobs.params import DP_TREE_PARAMS, SECURE_SUM_LARGE, seed, test_fraction
 from fedpeer.kinds.scoring import binary_rows, class_rows
 from fedpeer.kinds.xgboost import text
+from fedpeer.kinds.xgboost.hist_dp import refusal as dp_refusal
 from fedpeer.kinds.xgboost.messages import (
     DIRECTIVE_TAG,
     HISTORY_BYTES_MAX,
@@ -125,6 +126,7 @@ PARAMS = {
                                high=86_400_000),
     "seed": seed("seed of the splits and of xgboost's sampling"),
     "secure_sum": SECURE_SUM_LARGE,   # histogram levels: the all-reduce; small sums (bagging's) take the ring
+    **DP_TREE_PARAMS,   # differential privacy, histogram mode (fedpeer/kinds/xgboost/hist_dp.py): off at dp_epsilon = 0
 }
 
 
@@ -134,6 +136,9 @@ PARAMS = {
 
 
 async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, tools: Tools | None = None) -> dict:
+    if params.get("dp_epsilon", 0.0) > 0:
+        from fedpeer.kinds.xgboost.hist_dp import run_dp
+        return await run_dp(ch, params, ctx, offload=tools.offload if tools is not None else None)
     if params.get("mode") == "histogram":
         from fedpeer.kinds.xgboost.hist import run_hist
         return await run_hist(ch, params, ctx, offload=tools.offload if tools is not None else None)
@@ -260,6 +265,6 @@ KIND = JobKind(name="xgboost", help="federated XGBoost: tree bagging / tree+ in 
                messages=MESSAGES, limits=LIMITS, describe=text.describe, site_table=text.site_table,
                predict=predict_file, export=export_file, export_note=export_note, history=text.history,
                rounds_metric=True, led=lambda p: p.get("mode") == "bagging",
-               dask_support='xgboost with mode = "histogram"',
-               dask_refused=lambda p: None if p.get("mode", "histogram") == "histogram" else
-               f"xgboost with mode = {p.get('mode')!r}")
+               dask_support='xgboost with mode = "histogram"', refused=dp_refusal,
+               dask_refused=lambda p: "xgboost with dp_epsilon" if p.get("dp_epsilon", 0.0) > 0 else
+               None if p.get("mode", "histogram") == "histogram" else f"xgboost with mode = {p.get('mode')!r}")

@@ -32,6 +32,14 @@ def describe(result: Mapping[str, Any]) -> list[str]:
     keys = metric_keys(result)
     lines = [f"  model: {result.get('objective', '-')}, {result['rounds']} rounds, {result['trees']} trees, "
              f"SHA-256 {result['model_sha256']}"]
+    p = result.get("privacy")
+    if isinstance(p, dict):      # a DP job (fedpeer/kinds/xgboost/hist_dp.py): no federated evaluation
+        lines.append(f"  differential privacy: ε {p['epsilon']:.3g} (asked {p['epsilon_asked']:g}), "
+                     f"δ {p['delta']:.2g}, {p['releases']} noised histograms of {p['bins']} bins; "
+                     f"split rule: {p['split_rule']}")
+        local = result.get("local_test")
+        if isinstance(local, dict) and local.get("auc") is not None:
+            lines.append(f"  this site's own test part (not released): AUC {local['auc']:.4f} on {local['rows']} rows")
     lines += evaluation_lines(result, keys)
     lines.append(f"  model file {result.get('model_file', '-')} (`fedpeer export` writes it for xgboost to load)")
     if result.get("mode") == "histogram":
