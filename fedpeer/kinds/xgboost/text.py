@@ -21,6 +21,9 @@ from fedpeer.jobs.report import (
 )
 
 
+TRAIN_KEYS = ("train_logloss", "train_rmse", "train_rows")    # the training loss, where the job summed it
+
+
 def metric_keys(result: Mapping[str, Any]) -> tuple[str, ...]:
     """The metrics of this result's objective: RMSE and MAE (regression), else AUC, log-loss, accuracy."""
     return REGRESSION_METRICS if str(result.get("objective", "")).startswith("reg:") else CLASSIFICATION_METRICS
@@ -74,6 +77,6 @@ def site_table(sites: Sequence[Mapping[str, Any]]) -> str:
 def history(result: Mapping[str, Any]) -> dict[str, list[tuple[float, float]]]:
     """The curves of an xgboost result: the federated evaluation of each committed round, every
     point at the rounds' bins (the last round, scored finer for the result, also holds its
-    `curve` at those bins)."""
+    `curve` at those bins), and the training loss beside them where the job summed it."""
     entries = [{**h, **h["curve"]} if isinstance(h.get("curve"), Mapping) else h for h in result.get("history") or []]
-    return series(entries, "round", metric_keys(result))
+    return series(entries, "round", (*metric_keys(result), *TRAIN_KEYS))
