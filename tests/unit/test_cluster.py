@@ -181,7 +181,8 @@ def test_job_show_describes_the_rounds_the_fit_and_the_sizes() -> None:
               "cluster_sizes": [9, "< 5"], "centers": [[0.0, 1.0], [5.0, 6.0]]}
     text = "\n".join(kj.describe("kmeans", result))
     assert "12 rows over a, b; k = 2; 3 rounds (converged)" in text and "inertia per round: 3, 1.5" in text
-    assert "1        < 5   5, 6" in text
+    assert "800 bytes sent per site" in text and "CLUSTER 1" in text
+    assert "  rows      9          < 5" in text and "  column 2  1          6" in text   # no names: numbered
     gm = {**result, "log_likelihood": -20.0, "bic": 50.0, "parameters": 9, "covariance": "diag",
           "history": [{"round": 1, "log_likelihood": -20.0}], "weights": [0.75, 0.25], "means": result["centers"]}
     text = "\n".join(kj.describe("gmm", gm))
