@@ -104,9 +104,14 @@ def test_the_training_loss_is_the_models_log_loss_on_the_training_rows(mode: str
     assert losses == sorted(losses, reverse=True) and losses[-1] < losses[0]
     assert "train_logloss" not in (results[0]["federated_eval"] or {}), "the test part's metrics only"
     assert set(xj.text.history(results[0])) >= {"auc", "logloss", "train_logloss", "train_rows"}
+    shown = "\n".join(xj.text.describe({**results[0], "model_file": "model.json"})).splitlines()
+    head = next(line for line in shown if line.lstrip().startswith("ROUND"))
+    assert head.split()[-3:] == ["ACCURACY", "TRAIN", "LOG-LOSS"], shown     # job show: beside the test metrics
+    assert sum(line.lstrip()[:1].isdigit() for line in shown) == len(history)
     results, _ = run(sites, {**PARAMS, "mode": mode, "eval_every": 1, "train_loss": False})
     assert all("logloss" in h for h in results[0]["history"] if "auc" in h)
     assert not any("train_logloss" in h for h in results[0]["history"])
+    assert "TRAIN" not in "\n".join(xj.text.describe({**results[0], "model_file": "model.json"}))
 
 
 def test_owners_take_turns_and_five_members_still_grow_the_pooled_model() -> None:

@@ -216,7 +216,7 @@ def test_a_stored_dbscan_model_round_trips_and_a_bad_one_is_refused(tmp_path) ->
     text = "\n".join(kj.describe("dbscan", {"rows": 9, "participants": ["a"], "clusters": 1, "local_clusters": 2,
                                             "synthetic_rows": 8, "noise_fraction": 1 / 9, "cluster_sizes": [8],
                                             "eps": 0.5, "min_samples": 3}))
-    assert "1 clusters from 2 shared local-cluster descriptions (8 synthetic points); noise 0.111" in text
+    assert "1 cluster from 2 shared local-cluster descriptions (8 synthetic points); noise 0.111" in text
 
 
 def test_explicit_centres_longer_than_a_parameter_may_be_are_refused_when_proposed() -> None:
@@ -321,3 +321,4 @@ def test_eps_from_the_summed_k_distances_and_its_checks() -> None:
     assert dbm.noise_warning(10, 6, np.array([4])).startswith("6 of 10 rows (60%) are noise")
     assert dbm.noise_warning(10, 0, np.array([10])).startswith("one cluster holds all 10 rows")
     assert dbm.noise_warning(10, 2, np.array([5, 3])) is None
+    assert dbm.noise_warning(10, 2, np.array([8])).startswith("one cluster holds all 8 rows that are not noise (2 are)")

@@ -114,6 +114,7 @@ def test_the_card_names_the_mode_and_each_metric_once_without_base_score() -> No
     card = views.card(kind, record)
     assert card["mode"] == "bagging"
     assert [m["name"] for m in card["metrics"]] == ["auc", "federated_eval.logloss"]
+    assert card["metrics"][1]["source"] == "test parts" and card["metrics"][1]["rows"] == 103   # where, on how many
     hist = views.card(kind, {**record, "result": {**record["result"], "mode": "histogram"}})
     assert hist["mode"] == "histogram"
 
@@ -138,7 +139,7 @@ def test_xgboosts_training_loss_is_titled_with_the_training_rows_it_rests_on() -
     charts = {c["name"]: c for c in views.charts(drawn, record)}
     assert set(charts) == {"auc", "logloss", "train_logloss"}
     assert charts["train_logloss"]["y_title"] == \
-        "training log-loss (nats per training row) · 455 training rows per point"
+        "training log-loss (nats per row) · 455 training rows per point"
     assert charts["logloss"]["y_title"] == "log-loss (nats per row) · 114 held-out rows per point"
     assert charts["train_logloss"]["points"] == [[5.0, 0.15], [10.0, 0.08]]
 

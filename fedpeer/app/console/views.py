@@ -34,7 +34,7 @@ SERIES_TITLES = {
     "objective": ("objective (sum of squares)", False, None),
     "loss": ("training loss (per training row)", False, None),
     "train_loss": ("training loss (per training row)", False, None),
-    "train_logloss": ("training log-loss (nats per training row)", False, "train"),
+    "train_logloss": ("training log-loss (nats per row)", False, "train"),
     "train_rmse": ("training RMSE (label units)", False, "train"),
     "grad_max": ("largest |gradient| (training rows)", False, None),
 }
@@ -231,7 +231,7 @@ def metrics(result: Mapping[str, Any], params: Mapping[str, Any]) -> list[dict]:
                           "source": source if isinstance(source, str) else None})
         elif isinstance(value, Mapping):
             rows = _rows(value, "test_rows", "rows")
-            source = value.get("on") if isinstance(value.get("on"), str) else key
+            source = next((value[k] for k in ("on", "rows") if isinstance(value.get(k), str)), key)   # where measured
             found += [{"name": f"{key}.{k}", "value": v, "rows": rows, "source": source}
                       for k, v in value.items() if _metric(v) and k not in NOT_METRICS]
     seen: set[tuple[str, float]] = set()       # each metric once: `auc` and `federated_eval.auc` are one

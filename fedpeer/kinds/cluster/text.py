@@ -18,7 +18,8 @@ def describe(kind: str, result: Mapping[str, Any]) -> list[str]:
     sizes and the centres (means) by column."""
     if kind == "dbscan":
         return [f"  federation: {result['rows']} rows over {', '.join(result['participants'])}; "
-                f"{result['clusters']} clusters from {result['local_clusters']} shared local-cluster descriptions "
+                f"{result['clusters']} cluster{'' if result['clusters'] == 1 else 's'} from "
+                f"{result['local_clusters']} shared local-cluster descriptions "
                 f"({result['synthetic_rows']} synthetic points); noise {result['noise_fraction']:.3f} of the rows",
                 f"  cluster sizes: {' '.join(str(c) for c in result['cluster_sizes']) or '-'}; "
                 f"{result.get('eps_chosen') or 'eps ' + str(result['eps'])}, "

@@ -13,7 +13,7 @@ const POLL_MS = Number(document.querySelector('meta[name="fedpeer-poll-ms"]').co
 const CURVE_W = 380, CURVE_H = 230;                            // px, one chart per series
 const COMPARE_W = 470, LEGEND_H = 34;                          // px: a chart of two jobs is wider, its legend below
 const COLOURS = ["#2457c5", "#c4320a"];                        // the selected job's curve, the compared job's
-const PAD = { left: 62, right: 12, top: 22, bottom: 44 };      // px around the plot area (axis titles in it)
+const PAD = { left: 62, right: 12, top: 36, bottom: 44 };      // px around the plot area (titles and axis titles in it)
 const TICKS = 5;                                               // labelled ticks per axis
 const TERMINAL = ["done", "failed", "cancelled"];
 
@@ -236,7 +236,8 @@ function svgEl(tag, attrs, text) {
   return e;
 }
 
-// An axis title's measure ("AUC") and what it says of the rows ("103 held-out rows per point").
+// An axis title's measure ("AUC"), drawn along the y axis, and what it says of the rows ("103
+// held-out rows per point"), drawn under the chart's title (or in the legend of two jobs).
 function titleParts(title) {
   const i = title.indexOf(" · ");
   return i < 0 ? [title, ""] : [title.slice(0, i), title.slice(i + 3)];
@@ -259,10 +260,11 @@ function curve(chart, other) {
   const sx = (x) => PAD.left + ((x - x0) / (x1 - x0)) * w, sy = (y) => PAD.top + h - ((y - y0) / (y1 - y0)) * h;
   const [measure, rows] = titleParts(chart.y_title);
   svg.append(svgEl("text", { x: PAD.left, y: 14, class: "title" }, name));
+  if (rows && !other) svg.append(svgEl("text", { x: PAD.left, y: 28, class: "rows" }, rows));   // what each point rests on
   svg.append(svgEl("text", { x: PAD.left + w / 2, y: CURVE_H - 6, "text-anchor": "middle", class: "axis-title x" },
                    chart.x_title));
   svg.append(svgEl("text", { x: 12, y: PAD.top + h / 2, "text-anchor": "middle", class: "axis-title y",
-                             transform: `rotate(-90 12 ${PAD.top + h / 2})` }, other ? measure : chart.y_title));
+                             transform: `rotate(-90 12 ${PAD.top + h / 2})` }, measure));
   for (const y of ticks(y0, y1)) {
     svg.append(svgEl("line", { x1: PAD.left, x2: PAD.left + w, y1: sy(y), y2: sy(y), class: "grid" }));
     svg.append(svgEl("text", { x: PAD.left - 4, y: sy(y) + 3, "text-anchor": "end", class: "tick" }, fmtNum(y)));
