@@ -166,3 +166,18 @@ def test_wait_follows_the_job_and_returns_its_last_record(monkeypatch: pytest.Mo
     out = io.StringIO()
     last = asyncio.run(runwait.follow(None, "j-1", runwait.Progress(out, live=False), poll_s=0))
     assert last["state"] == "done" and out.getvalue().count("\n") == 1
+
+
+def test_the_bofrf_table_says_what_each_column_means() -> None:
+    """make demo's table: every column a new user reads is named in the legend under it."""
+    from fedpeer.kinds.catalog import job_kinds
+
+    result = {"local_rf": {"auc": 0.9}, "final": {"auc": 0.95, "model": "global"}, "boppid": {"auc": 0.8},
+              "tau": 0.2, "trees_kept": 250, "trees_total": 300, "rows": {"test": 48}}
+    text = job_kinds()["bofrf"].site_table([{"name": "site-1", "rows": 190, "state": "done", "result": result}])
+    head, row, *legend = text.splitlines()
+    assert row.split()[:4] == ["site-1", "190", "48", "0.900"] and "+5.6 %" in row
+    said = " ".join(legend)
+    for column in ("TEST ROWS", "LOCAL RF", "BOFRF", "MODEL", "CHANGE", "BOPPID", "TAU", "TREES KEPT"):
+        assert column in head and f"{column}:" in said or f"({column})" in said, column
+    assert all(len(line) <= 100 for line in legend)
