@@ -181,3 +181,11 @@ def test_the_bofrf_table_says_what_each_column_means() -> None:
     for column in ("TEST ROWS", "LOCAL RF", "BOFRF", "MODEL", "CHANGE", "BOPPID", "TAU", "TREES KEPT"):
         assert column in head and f"{column}:" in said or f"({column})" in said, column
     assert all(len(line) <= 100 for line in legend)
+
+
+def test_a_history_entry_with_no_number_where_a_score_goes_prints_a_dash() -> None:
+    """Bagging members adopt the leader's history entries checked for their round only: job show
+    prints "-" for a score that is no number instead of failing."""
+    from fedpeer.jobs.report import score
+
+    assert score(0.91234) == "0.9123" and score(None) == "-" and score("0.9") == "-" and score(True) == "-"
