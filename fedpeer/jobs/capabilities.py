@@ -12,7 +12,11 @@ Rules: a job needs its kind's capability and the capability of every value it us
 only some members know is needed only when it is not at its default, and is left out of the
 proposal at its default (the member that does not know it uses the same default). A parameter added with a new default
 behaviour names what members without it do (`Param.before`): its capability is needed at every other
-value, the default included. A parameter 0.1.0 knows is always carried, so a default changed since
+value, the default included. An optional parameter (`Param.optional`, e.g. xgboost's
+`train_loss`) never leaves a member out: when some member lacks its capability the proposer
+settles it at `before` for the whole job (`settled`). A proposal that leaves out a parameter
+with a capability means its `before` value (`filled`): the proposer left it out for a member
+without it, or does not know it itself. A parameter 0.1.0 knows is always carried, so a default changed since
 (kmeans' `standardize`) reaches an old member as the value it must use. Formats only
 newer builds understand are therefore used only when every member has them: a kind chooses a
 new format through a parameter whose default is the old one. Names are short, lower-case and
@@ -82,6 +86,23 @@ def needed(kind: JobKind, params: Mapping[str, Any], vertical: bool = False) -> 
 def lacking(kind: JobKind, params: Mapping[str, Any], caps: frozenset[str], vertical: bool = False) -> list[str]:
     """What a member with `caps` lacks for this job (empty: it can take part)."""
     return [cap for cap in needed(kind, params, vertical) if cap not in caps]
+
+
+def settled(kind: JobKind, params: Mapping[str, Any], member_caps: Iterable[frozenset[str]]) -> dict[str, Any]:
+    """`params` with every optional parameter at its `before` value when some member lacks its
+    capability: the job runs without what that parameter adds, with every member."""
+    every = list(member_caps)
+    return {name: (kind.params[name].before if name in kind.params and kind.params[name].optional
+                   and any(kind.params[name].capability not in caps for caps in every) else value)
+            for name, value in params.items()}
+
+
+def filled(kind: JobKind, params: Mapping[str, Any]) -> dict[str, Any]:
+    """A received proposal's parameters with each parameter it leaves out that has a capability
+    at the value a member without that capability acts on (`for_members` leaves them out only at
+    that value); the others the kind's checks fill in with their defaults."""
+    return {**{name: p.without_capability for name, p in kind.params.items()
+               if p.capability and name not in params}, **params}
 
 
 def for_members(kind: JobKind, params: Mapping[str, Any], member_caps: Iterable[frozenset[str]]) -> dict[str, Any]:

@@ -66,6 +66,10 @@ class Param:
     # at 0.1.0). The capability is then needed at every value but this one, and the parameter is
     # left out of a proposal only at this value.
     before: Any = None
+    # With `capability` and `before`: a member without the capability still takes part, and the job
+    # runs at `before` for every member (a measure that only some builds send, e.g. xgboost's
+    # `train_loss`), instead of leaving that member out (capabilities.settled).
+    optional: bool = False
     # (value, capability) pairs: values that only builds with that capability run (secure-sum modes)
     value_capabilities: tuple[tuple[Any, str], ...] = ()
 

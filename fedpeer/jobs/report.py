@@ -3,6 +3,7 @@ missing, a metric with the rows it rests on. (What the lines say is each kind's 
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -54,8 +55,11 @@ def size(n: float) -> str:
 
 
 def score(value: float | None, digits: int = 4) -> str:
-    """A metric, or "-" when there is none."""
-    return "-" if value is None else f"{value:.{digits}f}"
+    """A metric, or "-" when there is none (or what is there is no number: a history entry another
+    member sent is checked for its round only)."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):     # numpy's scalars are Real too
+        return "-"
+    return f"{value:.{digits}f}"
 
 
 def raw(result: Mapping[str, Any]) -> list[str]:

@@ -21,7 +21,8 @@ import numpy as np
 
 from fedpeer.ml.moments import exact_sum
 
-__all__ = ["LOGLOSS_EPS", "accuracy_counts", "auc_from_histograms", "check_counts", "check_errors", "local_auc",
+__all__ = ["LOGLOSS_EPS", "accuracy_counts", "auc_from_histograms", "check_counts", "check_errors", "check_loss",
+           "local_auc",
            "logloss_sums", "metrics", "score_histograms", "site_counts"]
 
 LOGLOSS_EPS = 1e-15           # probabilities are clipped to [eps, 1 - eps] before the log
@@ -217,6 +218,18 @@ def check_counts(counts: Any, loss: float, groups: int, bins: int) -> None:
     room = LOSS_RTOL * most + LOSS_ATOL_PER_ROW * (1 + rows)
     if not (np.isfinite(loss) and least - room <= loss <= most + room):
         raise ValueError("the log-loss lies within what the score histogram allows")
+
+
+def check_loss(rows: int, loss: float, rows_max: int) -> None:
+    """ValueError unless a summed log-loss over `rows` rows (a training loss, which no histogram
+    brackets) can be honest: 1 <= rows <= rows_max (exact integers) and 0 <= loss <= rows x
+    -log(LOGLOSS_EPS), the most a row clipped as `logloss_sums` clips can lose."""
+    if not 1 <= rows <= rows_max:
+        raise ValueError("the training loss rests on at least one and at most the federation's training rows")
+    most = rows * -math.log(LOGLOSS_EPS)
+    room = LOSS_RTOL * most + LOSS_ATOL_PER_ROW * (1 + rows)
+    if not (math.isfinite(loss) and -room <= loss <= most + room):
+        raise ValueError("the training log-loss lies between 0 and -log(1e-15) per row")
 
 
 def check_errors(rows: int, squared: float, absolute: float) -> None:

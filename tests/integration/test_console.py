@@ -257,6 +257,9 @@ async def test_a_job_proposed_in_the_browser_runs_and_its_curve_draws(make_feder
                      "r => r.dataset.peer === 'site-2')", 30, "the peers show again after a reload")
         browser.wait(f"return document.getElementById('job-id').innerText.startsWith({json.dumps(job_id)})", 30,
                      "the reloaded URL shows its job")
+        record = await h.job(1, job_id)
+        assert record is not None and record["state"] == "done" and record["params"]["k"] == 3
+        await _compare_two_jobs(h, browser, job_id)
         shot = browser.screenshot(tmp_path / "console.png")
         assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         artifacts = os.environ.get("FEDPEER_TEST_ARTIFACTS")
@@ -264,7 +267,44 @@ async def test_a_job_proposed_in_the_browser_runs_and_its_curve_draws(make_feder
             Path(artifacts).mkdir(parents=True, exist_ok=True)
             shot = Path(shutil.copy(shot, Path(artifacts) / "console.png"))
         print(f"console screenshot: {shot}")
-        record = await h.job(1, job_id)
-        assert record is not None and record["state"] == "done" and record["params"]["k"] == 3
     finally:
         assert console.stop() == 0
+
+
+async def _compare_two_jobs(h, browser: Browser, first: str) -> None:
+    """A second job of the same kind (run through the admin API, on the same federation), picked in
+    the compare menu: each series both jobs have is one chart with both curves, the axis titled as
+    before and a legend naming each job; the pair has a URL of its own; the chart's CSV holds both
+    jobs' columns and its SVG both curves."""
+    from fedpeer.daemon import admin
+    doc = await admin.request(h.sites[0].config, "POST", "/v1/jobs",
+                              {"kind": "gmm", "params": {"k": 2, "tol": 0.0, "max_iter": 12}}, timeout_ms=5_000)
+    second = doc["id"]
+    records = await h.wait_job(second, timeout_s=JOB_WAIT_S)
+    assert {(r or {}).get("state") for r in records.values()} == {"done"}, records
+    browser.wait(f"return !!document.querySelector('#compare option[value={json.dumps(second)}]')", 30,
+                 "the second job is offered to compare")
+    browser.click(f"#compare option[value={json.dumps(second)}]")
+    chart = f"#curves svg.curve[data-series=log_likelihood][data-compare={json.dumps(second)}]"
+    drawn = browser.wait(f"const c = document.querySelector({json.dumps(chart)});"
+                         "return c && [c.querySelector('polyline.own').points.numberOfItems,"
+                         " c.querySelector('polyline.compare').points.numberOfItems]", 30, "both curves on one chart")
+    assert drawn[0] >= 2 and drawn[1] == 12, drawn
+    assert browser.run("return location.hash") == f"#job={first}&compare={second}", "the pair has a URL"
+    texts = browser.run(f"return [...document.querySelectorAll({json.dumps(chart + ' text')})].map(t => t.textContent)")
+    assert "log-likelihood (nats, all rows)" in texts and "round" in texts, texts
+    assert first in texts and second in texts, f"the legend names both jobs: {texts}"
+    browser.run("window.downloads = []; window.download = (name, type, text) => window.downloads.push([name, text]);"
+                f"const box = document.querySelector({json.dumps(chart)}).parentElement;"
+                "box.querySelector('.download-csv').click(); box.querySelector('.download-svg').click();")
+    (csv_name, csv), (svg_name, svg) = browser.run("return window.downloads")
+    lines = csv.splitlines()
+    assert csv_name == f"{first}-vs-{second}-log_likelihood.csv"
+    assert lines[0] == f"round,{first} log_likelihood,{second} log_likelihood"
+    assert len(lines) == 1 + max(drawn) and all(len(line.split(",")) == 3 for line in lines)
+    assert lines[1].split(",")[0] == "1" and all(line.split(",")[2] for line in lines[1:13])
+    assert svg_name.endswith(".svg") and svg.count("<polyline") == 2 and second in svg
+    browser.run("location.reload()")             # the pair's URL brings the pair back
+    browser.wait(f"return !!document.querySelector({json.dumps(chart + ' polyline.compare')})", 30,
+                 "the reloaded URL shows both jobs")
+    assert browser.run("return document.getElementById('compare').value") == second

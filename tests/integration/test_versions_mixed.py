@@ -104,7 +104,8 @@ async def test_release_0_1_0_beside_this_build(make_federation, tmp_path: Path) 
     baseline = releases.BASELINE_CAPABILITIES
     for n, (kind, params) in enumerate(JOBS.items()):
         at = (0, OLD, 1)[n % 3]              # proposed by new and old sites in turn
-        needs = capabilities.needed(job_kinds()[kind], job_kinds()[kind].check_params(params))
+        checked = job_kinds()[kind].check_params(params)      # optional parameters settled as the proposer does
+        needs = capabilities.needed(job_kinds()[kind], capabilities.settled(job_kinds()[kind], checked, [baseline]))
         asked = time.monotonic()
         job_id, refusal = await _propose(h, at, kind, params, names)
         if at != OLD and not set(needs) <= baseline:

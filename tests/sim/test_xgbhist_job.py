@@ -86,6 +86,34 @@ def test_default_test_part_gives_a_federated_evaluation() -> None:
     assert results[0]["rows"]["test"] > 0
 
 
+@pytest.mark.parametrize("mode", ["histogram", "bagging"])
+def test_the_training_loss_is_the_models_log_loss_on_the_training_rows(mode: str) -> None:
+    """train_loss (the default): each evaluated round's entry holds the federation's training
+    log-loss and rows, from the evaluation's own sum. Without a test part the rounds are evaluated
+    on the training rows, so it must equal their log-loss (histogram mode reads it from its float64
+    margins, xgboost predicts in float32); it falls as trees are added. Off: no training loss."""
+    sites, _, _ = breast_cancer_sites(3)
+    results, _ = run(sites, {**PARAMS, "mode": mode, "eval_every": 1})
+    assert all(isinstance(r, dict) for r in results), results
+    history = [h for h in results[0]["history"] if "logloss" in h]
+    assert len(history) >= 3
+    for h in history:
+        assert h["train_rows"] == h["test_rows"] == 569
+        assert h["train_logloss"] == pytest.approx(h["logloss"], abs=1e-5)
+    losses = [h["train_logloss"] for h in history]
+    assert losses == sorted(losses, reverse=True) and losses[-1] < losses[0]
+    assert "train_logloss" not in (results[0]["federated_eval"] or {}), "the test part's metrics only"
+    assert set(xj.text.history(results[0])) >= {"auc", "logloss", "train_logloss", "train_rows"}
+    shown = "\n".join(xj.text.describe({**results[0], "model_file": "model.json"})).splitlines()
+    head = next(line for line in shown if line.lstrip().startswith("ROUND"))
+    assert head.split()[-3:] == ["ACCURACY", "TRAIN", "LOG-LOSS"], shown     # job show: beside the test metrics
+    assert sum(line.lstrip()[:1].isdigit() for line in shown) == len(history)
+    results, _ = run(sites, {**PARAMS, "mode": mode, "eval_every": 1, "train_loss": False})
+    assert all("logloss" in h for h in results[0]["history"] if "auc" in h)
+    assert not any("train_logloss" in h for h in results[0]["history"])
+    assert "TRAIN" not in "\n".join(xj.text.describe({**results[0], "model_file": "model.json"}))
+
+
 def test_owners_take_turns_and_five_members_still_grow_the_pooled_model() -> None:
     """Each tree's blocks of features go to one member in three, in turn: over n trees every member
     owns exactly as many; with 5 members (2 owners a tree) the model is the pooled rows' one."""

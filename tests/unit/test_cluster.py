@@ -181,7 +181,8 @@ def test_job_show_describes_the_rounds_the_fit_and_the_sizes() -> None:
               "cluster_sizes": [9, "< 5"], "centers": [[0.0, 1.0], [5.0, 6.0]]}
     text = "\n".join(kj.describe("kmeans", result))
     assert "12 rows over a, b; k = 2; 3 rounds (converged)" in text and "inertia per round: 3, 1.5" in text
-    assert "1        < 5   5, 6" in text
+    assert "800 bytes sent per site" in text and "CLUSTER 1" in text
+    assert "  rows      9          < 5" in text and "  column 2  1          6" in text   # no names: numbered
     gm = {**result, "log_likelihood": -20.0, "bic": 50.0, "parameters": 9, "covariance": "diag",
           "history": [{"round": 1, "log_likelihood": -20.0}], "weights": [0.75, 0.25], "means": result["centers"]}
     text = "\n".join(kj.describe("gmm", gm))
@@ -215,7 +216,7 @@ def test_a_stored_dbscan_model_round_trips_and_a_bad_one_is_refused(tmp_path) ->
     text = "\n".join(kj.describe("dbscan", {"rows": 9, "participants": ["a"], "clusters": 1, "local_clusters": 2,
                                             "synthetic_rows": 8, "noise_fraction": 1 / 9, "cluster_sizes": [8],
                                             "eps": 0.5, "min_samples": 3}))
-    assert "1 clusters from 2 shared local-cluster descriptions (8 synthetic points); noise 0.111" in text
+    assert "1 cluster from 2 shared local-cluster descriptions (8 synthetic points); noise 0.111" in text
 
 
 def test_explicit_centres_longer_than_a_parameter_may_be_are_refused_when_proposed() -> None:
@@ -320,3 +321,4 @@ def test_eps_from_the_summed_k_distances_and_its_checks() -> None:
     assert dbm.noise_warning(10, 6, np.array([4])).startswith("6 of 10 rows (60%) are noise")
     assert dbm.noise_warning(10, 0, np.array([10])).startswith("one cluster holds all 10 rows")
     assert dbm.noise_warning(10, 2, np.array([5, 3])) is None
+    assert dbm.noise_warning(10, 2, np.array([8])).startswith("one cluster holds all 8 rows that are not noise (2 are)")

@@ -114,6 +114,7 @@ def test_the_card_names_the_mode_and_each_metric_once_without_base_score() -> No
     card = views.card(kind, record)
     assert card["mode"] == "bagging"
     assert [m["name"] for m in card["metrics"]] == ["auc", "federated_eval.logloss"]
+    assert card["metrics"][1]["source"] == "test parts" and card["metrics"][1]["rows"] == 103   # where, on how many
     hist = views.card(kind, {**record, "result": {**record["result"], "mode": "histogram"}})
     assert hist["mode"] == "histogram"
 
@@ -123,6 +124,24 @@ def test_training_loss_is_drawn_beside_the_test_metrics_without_their_rows() -> 
     loss, auc = views.charts(drawn, {"params": {"test_fraction": 0.2}, "result": {"test_rows": 114}})
     assert loss["y_title"] == "training loss (per training row)" and loss["y_range"] is None
     assert auc["y_title"] == "AUC · 114 held-out rows per point" and auc["y_range"] == [0.0, 1.0]
+
+
+def test_xgboosts_training_loss_is_titled_with_the_training_rows_it_rests_on() -> None:
+    """An xgboost job's history holds its training log-loss and training rows beside the test
+    metrics: one more curve, its axis naming the training rows; the counts are not curves."""
+    xgb = job_kinds()["xgboost"]
+    history = [{"round": 5, "auc": 0.97, "logloss": 0.2, "test_rows": 114, "train_logloss": 0.15, "train_rows": 455},
+               {"round": 10, "auc": 0.98, "logloss": 0.15, "test_rows": 114, "train_logloss": 0.08,
+                "train_rows": 455}]
+    record = {"params": {"test_fraction": 0.2}, "result": {"objective": "binary:logistic", "history": history,
+                                                           "federated_eval": {"auc": 0.98, "test_rows": 114}}}
+    drawn = views.curves(xgb, record)
+    charts = {c["name"]: c for c in views.charts(drawn, record)}
+    assert set(charts) == {"auc", "logloss", "train_logloss"}
+    assert charts["train_logloss"]["y_title"] == \
+        "training log-loss (nats per row) · 455 training rows per point"
+    assert charts["logloss"]["y_title"] == "log-loss (nats per row) · 114 held-out rows per point"
+    assert charts["train_logloss"]["points"] == [[5.0, 0.15], [10.0, 0.08]]
 
 
 def test_an_auc_curve_whose_points_rest_on_different_bins_says_so() -> None:

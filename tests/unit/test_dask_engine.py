@@ -307,6 +307,9 @@ def test_histogram_xgboost_on_a_dask_site_gives_the_memory_engines_model(cluster
         assert fa["test_rows"] == fb["test_rows"] and fa["accuracy"] == fb["accuracy"]
         assert fa["auc"] == pytest.approx(fb["auc"], abs=1e-6) and fa["logloss"] == pytest.approx(fb["logloss"],
                                                                                                 abs=1e-6)
+        ta, tb = a["history"][-1], b["history"][-1]         # the training loss, from each partition's margins
+        assert ta["train_rows"] == tb["train_rows"] == sum(r["rows"]["train"] for r in want)
+        assert ta["train_logloss"] == pytest.approx(tb["train_logloss"], abs=1e-9)
 
 
 @pytest.mark.parametrize("variant", ["base", "personalized"])

@@ -166,3 +166,26 @@ def test_wait_follows_the_job_and_returns_its_last_record(monkeypatch: pytest.Mo
     out = io.StringIO()
     last = asyncio.run(runwait.follow(None, "j-1", runwait.Progress(out, live=False), poll_s=0))
     assert last["state"] == "done" and out.getvalue().count("\n") == 1
+
+
+def test_the_bofrf_table_says_what_each_column_means() -> None:
+    """make demo's table: every column a new user reads is named in the legend under it."""
+    from fedpeer.kinds.catalog import job_kinds
+
+    result = {"local_rf": {"auc": 0.9}, "final": {"auc": 0.95, "model": "global"}, "boppid": {"auc": 0.8},
+              "tau": 0.2, "trees_kept": 250, "trees_total": 300, "rows": {"test": 48}}
+    text = job_kinds()["bofrf"].site_table([{"name": "site-1", "rows": 190, "state": "done", "result": result}])
+    head, row, *legend = text.splitlines()
+    assert row.split()[:4] == ["site-1", "190", "48", "0.900"] and "+5.6 %" in row
+    said = " ".join(legend)
+    for column in ("TEST ROWS", "LOCAL RF", "BOFRF", "MODEL", "CHANGE", "BOPPID", "TAU", "TREES KEPT"):
+        assert column in head and f"{column}:" in said or f"({column})" in said, column
+    assert all(len(line) <= 100 for line in legend)
+
+
+def test_a_history_entry_with_no_number_where_a_score_goes_prints_a_dash() -> None:
+    """Bagging members adopt the leader's history entries checked for their round only: job show
+    prints "-" for a score that is no number instead of failing."""
+    from fedpeer.jobs.report import score
+
+    assert score(0.91234) == "0.9123" and score(None) == "-" and score("0.9") == "-" and score(True) == "-"

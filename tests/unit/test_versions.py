@@ -16,6 +16,7 @@ from fedpeer.jobs import capabilities as caps
 from fedpeer.jobs import messages as m
 from fedpeer.jobs.kind import JobKind, Param
 from fedpeer.jobs.lifecycle.registry import JobRegistry
+from fedpeer.jobs.records import JobRecord
 from fedpeer.jobs.params import SECURE_SUM
 from fedpeer.jobs.versions import (ASSUMED, CAPS_MAX, KIND, REFUSED, TOLD, PeerInfo, PeerVersions, SiteInfo,
                                    negotiate, refusal_line)
@@ -302,3 +303,54 @@ def test_new_cluster_defaults_never_reach_a_0_1_0_member_as_its_own_old_default(
         chosen = kinds[name].check_params({"k_max": 6})
         assert caps.lacking(kinds[name], chosen, old) == [f"{name}-k-auto"]
         assert "k_max" not in caps.for_members(kinds[name], kinds[name].check_params({}), [old])
+
+
+def test_a_member_reads_a_left_out_parameter_as_the_proposer_meant_it() -> None:
+    """A proposal leaves a parameter with a capability out only at the value a member without it
+    acts on: every receiving member fills that value in (dbscan's `standardize` left out is off,
+    not this build's default on), so the members of one job run one computation."""
+    dbscan = job_kinds()["dbscan"]
+    legacy = dbscan.check_params({"standardize": False, "eps_auto": False})
+    sent = caps.for_members(dbscan, legacy, [releases.BASELINE_CAPABILITIES])
+    assert dbscan.check_params(caps.filled(dbscan, sent)) == legacy
+    kmeans = job_kinds()["kmeans"]
+    default = kmeans.check_params({})
+    assert kmeans.check_params(caps.filled(kmeans, caps.for_members(kmeans, default, [releases.BASELINE_CAPABILITIES]))
+                               ) == default
+
+
+async def test_an_optional_parameter_is_settled_off_with_a_member_without_it_never_leaving_it_out(
+        tmp_path: Path) -> None:
+    """xgboost's `train_loss` changes the evaluation sum's layout: a member without its capability
+    still takes part, and the whole job runs without it (its record says so, no proposal carries
+    it, and each member fills in off); with every member able, it stays on and is sent."""
+    xgb = job_kinds()["xgboost"]
+    assert xgb.params["train_loss"].optional and xgb.check_params({})["train_loss"] is True
+    settled = caps.settled(xgb, xgb.check_params({}), [OWN.caps, releases.BASELINE_CAPABILITIES])
+    assert settled["train_loss"] is False and caps.lacking(xgb, settled, releases.BASELINE_CAPABILITIES) == []
+    assert caps.lacking(xgb, xgb.check_params({}), releases.BASELINE_CAPABILITIES) == ["xgb-train-loss-1"]
+    opt = JobKind(name="oldkind", help="", run=_run, needs_data=False, params={
+        "secure_sum": SECURE_SUM, "loss": Param(bool, True, "", capability="fmt-fast", before=False, optional=True)})
+    transport = FakeTransport()
+    async with asyncio.TaskGroup() as tg:
+        from dataclasses import replace
+        config = make_config(tmp_path)
+        registry = JobRegistry(replace(config, policy=replace(config.policy, allowed_jobs=("oldkind",))), transport,
+                               NAMES, {"oldkind": opt}, tg.create_task)
+        registry.versions = PeerVersions(OWN, BASE)
+        registry.versions.told(ALICE, OWN.message(reply=False), 1)      # alice runs 0.2.0; bob never said
+        with_bob = registry.propose("oldkind", {"secure_sum": "ring", "loss": True}, ["alice", "bob"])
+        without = registry.propose("oldkind", {"secure_sum": "ring"}, ["alice"])
+        await settle()
+        received = JobRecord(id="oldkind-x", kind="oldkind", params={"secure_sum": "ring"}, proposer=ALICE,
+                             members=(ME, ALICE, BOB), created_ms=0)
+        assert registry.admission.policy_refusal(received) is None
+        assert received.params["loss"] is False, "left out means what a member without it does"
+        for job in (with_bob, without):
+            registry.jobs[job].task.cancel()
+    assert registry.jobs[with_bob].members == tuple(sorted((ME, ALICE, BOB))), "bob is not left out"
+    assert registry.jobs[with_bob].params["loss"] is False and registry.jobs[without].params["loss"] is True
+    sent = {(msg.job_id, dst): msg.params for dst, msg in sent_of(transport, m.JobPropose)}
+    assert sent[(with_bob, ALICE)] == sent[(with_bob, BOB)] == {"secure_sum": "ring"}
+    assert caps.filled(opt, sent[(with_bob, ALICE)])["loss"] is False
+    assert sent[(without, ALICE)] == {"secure_sum": "ring", "loss": True}

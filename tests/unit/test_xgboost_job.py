@@ -66,17 +66,60 @@ def test_evaluation_vectors_add_up_to_the_pooled_metrics():
     rng = np.random.default_rng(0)
     y = rng.integers(0, 2, 300)
     p = np.clip(0.3 * y + 0.7 * rng.random(300), 0, 1)
-    pa = params()
+    pa = params(train_loss=False)          # the test part alone: what members without xgb-train-loss-1 sum
     m = xj.eval_metrics(sum(xj.eval_vector(y[i::3], p[i::3], pa, 3) for i in range(3)), pa)
     assert m["test_rows"] == 300 and m["accuracy"] == pytest.approx(((p > 0.5) == y).mean(), abs=1e-6)
     assert m["logloss"] == pytest.approx(log_loss(y, p), abs=1e-6)
     assert m["auc"] == pytest.approx(roc_auc_score(y, p), abs=2e-3)      # ties inside a bin count 1/2
     yr, pred = rng.normal(5, 3, 300), rng.normal(5, 3, 300)
-    pr = params(objective="reg:squarederror")
+    pr = params(objective="reg:squarederror", train_loss=False)
     m = xj.eval_metrics(sum(xj.eval_vector(yr[i::3], pred[i::3], pr, 3) for i in range(3)), pr)
     assert m["test_rows"] == 300 and set(m) == {"rmse", "mae", "test_rows"}
     assert m["rmse"] == pytest.approx(np.sqrt(np.mean((pred - yr) ** 2)), abs=1e-6)
     assert m["mae"] == pytest.approx(np.mean(np.abs(pred - yr)), abs=1e-6)
+
+
+def test_the_training_loss_rides_the_evaluation_sum_and_is_checked_in_exact_integers():
+    """train_loss: each site's training rows and summed log-loss (regression: Σe², Σ|e|) in the
+    evaluation's own sum; the total gives the pooled training loss, and a total no honest sites
+    give (rows beyond the federation's, a loss beyond -log(1e-15) a row) is refused by name."""
+    from sklearn.metrics import log_loss
+    from fedpeer.kinds.xgboost import target
+    rng = np.random.default_rng(1)
+    y, p = rng.integers(0, 2, 90), rng.random(90)          # test rows
+    yt, pt = rng.integers(0, 2, 300), rng.random(300)      # training rows
+    pa = params()
+    assert pa["train_loss"] is True
+    parts = [xj.eval_vector(y[i::3], p[i::3], pa, 3, target.train_sums(yt[i::3], pt[i::3], pa)) for i in range(3)]
+    total = sum(parts)
+    target.check_eval(total, pa, 300)
+    m = xj.eval_metrics(total, pa)
+    assert m["train_rows"] == 300 and m["test_rows"] == 90
+    assert m["train_logloss"] == pytest.approx(log_loss(yt, pt), abs=1e-6)
+    assert m["logloss"] == pytest.approx(log_loss(y, p), abs=1e-6)
+    with pytest.raises(ValueError, match="federation's training rows"):
+        target.check_eval(total, pa, 299)           # more training rows than the label sum counted
+    with pytest.raises(ValueError, match="federation's training rows"):
+        target.check_eval(total, pa)                # no bound known: nothing to check it against
+    from fedpeer.ml.moments import FIXED
+    loss_at = 2 * pa["eval_bins"] + 2 + 1 + FIXED.limbs    # test counts, training rows, the test loss's limbs
+    liar = parts[0].copy()
+    liar[loss_at] += np.uint64(40 * 300 * 2**32)    # its lowest limb: 40 nats a row more than a clipped log loses
+    with pytest.raises(ValueError, match="training log-loss"):
+        target.check_eval(liar + parts[1] + parts[2], pa, 300)
+    with pytest.raises(ValueError, match="length"):
+        target.check_eval(total, params(train_loss=False), 300)   # a layout the job did not choose
+    assert target.curve_metrics(total, pa)["train_logloss"] == m["train_logloss"]   # the last point's too
+    pr = params(objective="reg:squarederror")
+    yr, pred = rng.normal(5, 3, 200), rng.normal(5, 3, 200)
+    total = sum(xj.eval_vector(yr[i::2], pred[i::2], pr, 2, target.train_sums(yr[i::2], pred[i::2] + 1, pr))
+                for i in range(2))
+    target.check_eval(total, pr, 200)
+    m = xj.eval_metrics(total, pr)
+    assert m["train_rows"] == 200 and m["train_rmse"] == pytest.approx(np.sqrt(np.mean((pred + 1 - yr) ** 2)),
+                                                                      abs=1e-6)
+    with pytest.raises(ValueError, match="training part"):
+        xj.eval_vector(yr, pred, pr, 2)             # a site that forgot its training part fails alone
 
 
 def test_regression_labels_are_the_label_column_numbers():

@@ -20,22 +20,26 @@ CURVE_POINTS_MAX = 5_000     # per series sent to the page (the last ones: a cur
 METRICS_MAX = 64             # metrics on the model card
 MEMBERS_TEXT_CHARS_MAX = 4_096
 MODEL_DIGEST_KEYS = ("model_sha256", "model_file_sha256")   # where a result names its stored model's digest
-# What a chart says of its series: the y axis' title, whether its values lie in [0, 1], and whether
-# they are measured on the evaluated rows (the chart then says how many) rather than on training rows
+# What a chart says of its series: the y axis' title, whether its values lie in [0, 1], and the
+# rows it is measured on: "test" (the evaluated rows; the chart says how many), "train" (the
+# training rows, counted by `train_rows` where the result has it) or None
 SERIES_TITLES = {
-    "auc": ("AUC", True, True), "test_auc": ("AUC", True, True),
-    "accuracy": ("accuracy (share of rows right)", True, True),
-    "logloss": ("log-loss (nats per row)", False, True), "rmse": ("RMSE (label units)", False, True),
-    "mae": ("MAE (label units)", False, True), "f1": ("F1", True, True), "precision": ("precision", True, True),
-    "recall": ("recall", True, True), "mcc": ("MCC", False, True),
-    "inertia": ("inertia (sum of squared distances)", False, False),
-    "log_likelihood": ("log-likelihood (nats, all rows)", False, False),
-    "objective": ("objective (sum of squares)", False, False),
-    "loss": ("training loss (per training row)", False, False),
-    "train_loss": ("training loss (per training row)", False, False),
-    "grad_max": ("largest |gradient| (training rows)", False, False),
+    "auc": ("AUC", True, "test"), "test_auc": ("AUC", True, "test"),
+    "accuracy": ("accuracy (share of rows right)", True, "test"),
+    "logloss": ("log-loss (nats per row)", False, "test"), "rmse": ("RMSE (label units)", False, "test"),
+    "mae": ("MAE (label units)", False, "test"), "f1": ("F1", True, "test"), "precision": ("precision", True, "test"),
+    "recall": ("recall", True, "test"), "mcc": ("MCC", False, "test"),
+    "inertia": ("inertia (sum of squared distances)", False, None),
+    "log_likelihood": ("log-likelihood (nats, all rows)", False, None),
+    "objective": ("objective (sum of squares)", False, None),
+    "loss": ("training loss (per training row)", False, None),
+    "train_loss": ("training loss (per training row)", False, None),
+    "train_logloss": ("training log-loss (nats per row)", False, "train"),
+    "train_rmse": ("training RMSE (label units)", False, "train"),
+    "grad_max": ("largest |gradient| (training rows)", False, None),
 }
 ROW_SERIES = ("test_rows", "rows", "eval_rows")     # counts a point rests on: said on the axis, never drawn
+TRAIN_ROW_SERIES = ("train_rows",)                   # the training rows a training loss rests on: likewise
 NOT_METRICS = ("base_score",)                        # a model's constant, not a measure of it
 
 
@@ -185,16 +189,20 @@ def charts(drawn: Mapping[str, list[list[float]]], record: Mapping[str, Any]) ->
     rows = int(rows_points[-1][1]) if rows_points else _rows(result, "test_rows") or _rows(
         result.get("federated_eval") or {}, "test_rows")
     held_out = isinstance(params.get("test_fraction"), (int, float)) and params["test_fraction"] > 0
+    train_points = next((drawn[k] for k in TRAIN_ROW_SERIES if drawn.get(k)), None)
+    train_rows = int(train_points[-1][1]) if train_points else None
     bins = _bins_used(result.get("history") if isinstance(result.get("history"), list) else [])
     out = []
     for name, points in drawn.items():
         values = [y for _, y in points]
-        if name in ROW_SERIES or (len(set(values)) == 1 and all(float(v).is_integer() for v in values)
-                                  and len(values) > 1 and name not in SERIES_TITLES):
+        constant = len(set(values)) == 1 and all(float(v).is_integer() for v in values) and len(values) > 1
+        if name in ROW_SERIES + TRAIN_ROW_SERIES or (constant and name not in SERIES_TITLES):
             continue
-        title, bounded, on_rows = SERIES_TITLES.get(name, (name.replace("_", " "), False, False))
-        if rows is not None and on_rows:
+        title, bounded, on_rows = SERIES_TITLES.get(name, (name.replace("_", " "), False, None))
+        if rows is not None and on_rows == "test":
             title += f" · {rows} {'held-out ' if held_out else ''}rows per point"
+        elif train_rows is not None and on_rows == "train":
+            title += f" · {train_rows} training rows per point"
         if len(bins) > 1 and name in ("auc", "test_auc"):     # points on different score bins: said, not hidden
             title += f" · score bins differ: {', '.join(f'{b} from round {r}' for b, r in bins)}"
         bounded = bounded and all(0.0 <= v <= 1.0 for v in values)
@@ -248,7 +256,7 @@ def metrics(result: Mapping[str, Any], params: Mapping[str, Any]) -> list[dict]:
                           "source": source if isinstance(source, str) else None})
         elif isinstance(value, Mapping):
             rows = _rows(value, "test_rows", "rows")
-            source = value.get("on") if isinstance(value.get("on"), str) else key
+            source = next((value[k] for k in ("on", "rows") if isinstance(value.get(k), str)), key)   # where measured
             found += [{"name": f"{key}.{k}", "value": v, "rows": rows, "source": source}
                       for k, v in value.items() if _metric(v) and k not in NOT_METRICS]
     seen: set[tuple[str, float]] = set()       # each metric once: `auc` and `federated_eval.auc` are one

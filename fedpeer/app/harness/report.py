@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedpeer.jobs.report import table
+from fedpeer.jobs.report import size, table
 
 if TYPE_CHECKING:
     from fedpeer.app.harness.federation import Site
@@ -77,9 +77,4 @@ def traffic_table(sites: list[dict]) -> str:
 
 
 def _size(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n:.0f} B"
+    return "-" if n is None else size(n)

@@ -21,6 +21,7 @@ from typing import Any
 
 from fedpeer.errors import JobError, RemoteProtocolError
 from fedpeer.identity import fingerprint
+from fedpeer.jobs import capabilities
 from fedpeer.jobs.kind import JobKind, dask_refusal, vertical_refusal
 from fedpeer.jobs.privacy import bounds_refusal, job_cost
 from fedpeer.jobs.records import JobRecord
@@ -76,7 +77,8 @@ class Admission:
         if not registry.config.policy.may_propose(proposer):
             return f"proposer {proposer!r} is not in this site's [policy] proposers"
         try:
-            record.params = self.checked_params(self.kind_allowed(record.kind), record.params)
+            kind = self.kind_allowed(record.kind)
+            record.params = self.checked_params(kind, capabilities.filled(kind, record.params))
         except JobError as exc:
             return str(exc)
         return None

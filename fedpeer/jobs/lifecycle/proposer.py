@@ -78,8 +78,8 @@ class ProposerSide:
             checked = registry.admission.checked_params(kind, params)
         except JobError as exc:   # our own policy binds our own proposals too
             raise JobError(f"{registry.config.node.name}: {exc}") from None
-        members, sent_params = self._fit_versions(kind, checked, self._choose_members(member_names),
-                                                  named=bool(member_names))
+        members, checked, sent_params = self._fit_versions(kind, checked, self._choose_members(member_names),
+                                                           named=bool(member_names))
         if len(members) < kind.members_min:
             raise JobError(f"{kind_name} needs at least {kind.members_min} members; alive now: "
                            f"{', '.join(registry.names[k] for k in members)}")
@@ -101,14 +101,17 @@ class ProposerSide:
         return job_id
 
     def _fit_versions(self, kind: JobKind, params: dict[str, Any], members: tuple[bytes, ...],
-                      named: bool) -> tuple[tuple[bytes, ...], dict[str, Any]]:
-        """The members whose builds run this job, and the parameters its proposal carries; JobError
-        (one line per site) when a named member lacks what the job needs, or too few are left."""
+                      named: bool) -> tuple[tuple[bytes, ...], dict[str, Any], dict[str, Any]]:
+        """The members whose builds run this job, its parameters (optional ones settled for those
+        members, capabilities.settled) and the parameters its proposal carries; JobError (one
+        line per site) when a named member lacks what the job needs, or too few are left."""
         registry = self._registry
         versions = registry.versions
         if versions is None:
-            return members, params
+            return members, params, params
         me, lines, fit = registry.transport.me, [], []
+        params = capabilities.settled(kind, params, [versions.own.caps if p == me else versions.info(p).caps
+                                                     for p in members])
         data = registry.config.data
         vertical = data is not None and data.partition == "vertical"
         for peer in members:
@@ -122,7 +125,8 @@ class ProposerSide:
             raise JobError("; ".join(lines))
         for line in lines:
             log.warning("job_member_left_out", extra=fields(kind=kind.name, why=line))
-        return tuple(fit), capabilities.for_members(kind, params, [versions.info(p).caps for p in fit if p != me])
+        return tuple(fit), params, capabilities.for_members(kind, params,
+                                                            [versions.info(p).caps for p in fit if p != me])
 
     def _choose_members(self, member_names: list[str] | None) -> tuple[bytes, ...]:
         registry = self._registry

@@ -37,9 +37,10 @@ import numpy as np
 from fedpeer.errors import DataError, JobError
 from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param, checked_total
 from fedpeer.jobs.params import SECURE_SUM_EXPLAINED, seed
-from fedpeer.jobs.report import series, table
+from fedpeer.jobs.report import series
 from fedpeer.kinds.aligned import MESSAGES as VERTICAL_MESSAGES
 from fedpeer.kinds.cluster import kmeans_dp
+from fedpeer.kinds.cluster.text import describe, site_table
 from fedpeer.kinds.cluster.vertical import run_vertical
 from fedpeer.ml.blas import one_blas_thread
 from fedpeer.ml.cluster import kmeans as cl
@@ -285,56 +286,6 @@ def result(lloyd: cl.Lloyd, space: cl.Space, params: Mapping[str, Any], features
         "_model": {"kind": "kmeans", "features": list(features), "centers": best.centers[order],
                    "shift": space.shift, "scale": space.scale, "fuzziness": params["fuzziness"]},
     }
-
-
-def describe(kind: str, result: Mapping[str, Any]) -> list[str]:
-    """`fedpeer job show` lines for a kmeans, gmm or dbscan result: rounds, the fit per round, sizes."""
-    if kind == "dbscan":
-        return [f"  federation: {result['rows']} rows over {', '.join(result['participants'])}; "
-                f"{result['clusters']} clusters from {result['local_clusters']} shared local-cluster descriptions "
-                f"({result['synthetic_rows']} synthetic points); noise {result['noise_fraction']:.3f} of the rows",
-                f"  cluster sizes: {' '.join(str(c) for c in result['cluster_sizes']) or '-'}; "
-                f"{result.get('eps_chosen') or 'eps ' + str(result['eps'])}, "
-                f"min_samples {result['min_samples']}"] + [f"  warning: {w}" for w in result.get("warnings", [])]
-    if kind == "kmeans" and "privacy" in result:
-        return kmeans_dp.describe(result)
-    fit = "inertia" if kind == "kmeans" else "log_likelihood"
-    lines = [f"  federation: {result['rows']} rows over {', '.join(result['participants'])}; k = {result['k']}; "
-             f"{result['iterations']} rounds ({'converged' if result['converged'] else 'max_iter reached'}); "
-             f"{result['secure_sums']} secure sums ({result['secure_sum']}), "
-             f"{result['bytes_sent_per_site']} bytes sent per site"]
-    if kind == "gmm":
-        lines.append(f"  log-likelihood {result['log_likelihood']:.6g}; BIC {result['bic']:.6g} "
-                     f"({result['parameters']} parameters, covariance {result['covariance']})")
-    else:
-        what = "inertia" if result.get("fuzziness", 1.0) == 1.0 else "fuzzy objective (sum of u^m d^2)"
-        lines.append(f"  {what} {result['inertia']:.6g} ({result['inertia_units']}); kept restart "
-                     f"{result['kept_restart'] + 1} of {result['restarts']}")
-    lines += [f"  {result['k_chosen']}"] if "k_chosen" in result else []
-    lines += [f"  warning: {w}" for w in result.get("warnings", [])]
-    lines.append("  " + fit.replace("_", "-") + " per round: "
-                 + ", ".join(f"{h[fit]:.6g}" for h in result["history"]))
-    centres = result["centers"] if kind == "kmeans" else result["means"]
-    rows = [("CLUSTER", "ROWS", *(["WEIGHT"] if kind == "gmm" else []), "CENTRE" if kind == "kmeans" else "MEAN")]
-    for c, (size, centre) in enumerate(zip(result["cluster_sizes"], centres)):
-        weight = [f"{result['weights'][c]:.4f}"] if kind == "gmm" else []
-        rows.append((str(c), str(size), *weight, ", ".join(f"{v:.6g}" for v in centre[:8])
-                     + (" ..." if len(centre) > 8 else "")))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines += ["  " + "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
-    return lines
-
-
-def site_table(sites: Sequence[Mapping[str, Any]]) -> str:
-    """kmeans / gmm / dbscan: every site holds the same model; sizes are federation-wide ("< N": too few)."""
-    rows = [("SITE", "STATE", "LOCAL ROWS", "FEDERATION ROWS", "ROUNDS", "INERTIA / LOG-LIKELIHOOD", "CLUSTER SIZES")]
-    for s in sites:
-        r = s.get("result") or {}
-        fit = r.get("inertia", r.get("log_likelihood"))
-        rows.append((s["name"], s.get("state", "-"), s.get("rows") if s.get("rows") is not None else "-",
-                     r.get("rows", "-"), r.get("iterations", "-"), "-" if fit is None else f"{fit:.6g}",
-                     " ".join(str(c) for c in r.get("cluster_sizes", [])) or "-"))
-    return table(rows)
 
 
 def history(fit: str, result: Mapping[str, Any]) -> dict[str, list[tuple[float, float]]]:

@@ -160,16 +160,3 @@ def _signed(outcome: Any, ch: Any) -> np.ndarray:
         return dp.whole_total(outcome.participants, ch.members, outcome.total)
     except ValueError as exc:
         raise JobError(str(exc)) from None
-
-
-
-def describe(result: Mapping[str, Any]) -> list[str]:
-    """`fedpeer job show` lines for a DP kmeans result: what was spent, the noised sizes, the centres."""
-    p = result["privacy"]
-    lines = [f"  federation: about {result['rows']} rows (noised) over {', '.join(result['participants'])}; "
-             f"k = {result['k']}; {result['iterations']} rounds; differential privacy ε {p['epsilon']:.3g}, "
-             f"δ {p['delta']:.2g} (values clipped to ±{p['clip']:g}); no inertia released"]
-    for c, (size, centre) in enumerate(zip(result["cluster_sizes"], result["centers"])):
-        shown = ", ".join(f"{v:.6g}" for v in centre[:8]) + (" ..." if len(centre) > 8 else "")
-        lines.append(f"  {c}  {size}  {shown}")
-    return lines

@@ -3,6 +3,8 @@ thesis' tables 7.1–7.6)."""
 
 from __future__ import annotations
 
+import textwrap
+
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -65,5 +67,15 @@ def site_table(sites: Sequence[Mapping[str, Any]]) -> str:
         rows.append((s["name"], s.get("rows") or "-", (r.get("rows") or {}).get("test", "-"), auc(r["local_rf"]),
                      auc(r["final"]), change, auc(r.get("boppid")), r["final"]["model"], f"{r['tau']:.2f}",
                      f"{r['trees_kept']}/{r['trees_total']}"))
-    return table(rows)
+    return table(rows) + "\n" + "\n".join(textwrap.wrap(LEGEND, LEGEND_WIDTH))
+
+
+LEGEND_WIDTH = 100      # characters a line of the legend
+# What the table's columns mean, printed under it (the harness and `make demo` show it to people
+# who have not read docs/algorithms.md)
+LEGEND = ("AUCs on each site's own test rows (TEST ROWS). LOCAL RF: the site's own random forest; BOFRF: the model "
+          "it kept; MODEL: which, local (its own trees, weighted by their federation-wide MCC) or global (every "
+          "site's trees, weighted); CHANGE: BOFRF against LOCAL RF; BOPPID: the baseline, every site's boosted stumps "
+          "weighted by their error on this site's rows; TAU: the MCC a tree must pass to get a weight; TREES "
+          "KEPT: trees with a weight, of all.")
 

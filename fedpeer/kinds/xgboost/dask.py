@@ -96,6 +96,10 @@ def _vector(state: _PartSite, method: str, *args: Any) -> np.ndarray:
     return getattr(state, method)(*args)
 
 
+def _on_train(state: _PartSite, fn: Callable[..., Any], *args: Any) -> Any:
+    return state.train_total(fn, *args)
+
+
 def _on_test(part: tuple[np.ndarray, np.ndarray], fn: Callable[..., Any], *args: Any) -> Any:
     return fn(part[0], part[1], *args)
 
@@ -193,6 +197,10 @@ class DaskHistSite:
         self._update("resume", base, list(trees))
         groups = self.p.groups
         return len(trees) - len(trees) // groups * groups
+
+    def train_total(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Σ over the training partitions of fn(margins, labels, *args)."""
+        return self.d.map_total(_on_train, self.states, fn, *args)
 
     def test_total(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Σ over the test parts of fn(X_test, y_test, *args) (None without a test part)."""

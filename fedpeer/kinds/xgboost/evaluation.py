@@ -1,6 +1,7 @@
 """The bagging `xgboost` job's per-round evaluation (`site.py` runs the protocol): the round's
 history entry, then one secure sum of its participants' evaluation counts on their test parts
-(target.py says what is summed and checked), given up when the sum's initiator dies, a new
+and, with `train_loss`, their training loss on their training rows (target.py says what is
+summed and checked), given up when the sum's initiator dies, a new
 leader is elected, or the leader says the job ended."""
 
 from __future__ import annotations
@@ -19,7 +20,14 @@ from fedpeer.kinds.xgboost.messages import (
     Directive,
     _Died,
 )
-from fedpeer.kinds.xgboost.target import check_eval, curve_metrics, eval_metrics, eval_vector
+from fedpeer.kinds.xgboost.target import (
+    check_eval,
+    curve_metrics,
+    eval_metrics,
+    eval_vector,
+    train_sums,
+    with_train,
+)
 from fedpeer.protocols.securesum.api import secure_sum
 from fedpeer.runtime.channel import RecvTimeout, SubChannel
 
@@ -41,6 +49,7 @@ class Evaluating:
     test: Any
     round_cache: Any
     eval_cache: Any
+    total_rows: int
 
     async def evaluate(self, term: int, rnd: int, leader: bytes, commit: Directive) -> None:
         """The round's history entry (first, so that it stays even if the evaluation is cut short);
@@ -65,7 +74,12 @@ class Evaluating:
         entry["eval_bins"] = p["eval_bins"]
         cache = self.round_cache if self.test[0] is self.fit[0] else self.eval_cache    # (test_fraction 0: one)
         proba = await self.tools.offload(self.tools.predict, self.model, self.test[0], p["nthread"] or None, cache)
-        vector = eval_vector(self.test[1], proba, p, len(participants))
+        train = None
+        if with_train(p):        # the training loss, on this site's training rows, in the same sum
+            fit = proba if self.test[0] is self.fit[0] else await self.tools.offload(
+                self.tools.predict, self.model, self.fit[0], p["nthread"] or None, self.round_cache)
+            train = train_sums(self.fit[1], fit, p)
+        vector = eval_vector(self.test[1], proba, p, len(participants), train)
         ring = tuple(sorted(participants))
         # The sum's initiator (first member) dying would hold everyone for many hops, and a new
         # leader's term means the round's leader is gone: its successor must not find us busy.
@@ -77,7 +91,8 @@ class Evaluating:
         except (JobError, _Died) as exc:
             entry["eval_error"] = str(exc)[:300]
             return
-        checked_total(f"xgb/eval/{term}/{rnd}", check_eval, out.total, p)   # every participant: the job ends
+        # every participant: the job ends
+        checked_total(f"xgb/eval/{term}/{rnd}", check_eval, out.total, p, self.total_rows)
         metrics = eval_metrics(out.total, p)
         entry.update(metrics)
         curve = curve_metrics(out.total, p)

@@ -17,7 +17,9 @@ test part (`test_fraction` > 0) one last sum, xgbh/e<E>/eval, gives the federate
 and accuracy of the final model on the sites' test parts. Every `eval_every` rounds before the
 last, xgbh/e<E>/r<R>/eval does the same for the model so far (`eval_round_bins` score bins; on
 the training rows when there is no test part): the result's `history`, one entry per evaluated
-round, reported live as the job runs (the console's curves, `job show`).
+round, reported live as the job runs (the console's curves, `job show`). With `train_loss` each
+of these sums also carries every member's training rows and training loss, read from the margins
+it keeps (HistSite.margins: no prediction, no extra sum): `train_logloss` or `train_rmse`.
 
 A member lost (why the model is still well defined): a sum completes over fewer members when one
 drops out, and every survivor gets the same `participants`. When they are not the current member
@@ -87,11 +89,14 @@ from fedpeer.kinds.xgboost.target import (
     eval_vector,
     groups_of,
     is_regression,
+    joined,
     model_score,
     site_labels,
+    train_sums,
+    with_train,
 )
 from fedpeer.ml.xgb import boosting
-from fedpeer.ml.xgb.hist import FeatureBlocks, Packing, check_plausible, check_root
+from fedpeer.ml.xgb.hist import FeatureBlocks, Packing, check_plausible, check_root, predictions
 from fedpeer.ml.xgb.histboost import (
     HistParams,
     base_score_from_stats,
@@ -390,11 +395,12 @@ class HistJob:
         lost in a round's evaluation is lost as in any sum (_Lost); in the final one the model is
         final either way and only its federated score is missing."""
         params = params or self.params
+        train = await self.offload(self.site.train_total, _train_rows, dict(params)) if with_train(params) else None
         if callable(test):
-            vector = await self.offload(test, model, len(self.members), params)
+            vector = await self.offload(test, model, len(self.members), params, train)
         else:
             pred = await self.offload(boosting.predict_proba, model, test[0], params["nthread"] or None)
-            vector = eval_vector(test[1], pred, params, len(self.members))
+            vector = eval_vector(test[1], pred, params, len(self.members), train)
         try:
             tag, total = await self.sum(name, vector, min(self.ctx.hop_timeout_ms, EVAL_HOP_TIMEOUT_MS))
         except JobError:
@@ -403,7 +409,7 @@ class HistJob:
             if name == "eval":
                 return None
             raise
-        checked_total(tag, check_eval, total, params)
+        checked_total(tag, check_eval, total, params, self.rows)
         curve = curve_metrics(total, params)     # the final evaluation: also at the rounds' bins
         return {**eval_metrics(total, params), **({"curve": curve} if curve else {})}
 
@@ -510,11 +516,17 @@ async def _dask_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, site: A
         raise JobError(f"histogram mode: {exc}") from None
     job = HistJob(ch, params, ctx, None, site.groups, offload, site=member)
 
-    def test_vector(model: bytes, parties: int, eval_params: Mapping[str, Any]) -> np.ndarray:
+    def test_vector(model: bytes, parties: int, eval_params: Mapping[str, Any], train: Any = None) -> np.ndarray:
         total = member.test_total(_eval_rows, model, dict(eval_params))
         assert total is not None, "split_mask keeps at least one test row"
-        return encode_eval(*total, parties)
+        return encode_eval(*joined(total, train, eval_params), parties)
     return job, {"train": member.rows, "test": member.test_rows if split else 0}, test_vector
+
+
+def _train_rows(margins: np.ndarray, y: np.ndarray, params: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """A member's (or a partition's) training loss at its margins, the model so far: `train_sums`
+    (on its worker under the Dask engine)."""
+    return train_sums(y, predictions(params["objective"], margins), params)
 
 
 def _eval_rows(X: np.ndarray, y: np.ndarray, model: bytes, params: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:

@@ -122,6 +122,11 @@ PARAMS = {
     "eval_every": Param(int, 5, "evaluate the model every this many rounds, for the history and its curve (the "
                         "last round always; 0: the last round only); each evaluation is one small secure sum",
                         low=0, high=10_000),
+    "train_loss": Param(bool, True, "the training loss beside the test metrics (history, curves, job show): every "
+                        "evaluation's secure sum also carries each site's training rows and summed log-loss on them "
+                        "(regression: squared and absolute errors, for RMSE), 4 (7) uint64 entries more a site, both "
+                        "modes; a job with a member whose build lacks it runs without (false), never fails",
+                        capability="xgb-train-loss-1", before=False, optional=True),
     "member_timeout_ms": Param(int, 600_000, "the leader waits this long for a site's trees", low=1_000,
                                high=86_400_000),
     "seed": seed("seed of the splits and of xgboost's sampling"),

@@ -568,6 +568,8 @@ def score_result(out: dict, params: Mapping[str, Any], federated: dict | None, o
     (regression) lead with the test_csv figure when there is one, `auc_source` says which."""
     lead = ("rmse", "mae") if is_regression(params) else ("auc",)
     if test_csv is None:
+        if federated:         # the test part's metrics (a training loss is the history's, on other rows)
+            federated = {k: v for k, v in federated.items() if k in metric_keys(params)}
         out["federated_eval"] = {**federated, "rows": on} if federated else None
         for k in lead:
             out[k] = federated[k] if federated else None

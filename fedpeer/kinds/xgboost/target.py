@@ -8,6 +8,10 @@ vector every member secure-sums and the metrics read from its total.
 - reg:squarederror: the label column's numbers; a plain random split; [Σ round(y * 2^16), rows]
   -> the label mean (fedpeer.ml.xgb.histboost.label_stats, the histogram core's own); evaluation =
   rows (a count) and Σ (prediction - y)², Σ |prediction - y| (fixed point) -> RMSE, MAE.
+- With `train_loss` (capability xgb-train-loss-1; a job with a member without it runs without),
+  the same sum also carries the site's training rows (a count) and its training loss on them:
+  Σ log-loss, or Σ e², Σ |e| (fixed point) -> `train_logloss` or `train_rmse`, with `train_rows`.
+  The counts come first, then the sums: [test counts, training rows, test sums, training sums].
 Nothing here sees another site's values: every vector goes through the secure sum.
 `check_labels` and `check_eval` say whether a total can come from honest sites (ValueError naming
 the check; the job ends everywhere with it, naming no site).
@@ -134,10 +138,52 @@ def _n_counts(params: Mapping[str, Any]) -> int:
     return 1 if is_regression(params) else 2 * params["eval_bins"] * groups_of(params) + 2
 
 
-def eval_vector(y: np.ndarray, pred: np.ndarray, params: Mapping[str, Any], n_parties: int) -> np.ndarray:
+def with_train(params: Mapping[str, Any]) -> bool:
+    """Does the job's evaluation sum carry the training loss (`train_loss`; absent in the records
+    of builds before it)?"""
+    return bool(params.get("train_loss", False))
+
+
+def eval_vector(y: np.ndarray, pred: np.ndarray, params: Mapping[str, Any], n_parties: int,
+                train: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """A site's evaluation of a model on its rows (pred: probabilities, or values for regression),
-    encoded for one secure sum."""
-    return encode_eval(*eval_sums(y, pred, params), n_parties)
+    encoded for one secure sum; with `train_loss`, `train` is the site's training part, its
+    `train_sums`."""
+    return encode_eval(*joined(eval_sums(y, pred, params), train, params), n_parties)
+
+
+def joined(test: tuple[np.ndarray, np.ndarray], train: tuple[np.ndarray, np.ndarray] | None,
+           params: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """The evaluation's (counts, sums): the test part's, then (with `train_loss`) the training
+    part's (`train`: its `train_sums`)."""
+    if not with_train(params):
+        return test
+    if train is None:
+        raise ValueError("train_loss: the evaluation needs the site's training part")
+    counts, sums = train
+    return np.concatenate([test[0], counts]), np.concatenate([test[1], sums])
+
+
+def train_sums(y: np.ndarray, pred: np.ndarray, params: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """A site's training loss on its training rows, additive: ([rows], [Σ log-loss]), or for
+    regression ([rows], [Σ e², Σ |e|])."""
+    if is_regression(params):
+        err = np.asarray(pred, dtype=np.float64) - y
+        return np.array([len(y)], dtype=np.int64), np.array([float(err @ err), float(np.abs(err).sum())])
+    loss, rows = evalcounts.logloss_sums(y, pred)
+    return np.array([rows], dtype=np.int64), np.array([loss])
+
+
+def _parts(total: np.ndarray, params: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A summed evaluation as (test counts, test sums, training counts, training sums), the
+    counts as numpy int64 or object ints as `whole_counts` gives them (the training part empty
+    without `train_loss`)."""
+    k, s = _n_counts(params), 2 if is_regression(params) else 1
+    t = 1 if with_train(params) else 0
+    if len(total) != k + t + s * (1 + t) * FIXED.limbs:
+        raise ValueError("the evaluation sum has the length of the job's parameters")
+    counts, sums = whole_counts(total[:k + t]), FIXED.decode(total[k + t:])
+    return counts[:k], sums[:s], counts[k:], sums[s:]
 
 
 def eval_sums(y: np.ndarray, pred: np.ndarray, params: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
@@ -151,53 +197,66 @@ def eval_sums(y: np.ndarray, pred: np.ndarray, params: Mapping[str, Any]) -> tup
 
 
 def encode_eval(counts: np.ndarray, sums: np.ndarray, n_parties: int) -> np.ndarray:
-    from fedpeer.ml.moments import FIXED
-
     return np.concatenate([encode_counts(counts.astype(np.int64), n_parties, COUNT_MAX), FIXED.encode(sums, n_parties)])
 
 
-def check_eval(total: np.ndarray, params: Mapping[str, Any]) -> None:
+def check_eval(total: np.ndarray, params: Mapping[str, Any], train_rows_max: int | None = None) -> None:
     """ValueError (naming the check) unless summed `eval_vector`s can come from honest sites
-    (fedpeer/ml/evaluation.py `check_counts`, `check_errors`)."""
-    k = _n_counts(params)
-    counts, sums = whole_counts(total[:k]), FIXED.decode(total[k:])
+    (fedpeer/ml/evaluation.py `check_counts`, `check_errors`, `check_loss`); the training part's
+    rows at most `train_rows_max`, the federation's training rows."""
+    counts, sums, train_counts, train = _parts(total, params)
     if is_regression(params):
         evalcounts.check_errors(int(counts[0]), float(sums[0]), float(sums[1]))
     else:
         evalcounts.check_counts(counts, float(sums[0]), groups_of(params), params["eval_bins"])
+    if len(train_counts):
+        rows = int(train_counts[0])
+        if train_rows_max is None or not 1 <= rows <= train_rows_max:
+            raise ValueError("the training loss rests on at least one and at most the federation's training rows")
+        if is_regression(params):
+            evalcounts.check_errors(rows, float(train[0]), float(train[1]))
+        else:
+            evalcounts.check_loss(rows, float(train[0]), train_rows_max)
 
 
 def eval_metrics(total: np.ndarray, params: Mapping[str, Any]) -> dict:
     """The federation's metrics from the summed `eval_vector`s."""
-    from fedpeer.ml.moments import FIXED
-
-    k = _n_counts(params)
-    counts, sums = decode_counts(total[:k]), FIXED.decode(total[k:])
+    counts, sums, train_counts, train = _parts(total, params)
     if is_regression(params):
         rows = int(counts[0])
-        return {"rmse": round(math.sqrt(max(sums[0], 0.0) / rows), 6), "mae": round(float(sums[1]) / rows, 6),
-                "test_rows": rows}
-    out = evalcounts.metrics(counts, float(sums[0]), groups_of(params), params["eval_bins"])
-    out["test_rows"] = out.pop("rows")
-    return out
+        out = {"rmse": round(math.sqrt(max(sums[0], 0.0) / rows), 6), "mae": round(float(sums[1]) / rows, 6),
+               "test_rows": rows}
+    else:
+        out = evalcounts.metrics(np.asarray(counts, dtype=np.int64), float(sums[0]), groups_of(params),
+                                 params["eval_bins"])
+        out["test_rows"] = out.pop("rows")
+    return {**out, **_train_metrics(train_counts, train, params)}
+
+
+def _train_metrics(counts: np.ndarray, sums: np.ndarray, params: Mapping[str, Any]) -> dict:
+    """{"train_logloss" or "train_rmse", "train_rows"} of the training part (none without it)."""
+    if not len(counts):
+        return {}
+    rows = int(counts[0])
+    if is_regression(params):
+        return {"train_rmse": round(math.sqrt(max(float(sums[0]), 0.0) / rows), 6), "train_rows": rows}
+    return {"train_logloss": round(float(sums[0]) / rows, 6), "train_rows": rows}
 
 
 def curve_metrics(total: np.ndarray, params: Mapping[str, Any]) -> dict | None:
     """The last round's metrics at the rounds' bins (`eval_round_bins`), from its total summed at
     `eval_bins`: the learning curve's points then all rest on the same bins (the result keeps the
     finer score). None for regression, equal bins, or bins the rounds' do not divide."""
-    from fedpeer.ml.moments import FIXED
-
     to = min(params["eval_round_bins"], params["eval_bins"])
     if is_regression(params) or to == params["eval_bins"]:
         return None
-    k = _n_counts(params)
-    coarse = evalcounts.coarsen(decode_counts(total[:k]), groups_of(params), params["eval_bins"], to)
+    counts, sums, train_counts, train = _parts(total, params)
+    coarse = evalcounts.coarsen(np.asarray(counts, dtype=np.int64), groups_of(params), params["eval_bins"], to)
     if coarse is None:
         return None
-    out = evalcounts.metrics(coarse, float(FIXED.decode(total[k:])[0]), groups_of(params), to)
+    out = evalcounts.metrics(coarse, float(sums[0]), groups_of(params), to)
     out["test_rows"] = out.pop("rows")
-    return {**out, "eval_bins": to}
+    return {**out, **_train_metrics(train_counts, train, params), "eval_bins": to}
 
 
 def metric_keys(params: Mapping[str, Any]) -> tuple[str, ...]:

@@ -21,6 +21,9 @@ from fedpeer.jobs.report import (
 )
 
 
+TRAIN_KEYS = ("train_logloss", "train_rmse", "train_rows")    # the training loss, where the job summed it
+
+
 def metric_keys(result: Mapping[str, Any]) -> tuple[str, ...]:
     """The metrics of this result's objective: RMSE and MAE (regression), else AUC, log-loss, accuracy."""
     return REGRESSION_METRICS if str(result.get("objective", "")).startswith("reg:") else CLASSIFICATION_METRICS
@@ -28,7 +31,7 @@ def metric_keys(result: Mapping[str, Any]) -> tuple[str, ...]:
 
 def describe(result: Mapping[str, Any]) -> list[str]:
     """`fedpeer job show` lines for an xgboost result: the model, its scores with their rows, and
-    the rounds (bagging)."""
+    the evaluated rounds (both modes) with the training loss beside them where the job summed it."""
     keys = metric_keys(result)
     lines = [f"  model: {result.get('objective', '-')}, {result['rounds']} rounds, {result['trees']} trees, "
              f"SHA-256 {result['model_sha256']}"]
@@ -42,22 +45,38 @@ def describe(result: Mapping[str, Any]) -> list[str]:
             lines.append(f"  this site's own test part (not released): AUC {local['auc']:.4f} on {local['rows']} rows")
     lines += evaluation_lines(result, keys)
     lines.append(f"  model file {result.get('model_file', '-')} (`fedpeer export` writes it for xgboost to load)")
+    train = "train_rmse" if "rmse" in keys else "train_logloss"
+    train_head = f"TRAIN {METRIC_NAMES[train[6:]].upper()}"      # on the training rows, where the job summed it
     if result.get("mode") == "histogram":
         lost = ", ".join(result["lost"]) or "none"
         lines.append(f"  histogram mode: {result['secure_sums']} secure sums over {', '.join(result['members'])}; "
                      f"members lost: {lost}")
-        return lines
-    rows = [("ROUND", "TERM", "LEADER", "SITES", "TREES", *(f"FED. {METRIC_NAMES[k].upper()}" for k in keys))]
+        rows = [("ROUND", "TREES", *(f"FED. {METRIC_NAMES[k].upper()}" for k in keys), train_head)]
+        rows += [(h["round"], h.get("trees", "-"), *(score(h.get(k)) for k in keys), score(h.get(train)))
+                 for h in result.get("history") or []]
+        return lines + _rounds(rows, 2, result["rounds"])
+    rows = [("ROUND", "TERM", "LEADER", "SITES", "TREES", *(f"FED. {METRIC_NAMES[k].upper()}" for k in keys),
+             train_head)]
     for h in result["history"]:
         rows.append((h["round"], h["term"], h["leader"], len(h["participants"]), h["trees_added"],
-                     *(score(h.get(k)) for k in keys)))
-    shown = evaluated(rows, 5)
-    lines.append(table(shown, indent="  "))
-    if len(shown) < len(rows):
-        lines.append(f"  ({len(rows) - len(shown)} rounds without a federated evaluation not shown)")
+                     *(score(h.get(k)) for k in keys), score(h.get(train))))
+    lines += _rounds(rows, 5, len(rows) - 1)
     for h in result["history"]:
         for site, why in (h.get("excluded") or {}).items():
             lines.append(f"  round {h['round']}: {site} left out: {why}")
+    return lines
+
+
+def _rounds(rows: list[tuple], first_score: int, rounds: int) -> list[str]:
+    """The evaluated rounds' table (the training loss column only where the job summed it), and
+    how many rounds it leaves out."""
+    shown = evaluated(rows, first_score)
+    if len(shown) < 2:
+        return []
+    lines = [table(shown, indent="  ")]
+    left = rounds - len(shown) + 1
+    if left > 0:
+        lines.append(f"  ({left} round{'s' if left != 1 else ''} without a federated evaluation not shown)")
     return lines
 
 
@@ -82,6 +101,6 @@ def site_table(sites: Sequence[Mapping[str, Any]]) -> str:
 def history(result: Mapping[str, Any]) -> dict[str, list[tuple[float, float]]]:
     """The curves of an xgboost result: the federated evaluation of each committed round, every
     point at the rounds' bins (the last round, scored finer for the result, also holds its
-    `curve` at those bins)."""
+    `curve` at those bins), and the training loss beside them where the job summed it."""
     entries = [{**h, **h["curve"]} if isinstance(h.get("curve"), Mapping) else h for h in result.get("history") or []]
-    return series(entries, "round", metric_keys(result))
+    return series(entries, "round", (*metric_keys(result), *TRAIN_KEYS))

@@ -268,10 +268,14 @@ def eps_from_histogram(counts: np.ndarray, quantile: float = EPS_AUTO_QUANTILE) 
 
 def noise_warning(rows: int, noise: int, sizes: np.ndarray) -> str | None:
     """One line when the clustering says little: more than half the rows noise, or one cluster
-    holding every row."""
+    holding every row that is not noise (the rows then form no separate dense groups at this eps)."""
     if rows and noise * 2 > rows:
         return (f"{noise} of {rows} rows ({noise / rows:.0%}) are noise: eps is small for these rows "
                 "(raise eps, or eps_auto=true)")
     if rows and len(sizes) == 1 and int(sizes[0]) == rows:
         return f"one cluster holds all {rows} rows: eps is large for these rows (lower eps)"
+    if rows and len(sizes) == 1:
+        return (f"one cluster holds all {int(sizes[0])} rows that are not noise ({noise} are): the rows form no "
+                "separate dense groups at this eps (a lower eps may split it, with more noise; kmeans or gmm "
+                "find groups that are not separated by sparse regions)")
     return None

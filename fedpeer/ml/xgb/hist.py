@@ -55,6 +55,7 @@ __all__ = [
     "encode_histograms",
     "gradients",
     "level_histograms",
+    "predictions",
     "quantize_gradients",
     "scale_bits",
 ]
@@ -81,16 +82,30 @@ def gradients(objective: str, margins: np.ndarray, y: np.ndarray) -> tuple[np.nd
     margins float64 (rows, K); returns float64 (rows, K) each."""
     m = np.asarray(margins, dtype=np.float64)
     if objective == "binary:logistic":
-        p = 1.0 / (1.0 + np.exp(-m))
+        p = predictions(objective, m)[:, None]
         return p - y[:, None], np.maximum(p * (1.0 - p), HESS_FLOOR)
     if objective == "multi:softprob":
-        e = np.exp(m - m.max(axis=1, keepdims=True))
-        p = e / e.sum(axis=1, keepdims=True)
+        p = predictions(objective, m)
         onehot = (np.asarray(y, dtype=np.int64)[:, None] == np.arange(m.shape[1])[None, :])
         return p - onehot, np.maximum(2.0 * p * (1.0 - p), HESS_FLOOR)
     if objective == "reg:squarederror":
         return m - np.asarray(y, dtype=np.float64)[:, None], np.ones_like(m)
     raise ValueError(f"no gradients for objective {objective!r}")
+
+
+def predictions(objective: str, margins: np.ndarray) -> np.ndarray:
+    """What the model predicts at these margins (float64 (rows, K)), as xgboost's predict does:
+    binary:logistic P(positive) (rows,), multi:softprob every class's P (rows, K), reg:squarederror
+    the value (rows,)."""
+    m = np.asarray(margins, dtype=np.float64)
+    if objective == "binary:logistic":
+        return 1.0 / (1.0 + np.exp(-m[:, 0]))
+    if objective == "multi:softprob":
+        e = np.exp(m - m.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+    if objective == "reg:squarederror":
+        return m[:, 0].copy()
+    raise ValueError(f"no predictions for objective {objective!r}")
 
 
 def _check_bound(values: np.ndarray, low: float, high: float, name: str, bound: float) -> None:

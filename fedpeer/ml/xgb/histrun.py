@@ -20,7 +20,7 @@ integers, so the two give byte-identical models.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,6 +139,11 @@ class HistSite:
 
     def add_tree(self, tree: _Tree, k: int) -> None:
         self.margins[:, k] += tree.value[self.positions]
+
+    def train_total(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """fn(margins, labels, *args) over this member's training rows (the Dask engine's: summed
+        over its partitions)."""
+        return fn(self.margins, self.y, *args)
 
     def resume(self, base: Sequence[float], trees: Sequence[_Tree]) -> int:
         """Rebuild the margins (and the current round's g, h) from committed trees, e.g. under a

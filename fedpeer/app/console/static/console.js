@@ -11,13 +11,17 @@ const SESSION_KEY = "fedpeer-console-session";
 const ASK_FRESH = "ask the console for a fresh URL (press Enter where `fedpeer console` runs, or send it SIGUSR1)";
 const POLL_MS = Number(document.querySelector('meta[name="fedpeer-poll-ms"]').content) || 1000;
 const CURVE_W = 380, CURVE_H = 230;                            // px, one chart per series
-const PAD = { left: 62, right: 12, top: 22, bottom: 44 };      // px around the plot area (axis titles in it)
+const COMPARE_W = 470, LEGEND_H = 34;                          // px: a chart of two jobs is wider, its legend below
+const COLOURS = ["#2457c5", "#c4320a"];                        // the selected job's curve, the compared job's
+const PAD = { left: 62, right: 12, top: 36, bottom: 44 };      // px around the plot area (titles and axis titles in it)
 const TICKS = 5;                                               // labelled ticks per axis
 const TERMINAL = ["done", "failed", "cancelled"];
 
 let kinds = [];
 let selected = null;          // the job id shown below the list
-let lastDrawn = "";           // the selected job's JSON last drawn (redraw only on change)
+let compared = null;          // a second job whose curves are drawn on the selected job's charts
+let lastDrawn = "";           // the selected (and compared) job's JSON last drawn (redraw only on change)
+let compareChoices = "";      // the compare menu's jobs last offered (rebuilt only on change)
 
 function $(id) { return document.getElementById(id); }
 
@@ -126,6 +130,7 @@ function drawJobs(doc) {
   const jobs = doc.jobs || [];
   $("no-jobs").hidden = jobs.length > 0;
   if (selected === null && jobs.length) select(jobs[0].id);
+  drawCompareChoices(jobs);
   const body = $("jobs").querySelector("tbody");
   body.replaceChildren(...jobs.map((j) => {
     const tr = el("tr");
@@ -139,30 +144,63 @@ function drawJobs(doc) {
   }));
 }
 
-// A job's own URL: this page with #job=ID (in this tab, whose session it uses).
-function jobFromHash() {
-  const m = /^#job=(.+)$/.exec(location.hash);
-  return m ? decodeURIComponent(m[1]) : null;
+// A job's own URL: this page with #job=ID (in this tab, whose session it uses), and with
+// &compare=ID2 when a second job's curves are drawn on its charts.
+function fromHash(key) {
+  const value = new URLSearchParams(location.hash.slice(1)).get(key);
+  return value === null || value === "" ? null : value;
 }
 
-function select(id) {
+function jobHash() {
+  return `#job=${encodeURIComponent(selected)}` + (compared ? `&compare=${encodeURIComponent(compared)}` : "");
+}
+
+function select(id, other) {
   selected = id;
+  compared = other && other !== id ? other : null;
   lastDrawn = "";
-  if (jobFromHash() !== id) history.replaceState(null, "", `/#job=${encodeURIComponent(id)}`);
+  compareChoices = "";
+  if (location.hash !== jobHash()) history.replaceState(null, "", "/" + jobHash());
   for (const tr of $("jobs").querySelectorAll("tbody tr")) tr.className = tr.dataset.job === id ? "selected" : "";
   pollJob();
 }
 
+function compare(id) {
+  select(selected, id || null);
+}
+
+// The compare menu: every other job whose kind records curves, the selected job's kind first;
+// the charts overlay the series both jobs have (the same metric).
+function drawCompareChoices(jobs) {
+  const withCurves = new Set(kinds.filter((k) => k.curves).map((k) => k.name));
+  const mine = jobs.find((j) => j.id === selected);
+  const others = jobs.filter((j) => j.id !== selected && (withCurves.has(j.kind) || !kinds.length))
+    .sort((a, b) => (b.kind === (mine && mine.kind)) - (a.kind === (mine && mine.kind)));
+  const key = JSON.stringify([selected, compared, others.map((j) => [j.id, j.kind])]);
+  if (key === compareChoices) return;
+  compareChoices = key;
+  const none = el("option", "no other job");
+  none.value = "";
+  const options = others.map((j) => { const o = el("option", `${j.id} (${j.kind})`); o.value = j.id; return o; });
+  if (compared && !others.some((j) => j.id === compared)) {   // a linked job this site's list does not hold
+    const o = el("option", compared);
+    o.value = compared;
+    options.push(o);
+  }
+  $("compare").replaceChildren(none, ...options);
+  $("compare").value = compared || "";
+}
+
 // -- one job ----------------------------------------------------------------------------------
 
-function drawJob(job) {
-  const text = JSON.stringify(job);
+function drawJob(job, other) {
+  const text = JSON.stringify([job, other]);
   if (text === lastDrawn) return;
   lastDrawn = text;
   $("job-section").hidden = false;
   $("job-section").dataset.state = job.state;
   $("job-id").textContent = `${job.id} (${job.kind})`;
-  $("job-link").href = `/#job=${encodeURIComponent(job.id)}`;
+  $("job-link").href = "/" + jobHash();
   const p = job.progress || {};
   const step = p.total ? ` · step ${p.step} of ${p.total}` : "";
   const elapsed = job.elapsed_s === null ? "" : ` · ${job.elapsed_s.toFixed(1)} s`;
@@ -173,10 +211,14 @@ function drawJob(job) {
   $("job-error").hidden = !job.error;
   $("job-error").textContent = job.error || "";
   $("cancel-button").hidden = TERMINAL.includes(job.state);
-  drawCurves(job.charts || Object.entries(job.curves || {}).map(([name, points]) => (
-    { name, points, x_title: "round", y_title: name, y_range: null })));
+  drawCurves(chartsOf(job), other);
   drawCard(job.card || {}, job.privacy);
   drawSites(job.sites || [], job.site_table);
+}
+
+function chartsOf(job) {
+  return job.charts || Object.entries(job.curves || {}).map(([name, points]) => (
+    { name, points, x_title: "round", y_title: name, y_range: null }));
 }
 
 // About TICKS values at round steps (1, 2 or 5 times a power of ten) within [lo, hi].
@@ -195,22 +237,35 @@ function svgEl(tag, attrs, text) {
   return e;
 }
 
-function curve(chart) {
+// An axis title's measure ("AUC"), drawn along the y axis, and what it says of the rows ("103
+// held-out rows per point"), drawn under the chart's title (or in the legend of two jobs).
+function titleParts(title) {
+  const i = title.indexOf(" · ");
+  return i < 0 ? [title, ""] : [title.slice(0, i), title.slice(i + 3)];
+}
+
+// One chart: the selected job's series, and with `other` (the compared job's chart of the same
+// series) both curves on the same axes, a legend below naming each job and the rows it rests on.
+function curve(chart, other) {
   const { name, points } = chart;
-  const svg = svgEl("svg", { class: "curve", width: CURVE_W, height: CURVE_H, viewBox: `0 0 ${CURVE_W} ${CURVE_H}`,
+  const width = other ? COMPARE_W : CURVE_W, height = CURVE_H + (other ? LEGEND_H : 0);
+  const svg = svgEl("svg", { class: "curve", width, height, viewBox: `0 0 ${width} ${height}`,
                              xmlns: "http://www.w3.org/2000/svg", "data-series": name, "data-points": points.length });
-  const xs = points.map((q) => q[0]), ys = points.map((q) => q[1]);
+  const all = other ? points.concat(other.points) : points;
+  const xs = all.map((q) => q[0]), ys = all.map((q) => q[1]);
   let [x0, x1] = [Math.min(...xs), Math.max(...xs)], [y0, y1] = [Math.min(...ys), Math.max(...ys)];
-  if (chart.y_range) [y0, y1] = chart.y_range;      // a bounded metric on its whole range, never a zoom
+  if (chart.y_range && (!other || other.y_range)) [y0, y1] = chart.y_range;   // bounded: its whole range, never a zoom
   if (x0 === x1) { x0 -= 1; x1 += 1; }
   if (y0 === y1) { const d = Math.abs(y0) * 0.05 || 1; y0 -= d; y1 += d; }
-  const w = CURVE_W - PAD.left - PAD.right, h = CURVE_H - PAD.top - PAD.bottom;
+  const w = width - PAD.left - PAD.right, h = CURVE_H - PAD.top - PAD.bottom;
   const sx = (x) => PAD.left + ((x - x0) / (x1 - x0)) * w, sy = (y) => PAD.top + h - ((y - y0) / (y1 - y0)) * h;
+  const [measure, rows] = titleParts(chart.y_title);
   svg.append(svgEl("text", { x: PAD.left, y: 14, class: "title" }, name));
+  if (rows && !other) svg.append(svgEl("text", { x: PAD.left, y: 28, class: "rows" }, rows));   // what each point rests on
   svg.append(svgEl("text", { x: PAD.left + w / 2, y: CURVE_H - 6, "text-anchor": "middle", class: "axis-title x" },
                    chart.x_title));
   svg.append(svgEl("text", { x: 12, y: PAD.top + h / 2, "text-anchor": "middle", class: "axis-title y",
-                             transform: `rotate(-90 12 ${PAD.top + h / 2})` }, chart.y_title));
+                             transform: `rotate(-90 12 ${PAD.top + h / 2})` }, measure));
   for (const y of ticks(y0, y1)) {
     svg.append(svgEl("line", { x1: PAD.left, x2: PAD.left + w, y1: sy(y), y2: sy(y), class: "grid" }));
     svg.append(svgEl("text", { x: PAD.left - 4, y: sy(y) + 3, "text-anchor": "end", class: "tick" }, fmtNum(y)));
@@ -221,9 +276,31 @@ function curve(chart) {
   }
   svg.append(svgEl("line", { x1: PAD.left, x2: PAD.left, y1: PAD.top, y2: PAD.top + h, class: "axis" }));
   svg.append(svgEl("line", { x1: PAD.left, x2: PAD.left + w, y1: PAD.top + h, y2: PAD.top + h, class: "axis" }));
-  svg.append(svgEl("polyline", { fill: "none", stroke: "#2457c5", "stroke-width": 2, points: points.map((q) => `${sx(q[0]).toFixed(1)},${sy(q[1]).toFixed(1)}`).join(" ") }));
-  if (points.length <= 60) for (const q of points) svg.append(svgEl("circle", { cx: sx(q[0]), cy: sy(q[1]), r: 2.5 }));
+  const series = [[points, COLOURS[0], "", selected, rows]];
+  if (other) series.push([other.points, COLOURS[1], "6 3", compared, titleParts(other.y_title)[1]]);
+  series.forEach(([pts, colour, dash, job, said], i) => {
+    svg.append(svgEl("polyline", { fill: "none", stroke: colour, "stroke-width": 2, "stroke-dasharray": dash || "none",
+                                   class: i ? "compare" : "own", "data-job": job,
+                                   points: pts.map((q) => `${sx(q[0]).toFixed(1)},${sy(q[1]).toFixed(1)}`).join(" ") }));
+    if (pts.length <= 60) for (const q of pts) svg.append(svgEl("circle", { cx: sx(q[0]), cy: sy(q[1]), r: 2.5, fill: colour }));
+    if (other) {           // the legend: which line is which job, on how many rows its points rest
+      const y = CURVE_H + 4 + i * 15;
+      svg.append(svgEl("line", { x1: PAD.left, x2: PAD.left + 22, y1: y, y2: y, stroke: colour, "stroke-width": 2,
+                                 "stroke-dasharray": dash || "none" }));
+      svg.append(svgEl("text", { x: PAD.left + 28, y: y + 3.5, class: "legend" }, said ? `${job} · ${said}` : job));
+    }
+  });
+  if (other) svg.dataset.compare = compared;
   return svg;
+}
+
+// A chart's data as CSV: x, then one column per job (empty where a job has no point at that x).
+function chartCsv(chart, other) {
+  if (!other) return `${chart.x_title},${chart.name}\n` + chart.points.map((q) => `${q[0]},${q[1]}`).join("\n") + "\n";
+  const own = new Map(chart.points.map((q) => [q[0], q[1]])), theirs = new Map(other.points.map((q) => [q[0], q[1]]));
+  const xs = [...new Set([...own.keys(), ...theirs.keys()])].sort((a, b) => a - b);
+  return `${chart.x_title},${selected} ${chart.name},${compared} ${chart.name}\n`
+    + xs.map((x) => `${x},${own.has(x) ? own.get(x) : ""},${theirs.has(x) ? theirs.get(x) : ""}`).join("\n") + "\n";
 }
 
 function download(filename, type, text) {
@@ -235,26 +312,32 @@ function download(filename, type, text) {
 }
 
 // One chart with its data as CSV and itself as SVG, both downloaded from what the page holds.
-function chartBox(chart) {
+function chartBox(chart, other) {
   const box = el("figure", null, "chart");
-  const svg = curve(chart);
+  const svg = curve(chart, other);
   const csv = el("button", "CSV"), image = el("button", "SVG");
   csv.type = image.type = "button";
   csv.className = "download-csv";
   image.className = "download-svg";
-  const base = `${selected}-${chart.name}`;
-  csv.addEventListener("click", () => download(`${base}.csv`, "text/csv",
-    `${chart.x_title},${chart.name}\n` + chart.points.map((q) => `${q[0]},${q[1]}`).join("\n") + "\n"));
+  const base = other ? `${selected}-vs-${compared}-${chart.name}` : `${selected}-${chart.name}`;
+  csv.addEventListener("click", () => download(`${base}.csv`, "text/csv", chartCsv(chart, other)));
   image.addEventListener("click", () => download(`${base}.svg`, "image/svg+xml",
     new XMLSerializer().serializeToString(svg)));
   box.append(svg, csv, image);
   return box;
 }
 
-function drawCurves(charts) {
+// The selected job's charts; with a compared job (its record `other`), each series both have on one chart.
+function drawCurves(charts, other) {
   const shown = charts.filter((c) => c.points.length > 0);
+  const theirs = new Map((other ? chartsOf(other) : []).filter((c) => c.points.length > 0).map((c) => [c.name, c]));
   $("no-curves").hidden = shown.length > 0;
-  $("curves").replaceChildren(...shown.map(chartBox));
+  $("curves").replaceChildren(...shown.map((c) => chartBox(c, theirs.get(c.name))));
+  const note = $("compare-note");
+  const common = shown.filter((c) => theirs.has(c.name)).length;
+  note.hidden = !compared || (other !== null && common > 0);
+  note.textContent = !compared ? "" : other === null ? `${compared}: not found at this site`
+    : `${compared} has no curve in common with ${selected} yet`;
 }
 
 function cardRow(label, value) {
@@ -393,7 +476,11 @@ async function cancel() {
 async function pollStatus() { drawStatus(await api("/api/status")); }
 async function pollJobs() { drawJobs(await api("/api/jobs")); }
 async function pollJob() {
-  if (selected !== null) drawJob(await api(`/api/jobs/${encodeURIComponent(selected)}`));
+  if (selected === null) return;
+  const [job, other] = await Promise.all([
+    api(`/api/jobs/${encodeURIComponent(selected)}`),
+    compared === null ? null : api(`/api/jobs/${encodeURIComponent(compared)}`).catch(() => null)]);
+  drawJob(job, other);
 }
 
 async function tick() {
@@ -412,6 +499,7 @@ document.addEventListener("DOMContentLoaded", async () => {
   $("kind").addEventListener("change", drawForm);
   $("propose").addEventListener("submit", propose);
   $("cancel-button").addEventListener("click", cancel);
+  $("compare").addEventListener("change", () => compare($("compare").value));
   try {
     await openSession();
   } catch (err) {
@@ -423,8 +511,11 @@ document.addEventListener("DOMContentLoaded", async () => {
     return;
   }
   loadKinds().catch((err) => banner(err.message));
-  const linked = jobFromHash();
-  if (linked !== null) select(linked);
-  window.addEventListener("hashchange", () => { const id = jobFromHash(); if (id !== null && id !== selected) select(id); });
+  const linked = fromHash("job");
+  if (linked !== null) select(linked, fromHash("compare"));
+  window.addEventListener("hashchange", () => {
+    const id = fromHash("job"), other = fromHash("compare");
+    if (id !== null && (id !== selected || other !== compared)) select(id, other);
+  });
   tick();
 });
