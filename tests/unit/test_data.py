@@ -7,6 +7,9 @@ import codecs
 import hashlib
 import os
 import re
+import shutil
+import tempfile
+import traceback
 import threading
 from pathlib import Path
 
@@ -253,11 +256,37 @@ def test_missing_file_directory_and_unreadable(tmp_path: Path, monkeypatch: pyte
     assert "permission denied" in error(write(tmp_path, "a,y\n1,0\n2,1\n"))
 
 
-@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root reads everything")
-def test_unreadable_file_for_real(tmp_path: Path) -> None:
-    path = write(tmp_path, "a,y\n1,0\n2,1\n")
+NOBODY = 65534
+
+
+def test_unreadable_file_for_real(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """A file the daemon's user cannot read. Root reads everything, so as root (CI) the load runs in
+    a child that has dropped to nobody (uid 65534), on a file with no read bit for anyone."""
+    if os.geteuid() != 0:
+        path = write(tmp_path, "a,y\n1,0\n2,1\n")
+        path.chmod(0)
+        assert "permission denied" in error(path)
+        return
+    shared = Path(tempfile.mkdtemp(prefix="fedpeer-unreadable-"))   # pytest's tmp_path is root's alone (0700)
+    request.addfinalizer(lambda: shutil.rmtree(shared, ignore_errors=True))
+    shared.chmod(0o755)
+    path = write(shared, "a,y\n1,0\n2,1\n")
     path.chmod(0)
-    assert "permission denied" in error(path)
+    load(write(shared, "a,y\n1,0\n2,1\n", "readable.csv"))   # the loader's lazy imports, while we may read them
+    pid = os.fork()
+    if pid == 0:                                     # the child: nobody, then the same check
+        code = 1
+        try:
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            code = 0 if "permission denied" in error(path) else 3
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "as nobody, the load did not fail with 'permission denied'"
 
 
 def test_unknown_ignore_and_label_ignored(tmp_path: Path) -> None:
