@@ -23,7 +23,7 @@ from fedpeer.core.membership.swim import MembershipConfig
 from fedpeer.base.files import check_not_writable_by_others, check_private_file, check_site_directory
 from fedpeer.config.address import Address, is_loopback, parse_address
 from fedpeer.config.network import Network
-from fedpeer.data.spec import parse_bounds
+from fedpeer.config.bounds import parse_bounds
 from fedpeer.errors import ConfigError
 
 DEFAULT_PORT = 7400
@@ -147,7 +147,7 @@ class DataSection:
                                       # on id_column (fedpeer/protocols/psi.py)
     id_column: str = ""               # vertical: the column naming each entity (never a feature)
     # public bounds per column, { age = [0, 120] }: what a DP job may assume without the rows (histogram
-    # XGBoost's cut points); the same at every site (fedpeer/data/spec.py `parse_bounds`)
+    # XGBoost's cut points); the same at every site (fedpeer/config/bounds.py `parse_bounds`)
     bounds: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from fedpeer.data.spec import BOUNDS_TEXT_MAX
+from fedpeer.config.bounds import BOUNDS_TEXT_MAX
 from fedpeer.jobs.capabilities import DP_SKELLAM, DP_TREES
 from fedpeer.jobs.kind import Param
 from fedpeer.protocols import dp

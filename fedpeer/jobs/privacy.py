@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fedpeer.base.store import read_json, write_json
-from fedpeer.data.spec import bounds_difference, bounds_text, parse_bounds_text
+from fedpeer.config.bounds import bounds_difference, bounds_text, parse_bounds_text
 from fedpeer.errors import FedpeerError, StateError
 
 LEDGER_FILE = "privacy.json"

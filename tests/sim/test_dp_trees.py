@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedpeer.data.spec import bounds_text
+from fedpeer.config.bounds import bounds_text
 from fedpeer.jobs.kind import ImplausibleTotal, JobContext
 from fedpeer.kinds.xgboost import hist_dp
 from fedpeer.kinds.xgboost import kind as xgb

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedpeer.data.spec import bounds_difference, bounds_text, parse_bounds, parse_bounds_text
+from fedpeer.config.bounds import bounds_difference, bounds_text, parse_bounds, parse_bounds_text
 from fedpeer.jobs import capabilities as caps
 from fedpeer.jobs.privacy import bounds_refusal, with_bounds
 from fedpeer.kinds import releases
@@ -69,7 +69,7 @@ def test_bounds_parse_in_one_line_and_read_back_exactly():
         assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match="expected JSON"):
         parse_bounds_text("age=0:1")
-    from fedpeer.data.spec import BOUNDS_TEXT_MAX
+    from fedpeer.config.bounds import BOUNDS_TEXT_MAX
     from fedpeer.wire.frame import STR_BYTES_MAX
     assert bounds_text({"âge": (0.0, 1.0)}).isascii() and BOUNDS_TEXT_MAX < STR_BYTES_MAX   # a proposal decodes
 
@@ -102,10 +102,12 @@ def test_the_proposal_carries_the_proposers_bounds_when_it_gives_none():
 
 
 def test_dp_xgboost_needs_dp_trees_of_every_member_even_one_whose_stats_take_dp():
-    asked = xgb.KIND.check_params({"dp_epsilon": 1.0, "dp_bounds": '{"a":[0,1]}'})
     stats_dp_only = releases.BASELINE_CAPABILITIES | {caps.DP_SKELLAM}
+    # as the proposer does: optional parameters (train_loss) settled for the members first
+    asked = caps.settled(xgb.KIND, xgb.KIND.check_params({"dp_epsilon": 1.0, "dp_bounds": '{"a":[0,1]}'}),
+                         [stats_dp_only])
     assert caps.lacking(xgb.KIND, asked, stats_dp_only) == [caps.DP_TREES]
-    plain = xgb.KIND.check_params({})
+    plain = caps.settled(xgb.KIND, xgb.KIND.check_params({}), [releases.BASELINE_CAPABILITIES])
     assert caps.lacking(xgb.KIND, plain, releases.BASELINE_CAPABILITIES) == []
     sent = caps.for_members(xgb.KIND, plain, [releases.BASELINE_CAPABILITIES])
     assert not any(name.startswith("dp_") for name in sent)      # an older member gets no dp_* parameter

@@ -23,7 +23,7 @@ def test_the_model_round_trips_and_predicts_as_scikit_learn(tmp_path: Path) -> N
     model = logreg.load_model(path)
     assert model["features"] == ("a", "b", "c") and model["classes"] == []
     X = np.random.default_rng(0).normal(size=(20, 3))
-    exported = logreg.to_sklearn(logreg.sklearn_export(model["coef"], model["intercept"], [], ["a", "b", "c"]))
+    exported = logreg.to_sklearn(linear.sklearn_export(model["coef"], model["intercept"], [], ["a", "b", "c"]))
     assert np.allclose(exported.predict_proba(X)[:, 1], logreg.predict(model, X), rtol=0, atol=1e-15)
     multi = {**MODEL, "coef": np.eye(3), "intercept": np.zeros(3), "classes": ["x", "y", "z"]}
     logreg.save_model(path, multi)

@@ -7,8 +7,8 @@ suite's CPU went to importing the same modules again in every one of them. `Zygo
 process (`python -m fedpeer.app.harness.zygote`) that imports the daemon and the training libraries
 once, freezes them out of the collector, and then forks on request; each child detaches (its own
 session, like `Popen(start_new_session=True)`), points its standard streams at the site's log,
-takes the caller's environment and runs `fedpeer start` exactly as the command line does
-(`fedpeer.app.cli.main`). The daemon is a real process with its own sockets, signals and exit:
+takes the caller's environment and runs `python -m fedpeer start ...` in itself (`runpy`): the
+same entry point as the command line. The daemon is a real process with its own sockets, signals and exit:
 kill -9, SIGSTOP and SIGHUP work on it as on any other. What differs from a fresh interpreter:
 environment variables read when a module is imported are the zygote's (fedpeer reads its own at
 run time), and a site that runs another build (`Site.env`) or under a wrapper (`ip netns exec`)
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import signal
 import subprocess
 import sys
@@ -141,7 +142,6 @@ def _preload() -> None:
     """Everything a daemon imports, at start and for its jobs, and the compiled kernels."""
     import gc
 
-    from fedpeer.app import cli  # noqa: F401
     from fedpeer.daemon import node  # noqa: F401
     from fedpeer.daemon.warmup import preload_ml
     from fedpeer.kinds.catalog import job_kinds
@@ -173,8 +173,7 @@ def _child(request: dict[str, Any]) -> None:
         if request.get("cwd"):
             os.chdir(request["cwd"])
         sys.argv = ["fedpeer", *request["argv"]]
-        from fedpeer.app.cli import main
-        code = main(request["argv"])
+        runpy.run_module("fedpeer", run_name="__main__", alter_sys=True)   # `python -m fedpeer ARGV`
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:

@@ -353,7 +353,7 @@ class Member:
             "class_counts": {labels[k]: int(c) for k, c in enumerate(fed_counts)},
             "classes_absent_here": [labels[k] for k, c in enumerate(here) if c == 0],
             "history": history, "members": [], "lost": [],
-            "sklearn": sklearn_export(coef, intercept, names, features),
+            "sklearn": linear.sklearn_export(coef, intercept, names, features),
             "federated_eval": None, "auc": None, "auc_source": None,
         }
         fed = await self.evaluate(proba, self.params["eval_bins"])
@@ -381,16 +381,8 @@ eval_counts = evalcounts.site_counts       # one site's additive evaluation (fed
 eval_metrics = evalcounts.metrics         # the federation's AUC, log-loss and accuracy from the sums
 
 
-def sklearn_export(coef: np.ndarray, intercept: np.ndarray, names: list[str], features: list[str]) -> dict:
-    """The attributes a scikit-learn LogisticRegression needs to predict (`to_sklearn`): binary
-    models' classes are [0, 1] (1 = the positive class) unless the job named two classes."""
-    return {"coef_": coef.tolist(), "intercept_": intercept.tolist(),
-            "classes_": names if names else [0, 1], "n_features_in_": len(features),
-            "feature_names_in_": features}
-
-
 def to_sklearn(doc: Mapping[str, Any]) -> Any:
-    """A fitted scikit-learn LogisticRegression from `sklearn_export`'s dictionary."""
+    """A fitted scikit-learn LogisticRegression from `logistic.sklearn_export`'s dictionary."""
     from sklearn.linear_model import LogisticRegression
 
     model = LogisticRegression()
@@ -474,7 +466,7 @@ LIMITS = {
 def export_file(path: Path, result: Mapping[str, Any]) -> dict:
     """`fedpeer export`: the stored model as scikit-learn LogisticRegression's attributes."""
     model = load_model(path)
-    return sklearn_export(model["coef"], model["intercept"], model["classes"], list(model["features"]))
+    return linear.sklearn_export(model["coef"], model["intercept"], model["classes"], list(model["features"]))
 
 
 KIND = JobKind(name="logreg", help="federated L2 logistic regression: exact Newton / L-BFGS on secure-summed "

@@ -175,7 +175,6 @@ async def fit_dp(member: Any) -> dict:
 def local_result(member: Any, W: np.ndarray, n: int, history: list[dict], sums: list[dp.DpSum],
                  mus: list[float], delta: float, eps: float) -> dict:
     """The DP fit's result: the model, what was spent, and this site's own scores (not released)."""
-    from fedpeer.kinds.linear.logreg import sklearn_export
 
     params, ctx = member.params, member.ctx
     names, features = member.names, list(ctx.data.features)
@@ -191,7 +190,7 @@ def local_result(member: Any, W: np.ndarray, n: int, history: list[dict], sums: 
         "test_fraction": params.get("test_fraction", 0.0),
         "classes_absent_here": [labels[k] for k, c in enumerate(here) if c == 0],
         "history": history, "members": members, "lost": lost,
-        "sklearn": sklearn_export(coef, intercept, names, features),
+        "sklearn": linear.sklearn_export(coef, intercept, names, features),
         "federated_eval": None, "auc": None, "auc_source": None,
         "privacy": {"mechanism": "skellam", "epsilon": dp.epsilon_of(list(zip(sums, mus)), delta), "delta": delta,
                     "epsilon_asked": eps, "grad_clip": float(params["dp_grad_clip"]),

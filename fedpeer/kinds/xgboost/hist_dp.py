@@ -15,7 +15,7 @@ quantile sketch (cut points are uniform over the proposal's public `dp_bounds`),
 evaluation (a DP job runs no evaluation sum: each site scores the model on its own test part, or
 its [data] test_csv, locally — `local_test` in its result, which never leaves it).
 
-Bounds: `dp_bounds` (JSON {"col": [lo, hi], ...}, fedpeer/data/spec.py `bounds_text`) is carried by
+Bounds: `dp_bounds` (JSON {"col": [lo, hi], ...}, fedpeer/config/bounds.py `bounds_text`) is carried by
 the proposal — the proposer fills it from its own [data] bounds — and every member refuses, before it touches its
 data, a job whose dp_bounds differ from its own [data] bounds for a feature or lack one
 (fedpeer/jobs/lifecycle/admission.py), so the cut points are the same public ones everywhere.
@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from fedpeer.data.spec import parse_bounds_text
+from fedpeer.config.bounds import parse_bounds_text
 from fedpeer.errors import JobError
 from fedpeer.jobs.kind import JobContext, checked_total, site_seed
 from fedpeer.jobs.privacy import bounds_refusal, job_cost

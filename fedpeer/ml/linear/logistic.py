@@ -369,3 +369,11 @@ def fit_in_process(parts: list[tuple[np.ndarray, np.ndarray]], groups: int, C: f
     while not fit.done:
         fit = advance(fit, total([local_terms(Z, y, fit.candidate, fit.hessian) for Z, (_, y) in zip(Zs, parts)]))
     return fit, mean, scale
+
+
+def sklearn_export(coef: np.ndarray, intercept: np.ndarray, names: list[str], features: list[str]) -> dict:
+    """The attributes a scikit-learn LogisticRegression needs to predict (`to_sklearn`): binary
+    models' classes are [0, 1] (1 = the positive class) unless the job named two classes."""
+    return {"coef_": coef.tolist(), "intercept_": intercept.tolist(),
+            "classes_": names if names else [0, 1], "n_features_in_": len(features),
+            "feature_names_in_": features}
