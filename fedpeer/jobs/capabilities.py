@@ -35,9 +35,8 @@ RELAY = "net-relay"                   # relays sealed frames between members (fe
 DIALBACK = "msg-dialback"             # dials a member back on request (fedpeer/daemon/reach.py)
 VERTICAL_2 = "vertical-psi-2"         # vertical jobs: PSI checked by every member, gathers under commitments
 DP_SKELLAM = "dp-skellam-1"           # DP jobs: members' Skellam noise shares inside the sum (fedpeer/protocols/dp.py)
-EPOCH_VIEWS = "epoch-views-1"         # leaderless jobs: survivors share views of the lost (fedpeer/protocols/epochs.py)
-BUILD_FORMATS = frozenset({SITE_INFO, REVERSE_LINKS, RELAY, DIALBACK, VERTICAL_2, DP_SKELLAM,
-                           EPOCH_VIEWS})   # beyond any kind's
+EPOCH_VIEWS = "epoch-views-1"         # survivors share views of the lost (jobs/params.py EPOCH_VIEWS_PARAM)
+BUILD_FORMATS = frozenset({SITE_INFO, REVERSE_LINKS, RELAY, DIALBACK, VERTICAL_2, DP_SKELLAM})   # beyond any kind's
 
 
 def of_kind(kind: JobKind) -> str:
