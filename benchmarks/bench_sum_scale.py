@@ -13,7 +13,7 @@ detector 0.5 s. Each figure is over --seeds seeds: messages, bytes and virtual t
 Note: the wire caps a sum's participants at PARTICIPANTS_MAX (securesum/wire.py); the in-memory
 network does not pass messages through the gate, so rows above it simulate the protocol only.
 
-Run: .venv/bin/python benchmarks/bench_sum_scale.py [--sizes 10 100 1000] [--modes ring pairwise]
+Run: .venv/bin/python benchmarks/bench_sum_scale.py [--sizes 10 100 1000] [--modes ring pairwise sparse]
      [--drops 0 0.1] [--seeds 1] [--attempts-max 16]
 """
 
