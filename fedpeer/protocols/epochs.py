@@ -33,10 +33,11 @@ the last messages travel): one survivor then waits in epoch E for members alread
   epoch. A member whose sum failed takes, besides what its own detector declares, the lost of
   every view from a current member that names neither itself nor the sender: the union. So every
   survivor ends in the epoch of the union of what any survivor saw; the epoch's tags carry a
-  digest of its lost list, so members that briefly disagree never mix their sums. A view arriving
-  while a sum runs ends that sum at once (its sender will not take part). The members just lost
-  get the view too: one that is alive (left out of a sum while it lagged) fails at once, alone,
-  instead of waiting in the old epoch for members that have moved on.
+  digest of its lost list, so members that briefly disagree never mix their sums. A view that
+  arrives while a sum runs ends it VIEW_GRACE_HOPS hops later unless it completed meanwhile (its
+  sender may hold that sum's total, completed without a member, and this member's is then on its
+  way). The members just lost get the view too: one that is alive (left out of a sum while it
+  lagged) fails alone at once, instead of waiting in the old epoch for members that moved on.
 * A member whose sum failed also asks the scope's members, every PROBE_MS while it waits (its
   view, which changes nothing at a member that holds it already), and takes as lost any that
   refuses it as a job it does not run ("unknown_job": it restarted and its job is gone; the refusal is authenticated).
@@ -72,8 +73,14 @@ from fedpeer.wire import frame as wire
 T = TypeVar("T")
 DEAD_WAIT_MS = 30_000            # after a failed sum, how long to wait for the failure detector to name the dead
 POLL_MS = 200                    # how often the failure detector's view is read meanwhile
+VIEW_GRACE_HOPS = 1              # with views, how long a running sum may still complete after a view
 PROBE_MS = 1_000                 # with views, how often the scope is asked meanwhile (a multiple of POLL_MS)
 UNKNOWN_JOB = "unknown_job"      # a member's refusal of a job it does not run (jobs/lifecycle/registry.py)
+
+
+class LeftBehind(JobError):
+    """A current member's view names this member lost: the others went on without it. It fails
+    alone, at once (module docstring, "Views")."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +145,7 @@ class Epochs:
         self.lost: list[bytes] = []
         self.views = views
         self._telling: set[asyncio.Task] = set()     # views on their way (new_epoch is not async)
+        self._heard: set[bytes] = set()              # every member lost in a view taken so far
 
     def tag(self, name: str) -> str:
         if not self.views or not self.lost:
@@ -188,12 +196,13 @@ class Epochs:
         """(run's outcome, ()), or, when it fails with a JobError, (None, the members of `scope`
         the failure detector then declares dead); the JobError stands if it declares none, and at
         once when it names a member and involves no death (module docstring). With views, a view
-        that loses more members, arriving while the sum runs, ends it at once: (None, those)."""
+        that loses more members, arriving while the sum runs, ends it VIEW_GRACE_HOPS hops later
+        if it has not completed by then: (None, those)."""
         try:
             if not self.views:
                 return await run, ()
             return await self._unless_viewed(run)
-        except (SegmentRefused, Equivocation):
+        except (SegmentRefused, Equivocation, LeftBehind):
             raise
         except JobError:
             dead = await self.declared_dead(scope)
@@ -202,12 +211,17 @@ class Epochs:
             return None, dead
 
     async def _unless_viewed(self, run: Awaitable[T]) -> tuple[T | None, tuple[bytes, ...]]:
-        """run's outcome, or (None, the lost) if a view losing more members comes first: a member
-        that has moved on will not take part in this sum, so waiting for it only makes this
-        member late for the next epoch (late enough for the others to drop it from their sums)."""
-        task, viewer = asyncio.ensure_future(run), asyncio.ensure_future(self._next_view())
+        """run's outcome, or (None, the lost) if a view losing more members arrives and the sum
+        has not completed VIEW_GRACE_HOPS hops later. Its sender has moved on: if the sum went on
+        without a member, its total is on its way to this member too (the grace); else the sum
+        cannot complete, and waiting out its timeouts would make this member late for the next
+        epoch, late enough for the others to leave it out."""
+        task = asyncio.ensure_future(run)
+        viewer = asyncio.ensure_future(self._next_view())
         try:
             await asyncio.wait({task, viewer}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                await asyncio.wait({task}, timeout=VIEW_GRACE_HOPS * self.hop_timeout_ms / 1000)
         finally:
             if not viewer.done():
                 viewer.cancel()
@@ -215,7 +229,7 @@ class Epochs:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
         if not task.cancelled():
-            return task.result(), ()         # done first (or both at once): its outcome stands
+            return task.result(), ()         # completed (or failed) first: that stands
         return None, viewer.result()
 
     async def _next_view(self) -> tuple[bytes, ...]:
@@ -294,20 +308,22 @@ class Epochs:
         key order), taken from the mailbox, waiting up to wait_ms for the first. A view that names
         its sender, or a member never in the job, is ignored; one that names this member means the
         others went on without it: JobError (it fails alone, as a member left out of a sum does)."""
-        extra: set[bytes] = set()
         while True:
             try:
-                src, view = await self.ch.recv(EpochView, f"{self.prefix}/view", timeout_ms=wait_ms)
+                src, view = await self.ch.recv(EpochView, f"{self.prefix}/view",
+                                               timeout_ms=0 if self._heard_lost() else wait_ms)
             except RecvTimeout:
                 break
-            wait_ms = 0
             if src not in self.members or src in view.lost or not set(view.lost) <= set(self.ch.members):
                 continue
             if self.ch.me in view.lost:
-                raise JobError("the other members went on without this site (a member's view of the "
-                               "lost names it): it was left behind")
-            extra |= set(view.lost) - set(self.lost)
-        return tuple(sorted(extra & set(self.members)))
+                raise LeftBehind("the other members went on without this site (a member's view of the "
+                                 "lost names it): it was left behind")
+            self._heard.update(view.lost)       # kept: a view taken while a sum ran counts after it failed
+        return self._heard_lost()
+
+    def _heard_lost(self) -> tuple[bytes, ...]:
+        return tuple(m for m in self.members if m in self._heard and m not in self.lost)
 
     async def declared_dead(self, scope: tuple[bytes, ...] | None = None) -> tuple[bytes, ...]:
         """After a failed sum: the members of `scope` (default: every current member) the failure

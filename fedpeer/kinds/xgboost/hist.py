@@ -44,8 +44,8 @@ else the job fails with the sum's reason (this bookkeeping is fedpeer/protocols/
 with logreg and FedAvg). With `epoch_views` (the default; members of releases without it need
 false) the survivors also take the lost members of each other's views, a member restarted without
 the job is lost when it refuses it, and a member that grew every tree waits for the others' word
-before it returns, so no survivor is left waiting in an old epoch (epochs.py, "Views"; tree, logreg
-and FedAvg do not use views yet). Not covered: an initiator that dies while delivering a
+before it returns, so no survivor is left waiting in an old epoch (epochs.py, "Views"; the tree,
+logreg and mlp kinds likewise). Not covered: an initiator that dies while delivering a
 total can leave the members that got it waiting for a takeover by one that did not (it fails).
 
 Levels under `secure_sum = "allreduce"` (the default) go through the secure reduce-map instead
