@@ -67,7 +67,7 @@ from fedpeer.protocols.securesum.api import (
     secure_sum,
 )
 from fedpeer.protocols.securesum.wire import PARTICIPANTS_MAX, WIRE_TAG_BYTES_MAX
-from fedpeer.runtime.channel import PeerRefused, PeerUnreachable, RecvTimeout, SubChannel
+from fedpeer.runtime.channel import PeerRefused, RecvTimeout, SubChannel
 from fedpeer.wire import frame as wire
 
 T = TypeVar("T")
@@ -297,7 +297,7 @@ class Epochs:
                     await self.ch.send(dst, msg)
             except PeerRefused as exc:
                 return exc.reason == UNKNOWN_JOB
-            except (PeerUnreachable, TimeoutError):
+            except (JobError, TimeoutError):     # unreachable, or the job is ending here: best effort
                 pass
             return False
         refused = await asyncio.gather(*(one(m) for m in targets))
