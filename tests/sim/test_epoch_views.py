@@ -7,12 +7,16 @@ from __future__ import annotations
 import looptime
 import pytest
 
-from fedpeer.errors import JobError
-from fedpeer.protocols.epochs import EpochView, Epochs
+from fedpeer.errors import JobError, RemoteProtocolError
+from fedpeer.identity import Identity
+from fedpeer.protocols.epochs import EpochDone, EpochView, Epochs
+from fedpeer.testing import frames
 from fedpeer.testing.epochsim import simulate_random
 from fedpeer.testing.memory import MemoryNetwork
 from fedpeer.testing.members import close_loop
 from fedpeer.testing.sumsim import SteadyChannel, sim_keys
+from fedpeer.wire import frame as wire
+from fedpeer.wire.session import Sessions
 
 SEEDS_PER_TEST = 25
 
@@ -60,3 +64,14 @@ def test_a_view_naming_its_sender_is_ignored_and_nobody_is_declared() -> None:
 def test_a_view_naming_this_member_means_it_was_left_behind() -> None:
     with pytest.raises(JobError, match="went on without this site"):
         _declared(1, [0, 2])
+
+
+def test_views_and_words_round_trip_through_the_gate_and_a_bad_view_is_refused() -> None:
+    alice, bob = Identity.generate(), Identity.generate()
+    gate = wire.Gate(bob, {alice.public_key}.__contains__, Sessions(), message_bytes_max=1 << 20)
+    forger = frames.Forger(alice)
+    forger.pair(gate, bob.public_key, 0)
+    for msg in (EpochView("j/view", (bytes(32), b"\x01" * 32)), EpochView("j/view", ()), EpochDone("j/e1-ab/end")):
+        assert gate.open(forger.seal(bob.public_key, msg), 0).msg == msg
+    with pytest.raises(RemoteProtocolError):
+        gate.open(forger.seal(bob.public_key, EpochView("j/view", (b"short",))), 0)
