@@ -48,7 +48,8 @@ def main() -> None:
             counts = ends[mode]
             print(f"| {'on' if views else 'off'} | {mode} | {sum(counts.values())} | "
                   + " | ".join(str(counts[e]) for e in ENDS)
-                  + f" | {real if mode == 'all' else 0:.0f} | {' '.join(map(str, odd[mode])) or '-'} |", flush=True)
+                  + f" | {f'{real:.0f}' if mode == 'all' else ''} | {' '.join(map(str, odd[mode])) or '-'} |",
+                  flush=True)
 
 
 if __name__ == "__main__":
