@@ -44,7 +44,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fedpeer.data.dataset import FEATURE_TYPE_FLOAT, Dataset, schema_fingerprint  # noqa: E402
-from fedpeer.data.spec import bounds_text  # noqa: E402
+from fedpeer.config.bounds import bounds_text  # noqa: E402
 from fedpeer.jobs.kind import JobContext  # noqa: E402
 from fedpeer.kinds import stats, stats_dp  # noqa: E402
 from fedpeer.kinds.cluster import kmeans  # noqa: E402

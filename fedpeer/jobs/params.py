@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from fedpeer.config.bounds import BOUNDS_TEXT_MAX
-from fedpeer.jobs.capabilities import DP_SKELLAM, DP_TREES
+from fedpeer.jobs.capabilities import DP_SKELLAM, DP_TREES, EPOCH_VIEWS
 from fedpeer.jobs.kind import Param
 from fedpeer.protocols import dp
 
@@ -35,6 +35,15 @@ SECURE_SUM_EXPLAINED = dataclasses.replace(
     SECURE_SUM_LARGE, help="secure-sum mode: 'allreduce' (no initiator; only all other sites together could "
                            "learn a site's sums), 'pairwise' (the same, through a ring and its initiator) or "
                            "'ring' (neighbours together could)")
+
+# The leaderless kinds' survivors of a lost member agree on who is lost by showing each other their
+# views (fedpeer/protocols/epochs.py, "Views"): new messages and tags, so every member needs the
+# capability unless the job turns them off (before it, each survivor went on its own failure
+# detector's word and survivors could end in different epochs, waiting on each other).
+EPOCH_VIEWS_PARAM = Param(bool, True, "after a member is lost, the survivors agree on who is lost by sharing "
+                          "their views (false: each by its own failure detector, as before; a job with a "
+                          "member of a release without views runs with false)", capability=EPOCH_VIEWS,
+                          before=False, optional=True)
 
 
 def seed(drives: str) -> Param:

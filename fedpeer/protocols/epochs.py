@@ -21,10 +21,36 @@ identically at every survivor, who the job's members still are.
 
 A member left out of a sum (slow, cut off) gets JobError from the secure sum and fails alone
 (those kinds declare `member_failure_aborts=False`); the others see it lost in that sum or the next.
+
+Views (`views=True`; capability EPOCH_VIEWS, fedpeer/jobs/capabilities.py: every member must
+have it): survivors never split. Without them each survivor moves on its own failure detector's
+word, and detectors disagree (one declares a killed member dead, another never does because it
+restarted first), and a sum can complete at one member and fail at another (a member lost while
+the last messages travel): one survivor then waits in epoch E for members already in E + 1
+(issue 41: 7 of 14 real runs).
+* A member that moves to a new epoch sends its view, the whole list of members lost so far
+  (`EpochView`, authenticated to each recipient like every message), to every member of the new
+  epoch. A member whose sum failed takes, besides what its own detector declares, the lost of
+  every view from a current member that names neither itself nor the sender: the union. So every
+  survivor ends in the epoch of the union of what any survivor saw; the epoch's tags carry a
+  digest of its lost list, so members that briefly disagree never mix their sums. A view that
+  arrives while a sum runs ends it VIEW_GRACE_HOPS hops later unless it completed meanwhile (its
+  sender may hold that sum's total, completed without a member, and this member's is then on its
+  way). The members just lost get the view too: one that is alive (left out of a sum while it
+  lagged) fails alone at once, instead of waiting in the old epoch for members that moved on.
+* A member whose sum failed also asks the scope's members, every PROBE_MS while it waits (its
+  view, which changes nothing at a member that holds it already), and takes as lost any that
+  refuses it as a job it does not run ("unknown_job": it restarted and its job is gone; the refusal is authenticated).
+* `finish()`, after the job's last sum: every member tells the others it ended epoch E
+  (`EpochDone`) and waits for each one's word, or its view (the last sum failed there: everyone
+  goes back to the survivors' resume point), or its death, or its refusal; at most END_WAIT
+  (a member's patience in a sum plus DEAD_WAIT_MS) for a member silent and alive, then it is done.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -40,11 +66,49 @@ from fedpeer.protocols.securesum.api import (
     secure_results_check,
     secure_sum,
 )
-from fedpeer.runtime.channel import SubChannel
+from fedpeer.protocols.securesum.wire import PARTICIPANTS_MAX, WIRE_TAG_BYTES_MAX
+from fedpeer.runtime.channel import PeerRefused, RecvTimeout, SubChannel
+from fedpeer.wire import frame as wire
 
 T = TypeVar("T")
 DEAD_WAIT_MS = 30_000            # after a failed sum, how long to wait for the failure detector to name the dead
 POLL_MS = 200                    # how often the failure detector's view is read meanwhile
+VIEW_GRACE_HOPS = 1              # with views, how long a running sum may still complete after a view
+PROBE_MS = 1_000                 # with views, how often the scope is asked meanwhile (a multiple of POLL_MS)
+UNKNOWN_JOB = "unknown_job"      # a member's refusal of a job it does not run (jobs/lifecycle/registry.py)
+
+
+class LeftBehind(JobError):
+    """A current member's view names this member lost: the others went on without it. It fails
+    alone, at once (module docstring, "Views")."""
+
+
+@dataclass(frozen=True)
+class EpochView:
+    """Every member the sender has lost so far in this job (module docstring, "Views")."""
+
+    tag: str
+    lost: tuple[bytes, ...]
+    WAITING_FOR = "a survivor's view of the lost members"
+
+
+@dataclass(frozen=True)
+class EpochDone:
+    """The sender ended the job in the epoch of `tag` (module docstring, "Views")."""
+
+    tag: str
+    WAITING_FOR = "word that a member ended the job"
+
+
+def _register() -> None:
+    tag = wire.v_str(WIRE_TAG_BYTES_MAX)
+    wire.register("epoch_view", EpochView, {"tag": tag, "lost": wire.v_list(wire.NODE_ID, PARTICIPANTS_MAX)},
+                  to_body=lambda m: {"tag": m.tag, "lost": list(m.lost)},
+                  from_body=lambda body: EpochView(body["tag"], tuple(body["lost"])))
+    wire.register("epoch_done", EpochDone, {"tag": tag})
+
+
+_register()
 
 
 class Lost(Exception):
@@ -74,14 +138,23 @@ class Mapped:
 class Epochs:
     """A member's view of the job's current members, epoch and lost members (module docstring)."""
 
-    def __init__(self, ch: Any, prefix: str, mode: str, hop_timeout_ms: int) -> None:
+    def __init__(self, ch: Any, prefix: str, mode: str, hop_timeout_ms: int, *, views: bool = False) -> None:
         self.ch, self.prefix, self.mode, self.hop_timeout_ms = ch, prefix, mode, hop_timeout_ms
         self.members: tuple[bytes, ...] = tuple(ch.members)
         self.epoch, self.sums = 0, 0
         self.lost: list[bytes] = []
+        self.views = views
+        self._telling: set[asyncio.Task] = set()     # views on their way (new_epoch is not async)
+        self._heard: set[bytes] = set()              # every member lost in a view taken so far
 
     def tag(self, name: str) -> str:
-        return f"{self.prefix}/e{self.epoch}/{name}"
+        if not self.views or not self.lost:
+            return f"{self.prefix}/e{self.epoch}/{name}"
+        # named by who is lost, not by how many moves this member made to get there: members that
+        # took the same lost in one move or in two meet under the same tags (lost only grows, so
+        # no tag comes twice)
+        digest = hashlib.sha256(b"".join(sorted(self.lost))).hexdigest()[:12]
+        return f"{self.prefix}/e{len(self.lost)}-{digest}/{name}"
 
     async def sum(self, name: str, vector: np.ndarray, *, scope: tuple[bytes, ...] | None = None,
                   hop_timeout_ms: int | None = None) -> Summed:
@@ -122,10 +195,14 @@ class Epochs:
     async def _or_dead(self, scope: tuple[bytes, ...], run: Awaitable[T]) -> tuple[T | None, tuple[bytes, ...]]:
         """(run's outcome, ()), or, when it fails with a JobError, (None, the members of `scope`
         the failure detector then declares dead); the JobError stands if it declares none, and at
-        once when it names a member and involves no death (module docstring)."""
+        once when it names a member and involves no death (module docstring). With views, a view
+        that loses more members, arriving while the sum runs, ends it VIEW_GRACE_HOPS hops later
+        if it has not completed by then: (None, those)."""
         try:
-            return await run, ()
-        except (SegmentRefused, Equivocation):
+            if not self.views:
+                return await run, ()
+            return await self._unless_viewed(run)
+        except (SegmentRefused, Equivocation, LeftBehind):
             raise
         except JobError:
             dead = await self.declared_dead(scope)
@@ -133,21 +210,138 @@ class Epochs:
                 raise
             return None, dead
 
+    async def _unless_viewed(self, run: Awaitable[T]) -> tuple[T | None, tuple[bytes, ...]]:
+        """run's outcome, or (None, the lost) if a view losing more members arrives and the sum
+        has not completed VIEW_GRACE_HOPS hops later. Its sender has moved on: if the sum went on
+        without a member, its total is on its way to this member too (the grace); else the sum
+        cannot complete, and waiting out its timeouts would make this member late for the next
+        epoch, late enough for the others to leave it out."""
+        task = asyncio.ensure_future(run)
+        viewer = asyncio.ensure_future(self._next_view())
+        try:
+            await asyncio.wait({task, viewer}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                await asyncio.wait({task}, timeout=VIEW_GRACE_HOPS * self.hop_timeout_ms / 1000)
+        finally:
+            if not viewer.done():
+                viewer.cancel()
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if not task.cancelled():
+            return task.result(), ()         # completed (or failed) first: that stands
+        return None, viewer.result()
+
+    async def _next_view(self) -> tuple[bytes, ...]:
+        """Wait for views until one loses members beyond ours; those members."""
+        while True:
+            lost = await self._viewed(wait_ms=self._end_wait_ms())
+            if lost:
+                return lost
+
     def new_epoch(self, lost: tuple[bytes, ...]) -> None:
-        """Every survivor, on the same `lost`: go on over the others, under fresh tags."""
+        """Every survivor, on the same `lost`: go on over the others, under fresh tags. With
+        views, tell the others the lost list now (in the background: this is not async), and the
+        members just lost too: one alive but left behind learns it at once (`_viewed`)."""
         self.members, self.epoch = tuple(m for m in self.members if m not in lost), self.epoch + 1
         self.lost.extend(m for m in lost if m not in self.lost)
+        if self.views:
+            told = self._others() + [m for m in lost if m in self.ch.members and m != self.ch.me]
+            task = asyncio.ensure_future(self._tell(told, self._view()))
+            self._telling.add(task)
+            task.add_done_callback(self._telling.discard)
+
+    async def finish(self) -> tuple[bytes, ...]:
+        """After the job's last sum (views only; else ()): () when every other member ended the
+        job too, or is dead, refused, or silent for END_WAIT; else the members lost in some
+        member's view: the caller calls new_epoch with them and goes back to its resume point
+        (module docstring, "Views")."""
+        if not self.views:
+            return ()
+        tag, others = self.tag("end"), self._others()
+        pending = set(others) - await self._tell(others, EpochDone(tag))
+        deadline = self.ch.now_ms() + self._end_wait_ms()
+        while pending:
+            lost = await self._viewed()
+            if lost:
+                return lost
+            pending = {m for m in pending if self.ch.alive(m)}
+            left = deadline - self.ch.now_ms()
+            if not pending or left <= 0:
+                break
+            try:
+                src, _ = await self.ch.recv(EpochDone, tag, timeout_ms=min(POLL_MS, left))
+                pending.discard(src)
+            except RecvTimeout:
+                pass
+        return ()
+
+    def _end_wait_ms(self) -> int:
+        """How long a member that ended waits for a silent live one: longer than that member
+        needs to fail its last sum (a member's patience in the ring, the longest) and to wait for
+        its failure detector, so its view arrives first."""
+        return self.hop_timeout_ms * (2 * (len(self.members) + 1) + 5) + DEAD_WAIT_MS + 2 * POLL_MS
+
+    def _others(self) -> list[bytes]:
+        return [m for m in self.members if m != self.ch.me]
+
+    def _view(self) -> EpochView:
+        return EpochView(f"{self.prefix}/view", tuple(sorted(self.lost)))
+
+    async def _tell(self, targets: Sequence[bytes], msg: object) -> set[bytes]:
+        """Send msg to each target (each send bounded by a hop); the targets that refused it as
+        a job they do not run."""
+        async def one(dst: bytes) -> bool:
+            try:
+                async with asyncio.timeout(self.hop_timeout_ms / 1000):
+                    await self.ch.send(dst, msg)
+            except PeerRefused as exc:
+                return exc.reason == UNKNOWN_JOB
+            except (JobError, TimeoutError):     # unreachable, or the job is ending here: best effort
+                pass
+            return False
+        refused = await asyncio.gather(*(one(m) for m in targets))
+        return {m for m, r in zip(targets, refused) if r}
+
+    async def _viewed(self, wait_ms: int = 0) -> tuple[bytes, ...]:
+        """The members lost in views received from current members beyond ours (their union; in
+        key order), taken from the mailbox, waiting up to wait_ms for the first. A view that names
+        its sender, or a member never in the job, is ignored; one that names this member means the
+        others went on without it: JobError (it fails alone, as a member left out of a sum does)."""
+        while True:
+            try:
+                src, view = await self.ch.recv(EpochView, f"{self.prefix}/view",
+                                               timeout_ms=0 if self._heard_lost() else wait_ms)
+            except RecvTimeout:
+                break
+            if src not in self.members or src in view.lost or not set(view.lost) <= set(self.ch.members):
+                continue
+            if self.ch.me in view.lost:
+                raise LeftBehind("the other members went on without this site (a member's view of the "
+                                 "lost names it): it was left behind")
+            self._heard.update(view.lost)       # kept: a view taken while a sum ran counts after it failed
+        return self._heard_lost()
+
+    def _heard_lost(self) -> tuple[bytes, ...]:
+        return tuple(m for m in self.members if m in self._heard and m not in self.lost)
 
     async def declared_dead(self, scope: tuple[bytes, ...] | None = None) -> tuple[bytes, ...]:
         """After a failed sum: the members of `scope` (default: every current member) the failure
         detector declares dead within DEAD_WAIT_MS (polled every POLL_MS). If a crashed member
         made the sum give up, every survivor sees it declared dead soon after and goes on without
-        it, as if the sum had completed without it; if nobody is declared dead, the failure stands."""
+        it, as if the sum had completed without it; if nobody is declared dead, the failure stands.
+        With views, also the scope's members that refuse our view as a job they do not run, and
+        the members lost in other members' views (module docstring, "Views"), in key order."""
         scope = scope or self.members
+        refused: set[bytes] = set()
         waited = 0
         while True:
-            dead = tuple(m for m in scope if m != self.ch.me and not self.ch.alive(m))
-            if dead or waited >= DEAD_WAIT_MS:
-                return dead
+            if self.views and waited % PROBE_MS == 0:     # a member may restart while we wait
+                refused |= await self._tell([m for m in scope if m != self.ch.me and m not in refused], self._view())
+            lost = {m for m in scope if m != self.ch.me and not self.ch.alive(m)} | refused
+            if self.views:
+                lost |= set(await self._viewed())
+            if lost or waited >= DEAD_WAIT_MS:
+                return tuple(m for m in self.members if m in lost)
             await self.ch.sleep_ms(POLL_MS)
             waited += POLL_MS

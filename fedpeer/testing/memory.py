@@ -27,6 +27,11 @@ class MemoryNetwork:
     crash(node): the node's sends fail, messages to it are lost, and `alive` reports it dead
     after `detect_ms` (like the failure detector); at that moment every member's receives from it
     raise PeerDead (as the daemon's registry does when membership declares a member dead).
+    detect_skew_ms: (low, high) extra delay, drawn per (observer, crashed member), before that
+    observer's failure detector declares a crash (0: every member declares it at the same moment).
+    restart(node): a crashed member is back (a new incarnation: alive to every failure detector
+    again, but its jobs are gone: what is sent to it for them is refused as "unknown_job", as the
+    daemon's job registry does).
     partition(groups): sends across groups raise PeerUnreachable after `unreachable_ms` (the
     transport's retries giving up). refuse(src, dst, msg) -> reason plays the receiver's gate: a
     refused message raises PeerRefused at the sender and makes the receiver's `recv` from src raise
@@ -39,6 +44,7 @@ class MemoryNetwork:
     ack_ms: float = 0.0       # the acknowledgement's way back: a send returns this long after its delivery
     unreachable_ms: float = 200.0
     detect_ms: float = 500.0
+    detect_skew_ms: tuple[float, float] = (0.0, 0.0)
     rng: random.Random = field(init=False)
     mailboxes: dict[tuple[str, NodeId], Mailbox] = field(default_factory=dict)
     crashed_at: dict[NodeId, float] = field(default_factory=dict)
@@ -49,6 +55,9 @@ class MemoryNetwork:
     leadership: Callable[[NodeId], tuple[int, NodeId | None]] | None = None
     refuse: Callable[[NodeId, NodeId, object], str | None] | None = None   # (src, dst, msg) -> reason to refuse
     declared_dead: set[NodeId] = field(default_factory=set)   # crashed, and detect_ms has passed
+    skew: dict[tuple[NodeId, NodeId], float] = field(default_factory=dict)   # (observer, crashed) -> extra ms
+    declared_by: dict[NodeId, set[NodeId]] = field(default_factory=dict)  # observer -> crashed it declared (skew)
+    restarted: set[NodeId] = field(default_factory=set)       # crashed and back: its jobs are gone
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -61,21 +70,46 @@ class MemoryNetwork:
         box = self.mailboxes.get((job_id, node))
         if box is None:
             box = self.mailboxes[(job_id, node)] = Mailbox()
-            for dead in self.declared_dead:
+            for dead in self.declared_dead | self.declared_by.get(node, set()):
                 box.member_dead(dead)
         return box
 
     def crash(self, node: NodeId) -> None:
         loop = asyncio.get_running_loop()
-        self.crashed_at[node] = loop.time()
-        loop.call_later(self.detect_ms / 1000, self._declare_dead, node)
+        self.crashed_at[node] = at = loop.time()
+        if self.detect_skew_ms == (0.0, 0.0):
+            loop.call_later(self.detect_ms / 1000, self._declare_dead, node, at)
+            return
+        for observer in self.members:   # each failure detector in its own time
+            if observer != node:
+                self.skew[observer, node] = extra = self.rng.uniform(*self.detect_skew_ms)
+                loop.call_later((self.detect_ms + extra) / 1000, self._declare_dead_to, observer, node, at)
 
-    def _declare_dead(self, node: NodeId) -> None:
-        if node not in self.crashed_at:
+    def restart(self, node: NodeId) -> None:
+        """A crashed member is back: alive again to every failure detector, without its jobs."""
+        assert node in self.crashed_at, "restart of a member that did not crash"
+        del self.crashed_at[node]
+        self.restarted.add(node)
+        self.declared_dead.discard(node)
+        for declared in self.declared_by.values():
+            declared.discard(node)
+        for box in self.mailboxes.values():
+            box.member_alive(node)
+
+    def _declare_dead(self, node: NodeId, at: float) -> None:
+        if self.crashed_at.get(node) != at:
             return     # restarted meanwhile
         self.declared_dead.add(node)
         for box in self.mailboxes.values():
             box.member_dead(node)
+
+    def _declare_dead_to(self, observer: NodeId, node: NodeId, at: float) -> None:
+        if self.crashed_at.get(node) != at:
+            return     # restarted meanwhile
+        self.declared_by.setdefault(observer, set()).add(node)
+        for (_, who), box in self.mailboxes.items():
+            if who == observer:
+                box.member_dead(node)
 
     def partition(self, *groups: set[NodeId]) -> None:
         self.groups = [set(g) for g in groups]
@@ -110,7 +144,8 @@ class MemoryChannel:
 
     def alive(self, peer: NodeId) -> bool:
         at = self.net.crashed_at.get(peer)
-        return at is None or asyncio.get_running_loop().time() - at < self.net.detect_ms / 1000
+        detect_ms = self.net.detect_ms + self.net.skew.get((self.me, peer), 0.0)
+        return at is None or asyncio.get_running_loop().time() - at < detect_ms / 1000
 
     def leadership(self) -> tuple[int, NodeId | None]:
         if self.net.leadership is None:
@@ -127,11 +162,14 @@ class MemoryChannel:
 
     async def send(self, dst: NodeId, msg: object) -> None:
         assert dst in self.members and dst != self.me, "send to a non-member or to self"
-        if self.me in self.net.crashed_at:
-            raise asyncio.CancelledError()   # a crashed member does nothing more
+        if self.me in self.net.crashed_at or self.me in self.net.restarted:
+            raise asyncio.CancelledError()   # a crashed member does nothing more (nor its jobs, once back)
         if not self.net.reachable(self.me, dst):
             await asyncio.sleep(self.net.unreachable_ms / 1000)
             raise PeerUnreachable(dst, "simulated")
+        if dst in self.net.restarted:      # back without its jobs: the daemon's registry refuses
+            await asyncio.sleep(self.net.rng.uniform(*self.net.delay_ms) / 1000)
+            raise PeerRefused(dst, "unknown_job")
         low, high = self.net.delay_ms
         await asyncio.sleep(self.net.rng.uniform(low, high) / 1000)
         if not self.net.reachable(self.me, dst):

@@ -38,9 +38,10 @@ from fedpeer.protocols.securesum.api import (
     SumWhere,
     secure_sum,
 )
-from fedpeer.runtime.channel import PeerUnreachable, RecvTimeout
+from fedpeer.runtime.channel import PeerUnreachable
 from fedpeer.testing.memory import MemoryChannel, MemoryNetwork
 from fedpeer.testing.members import close_loop
+from fedpeer.testing.sumsim import SteadyChannel
 from fedpeer.wire import frame as wire
 from fedpeer.wire.session import Sessions
 from fedpeer.testing import frames
@@ -69,27 +70,6 @@ def exact_sum(vectors: dict[bytes, np.ndarray], nodes: Sequence[bytes]) -> list[
     """The expected total with Python integers, independent of numpy's wrapping."""
     length = len(next(iter(vectors.values())))
     return [sum(int(vectors[n][i]) for n in nodes) % U64 for i in range(length)]
-
-
-class SteadyChannel:
-    """A MemoryChannel whose recv deadline is enforced by one asyncio timer.
-
-    Works around a spin in channel.Mailbox.get under looptime: when `deadline - loop.time()` is
-    a float remainder like 2e-15 s, its wait_for times out at once without the virtual clock
-    moving, and it loops forever. Our timer fires 1 ms before the mailbox's own deadline."""
-
-    def __init__(self, inner: MemoryChannel) -> None:
-        self.inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    async def recv(self, kind: type, tag: str, src: bytes | None = None, timeout_ms: int = 30_000) -> Any:
-        try:
-            async with asyncio.timeout(timeout_ms / 1000):
-                return await self.inner.recv(kind, tag, src, timeout_ms + 1)
-        except TimeoutError:
-            raise RecvTimeout(f"no {kind.__name__} '{tag}' within {timeout_ms} ms") from None
 
 
 def channel(net: MemoryNetwork, node: bytes, job_id: str = "job") -> SteadyChannel:

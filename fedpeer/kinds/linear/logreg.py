@@ -21,7 +21,10 @@ survivor sees the same participants, starts epoch E + 1 over the survivors (fres
 from the beginning, so the model is exactly the pooled-rows model of the survivors' rows; `lost`
 names who left. A member left out of a sum (slow, cut off) fails alone
 (`member_failure_aborts=False`) and is lost to the others. With fewer than two members left the
-job fails. (Mode `fedavg` keeps its rounds across a loss: fedpeer/kinds/linear/fedavg.py.)
+job fails. (Mode `fedavg` keeps its rounds across a loss: fedpeer/kinds/linear/fedavg.py.) With
+`epoch_views` (the default, in mlp too; members of releases without it need false) the survivors
+agree on who is lost from each other's views and a member that fitted waits for the others' word
+before it returns, so none is left waiting in an old epoch (epochs.py, "Views").
 
 Who learns what: every member learns the federation's row count, class counts, per-column mean
 and standard deviation, and at every candidate point the federation-wide loss, gradient and (for
@@ -51,7 +54,7 @@ from fedpeer.errors import DataError, JobError
 from fedpeer.data.dataset import split_train_test
 from fedpeer.jobs.kind import (ImplausibleTotal, JobContext, JobFailsEverywhere, JobKind, Limit, Param, checked_total,
                                site_seed)
-from fedpeer.jobs.params import SECURE_SUM_LARGE, test_fraction
+from fedpeer.jobs.params import EPOCH_VIEWS_PARAM, SECURE_SUM_LARGE, test_fraction
 from fedpeer.kinds.linear import logreg_dp, text
 from fedpeer.kinds.linear.fedavg import FEDAVG_PARAMS
 from fedpeer.ml import evaluation as evalcounts
@@ -93,6 +96,7 @@ PARAMS = {
                      "2 -> binary, the second one positive; empty -> binary with [data] positive"),
     "eval_bins": Param(int, 1000, "score histogram bins for the federated AUC", low=10, high=100_000),
     "secure_sum": SECURE_SUM_LARGE,
+    "epoch_views": EPOCH_VIEWS_PARAM,
     "test_fraction": HELD_OUT,
     **FEDAVG_PARAMS,
     **logreg_dp.PARAMS,         # differential privacy (fedpeer/kinds/linear/logreg_dp.py): off at dp_epsilon = 0
@@ -142,7 +146,7 @@ class Member:
         self.names = class_names(params)
         self.groups = _groups(self.names)
         self.X = np.asarray(ctx.data.X, dtype=np.float64)
-        self.epochs = Epochs(ch, TAG, params["secure_sum"], ctx.hop_timeout_ms)
+        self.epochs = Epochs(ch, TAG, params["secure_sum"], ctx.hop_timeout_ms, views=params["epoch_views"])
         self.test: tuple[np.ndarray, np.ndarray] | None = None
         self.held: tuple[np.ndarray, np.ndarray] | None = None    # this site's held-out part (test_fraction)
         self.fed_held = 0                                         # the federation's held-out rows (scaling)
@@ -191,7 +195,11 @@ class Member:
     async def run(self) -> dict:
         while True:
             try:
-                return await self.fit()
+                fitted = await self.fit()
+                lost = await self.epochs.finish()     # with views: did every survivor fit it too?
+                if not lost:
+                    return fitted
+                self.lose(lost)                       # one's last sum failed: all fit again
             except _Lost:
                 continue
 

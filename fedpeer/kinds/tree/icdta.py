@@ -194,7 +194,10 @@ async def run_icdta(ch: Any, params: Mapping[str, Any], ctx: JobContext, offload
     while True:
         try:
             cart, info = await IcdtaJob(job, own).run()
-            break
+            lost = await job.epochs.finish()     # with views: did every survivor get here too?
+            if not lost:
+                break
+            job.lose(lost)                       # one's last sum failed: all run it again
         except _Lost:
             continue
     every = info.pop("rules_text")

@@ -16,7 +16,10 @@ A member lost (a sum completes without it, or fails and the failure detector dec
 within epochs.DEAD_WAIT_MS; fedpeer/protocols/epochs.py): every survivor starts epoch E + 1 and grows
 the tree again from the first sketch sum, so the tree is exactly the pooled-rows tree of the
 survivors' rows; `lost` names who left. A member left out of a sum fails alone
-(`member_failure_aborts=False`); with fewer than two members left the job fails.
+(`member_failure_aborts=False`); with fewer than two members left the job fails. With
+`epoch_views` (the default; members of releases without it need false) the survivors agree on who
+is lost from each other's views and a member that grew the tree waits for the others' word before
+it returns, so none is left waiting in an old epoch (epochs.py, "Views").
 
 Who learns what: every member learns the federation's training rows, the cut points (with
 max_bin above the rows: every distinct value of every feature, not who holds it), and every
@@ -111,7 +114,7 @@ class TreeJob:
         self.ch, self.params, self.ctx, self.offload = ch, params, ctx, offload
         self.p = tree_params(params)
         self.classes = class_names(params)
-        self.epochs = Epochs(ch, TAG, params["secure_sum"], ctx.hop_timeout_ms)
+        self.epochs = Epochs(ch, TAG, params["secure_sum"], ctx.hop_timeout_ms, views=params["epoch_views"])
         try:
             y = site_labels(ctx.data, params)
             data = replace(ctx.data, y=None if self.p.criterion == REGRESSION else y)
@@ -138,10 +141,7 @@ class TreeJob:
         went without some; JobError with fewer than two members left."""
         out = await self.epochs.sum(name, vector, hop_timeout_ms=hop_timeout_ms)
         if out.lost:
-            self.epochs.new_epoch(out.lost)
-            if len(self.members) < 2:
-                raise JobError(f"fewer than two members left ({[self.name(m) for m in self.epochs.lost]} lost); "
-                               "no federated tree")
+            self.lose(out.lost)
             raise _Lost(out.lost)
         assert out.total is not None
         return out.tag, out.total
@@ -153,10 +153,22 @@ class TreeJob:
         except DataError as exc:
             raise JobFailsEverywhere(str(exc), here=True) from None
 
+    def lose(self, lost: tuple[bytes, ...]) -> None:
+        """Every survivor, on the same `lost`: the next epoch over the others; JobError with fewer
+        than two left."""
+        self.epochs.new_epoch(lost)
+        if len(self.members) < 2:
+            raise JobError(f"fewer than two members left ({[self.name(m) for m in self.epochs.lost]} lost); "
+                           "no federated tree")
+
     async def run(self) -> Cart:
         while True:
             try:
-                return await self.grow()
+                tree = await self.grow()
+                lost = await self.epochs.finish()     # with views: did every survivor grow it too?
+                if not lost:
+                    return tree
+                self.lose(lost)                       # one's last sum failed: all grow it again
             except _Lost:
                 continue
 

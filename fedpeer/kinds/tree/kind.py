@@ -18,7 +18,7 @@ import numpy as np
 from fedpeer.base.store import atomic_write
 from fedpeer.errors import JobError
 from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param
-from fedpeer.jobs.params import SECURE_SUM_LARGE, seed, test_fraction
+from fedpeer.jobs.params import EPOCH_VIEWS_PARAM, SECURE_SUM_LARGE, seed, test_fraction
 from fedpeer.kinds.scoring import binary_rows, class_rows
 from fedpeer.kinds.tree import icdta, text
 from fedpeer.kinds.tree.job import run_job
@@ -58,6 +58,7 @@ PARAMS = {
     "eval_bins": Param(int, 1000, "score histogram bins of the federated AUC", low=10, high=100_000),
     "seed": seed("seed of each site's train/test split"),
     "secure_sum": SECURE_SUM_LARGE,
+    "epoch_views": EPOCH_VIEWS_PARAM,
 }
 
 # [policy.tree]: the largest parameters of a job this site agrees to run (defaults: the kind's own bounds).

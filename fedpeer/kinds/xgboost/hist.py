@@ -43,7 +43,11 @@ three members, a crash reported by one member against its ring successor is a di
 order can route around — every member waits up to DEAD_WAIT_MS for its failure detector: the
 members it declares dead are lost as above (every survivor's detector declares the crashed one),
 else the job fails with the sum's reason (this bookkeeping is fedpeer/protocols/epochs.py, shared
-with logreg and FedAvg). Not covered: an initiator that dies while delivering a
+with logreg and FedAvg). With `epoch_views` (the default; members of releases without it need
+false) the survivors also take the lost members of each other's views, a member restarted without
+the job is lost when it refuses it, and a member that grew every tree waits for the others' word
+before it returns, so no survivor is left waiting in an old epoch (epochs.py, "Views"; the tree,
+logreg and mlp kinds likewise). Not covered: an initiator that dies while delivering a
 total can leave the members that got it waiting for a takeover by one that did not (it fails).
 
 Levels under `secure_sum = "allreduce"` (the default) go through the secure reduce-map instead
@@ -166,7 +170,7 @@ class HistJob:
         else a HistSite over the rows `fit`."""
         self.ch, self.params, self.ctx, self.offload = ch, params, ctx, offload
         self.p = hist_params(params, groups)
-        self.epochs = Epochs(ch, TAG, params["secure_sum"], ctx.hop_timeout_ms)
+        self.epochs = Epochs(ch, TAG, params["secure_sum"], ctx.hop_timeout_ms, views=params["epoch_views"])
         try:
             self.site = site or HistSite(fit[0], fit[1], self.p, len(self.members), site_seed(params["seed"], ch.me))
         except DataError as exc:
@@ -224,7 +228,10 @@ class HistJob:
                 if self.cuts is None:
                     await self.agree()
                 await self.boost()
-                break
+                lost = await self.epochs.finish()    # with views: did every survivor get here too?
+                if not lost:
+                    break
+                self.epochs.new_epoch(lost)          # one's last sum failed: back to the resume point
             except _Lost:
                 continue
         assert self.base is not None

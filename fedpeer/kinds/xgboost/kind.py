@@ -17,7 +17,7 @@ import numpy as np
 from fedpeer.base.store import atomic_write
 from fedpeer.errors import JobError
 from fedpeer.jobs.kind import Finished, JobContext, JobKind, Limit, Param, checked_total
-from fedpeer.jobs.params import DP_TREE_PARAMS, SECURE_SUM_LARGE, seed, test_fraction
+from fedpeer.jobs.params import DP_TREE_PARAMS, EPOCH_VIEWS_PARAM, SECURE_SUM_LARGE, seed, test_fraction
 from fedpeer.kinds.scoring import binary_rows, class_rows
 from fedpeer.kinds.xgboost import text
 from fedpeer.kinds.xgboost.hist_dp import refusal as dp_refusal
@@ -131,6 +131,7 @@ PARAMS = {
                                high=86_400_000),
     "seed": seed("seed of the splits and of xgboost's sampling"),
     "secure_sum": SECURE_SUM_LARGE,   # histogram levels: the all-reduce; small sums (bagging's) take the ring
+    "epoch_views": EPOCH_VIEWS_PARAM,  # histogram mode's survivors of a lost member (hist.py)
     **DP_TREE_PARAMS,   # differential privacy, histogram mode (fedpeer/kinds/xgboost/hist_dp.py): off at dp_epsilon = 0
 }
 

@@ -187,6 +187,25 @@ pairwise mode (collusion-resistant)
   coalition holding the initiator and every member whose seed was missing: it knows that
   attempt's total, and by comparing it with the final total it learns the summed vectors of the
   sites dropped between the two that revealed their seeds (e.g. one that died right after).
+
+sparse mode (pairwise with O(log n) mask neighbours; no job kind offers it yet: one that does
+adds the value with its capability, fedpeer/jobs/params.py)
+* As pairwise mode, except that member i adds pairwise masks only with its mask neighbours:
+  the 2⌈log2 n⌉ members it picks and those that pick it (`masks.mask_neighbours`), drawn anew
+  for every attempt from public randomness (BLAKE2b of the attempt's label and each key), so
+  nobody chooses its neighbours and every member computes the same graph. Same messages, same
+  self masks and seed round, same re-runs; mask work per member O(log n) instead of n - 1.
+* What a coalition learns: a member j's vector is exposed (beyond the total) only to a coalition
+  that holds every one of j's mask neighbours (they know the pairwise seeds) and the initiator
+  (the only one j's self-mask seed is revealed to) and sees the value entering and leaving j:
+  its two ring neighbours, or the initiator as one of them. So a random fraction g of colluding
+  members exposes a given member with probability about g^(d + 2), d its mask neighbours
+  (at least 2⌈log2 n⌉: 14 at n = 100, 20 at n = 1,000); pairwise mode needs all n - 1 others.
+  A coalition holding the initiator and all of j's neighbours is enough whatever the ring order
+  when j's ring neighbours are among its mask neighbours. Unlike pairwise mode, the guarantee is
+  probabilistic in the coalition's size; it is the SecAgg+ trade (Bell et al. 2020).
+* Dropouts: as pairwise mode (the seeds go out only after the lap; a re-run draws new
+  neighbours), with the same exception.
 """
 
 from __future__ import annotations
@@ -203,9 +222,11 @@ from fedpeer.protocols.securesum.core import (  # noqa: F401  (the protocol's li
     MODES,
     RING_MODES,
     OFF_LOOP_BYTES_MIN,
+    PAIRED_MODES,
     PHASE,
     SEND_BYTES_IN_FLIGHT_MAX,
     SENDS_IN_FLIGHT_MAX,
+    SPARSE,
     TAG_BYTES_MAX,
     Equivocation,
     SumOutcome,

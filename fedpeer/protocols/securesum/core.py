@@ -17,7 +17,9 @@ from fedpeer.protocols.securesum.wire import ATTEMPTS_MAX, CHUNK_ENTRIES_MAX, VE
 from fedpeer.runtime.channel import Channel, NodeId, PeerUnreachable, RecvTimeout
 
 RING_MODES = ("ring", "pairwise")
-MODES = (*RING_MODES, "allreduce")   # allreduce: allreduce.py
+SPARSE = sm.SPARSE_MODE              # pairwise with O(log n) mask neighbours (masks.py, mask_neighbours)
+PAIRED_MODES = sm.PAIRED_MODES       # pairwise and self masks, the seed round
+MODES = (*RING_MODES, SPARSE, "allreduce")   # allreduce: allreduce.py
 # 2 MiB of uint64 per message: every frame costs fixed Python work at each end (framing, session,
 # gate, mailbox, HTTP), so fewer, larger frames cost less CPU per MiB. 8 MiB ring sums over 5
 # daemons, sums' CPU of all daemons (ms per MiB of vector, two runs): 512 KiB chunks 46 / 43,

@@ -14,6 +14,7 @@ from fedpeer.errors import JobError
 from fedpeer.protocols.securesum import masks as sm
 from fedpeer.protocols.securesum.core import (
     CHUNKS_IN_FLIGHT_MAX,
+    PAIRED_MODES,
     PHASE,
     SumOutcome,
     _Attempt,
@@ -122,7 +123,7 @@ async def _lead_attempt(ch: Channel, plan: _Plan, att: _Attempt) -> np.ndarray:
             raise                      # a bug or a cancellation: not ours to interpret
         fatal = [e for e in eg.exceptions if isinstance(e, JobError)]
         raise (fatal[0] if fatal else _RingFault.merge(eg.exceptions)) from None
-    if plan.mode == "pairwise":
+    if plan.mode in PAIRED_MODES:
         await _unmask_self(ch, plan, att, total)
     return total
 

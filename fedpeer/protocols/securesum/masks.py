@@ -19,8 +19,10 @@ Chunks of OFF_LOOP_BYTES_MIN or more are masked in a worker thread by the caller
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -33,6 +35,9 @@ PAIR_DOMAIN = b"fedpeer/securesum/pair-mask/v2\x00"    # v2: AES-256-CTR (v1: SH
 SELF_DOMAIN = b"fedpeer/securesum/self-mask/v2\x00"
 RING_DOMAIN = b"fedpeer/securesum/ring-mask/v1\x00"    # was os.urandom per entry: ~6x slower
 LABEL_DOMAIN = b"fedpeer/securesum/pairwise-seed/v1"
+SPARSE_DOMAIN = b"fedpeer/securesum/sparse-neighbours/v1\x00"
+SPARSE_MODE = "sparse"                  # pairwise masks with O(log n) neighbours only (mask_neighbours)
+PAIRED_MODES = ("pairwise", SPARSE_MODE)   # the modes with pairwise and self masks
 
 
 def expand_mask(domain: bytes, seed: bytes, chunk: int, entries: int) -> np.ndarray:
@@ -97,6 +102,40 @@ def pairwise_label(plan: Any, attempt: int) -> bytes:
     return LABEL_DOMAIN + b"".join(len(p).to_bytes(2, "big") + p for p in parts)
 
 
+def sparse_degree(n: int) -> int:
+    """Mask neighbours each member picks in sparse mode: 2 ⌈log2 n⌉ (every other member below
+    that), so a member shares masks with about twice that many (its picks and who picked it)."""
+    return min(n - 1, 2 * max(1, (n - 1).bit_length()))
+
+
+def mask_neighbours(label: bytes, participants: Sequence[bytes], me: bytes) -> tuple[bytes, ...]:
+    """Sparse mode's mask neighbours of `me` (in participants' order): the members it picks and
+    those that pick it, so the relation is symmetric and every pair's masks cancel. Public
+    randomness: member i picks sparse_degree(n) others by BLAKE2b of (label, i's key, a counter),
+    the same at every member whatever its Python; nobody chooses its neighbours."""
+    graph = _sparse_graph(label, tuple(participants))
+    return tuple(p for p in participants if p != me and (p in graph[me] or me in graph[p]))
+
+
+@functools.lru_cache(maxsize=64)
+def _sparse_graph(label: bytes, participants: tuple[bytes, ...]) -> dict[bytes, frozenset[bytes]]:
+    """Each participant's picks (public: from the attempt's label and the participant list)."""
+    n = len(participants)
+    want = sparse_degree(n)
+    picks: dict[bytes, frozenset[bytes]] = {}
+    for i, key in enumerate(participants):
+        chosen: set[int] = set()
+        counter = 0
+        while len(chosen) < want:
+            h = hashlib.blake2b(SPARSE_DOMAIN + label + key + counter.to_bytes(4, "big"), digest_size=8).digest()
+            j = int.from_bytes(h, "big") % n      # bias below 2^-50 for n under 2^14
+            if j != i:
+                chosen.add(j)
+            counter += 1
+        picks[key] = frozenset(participants[j] for j in chosen)
+    return picks
+
+
 class Masks:
     """One member's masks for one attempt. `ring_seed` only at the initiator; pairwise and self
     masks only in pairwise mode. `vector` and `span(k)` come from the sum's plan."""
@@ -104,9 +143,10 @@ class Masks:
     def __init__(self, ch: Any, plan: Any, me: bytes, initiator: bytes, participants: tuple[bytes, ...],
                  attempt: int) -> None:
         self._me, self._plan = me, plan
-        pairwise = plan.mode == "pairwise"
+        pairwise = plan.mode in PAIRED_MODES
         label = pairwise_label(plan, attempt)
-        self.pair_seeds = {p: ch.pairwise_seed(p, label) for p in participants if pairwise and p != me}
+        peers = mask_neighbours(label, participants, me) if plan.mode == SPARSE_MODE else participants
+        self.pair_seeds = {p: ch.pairwise_seed(p, label) for p in peers if pairwise and p != me}
         self.self_seed = ch.random_bytes(SEED_BYTES) if pairwise and me != initiator else None
         self.ring_seed = ch.random_bytes(SEED_BYTES) if me == initiator else None
 
