@@ -27,7 +27,7 @@ have it): survivors never split. Without them each survivor moves on its own fai
 word, and detectors disagree (one declares a killed member dead, another never does because it
 restarted first), and a sum can complete at one member and fail at another (a member lost while
 the last messages travel): one survivor then waits in epoch E for members already in E + 1
-(issue 41: 7 of 14 real runs).
+(7 of 14 real runs of a restart in a 50-round histogram job).
 * A member that moves to a new epoch sends its view, the whole list of members lost so far
   (`EpochView`, authenticated to each recipient like every message), to every member of the new
   epoch. A member whose sum failed takes, besides what its own detector declares, the lost of

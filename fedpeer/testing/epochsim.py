@@ -1,4 +1,4 @@
-"""Survivors never split (issue 41): a job of sequential secure sums over `Epochs`
+"""Survivors never split: a job of sequential secure sums over `Epochs`
 (fedpeer/protocols/epochs.py), as the leaderless kinds run them (histogram XGBoost's pattern: on
 a loss, a new epoch, then a "resume" sum where every survivor says how far it got and all go on
 from the least), with members killed and restarted at seeded random moments, over the in-memory

@@ -328,7 +328,8 @@ async def test_an_optional_parameter_is_settled_off_with_a_member_without_it_nev
     assert xgb.params["train_loss"].optional and xgb.check_params({})["train_loss"] is True
     settled = caps.settled(xgb, xgb.check_params({}), [OWN.caps, releases.BASELINE_CAPABILITIES])
     assert settled["train_loss"] is False and caps.lacking(xgb, settled, releases.BASELINE_CAPABILITIES) == []
-    assert caps.lacking(xgb, xgb.check_params({}), releases.BASELINE_CAPABILITIES) == ["xgb-train-loss-1"]
+    assert caps.lacking(xgb, xgb.check_params({}), releases.BASELINE_CAPABILITIES) == ["xgb-train-loss-1",
+                                                                                       "epoch-views-1"]
     opt = JobKind(name="oldkind", help="", run=_run, needs_data=False, params={
         "secure_sum": SECURE_SUM, "loss": Param(bool, True, "", capability="fmt-fast", before=False, optional=True)})
     transport = FakeTransport()
