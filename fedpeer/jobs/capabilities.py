@@ -41,6 +41,7 @@ VERTICAL_2 = "vertical-psi-2"         # vertical jobs: PSI checked by every memb
 DP_SKELLAM = "dp-skellam-1"           # DP jobs: members' Skellam noise shares inside the sum (fedpeer/protocols/dp.py)
 DP_LOGREG = "dp-logreg-1"             # logreg with DP: clipped per-row gradients, noised (kinds/linear/logreg_dp.py)
 DP_TREES = "dp-trees-1"               # xgboost with DP: noised level sums, public bounds (kinds/xgboost/hist_dp.py)
+DP_CART = "dp-cart-1"                 # tree with DP: noised class counts per level, public bounds (kinds/tree/dp.py)
 BUILD_FORMATS = frozenset({SITE_INFO, REVERSE_LINKS, RELAY, DIALBACK, VERTICAL_2, DP_SKELLAM})   # beyond any kind's
 
 

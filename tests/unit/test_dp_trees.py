@@ -145,11 +145,11 @@ def test_init_writes_where_the_bounds_go_and_the_file_still_loads(tmp_path):
 
 def test_a_kind_without_dp_refuses_dp_parameters_in_one_line():
     from fedpeer.errors import JobError
-    from fedpeer.kinds.tree import kind as tree
+    from fedpeer.kinds.linear.mlp import KIND as mlp
 
     with pytest.raises(JobError) as e:
-        tree.KIND.check_params({"dp_epsilon": 1.0, "max_depth": 3})
-    assert str(e.value) == ("tree does not take differential privacy (dp_epsilon): its sums are released without "
+        mlp.check_params({"dp_epsilon": 1.0})
+    assert str(e.value) == ("mlp does not take differential privacy (dp_epsilon): its sums are released without "
                             "noise; run it without dp_* parameters")
 
 

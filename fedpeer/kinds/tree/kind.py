@@ -18,9 +18,9 @@ import numpy as np
 from fedpeer.base.store import atomic_write
 from fedpeer.errors import JobError
 from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param
-from fedpeer.jobs.params import SECURE_SUM_LARGE, seed, test_fraction
+from fedpeer.jobs.params import DP_CART_PARAMS, SECURE_SUM_LARGE, seed, test_fraction
 from fedpeer.kinds.scoring import binary_rows, class_rows
-from fedpeer.kinds.tree import icdta, text
+from fedpeer.kinds.tree import dp, icdta, text
 from fedpeer.kinds.tree.job import run_job
 from fedpeer.ml.tree.cart import CCP_ALPHA_MAX, CRITERIA, DEPTH_MAX, MAX_BIN_MAX, MIN_LEAF_ROWS_MAX
 from fedpeer.ml.tree.model import MODEL_BYTES_MAX, load_model, model_doc, predict_value
@@ -58,6 +58,7 @@ PARAMS = {
     "eval_bins": Param(int, 1000, "score histogram bins of the federated AUC", low=10, high=100_000),
     "seed": seed("seed of each site's train/test split"),
     "secure_sum": SECURE_SUM_LARGE,
+    **DP_CART_PARAMS,   # differential privacy, mode exact (fedpeer/kinds/tree/dp.py): off at dp_epsilon = 0
 }
 
 # [policy.tree]: the largest parameters of a job this site agrees to run (defaults: the kind's own bounds).
@@ -112,6 +113,8 @@ def run(ch: Any, params: Mapping[str, Any], ctx: JobContext, offload: Callable[.
     core's steps (asyncio.to_thread in the daemon; inline in simulations under virtual time)."""
     if params["mode"] == "icdta":
         return icdta.run_icdta(ch, params, ctx, offload or asyncio.to_thread)
+    if params.get("dp_epsilon", 0.0) > 0:
+        return dp.run_dp(ch, params, ctx, offload)
     return run_job(ch, params, ctx, offload)
 
 
@@ -123,4 +126,5 @@ KIND = JobKind(name="tree", help="one exact federated CART tree (gini, entropy o
                "histograms; scikit-learn's tree on the pooled rows when max_bin is above the rows",
                params=PARAMS, run=run, needs_data=True, binary_label=False, save_model=save_model,
                model_file="model.json", member_failure_aborts=False, limits=LIMITS, describe=describe,
-               site_table=text.site_table, predict=predict_file, export=export_file, messages=icdta.MESSAGES)
+               site_table=text.site_table, predict=predict_file, export=export_file, messages=icdta.MESSAGES,
+               refused=dp.refusal)
