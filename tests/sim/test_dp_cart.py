@@ -5,6 +5,8 @@ poisoned total fails everywhere, and the refusals (no bounds, icdta, an older me
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -85,6 +87,8 @@ def test_a_dp_tree_ends_alike_everywhere_its_total_is_clean_counts_plus_every_sh
                 messages += 1
                 assert not ({tuple(value[i:i + 3]) for i in range(len(value) - 2)} & windows), type(msg).__name__
     assert messages
+    stored = json.loads(json.dumps({k: v for k, v in r.items() if k != "_model"}, allow_nan=False))
+    assert stored["local_test"]["on"] == "this site's own training rows" and stored["federated_eval"] is None
     shown = "\n".join(tree.describe(r))
     assert "differential privacy: ε" in shown and "impurity decrease on the noised class counts" in shown
 

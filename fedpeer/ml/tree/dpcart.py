@@ -114,8 +114,9 @@ def decide(tree: DpCart, C: np.ndarray, var_cell: float, criterion: str, min_lea
     for i, node in enumerate(tree.frontier):
         before, v = tree.counts[node], tree.var[node]
         if math.isfinite(v) and before.size:                    # the parent's side, an independent estimate
-            w = v / (v + var_mean)
-            tree.counts[node], tree.var[node] = w * mean[i] + (1 - w) * before, v * var_mean / (v + var_mean)
+            both = v + var_mean
+            w = v / both if both > 0 else 0.5
+            tree.counts[node], tree.var[node] = w * mean[i] + (1 - w) * before, v * var_mean / both if both > 0 else 0.0
         else:
             tree.counts[node], tree.var[node] = mean[i].astype(np.float64), var_mean
         if not split[i]:
