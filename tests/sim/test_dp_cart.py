@@ -10,10 +10,11 @@ import json
 import numpy as np
 import pytest
 
-from fedpeer.data.spec import bounds_text
+from fedpeer.data.spec import bounds_text, parse_bounds_text
 from fedpeer.errors import JobError
 from fedpeer.jobs import capabilities as caps
 from fedpeer.jobs.kind import ImplausibleTotal, JobContext
+from fedpeer.jobs.privacy import with_bounds
 from fedpeer.kinds import releases
 from fedpeer.kinds.tree import dp as tree_dp
 from fedpeer.kinds.tree import kind as tree
@@ -117,6 +118,8 @@ def test_refusals_no_bounds_icdta_regression_and_an_older_member():
     xgb_dp_only = releases.BASELINE_CAPABILITIES | {caps.DP_SKELLAM, caps.DP_TREES}
     assert caps.lacking(tree.KIND, asked, xgb_dp_only) == [caps.DP_CART]
     assert caps.lacking(tree.KIND, tree.KIND.check_params({}), releases.BASELINE_CAPABILITIES) == []
+    filled = with_bounds(tree.KIND.params, {"dp_epsilon": 1.0}, BOUNDS)       # the proposer's [data] bounds
+    assert parse_bounds_text(filled["dp_bounds"]) == BOUNDS
 
 
 def test_honest_counts_under_heavy_noise_pass_every_check():

@@ -119,7 +119,8 @@ def test_data_check_reports_the_bounds_a_dp_job_would_use(tmp_path):
     csv = tmp_path / "rows.csv"
     csv.write_text("age,bmi,area,y\n30,22,500,1\n130,25,700,0\n50,31,900,1\n70,28,800,0\n")
     plain = format_report(report(DataSection(csv=str(csv), label="y", positive="1"), JobLimits()))
-    assert "public bounds ([data] bounds): none; a DP histogram xgboost job (dp_epsilon) would be refused" in plain
+    assert ("public bounds ([data] bounds): none; a DP histogram xgboost or tree job (dp_epsilon) would be "
+            "refused") in plain
     data = DataSection(csv=str(csv), label="y", positive="1", bounds={"age": (0.0, 120.0), "bmii": (10.0, 60.0)})
     text = format_report(report(data, JobLimits()))
     assert "public bounds ([data] bounds): 1 of 3 features; without: bmi, area" in text
