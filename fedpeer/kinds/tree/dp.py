@@ -144,9 +144,9 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext,
         Ct = total.reshape(C.shape)
         b_cell = dp.noise_bound(var_cell, C.size)
         b_node = dp.noise_bound(2.0 * var_cell * n_bins, len(frontier) * F * K)   # a feature's total less the mean
-        checked_total(tag, check_level, Ct, expected, b_cell, b_node, rows_max)
-        dpcart.decide(tree, Ct.astype(np.float64), var_cell, params["criterion"], params["min_leaf_rows"],
-                      last=d == depth - 1)
+        await offload(checked_total, tag, check_level, Ct, expected, b_cell, b_node, rows_max)
+        await offload(dpcart.decide, tree, Ct.astype(np.float64), var_cell, params["criterion"],
+                      params["min_leaf_rows"], d == depth - 1)
         expected = np.array([tree.counts[c] for c in tree.frontier]).reshape(-1, K)
         await offload(dpcart.route, tree, bins, positions)
     cart = await offload(dpcart.finish, tree, cuts, params["criterion"], K, params["ccp_alpha"])

@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedpeer.ml.tree.cart import CartParams, Layout, impurity, level_histograms
-from fedpeer.ml.tree.model import UNDEFINED, BinValues, Cart, _preorder, _reindex, prune
+from fedpeer.ml.tree.model import UNDEFINED, BinValues, Cart, in_preorder
+from fedpeer.ml.xgb import dpboost as dx
 from fedpeer.protocols import dp
 
 SIZE_SIGMAS = 2.0          # a side's noised rows must exceed this many standard deviations of their noise
@@ -137,9 +138,8 @@ def decide(tree: DpCart, C: np.ndarray, var_cell: float, criterion: str, min_lea
 
 
 def route(tree: DpCart, bins: np.ndarray, positions: np.ndarray) -> None:
-    """Move this member's rows down to the tree's undecided nodes and leaves (in place)."""
-    from fedpeer.ml.xgb import dpboost as dx
-
+    """Move this member's rows down to the tree's undecided nodes and leaves (in place): histogram
+    XGBoost's DP pass (dpboost.route), the same fields of the same breadth-first layout."""
     dx.route(tree, bins, positions)
 
 
@@ -163,5 +163,4 @@ def finish(tree: DpCart, cuts: np.ndarray, criterion: str, n_classes: int, ccp_a
                  feature=np.where(internal, np.asarray(tree.feature, dtype=np.int64), UNDEFINED), threshold=threshold,
                  left=np.where(internal, left, -1), right=np.where(internal, left + 1, -1), value=value,
                  n_node_samples=np.maximum(np.rint(rows), 1).astype(np.int64), impurity=np.maximum(imp, 0.0))
-    cart = _reindex(grown, _preorder(grown.left, grown.right), np.zeros(len(left), dtype=bool))
-    return prune(cart, ccp_alpha) if ccp_alpha > 0 else cart
+    return in_preorder(grown, ccp_alpha)
