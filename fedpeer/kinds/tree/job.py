@@ -9,6 +9,7 @@ cut points and tree from the same totals (tags unique per sum and epoch E):
                                      of level D's built nodes -> that level's splits
     tree/e<E>/eval                   the tree on the sites' test parts (or, with test_fraction 0,
                                      their training rows) -> AUC, log-loss, accuracy (or RMSE, MAE)
+(With dp_epsilon another sequence runs instead, one noised sum per level: fedpeer/kinds/tree/dp.py.)
 The model file is the tree's canonical JSON (fedpeer/ml/tree/model.py), byte for byte the tree the
 same pure functions grow on the pooled rows (`train_reference`).
 

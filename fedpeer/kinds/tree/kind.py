@@ -3,7 +3,8 @@ variance reduction) — the job kind, its parameters, its stored model (the tree
 fedpeer/ml/tree/model.py), `fedpeer predict` and `fedpeer export`. The protocol is
 fedpeer/kinds/tree/job.py (its arithmetic without the network fedpeer/kinds/tree/site.py), its text
 fedpeer/kinds/tree/text.py. Mode `icdta` instead aggregates the members' own trees (ICDTA4FL
-without a server): fedpeer/kinds/tree/icdta.py."""
+without a server): fedpeer/kinds/tree/icdta.py. With dp_epsilon (mode exact) the tree grows from
+noised class counts on uniform bins: fedpeer/kinds/tree/dp.py."""
 
 from __future__ import annotations
 
