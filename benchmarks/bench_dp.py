@@ -25,7 +25,9 @@ held-out rows, the time ratio and the secure sums each made. Histogram XGBoost (
 in 6 columns with interactions), scored on 20 000 held-out rows of the same law, public bounds
 [-5, 5] for every column; (9) breast cancer, 455 rows over 5 sites, 114 held out (stratified),
 public bounds [0, each column's maximum rounded up] (assumed public: the maxima are the data's);
-20 trees of depth 4, 16 bins; the exact job against ε 1 and 8, interleaved in every repeat.
+20 trees of depth 4, 16 bins; the exact job against ε 1 and 8, interleaved in every repeat. One
+tree (`--only tree`, mode exact, gini, depth 4, 16 bins, min_leaf_rows 5) on the same two data sets
+and bounds: the exact job (federated quantile cut points) against ε 1 and 8 (uniform bins).
 
 Run: PYTHONPATH=. .venv/bin/python benchmarks/bench_dp.py [--repeats 3] [--json] [--only KIND ...]
 """
@@ -49,6 +51,7 @@ from fedpeer.jobs.kind import JobContext  # noqa: E402
 from fedpeer.kinds import stats, stats_dp  # noqa: E402
 from fedpeer.kinds.cluster import kmeans  # noqa: E402
 from fedpeer.kinds.linear import logreg  # noqa: E402
+from fedpeer.kinds.tree import kind as tree_kind  # noqa: E402
 from fedpeer.kinds.xgboost import kind as xgb_kind  # noqa: E402
 from fedpeer.testing.memory import MemoryNetwork  # noqa: E402
 
@@ -215,14 +218,26 @@ def xgb_data(rng: np.random.Generator, rows: int) -> tuple[np.ndarray, np.ndarra
     return X, (rng.random(rows) < 1.0 / (1.0 + np.exp(-2.0 * logit))).astype(int)
 
 
+def xgb_error(result: dict, X: np.ndarray, y: np.ndarray) -> float:
+    from fedpeer.ml.xgb import boosting
+
+    return float(np.mean((np.asarray(boosting.predict_proba(result["_model"], X)) > 0.5) != y))
+
+
+def tree_error(result: dict, X: np.ndarray, y: np.ndarray) -> float:
+    from fedpeer.ml.tree.model import load_model, predict_value
+
+    return float(np.mean(np.argmax(predict_value(load_model(result["_model"])[0], X), axis=1) != y))
+
+
 def measure_xgb(name: str, train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray],
-                bounds: dict, base: dict, epsilons: list[float], repeats: int) -> list[dict]:
-    """Histogram XGBoost trained over the sites (test_fraction 0), scored on held-out pooled rows:
+                bounds: dict, base: dict, epsilons: list[float], repeats: int, kind=xgb_kind,
+                error=xgb_error) -> list[dict]:
+    """Histogram XGBoost (or with `kind` tree_kind and `error` tree_error, one tree) trained over
+    the sites (test_fraction 0), scored on held-out pooled rows:
     the non-private job and each ε in turn, `repeats` times interleaved (the same machine load
     for every variant); test error (1 - accuracy at 0.5), medians over the repeats; the time ratio
     in wall time and in this process's CPU time (steadier on a shared machine)."""
-    from fedpeer.ml.xgb import boosting
-
     sites = split(*train)
     variants = [0.0, *epsilons]
     errors: dict[float, list[float]] = {e: [] for e in variants}
@@ -235,10 +250,9 @@ def measure_xgb(name: str, train: tuple[np.ndarray, np.ndarray], test: tuple[np.
             if eps:
                 params.update(dp_epsilon=eps, dp_bounds=bounds_text(bounds), dp_rows_max=10 ** 6)
             started = time.process_time()
-            result, seconds = federate(sites, params, r, xgb_kind)
+            result, seconds = federate(sites, params, r, kind)
             cpu[eps].append(time.process_time() - started)
-            proba = boosting.predict_proba(result["_model"], test[0])
-            errors[eps].append(float(np.mean((np.asarray(proba) > 0.5) != test[1])))
+            errors[eps].append(error(result, *test))
             times[eps].append(seconds)
             privacy[eps] = result.get("privacy") or {}
     rows = []
@@ -254,32 +268,38 @@ def measure_xgb(name: str, train: tuple[np.ndarray, np.ndarray], test: tuple[np.
     return rows
 
 
-def xgb_table(repeats: int, base: dict) -> list[dict]:
+def xgb_table(repeats: int, base: dict, kind=xgb_kind, error=xgb_error) -> list[dict]:
     from sklearn.datasets import load_breast_cancer
     from sklearn.model_selection import train_test_split
 
     rng = np.random.default_rng(1)
     X, y = xgb_data(rng, 120_000)
     table = measure_xgb("synthetic 100k x 20", (X[:100_000], y[:100_000]), (X[100_000:], y[100_000:]),
-                        {f"x{j}": (-5.0, 5.0) for j in range(20)}, base, [1.0, 8.0], repeats)
+                        {f"x{j}": (-5.0, 5.0) for j in range(20)}, base, [1.0, 8.0], repeats, kind, error)
     Xc, yc = load_breast_cancer(return_X_y=True)
     Xa, Xb, ya, yb = train_test_split(Xc, yc, test_size=0.2, random_state=0, stratify=yc)
     # public bounds assumed: [0, each column's maximum rounded up to 2 significant digits]
     top = [float(f"{v:.2g}") if float(f"{v:.2g}") >= v else float(f"{v * 1.05:.2g}") for v in Xc.max(axis=0)]
     table += measure_xgb("cancer (455 train, 114 test)", (Xa, ya), (Xb, yb),
-                         {f"x{j}": (0.0, t) for j, t in enumerate(top)}, base, [1.0, 8.0], repeats)
+                         {f"x{j}": (0.0, t) for j, t in enumerate(top)}, base, [1.0, 8.0], repeats, kind, error)
     return table
+
+
+# One tree (mode exact): the exact job's federated quantile cut points against the DP job's uniform bins
+# over the same public bounds, both 16 bins per feature; gini, depth 4, min_leaf_rows 5.
+TREE_BASE = {"max_depth": 4, "max_bin": 16, "min_leaf_rows": 5, "test_fraction": 0.0, "secure_sum": "allreduce"}
 
 
 XGB_BASE = {"mode": "histogram", "rounds": 20, "max_depth": 4, "max_bin": 16, "test_fraction": 0.0,
             "eval_every": 0, "secure_sum": "allreduce"}
 
 
-def print_xgb(xtable: list[dict], repeats: int) -> None:
-    print(f"histogram XGBoost, {XGB_BASE['rounds']} trees of depth {XGB_BASE['max_depth']}, {XGB_BASE['max_bin']}"
-          f" uniform bins from public bounds; test error on held-out pooled rows, median of {repeats} "
-          "interleaved runs")
-    print(f"{'XGBOOST DATA':<30} {'ε':>4} {'ERR EXACT':>9} {'ERR DP':>7} {'worst':>7} {'+POINTS':>7} "
+def print_xgb(xtable: list[dict], repeats: int, title: str = "") -> None:
+    print(title or f"histogram XGBoost, {XGB_BASE['rounds']} trees of depth {XGB_BASE['max_depth']}, "
+          f"{XGB_BASE['max_bin']} uniform bins from public bounds; test error on held-out pooled rows, median of "
+          f"{repeats} interleaved runs")
+    head = "TREE DATA" if title else "XGBOOST DATA"
+    print(f"{head:<30} {'ε':>4} {'ERR EXACT':>9} {'ERR DP':>7} {'worst':>7} {'+POINTS':>7} "
           f"{'TIME x':>7} {'CPU x':>6} {'s EXACT':>8} {'s DP':>6} {'BITS':>5} {'ε COUNTED':>9} {'RELEASES':>8}")
     for r in xtable:
         print(f"{r['data']:<30} {r['epsilon']:>4g} {100 * r['error_exact']:>8.2f}% {100 * r['error_dp']:>6.2f}% "
@@ -293,14 +313,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--only", choices=("stats", "kmeans", "logreg", "xgboost"), action="append",
+    parser.add_argument("--only", choices=("stats", "kmeans", "logreg", "xgboost", "tree"), action="append",
                         help="run only these kinds' parts (repeatable; default: all)")
     args = parser.parse_args()
-    only = set(args.only or ("stats", "kmeans", "logreg", "xgboost"))
+    only = set(args.only or ("stats", "kmeans", "logreg", "xgboost", "tree"))
     from sklearn.datasets import load_breast_cancer
 
     ltable = logreg_table(args.repeats) if "logreg" in only else []
     xtable = xgb_table(args.repeats, XGB_BASE) if "xgboost" in only else []
+    ttable = xgb_table(args.repeats, TREE_BASE, tree_kind, tree_error) if "tree" in only else []
     rng = np.random.default_rng(0)
     X = rng.normal(size=(100_000, 20)) + 1 + np.arange(20) / 5
     y = rng.random(100_000) < 0.3
@@ -320,7 +341,8 @@ def main() -> int:
                                 8)
         ktable += measure_kmeans("cancer standardised", Xs, split(Xs, yc), 2, 4.0, [1.0, 8.0], args.repeats, 5)
     if args.json:
-        print(json.dumps({"stats": table, "kmeans": ktable, "logreg": ltable, "xgboost": xtable}, indent=1))
+        print(json.dumps({"stats": table, "kmeans": ktable, "logreg": ltable, "xgboost": xtable, "tree": ttable},
+                         indent=1))
         return 0
     if ktable:
         print(f"{'KMEANS DATA':<30} {'ε':>4} {'INERTIA/SAME INIT med':>21} {'worst':>7} {'/BEST OF 3':>10} "
@@ -345,6 +367,11 @@ def main() -> int:
         print()
     if xtable:
         print_xgb(xtable, args.repeats)
+        print()
+    if ttable:
+        print_xgb(ttable, args.repeats, f"one tree (mode exact), gini, depth {TREE_BASE['max_depth']}, "
+                  f"{TREE_BASE['max_bin']} bins (exact: federated quantiles; DP: uniform from public bounds); test "
+                  f"error on held-out pooled rows, median of {args.repeats} interleaved runs; RELEASES: noised levels")
     print(f"stats_dp.VALUE_BITS = {stats_dp.VALUE_BITS}: a member's value is {stats_dp.VALUE_BITS + 1} bits "
           "with its sign, inside a 64-bit sum entry")
     return 0

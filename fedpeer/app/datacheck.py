@@ -106,7 +106,7 @@ def _bounds_lines(b: dict[str, Any] | None, n_features: int) -> list[str]:
     if b is None:
         return []
     if not b["declared"]:
-        return ["public bounds ([data] bounds): none; a DP histogram xgboost job (dp_epsilon) would be refused"]
+        return ["public bounds ([data] bounds): none; a DP histogram xgboost or tree job (dp_epsilon) would be refused"]
     lines = [f"public bounds ([data] bounds): {n_features - len(b['missing'])} of {n_features} features"
              + (f"; without: {', '.join(b['missing'][:10])}" + (" ..." if len(b["missing"]) > 10 else "")
                 if b["missing"] else "")]

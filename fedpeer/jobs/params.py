@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from fedpeer.config.bounds import BOUNDS_TEXT_MAX
-from fedpeer.jobs.capabilities import DP_SKELLAM, DP_TREES, EPOCH_VIEWS
+from fedpeer.jobs.capabilities import DP_CART, DP_SKELLAM, DP_TREES, EPOCH_VIEWS
 from fedpeer.jobs.kind import Param
 from fedpeer.protocols import dp
 
@@ -81,3 +81,7 @@ DP_TREE_PARAMS = {
                        "every member refuses a job whose dp_bounds differ from its own [data] bounds",
                        high=BOUNDS_TEXT_MAX, capability=DP_TREES),
 }
+
+# The tree kind (mode exact) takes the same under a capability of its own: a member whose xgboost
+# takes DP may be a build whose tree refuses it, and must be refused by name (fedpeer/kinds/tree/dp.py).
+DP_CART_PARAMS = {name: dataclasses.replace(param, capability=DP_CART) for name, param in DP_TREE_PARAMS.items()}

@@ -11,6 +11,7 @@ from fedpeer.config.bounds import bounds_text
 from fedpeer.jobs.kind import ImplausibleTotal, JobContext
 from fedpeer.kinds.xgboost import hist_dp
 from fedpeer.kinds.xgboost import kind as xgb
+from fedpeer.ml import dpbins
 from fedpeer.ml.xgb import dpboost as dx
 from fedpeer.testing.members import member_keys, poisoned_sums, run_members
 from tests.sim.test_implausible_totals import blobs
@@ -41,11 +42,11 @@ def _run(params: dict, sites: list, mode: str = "allreduce", poison=None) -> tup
 
 def _clean_root(sites: list) -> np.ndarray:
     """The first tree's root histograms summed without noise (what no member may ever see)."""
-    cuts = dx.uniform_cuts(dx.bounds_matrix(BOUNDS, ["x0", "x1"]), DP["max_bin"])
+    cuts = dpbins.uniform_cuts(dpbins.bounds_matrix(BOUNDS, ["x0", "x1"]), DP["max_bin"])
     G = H = 0
     for s in sites:
         gq, hq = dx.quantised_derivatives(np.zeros(len(s.y)), s.y)
-        g, h = dx.level_sums(dx.bin_rows(s.X, cuts), gq, hq, np.zeros(len(s.y), dtype=np.int64),
+        g, h = dx.level_sums(dpbins.bin_rows(s.X, cuts), gq, hq, np.zeros(len(s.y), dtype=np.int64),
                              np.array([0]), DP["max_bin"])
         G, H = G + g, H + h
     return np.concatenate([G.ravel(), H.ravel()]).view(np.uint64)

@@ -12,6 +12,7 @@ from fedpeer.jobs import capabilities as caps
 from fedpeer.jobs.privacy import bounds_refusal, with_bounds
 from fedpeer.kinds import releases
 from fedpeer.kinds.xgboost import kind as xgb
+from fedpeer.ml import dpbins
 from fedpeer.ml.xgb import dpboost as dx
 from fedpeer.protocols import dp
 
@@ -19,16 +20,16 @@ from fedpeer.protocols import dp
 def test_uniform_bins_route_as_the_models_float32_split_conditions():
     rng = np.random.default_rng(0)
     bounds = np.array([[0.0, 120.0], [-1e-3, 1e-3], [0.0, 2600.0]])
-    cuts = dx.uniform_cuts(bounds, 16)
+    cuts = dpbins.uniform_cuts(bounds, 16)
     assert cuts.shape == (3, 15) and np.all(np.diff(cuts, axis=1) > 0)
     X = np.column_stack([rng.uniform(-10, 130, 500), rng.normal(0, 1e-3, 500), rng.uniform(0, 3000, 500)])
     X[:5, 0] = cuts[0, :5]                       # values on a cut go right, as x < condition is left
-    bins = dx.bin_rows(X, cuts)
+    bins = dpbins.bin_rows(X, cuts)
     for f in range(3):
         for k in range(1, 16):
             assert np.array_equal(bins[:, f] < k, X[:, f].astype(np.float32) < cuts[f, k - 1])
     with pytest.raises(ValueError, match="too many for a feature's bounds"):
-        dx.uniform_cuts(np.array([[1.0, 1.0 + 1e-6]]), 1000)
+        dpbins.uniform_cuts(np.array([[1.0, 1.0 + 1e-6]]), 1000)
 
 
 def test_level_sums_are_each_nodes_exact_sums_and_gradients_stay_within_their_bounds():
@@ -121,7 +122,8 @@ def test_data_check_reports_the_bounds_a_dp_job_would_use(tmp_path):
     csv = tmp_path / "rows.csv"
     csv.write_text("age,bmi,area,y\n30,22,500,1\n130,25,700,0\n50,31,900,1\n70,28,800,0\n")
     plain = format_report(report(DataSection(csv=str(csv), label="y", positive="1"), JobLimits()))
-    assert "public bounds ([data] bounds): none; a DP histogram xgboost job (dp_epsilon) would be refused" in plain
+    assert ("public bounds ([data] bounds): none; a DP histogram xgboost or tree job (dp_epsilon) would be "
+            "refused") in plain
     data = DataSection(csv=str(csv), label="y", positive="1", bounds={"age": (0.0, 120.0), "bmii": (10.0, 60.0)})
     text = format_report(report(data, JobLimits()))
     assert "public bounds ([data] bounds): 1 of 3 features; without: bmi, area" in text
@@ -147,11 +149,11 @@ def test_init_writes_where_the_bounds_go_and_the_file_still_loads(tmp_path):
 
 def test_a_kind_without_dp_refuses_dp_parameters_in_one_line():
     from fedpeer.errors import JobError
-    from fedpeer.kinds.tree import kind as tree
+    from fedpeer.kinds.linear.mlp import KIND as mlp
 
     with pytest.raises(JobError) as e:
-        tree.KIND.check_params({"dp_epsilon": 1.0, "max_depth": 3})
-    assert str(e.value) == ("tree does not take differential privacy (dp_epsilon): its sums are released without "
+        mlp.check_params({"dp_epsilon": 1.0})
+    assert str(e.value) == ("mlp does not take differential privacy (dp_epsilon): its sums are released without "
                             "noise; run it without dp_* parameters")
 
 

@@ -9,6 +9,7 @@ cut points and tree from the same totals (tags unique per sum and epoch E):
                                      of level D's built nodes -> that level's splits
     tree/e<E>/eval                   the tree on the sites' test parts (or, with test_fraction 0,
                                      their training rows) -> AUC, log-loss, accuracy (or RMSE, MAE)
+(With dp_epsilon another sequence runs instead, one noised sum per level: fedpeer/kinds/tree/dp.py.)
 The model file is the tree's canonical JSON (fedpeer/ml/tree/model.py), byte for byte the tree the
 same pure functions grow on the pooled rows (`train_reference`).
 
@@ -281,10 +282,13 @@ async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext,
     return await finish_result(job, cart, rules(cart, features, job.classes, params["min_leaf_rows"]), out)
 
 
-async def finish_result(job: TreeJob, cart: Any, every: list[str], out: dict[str, Any]) -> dict:
+async def finish_result(job: TreeJob, cart: Any, every: list[str], out: dict[str, Any],
+                        federated: bool = True) -> dict:
     """What every tree result holds after its mode's own fields `out`: the data's shape, the tree
     as scikit-learn's arrays and as rules, the model's hash, its federated score (and on [data]
-    test_csv), the sums, members and the model itself."""
+    test_csv), the sums, members and the model itself. `federated` False (a DP job: an evaluation
+    sum would release un-noised counts): no evaluation sum; this site scores its own test part
+    locally (`local_test`, never sent)."""
     params, features = job.params, list(job.ctx.data.features)
     model = model_bytes(cart, features, job.classes)
     out.update({
@@ -298,11 +302,17 @@ async def finish_result(job: TreeJob, cart: Any, every: list[str], out: dict[str
     })
     if len(every) > RULES_MAX:
         out["rules_omitted"] = len(every) - RULES_MAX
-    fed = await job.evaluate(cart)
-    on = "the sites' test parts" if params["test_fraction"] > 0 else "the sites' training rows"
     key = "rmse" if cart.regression else "auc"
-    out["federated_eval"] = None if fed is None else {**fed, "on": on}
-    out[key], out["score_source"] = (fed[key], f"federated, on {on}") if fed is not None else (None, None)
+    if federated:
+        fed = await job.evaluate(cart)
+        on = "the sites' test parts" if params["test_fraction"] > 0 else "the sites' training rows"
+        out["federated_eval"] = None if fed is None else {**fed, "on": on}
+        out[key], out["score_source"] = (fed[key], f"federated, on {on}") if fed is not None else (None, None)
+    else:
+        on = "this site's own test part" if params["test_fraction"] > 0 else "this site's own training rows"
+        local = await job.offload(local_score, cart, *job.test)
+        out["federated_eval"], out["local_test"] = None, {**local, "on": on}
+        out[key], out["score_source"] = local[key], f"{on} (not released)"
     if job.local_test is not None:
         local = await job.offload(local_score, cart, *job.local_test)
         out["test_csv"] = local

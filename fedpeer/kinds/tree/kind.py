@@ -3,7 +3,8 @@ variance reduction) — the job kind, its parameters, its stored model (the tree
 fedpeer/ml/tree/model.py), `fedpeer predict` and `fedpeer export`. The protocol is
 fedpeer/kinds/tree/job.py (its arithmetic without the network fedpeer/kinds/tree/site.py), its text
 fedpeer/kinds/tree/text.py. Mode `icdta` instead aggregates the members' own trees (ICDTA4FL
-without a server): fedpeer/kinds/tree/icdta.py."""
+without a server): fedpeer/kinds/tree/icdta.py. With dp_epsilon (mode exact) the tree grows from
+noised class counts on uniform bins: fedpeer/kinds/tree/dp.py."""
 
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ import numpy as np
 from fedpeer.base.store import atomic_write
 from fedpeer.errors import JobError
 from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param
-from fedpeer.jobs.params import EPOCH_VIEWS_PARAM, SECURE_SUM_LARGE, seed, test_fraction
+from fedpeer.jobs.params import DP_CART_PARAMS, EPOCH_VIEWS_PARAM, SECURE_SUM_LARGE, seed, test_fraction
 from fedpeer.kinds.scoring import binary_rows, class_rows
-from fedpeer.kinds.tree import icdta, text
+from fedpeer.kinds.tree import dp, icdta, text
 from fedpeer.kinds.tree.job import run_job
 from fedpeer.ml.tree.cart import CCP_ALPHA_MAX, CRITERIA, DEPTH_MAX, MAX_BIN_MAX, MIN_LEAF_ROWS_MAX
 from fedpeer.ml.tree.model import MODEL_BYTES_MAX, load_model, model_doc, predict_value
@@ -59,6 +60,7 @@ PARAMS = {
     "seed": seed("seed of each site's train/test split"),
     "secure_sum": SECURE_SUM_LARGE,
     "epoch_views": EPOCH_VIEWS_PARAM,
+    **DP_CART_PARAMS,   # differential privacy, mode exact (fedpeer/kinds/tree/dp.py): off at dp_epsilon = 0
 }
 
 # [policy.tree]: the largest parameters of a job this site agrees to run (defaults: the kind's own bounds).
@@ -113,6 +115,8 @@ def run(ch: Any, params: Mapping[str, Any], ctx: JobContext, offload: Callable[.
     core's steps (asyncio.to_thread in the daemon; inline in simulations under virtual time)."""
     if params["mode"] == "icdta":
         return icdta.run_icdta(ch, params, ctx, offload or asyncio.to_thread)
+    if params.get("dp_epsilon", 0.0) > 0:
+        return dp.run_dp(ch, params, ctx, offload)
     return run_job(ch, params, ctx, offload)
 
 
@@ -124,4 +128,5 @@ KIND = JobKind(name="tree", help="one exact federated CART tree (gini, entropy o
                "histograms; scikit-learn's tree on the pooled rows when max_bin is above the rows",
                params=PARAMS, run=run, needs_data=True, binary_label=False, save_model=save_model,
                model_file="model.json", member_failure_aborts=False, limits=LIMITS, describe=describe,
-               site_table=text.site_table, predict=predict_file, export=export_file, messages=icdta.MESSAGES)
+               site_table=text.site_table, predict=predict_file, export=export_file, messages=icdta.MESSAGES,
+               refused=dp.refusal)

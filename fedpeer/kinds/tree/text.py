@@ -22,14 +22,27 @@ def describe(result: Mapping[str, Any]) -> list[str]:
     name, value = metric(result)
     lost = ", ".join(result.get("lost") or []) or "none"
     lines = [f"  tree: {result['criterion']}, depth {result['depth']}, {result['n_leaves']} leaves, "
-             f"{result['federation_rows']} training rows; {result['secure_sums']} secure sums over "
+             f"{result['federation_rows']} training rows{' (noised)' * ('privacy' in result)}; "
+             f"{result['secure_sums']} secure sums over "
              f"{', '.join(result['members'])}; members lost: {lost}",
              f"  {name} {score(value)} ({result.get('score_source') or '-'}); model file "
              f"{result.get('model_file', '-')}"]
+    p = result.get("privacy")
+    if isinstance(p, dict):      # a DP job (fedpeer/kinds/tree/dp.py): noised counts, no federated evaluation
+        lines.append(f"  differential privacy: ε {p['epsilon']:.3g} (asked {p['epsilon_asked']:g}), "
+                     f"δ {p['delta']:.2g}, {p['releases']} noised levels of class counts, {p['bins']} uniform "
+                     "bins per feature from the public dp_bounds; rows and class mixes below are noised; "
+                     f"split rule: {p['split_rule']}")
+        return lines + _rules_lines(result)
     exact, features = result["exact_features"], len(result["features"])
     lines.append(f"  thresholds: scikit-learn's midpoints on {exact} of {features} features" +
                  ("" if exact == features else f"; the others' cut points hold several values (max_bin "
                   f"{result['max_bin']} is not above the federation's {result['federation_rows']} rows)"))
+    return lines + _rules_lines(result)
+
+
+def _rules_lines(result: Mapping[str, Any]) -> list[str]:
+    lines = []
     rules = list(result.get("rules") or [])
     lines.append(f"  rules ({len(rules) + result.get('rules_omitted', 0)}; a leaf's share is of the federation's "
                  "training rows):")

@@ -42,6 +42,7 @@ from fedpeer.config.bounds import parse_bounds_text
 from fedpeer.errors import JobError
 from fedpeer.jobs.kind import JobContext, checked_total, site_seed
 from fedpeer.jobs.privacy import bounds_refusal, job_cost
+from fedpeer.ml import dpbins
 from fedpeer.ml.xgb import boosting
 from fedpeer.ml.xgb import dpboost as dx
 from fedpeer.ml.xgb.histboost import model_bytes, tree_features
@@ -63,8 +64,8 @@ def refusal(params: Mapping[str, Any]) -> str | None:
     if params["objective"] != "binary:logistic":
         return ("xgboost with dp_epsilon takes objective binary:logistic only: its per-row gradients are bounded "
                 "(g in [-1, 1], h in [0, 1/4]); multi:softprob and reg:squarederror are not yet")
-    if params["max_bin"] > dx.BINS_MAX:
-        return (f"xgboost with dp_epsilon takes max_bin up to {dx.BINS_MAX} (uniform bins: a cut's side sums fewer "
+    if params["max_bin"] > dpbins.BINS_MAX:
+        return (f"xgboost with dp_epsilon takes max_bin up to {dpbins.BINS_MAX} (uniform bins: a cut's side sums fewer "
                 "noised bins when there are fewer)")
     return None
 
@@ -119,11 +120,11 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext,
     sp = p.split_params()
     n_bins, depth, F = int(params["max_bin"]), int(params["max_depth"]), X.shape[1]
     try:
-        cuts = dx.uniform_cuts(dx.bounds_matrix(bounds, features), n_bins)
+        cuts = dpbins.uniform_cuts(dpbins.bounds_matrix(bounds, features), n_bins)
     except ValueError as exc:
         raise JobError(f"xgboost with dp_epsilon: {exc}") from None
     offload = offload or asyncio.to_thread
-    bins = await offload(dx.bin_rows, X, cuts)
+    bins = await offload(dpbins.bin_rows, X, cuts)
     n_released = int(tree_features(p, 0, F).sum())
     eps, delta = job_cost(params)
     sums = dx.plan(n_released, depth, p.num_round, n_bins)

@@ -29,8 +29,8 @@ import numpy as np
 
 from fedpeer.ml.tree.cart import CRITERIA, REGRESSION, Growth, impurity, node_rows, node_value
 
-__all__ = ["BinValues", "Cart", "check_cart", "finish_tree", "load_model", "model_bytes", "predict_value", "prune",
-           "rules", "to_sklearn"]
+__all__ = ["BinValues", "Cart", "check_cart", "finish_tree", "in_preorder", "load_model", "model_bytes",
+           "predict_value", "prune", "rules", "to_sklearn"]
 
 MODEL_FORMAT = "fedpeer.tree"
 MODEL_VERSION = 1
@@ -134,7 +134,13 @@ def finish_tree(g: Growth, bins: BinValues, ccp_alpha: float = 0.0) -> Cart:
                  left=np.where(internal, g.left, LEAF), right=np.where(internal, g.left + 1, LEAF),
                  value=node_value(g.sums, p), n_node_samples=node_rows(g.sums, p).astype(np.int64),
                  impurity=impurity(g.sums, p))
-    cart = _reindex(grown, _preorder(grown.left, grown.right), np.zeros(g.n_nodes, dtype=bool))
+    return in_preorder(grown, ccp_alpha)
+
+
+def in_preorder(grown: Cart, ccp_alpha: float = 0.0) -> Cart:
+    """A tree grown breadth-first (a split's children at left, left + 1) in scikit-learn's node
+    order, pruned with `ccp_alpha` > 0."""
+    cart = _reindex(grown, _preorder(grown.left, grown.right), np.zeros(grown.n_nodes, dtype=bool))
     return prune(cart, ccp_alpha) if ccp_alpha > 0 else cart
 
 

@@ -31,7 +31,6 @@ secure sums; docs/algorithms.md, "Histogram mode with differential privacy").
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,6 +39,7 @@ from fedpeer.ml.xgb.hist import level_histograms
 from fedpeer.ml.xgb.histtree import RT_EPS, SplitParams
 from fedpeer.ml.xgb.kernels import route_kernel
 from fedpeer.ml.xgb.tree import _f32, _Tree
+
 from fedpeer.protocols import dp
 from fedpeer.protocols.fixedpoint import fraction_bits
 
@@ -53,30 +53,6 @@ GRAD_FRAC, HESS_FRAC = fraction_bits(GRAD_BOUND, VALUE_BITS), fraction_bits(HESS
 HESS_NOISE_WEIGHT = 9.0
 HESS_SIGMAS = 2.0          # a side's noised H must exceed this many noise standard deviations
 BASE_SCORE = 0.5           # public: margin 0, no release
-BINS_MAX = 1024            # uniform bins per feature a DP job takes (more only spreads the noise)
-
-
-def uniform_cuts(bounds: np.ndarray, bins: int) -> np.ndarray:
-    """float32 (F, bins - 1): the thresholds of `bins` equal bins over each feature's [lo, hi]
-    (`bounds` (F, 2)); ValueError if float32 cannot keep them strictly increasing."""
-    bounds = np.asarray(bounds, dtype=np.float64)
-    if not 2 <= bins <= BINS_MAX:
-        raise ValueError(f"max_bin must be in [2, {BINS_MAX}] with dp_epsilon, got {bins}")
-    lo, hi = bounds[:, :1], bounds[:, 1:]
-    cuts = (lo + (hi - lo) * np.arange(1, bins)[None, :] / bins).astype(np.float32)
-    if bins > 2 and np.any(np.diff(cuts, axis=1) <= 0):
-        raise ValueError(f"{bins} bins are too many for a feature's bounds in float32; use fewer (max_bin)")
-    return cuts
-
-
-def bin_rows(X: np.ndarray, cuts: np.ndarray) -> np.ndarray:
-    """uint8 or uint16 (rows, F): each value's bin, the number of thresholds <= it compared in float32 —
-    so `bin < k` iff x < cuts[k - 1], the test xgboost's model applies to a split condition."""
-    X32 = np.asarray(X, dtype=np.float32)
-    out = np.empty(X32.shape, dtype=np.uint8 if cuts.shape[1] < 255 else np.uint16)
-    for f in range(X32.shape[1]):
-        out[:, f] = np.searchsorted(cuts[f], X32[:, f], side="right")
-    return out
 
 
 def quantised_derivatives(margins: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -219,8 +195,3 @@ def finish(tree: DpTree, cuts: np.ndarray, sp: SplitParams) -> _Tree:
     return _Tree(left=left, right=np.where(leaf, -1, left + 1), feature=np.where(leaf, 0, feature), value=value,
                  default_left=np.zeros(len(left), dtype=np.int64), gain=gain,
                  cover=_f32(np.maximum(H, 0.0)), depth=int(max(tree.depth)))
-
-
-def bounds_matrix(bounds: Mapping[str, tuple[float, float]], features: Sequence[str]) -> np.ndarray:
-    """float64 (F, 2) of the features' bounds; KeyError naming the first feature without any."""
-    return np.array([bounds[f] for f in features], dtype=np.float64)
