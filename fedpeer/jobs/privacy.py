@@ -26,7 +26,7 @@ from typing import Any
 
 from fedpeer.base.store import read_json, write_json
 from fedpeer.config.bounds import bounds_difference, bounds_text, parse_bounds_text
-from fedpeer.errors import FedpeerError, StateError
+from fedpeer.errors import FedpeerError, JobError, StateError
 
 LEDGER_FILE = "privacy.json"
 LEDGER_VERSION = 1
@@ -176,3 +176,22 @@ def show(rows: list[dict[str, Any]]) -> str:
                      f"{r['epsilon_left']:>6.3g} / {r['epsilon_budget']:<6g}  {r['delta_spent']:>8.2g}  "
                      f"{r['delta_left']:>8.2g} / {r['delta_budget']:.2g}")
     return "\n".join(lines)
+
+
+def colluders_of(params: Mapping[str, Any], members: int) -> int:
+    """A DP job's `dp_colluders` t, refused when it leaves no member's noise (t >= members)."""
+    colluders = int(params.get("dp_colluders", 0))
+    if colluders >= members:
+        raise JobError(f"dp_colluders {colluders} leaves no member's noise for a site among {members} members")
+    return colluders
+
+
+def job_bounds(params: Mapping[str, Any], site: str, features: Sequence[str]) -> dict[str, tuple[float, float]]:
+    """A DP job's public bounds (its dp_bounds), refused naming the first of this site's features
+    they leave out (the column's name and the fix; no value)."""
+    bounds = parse_bounds_text(str(params["dp_bounds"]))
+    lacking = [f for f in features if f not in bounds]
+    if lacking:
+        raise JobError(f"{site}: the job's dp_bounds have no bounds for column {lacking[0]!r}; declare "
+                       f"[data] bounds = {{ {lacking[0]} = [low, high] }} at every site")
+    return bounds

@@ -37,7 +37,7 @@ from fedpeer.errors import JobError
 from fedpeer.jobs.capabilities import DP_SKELLAM
 from fedpeer.jobs.kind import JobContext, checked_total
 from fedpeer.jobs.params import DP_PARAMS
-from fedpeer.jobs.privacy import job_cost
+from fedpeer.jobs.privacy import colluders_of, job_cost
 from fedpeer.ml.moments import bin_edges, local_histograms
 from fedpeer.protocols import dp
 from fedpeer.protocols.fixedpoint import fraction_bits
@@ -113,9 +113,7 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext, result_of:
     eps, delta = budget(params)
     rows, d, bins = rows_of(data), len(data.features), int(params["bins"])
     members = len(ch.members)
-    colluders = int(params.get("dp_colluders", 0))
-    if colluders >= members:
-        raise JobError(f"dp_colluders {colluders} leaves no member's noise for a site among {members} members")
+    colluders = colluders_of(params, members)
     rng = ctx.noise_rng if ctx.noise_rng is not None else dp.os_rng()
     sums = plan(d, bins)
     mus = await asyncio.to_thread(dp.calibrate, sums, eps, delta)    # a search over dp-accounting's curve: off the loop

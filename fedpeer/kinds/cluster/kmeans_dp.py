@@ -34,7 +34,7 @@ from fedpeer.errors import JobError
 from fedpeer.jobs.capabilities import DP_SKELLAM
 from fedpeer.jobs.kind import JobContext, Param, checked_total
 from fedpeer.jobs.params import DP_PARAMS
-from fedpeer.jobs.privacy import job_cost
+from fedpeer.jobs.privacy import colluders_of, job_cost
 from fedpeer.ml.cluster.kmeans import initial_centers
 from fedpeer.protocols import dp
 from fedpeer.protocols.fixedpoint import fraction_bits
@@ -99,9 +99,7 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
         raise JobError("kmeans with dp_epsilon runs hard k-means from drawn centres: leave fuzziness and init out")
     X = dp.clip_entries(np.asarray(ctx.data.X, dtype=float), -clip, clip)
     d, members = X.shape[1], len(ch.members)
-    colluders = int(params.get("dp_colluders", 0))
-    if colluders >= members:
-        raise JobError(f"dp_colluders {colluders} leaves no member's noise for a site among {members} members")
+    colluders = colluders_of(params, members)
     eps, delta = job_cost(params)
     sums = plan(k, d, rounds)
     mus = await asyncio.to_thread(dp.calibrate, sums, eps, delta)    # a search over dp-accounting's curve: off the loop

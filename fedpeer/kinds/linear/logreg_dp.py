@@ -49,7 +49,7 @@ from fedpeer.errors import JobError
 from fedpeer.jobs.capabilities import DP_LOGREG
 from fedpeer.jobs.kind import Param, checked_total
 from fedpeer.jobs.params import DP_PARAMS
-from fedpeer.jobs.privacy import job_cost
+from fedpeer.jobs.privacy import colluders_of, job_cost
 from fedpeer.ml import evaluation as evalcounts
 from fedpeer.ml.blas import one_blas_thread
 from fedpeer.ml.linear import logistic as linear
@@ -133,9 +133,7 @@ async def fit_dp(member: Any) -> dict:
     if params["groups"].strip():
         raise JobError("logreg: groups is for mode fedavg, which does not take dp_epsilon")
     members = len(ch.members)
-    colluders = int(params["dp_colluders"])
-    if colluders >= members:
-        raise JobError(f"dp_colluders {colluders} leaves no member's noise for a site among {members} members")
+    colluders = colluders_of(params, members)
     clip, steps, step = float(params["dp_grad_clip"]), int(params["dp_iterations"]), float(params["dp_step"])
     eps, delta = job_cost(params)
     d, groups = member.X.shape[1], member.groups

@@ -33,10 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from fedpeer.config.bounds import parse_bounds_text
 from fedpeer.errors import JobError
 from fedpeer.jobs.kind import JobContext, JobFailsEverywhere, checked_total
-from fedpeer.jobs.privacy import bounds_refusal, job_cost
+from fedpeer.jobs.privacy import bounds_refusal, colluders_of, job_bounds, job_cost
 from fedpeer.ml import dpbins
 from fedpeer.ml.tree import dpcart
 from fedpeer.ml.tree.model import rules
@@ -94,14 +93,9 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext,
     if why is not None:
         raise JobError(why)
     features = list(ctx.data.features)
-    bounds = parse_bounds_text(params["dp_bounds"])
-    lacking = [f for f in features if f not in bounds]
-    if lacking:
-        raise JobError(f"{ctx.site_name}: the job's dp_bounds have no bounds for column {lacking[0]!r}; declare "
-                       f"[data] bounds = {{ {lacking[0]} = [low, high] }} at every site")
-    colluders, members = int(params["dp_colluders"]), len(ch.members)
-    if colluders >= members:
-        raise JobError(f"dp_colluders {colluders} leaves no member's noise for a site among {members} members")
+    bounds = job_bounds(params, ctx.site_name, features)
+    members = len(ch.members)
+    colluders = colluders_of(params, members)
     offload = offload or asyncio.to_thread
     job = TreeJob(ch, params, ctx, offload)
     X, y = job.fit
