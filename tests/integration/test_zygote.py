@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fedpeer.app.harness.federation import free_ports
-from fedpeer.app.harness.zygote import Zygote
+from fedpeer.app.harness.zygote import Forked, Zygote
 from fedpeer.app.sitefiles import init_site
 
 
@@ -45,15 +45,22 @@ def test_a_forked_command_takes_the_callers_environment(zyg: Zygote, tmp_path: P
 
 def test_a_forked_daemon_runs_until_signalled(zyg: Zygote, tmp_path: Path) -> None:
     config, _ = init_site(tmp_path / "a", "a", f"127.0.0.1:{free_ports(1)[0]}")
-    proc = zyg.spawn(["start", "--config", str(config)], str(tmp_path / "a.log"))
-    with pytest.raises(subprocess.TimeoutExpired):
-        proc.wait(timeout=1.0)                       # a daemon runs until told to stop
-    assert os.getsid(proc.pid) == proc.pid           # in a session of its own
-    proc.terminate()
-    assert proc.wait(timeout=20) == 0                # SIGTERM: a clean exit, as from the command line
-    again = zyg.spawn(["start", "--config", str(config)], str(tmp_path / "a.log"))
-    with pytest.raises(subprocess.TimeoutExpired):
-        again.wait(timeout=1.0)
-    again.kill()
-    assert again.wait(timeout=20) == -signal.SIGKILL
-    assert again.poll() == -signal.SIGKILL
+    started: list[Forked] = []
+    try:
+        proc = zyg.spawn(["start", "--config", str(config)], str(tmp_path / "a.log"))
+        started.append(proc)
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=1.0)                       # a daemon runs until told to stop
+        assert os.getsid(proc.pid) == proc.pid           # in a session of its own
+        proc.terminate()
+        assert proc.wait(timeout=20) == 0                # SIGTERM: a clean exit, as from the command line
+        again = zyg.spawn(["start", "--config", str(config)], str(tmp_path / "a.log"))
+        started.append(again)
+        with pytest.raises(subprocess.TimeoutExpired):
+            again.wait(timeout=1.0)
+        again.kill()
+        assert again.wait(timeout=20) == -signal.SIGKILL
+        assert again.poll() == -signal.SIGKILL
+    finally:
+        for p in started:                                # never leave a daemon behind a failed assertion
+            p.kill()
