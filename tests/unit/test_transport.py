@@ -95,9 +95,25 @@ async def test_concurrent_sends_use_at_most_eight_connections_per_peer(site: Sit
     assert len(site.received) == 40 and site.server.connections()["open"] <= 8
 
 
+async def test_a_retried_hello_is_a_fresh_one(client: PeerClient) -> None:
+    # a loaded peer may answer a try after it timed out: resending the same bytes would be refused
+    # as a replay, so every try asks for a new hello
+    posted: list[bytes] = []
+
+    async def post(address: str, body: bytes, *rest: object) -> bytes:
+        posted.append(body)
+        if len(posted) == 1:
+            raise TimeoutError
+        return b"welcome"
+    client._post = post    # type: ignore[method-assign]
+    made = iter([b"hello-1", b"hello-2"])
+    assert await client.hello("127.0.0.1:9", lambda: next(made), 1_000, 1) == b"welcome"
+    assert posted == [b"hello-1", b"hello-2"]
+
+
 async def test_a_hello_gets_its_welcome(site: Site, client: PeerClient) -> None:
     pending = site.forger.handshakes.hello(site.bob.public_key)
-    welcome = await client.hello(site.address, pending.hello, 2_000, 0)
+    welcome = await client.hello(site.address, lambda: pending.hello, 2_000, 0)
     out, _ = site.forger.handshakes.finish(pending, welcome, NOW_MS)
     frame = wire.Sealer(site.alice).seal(out, wire.DiagProbe(b"under the new session"))
     await client.send(site.address, frame)
@@ -534,6 +550,16 @@ def test_hello_rate_is_a_token_bucket_per_prefix_with_a_bounded_memory_and_no_fr
     assert [rate.allow(f"10.0.{k}.1", 0.5) for k in range(3, 6)] == [True, True, False], "one bucket for all"
     # a bucket refilled (as good as forgotten) gives its place to a new prefix
     assert rate.allow("10.1.0.1", 10.0)
+
+
+def test_a_prefix_may_say_hello_once_per_member_at_once_in_a_large_federation() -> None:
+    from fedpeer.net.admission import HelloRate
+
+    rate = HelloRate(rate_per_s=1.0, burst=3)
+    rate.fit_members(2)     # a small federation: the burst it was made with
+    assert [rate.allow("127.0.0.1", 0.0) for _ in range(4)] == [True] * 3 + [False]
+    rate.fit_members(99)    # 100 sites on one host start together: each of the 99 others says hello
+    assert sum(rate.allow("127.0.1.1", 0.0) for _ in range(120)) == 99
 
 
 def test_hello_rate_bounds_full_handshakes_per_key_and_for_the_node() -> None:
