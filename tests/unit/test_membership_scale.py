@@ -80,3 +80,19 @@ def test_a_federation_starting_does_not_ping_its_silent_members_every_period() -
     assert all(s is MemberState.SUSPECT for s in m.states().values())   # 8 s: not dead yet at n = 100
     m.tick(8_000)
     assert all(s is MemberState.DEAD for s in m.states().values())
+
+
+def test_changes_moves_with_what_the_view_says_and_not_with_every_message() -> None:
+    m = make(3)
+    before = m.changes
+    m.receive(IDS[1], Ping(1, 1, ADDRS[1], ()), 10)           # first contact: heard, ALIVE
+    assert m.changes > before
+    seen = m.changes
+    for t in range(20, 200, 10):                              # the same member, the same word
+        m.receive(IDS[1], Ping(t, 1, ADDRS[1], ()), t)
+    assert m.changes == seen
+    m.receive(IDS[1], Ping(2, 2, ADDRS[1], ()), 300)          # a new incarnation (it restarted)
+    assert m.changes > seen
+    seen = m.changes
+    m.set_members({IDS[1]: ADDRS[1]}, 400)                    # node 2 removed
+    assert m.changes > seen
