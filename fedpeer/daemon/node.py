@@ -103,7 +103,7 @@ class Node:
                                   lambda head: self._gate.open_header(head, _monotonic_ms()), self._on_frame,
                                   self._on_reject, self._gate.refusal_tag, self._on_hello,
                                   on_reverse=self.paths.on_reverse, on_relay=self.paths.on_relay)
-        self._server.hello_rate.fit_members(len(config.peers))
+        self._server.fit_members(len(config.peers))
         self._loop_errors: Counter[str] = Counter()
         self._loop_error_logged_ms: dict[str, int] = {}
         self.metrics = NodeMetrics(self, round_kinds=[k.name for k in job_kinds().values() if k.rounds_metric])
@@ -428,7 +428,7 @@ class Node:
         self.election.set_config(new.election)
         self._client.use_limits(new.limits)
         self._server.use_limits(new.limits)
-        self._server.hello_rate.fit_members(len(new.peers))
+        self._server.fit_members(len(new.peers))
         self.config = new
         self._names = {p.public_key: p.name for p in new.peers}
         self._allowed = frozenset(self._names)   # the gate's next frame from a removed peer is refused

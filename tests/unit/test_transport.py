@@ -571,3 +571,33 @@ def test_hello_rate_bounds_full_handshakes_per_key_and_for_the_node() -> None:
     assert rate.allow_key(b, 0.0)                                                # another key ...
     assert not rate.allow_key(c, 0.0), "... until the node's budget is spent"
     assert rate.allow_key(c, 1.0) and not rate.allow_key(b, 1.0)
+
+
+async def test_a_large_federation_on_one_host_is_not_shed_by_the_unverified_budgets() -> None:
+    # one host holds every member (the harness: all on 127.0.0.1), and they all dial at once: the
+    # unauthenticated budgets are at least UNVERIFIED_PER_MEMBER per member
+    from fedpeer.net.server import UNVERIFIED_PER_MEMBER
+
+    async def idle_connections(site: Site, count: int) -> dict:
+        writers = []
+        for _ in range(count):        # connected, nothing sent yet: unauthenticated
+            _, writer = await asyncio.open_connection("127.0.0.1", site.server.port)
+            writers.append(writer)
+        await asyncio.sleep(0.05)
+        for writer in writers:
+            writer.close()
+        return dict(site.server.shed)
+
+    small = Site(Limits(unverified_per_ip_max=2, unverified_connections_max=4))
+    await small.server.start()
+    try:
+        assert (await idle_connections(small, 6)).get("evicted_per_ip") == 4     # the configured 2
+    finally:
+        await small.server.stop()
+    large = Site(Limits(unverified_per_ip_max=2, unverified_connections_max=4))
+    large.server.fit_members(3)
+    await large.server.start()
+    try:
+        assert await idle_connections(large, UNVERIFIED_PER_MEMBER * 3) == {}
+    finally:
+        await large.server.stop()
