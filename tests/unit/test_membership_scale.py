@@ -96,3 +96,23 @@ def test_changes_moves_with_what_the_view_says_and_not_with_every_message() -> N
     seen = m.changes
     m.set_members({IDS[1]: ADDRS[1]}, 400)                    # node 2 removed
     assert m.changes > seen
+
+
+def test_verifications_are_bounded_however_many_members_we_suspect() -> None:
+    from fedpeer.core.membership.timing import VERIFY_PER_PERIOD_MAX
+
+    m = make(40)
+    for j in range(1, 40):
+        m.receive(IDS[j], Ping(1, 1, ADDRS[j], ()), 0)          # all heard, ALIVE
+    m.tick(0)
+    suspects = set(IDS[1:31])
+    for node in suspects:                                     # a starved node suspects 30 at once
+        m._set(node, m._members[node], MemberState.SUSPECT, 0)
+    pings = []
+    for now in range(STEP_MS, 2_000 + STEP_MS, STEP_MS):
+        pings += [(now, s.dst) for s in m.tick(now) if isinstance(s.msg, Ping) and s.dst in suspects]
+    periods = 2_000 // CFG.probe_interval_ms
+    # the burst of VERIFY_PER_PERIOD_MAX, then that many a period, plus the round robin's probe;
+    # before: all 30 every period (120)
+    assert len(pings) <= VERIFY_PER_PERIOD_MAX * (periods + 1) + periods
+    assert len({dst for _, dst in pings}) >= VERIFY_PER_PERIOD_MAX * periods   # the longest due first: a turn each

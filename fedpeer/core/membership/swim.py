@@ -71,7 +71,8 @@ only by X's own authenticated word and by our own probes:
 * X becomes DEAD only by our own suspect timeout (suspect_timeout_ms, longer
   with log n above SUSPECT_SCALE_FROM_MEMBERS members: timing.py). While SUSPECT,
   X is verified every probe period (a never-heard placeholder with a backoff up
-  to dead_probe_interval_ms: timing.py verify_interval_ms): pinged directly, the
+  to dead_probe_interval_ms: timing.py verify_interval_ms; at most
+  VERIFY_PER_PERIOD_MAX members a period, the longest due first): pinged directly, the
   ping leading with our verdict (see below) so a live X answers (clearing it)
   and refutes, and through one random relay, so a link that only we cannot
   use does not condemn it. DEAD members are verified the same way every
@@ -119,6 +120,7 @@ from fedpeer.core.membership.timing import (
     PROBE_WAIT_MS_MAX,
     RTT_TIMEOUT_MULT,
     SUSPECT_RTT_MULT,
+    VERIFY_PER_PERIOD_MAX,
     MembershipConfig,
     smoothed_rtt_ms,
     suspect_timeout_ms,
@@ -208,6 +210,8 @@ class Membership:
         self._refute_pending = False
         self._lhm = 0                    # local health multiplier (membership_timing.py)
         self._changes = 0                # see `changes`
+        self._verify_tokens = float(VERIFY_PER_PERIOD_MAX)   # _timers: verifications we may send now
+        self._verify_refilled_ms = now_ms
         # Announce myself: gossip carries my own word to members I do not ping directly soon.
         self._enqueue(Update(me, MemberState.ALIVE, incarnation, address))
 
@@ -408,29 +412,45 @@ class Membership:
             self._set(node, m, MemberState.SUSPECT, now_ms)
 
     def _timers(self, now_ms: int) -> list[Send]:
-        sends = []
+        due = []
         for node, m in self._members.items():
             if m.state is MemberState.SUSPECT:
                 if now_ms - m.state_since_ms >= self._suspect_timeout_ms(node):
                     self._confirm_dead(node, m, now_ms)
                 elif now_ms >= m.next_ping_ms:
-                    # Verify it ourselves every period rather than wait for the round robin
-                    # (up to 2n - 1 periods): a live member answers well within the suspect
-                    # timeout (a placeholder whose join ping was lost, too), and the direct ping
-                    # leads with our verdict so it also refutes.
-                    # as often as its link allows (no flood of a slow one); our health: no matter.
-                    # Never heard from: with a backoff (its own join ping will come when it starts).
-                    interval_ms = self._wait_ms(node, self._cfg.probe_interval_ms, health=False)
-                    if not m.heard:
-                        interval_ms = verify_interval_ms(interval_ms, now_ms - m.state_since_ms,
-                                                         self._cfg.dead_probe_interval_ms)
-                    m.next_ping_ms = now_ms + interval_ms
-                    sends += self._verify(node, now_ms)
+                    due.append((m.next_ping_ms, node))
             elif m.state is MemberState.DEAD and now_ms >= m.next_ping_ms:
+                due.append((m.next_ping_ms, node))
+        if not due:
+            return []
+        # At most VERIFY_PER_PERIOD_MAX verifications a period, longest due first: a node short
+        # of CPU that suspects many members must not flood everyone (timing.py).
+        self._verify_tokens = min(float(VERIFY_PER_PERIOD_MAX), self._verify_tokens + VERIFY_PER_PERIOD_MAX
+                                  * (now_ms - self._verify_refilled_ms) / self._cfg.probe_interval_ms)
+        self._verify_refilled_ms = now_ms
+        sends = []
+        for _, node in sorted(due):
+            if self._verify_tokens < 1:
+                break
+            self._verify_tokens -= 1
+            m = self._members[node]
+            if m.state is MemberState.SUSPECT:
+                # Verify it ourselves every period rather than wait for the round robin
+                # (up to 2n - 1 periods): a live member answers well within the suspect
+                # timeout (a placeholder whose join ping was lost, too), and the direct ping
+                # leads with our verdict so it also refutes.
+                # as often as its link allows (no flood of a slow one); our health: no matter.
+                # Never heard from: with a backoff (its own join ping will come when it starts).
+                interval_ms = self._wait_ms(node, self._cfg.probe_interval_ms, health=False)
+                if not m.heard:
+                    interval_ms = verify_interval_ms(interval_ms, now_ms - m.state_since_ms,
+                                                     self._cfg.dead_probe_interval_ms)
+                m.next_ping_ms = now_ms + interval_ms
+            else:
                 # Not in SWIM (which needs an explicit re-join): pinging the dead at their last
                 # address lets restarted members and the far side of a healed partition rejoin.
                 m.next_ping_ms = now_ms + self._cfg.dead_probe_interval_ms
-                sends += self._verify(node, now_ms)
+            sends += self._verify(node, now_ms)
         return sends
 
     def _verify(self, node: NodeId, now_ms: int) -> list[Send]:
