@@ -17,7 +17,9 @@ Then the growth of each time from the smallest to the largest n as a least-squar
 (time ~ n^k), beside n log n's (k ~ 1.3 from 10 to 100).
 
 Run: .venv/bin/python benchmarks/bench_hundred.py [--sites 10 20 40 70 100] [--json]
-It takes the machine (n daemons on its cores): check `uptime` first. `--profile-site0 FILE` runs
+It takes the machine (n daemons on its cores): check `uptime` first. `--dialable` starts the sites
+as [network] reachable = "yes" (the default "auto" opens reverse links to every peer until a
+peer's dial-back answers). `--profile-site0 FILE` runs
 the first site's daemon under cProfile (not forked) and writes its profile to FILE.
 """
 
@@ -125,10 +127,11 @@ def start_profiled(h: Harness, path: Path) -> None:
     site.starts += 1
 
 
-async def one_size(n: int, rows_per_site: int, profile: Path | None) -> dict:
+async def one_size(n: int, rows_per_site: int, profile: Path | None, dialable: bool) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-hundred-") as tmp_name:
         tmp = Path(tmp_name)
-        h = Harness(tmp / "fed", n, site_data=write_sites(tmp, n, rows_per_site), data_settings=DATA)
+        settings = {"network": {"reachable": "yes"}} if dialable else {}
+        h = Harness(tmp / "fed", n, settings, site_data=write_sites(tmp, n, rows_per_site), data_settings=DATA)
         h.create()
         out: dict = {"sites": n}
         with h:
@@ -213,12 +216,15 @@ def main() -> None:
     ap.add_argument("--rows-per-site", type=int, default=200)
     ap.add_argument("--profile-site0", type=Path, metavar="FILE")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--dialable", action="store_true",
+                    help='sites start as [network] reachable = "yes" (loopback: they are): no reverse links to '
+                         'every peer until a dial-back says so, which 100 sites starting together pay for')
     args = ap.parse_args()
     zygote.share(True)
     runs = []
     try:
         for n in args.sites:
-            runs.append(asyncio.run(one_size(n, args.rows_per_site, args.profile_site0)))
+            runs.append(asyncio.run(one_size(n, args.rows_per_site, args.profile_site0, args.dialable)))
             print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
     finally:
         zygote.share(False)
