@@ -42,7 +42,8 @@ class Limits:
     connections_max: int = 1024                   # open peer-port connections (also kept under the open-files limit)
     unverified_connections_max: int = 64          # connections whose sender is not yet authenticated;
                                                   # oldest dropped first
-    unverified_per_ip_max: int = 16               # of those, from one IP address
+    unverified_per_ip_max: int = 16               # of those, from one IP address (both: at least
+                                                  # one per member, PeerServer.fit_members)
     header_timeout_ms: int = 5_000                # from a connection's first byte to the end of the frame header
     idle_timeout_ms: int = 60_000                 # an authenticated keep-alive connection with no request
     body_timeout_ms: int = 10_000                 # a frame body, plus its size at body_bytes_per_s_min

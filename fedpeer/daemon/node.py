@@ -63,6 +63,10 @@ SESSION_PRUNE_MS = 1_000          # forget expired sessions this often
 REJECT_LOG_INTERVAL_MS = 5_000    # per reason: log the first rejection, then at most this often
 LOOP_ERROR_LOG_INTERVAL_MS = 5_000   # a failing loop step logs once per interval (with a count)
 STATUS_JOBS_MAX = 20               # most recent jobs listed in `status`
+# Membership's view of every peer is walked (state-change log, SiteInfo) after a membership step
+# that changed it (Membership.changes), else at most this often (SiteInfo's retries): walking 99
+# peers after every ping and ack was ~0.3 ms a message at 100 sites
+PEER_VIEW_RECHECK_MS = 1_000
 
 
 def _monotonic_ms() -> int:
@@ -99,6 +103,7 @@ class Node:
                                   lambda head: self._gate.open_header(head, _monotonic_ms()), self._on_frame,
                                   self._on_reject, self._gate.refusal_tag, self._on_hello,
                                   on_reverse=self.paths.on_reverse, on_relay=self.paths.on_relay)
+        self._server.fit_members(len(config.peers))
         self._loop_errors: Counter[str] = Counter()
         self._loop_error_logged_ms: dict[str, int] = {}
         self.metrics = NodeMetrics(self, round_kinds=[k.name for k in job_kinds().values() if k.rounds_metric])
@@ -128,6 +133,7 @@ class Node:
             tracker = self.tracker
             self.jobs.on_end = lambda record: tracker.job_ended(record.to_json(self.jobs.names, self.now_ms()))
         self._peer_states = {v.node: v.state for v in self.membership.view()}
+        self._view_walked: tuple[int, int] | None = None    # (Membership.changes, monotonic ms) of the last walk
         self.versions = VersionExchange(job_kinds().values(), send=self.send_reliable, keys=self._keys,
                                         address_of=self._address, spawn=self._spawn, now_ms=_monotonic_ms,
                                         name_of=self._name)   # what each peer runs (fedpeer/daemon/versions.py)
@@ -295,6 +301,11 @@ class Node:
             self._saved_incarnation = self.membership.incarnation
 
     def _log_state_changes(self) -> None:
+        changes, now = self.membership.changes, _monotonic_ms()
+        if self._view_walked is not None and self._view_walked[0] == changes \
+                and now - self._view_walked[1] < PEER_VIEW_RECHECK_MS:
+            return
+        self._view_walked = (changes, now)
         for view in self.membership.view():
             self.versions.on_view(view)
             old = self._peer_states.get(view.node)
@@ -417,6 +428,7 @@ class Node:
         self.election.set_config(new.election)
         self._client.use_limits(new.limits)
         self._server.use_limits(new.limits)
+        self._server.fit_members(len(new.peers))
         self.config = new
         self._names = {p.public_key: p.name for p in new.peers}
         self._allowed = frozenset(self._names)   # the gate's next frame from a removed peer is refused

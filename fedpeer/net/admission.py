@@ -18,7 +18,8 @@ __all__ = ["HELLO_BURST_NODE", "HELLO_BURST_PER_IP", "HELLO_BURST_PER_KEY", "HEL
            "Conn", "HelloRate", "TokenBuckets", "address_prefix"]
 
 HELLO_RATE_PER_IP_PER_S = 10.0         # session handshakes one address prefix may open per second, sustained ...
-HELLO_BURST_PER_IP = 40                # ... and at once (a restarted site opens one per peer: far fewer)
+HELLO_BURST_PER_IP = 40                # ... and at once (a restarted site opens one per peer: far fewer), or
+                                       # one per member when there are more (HelloRate.fit_members)
 HELLO_RATE_IPS_MAX = 4096              # address prefixes whose rate is tracked; beyond, new ones share one bucket
 IPV4_PREFIX_BITS = 24                  # an IPv4 address counts with its /24 (one host often holds a few) ...
 IPV6_PREFIX_BITS = 64                  # ... an IPv6 address with its /64 (one host may hold all of it)
@@ -149,8 +150,18 @@ class HelloRate:
                  key_burst: int = HELLO_BURST_PER_KEY, node_rate_per_s: float = HELLO_RATE_NODE_PER_S,
                  node_burst: int = HELLO_BURST_NODE) -> None:
         self._prefixes = TokenBuckets(rate_per_s, burst, ips_max)
+        self._prefix_burst_min = burst
         self._keys = TokenBuckets(key_rate_per_s, key_burst, ips_max)   # bounded by the allowlist anyway
         self._node = TokenBuckets(node_rate_per_s, node_burst, 1)
+
+    def fit_members(self, members: int) -> None:
+        """A federation of `members` sites: an address prefix may open one hello per member at
+        once (at least the burst it was made with: HELLO_BURST_PER_IP). One prefix can hold every
+        member (one host runs the federation, as `fedpeer harness` does: 100 sites on 127.0.0.1;
+        a lab's rack in one /24), and all of them start and say hello together. A stranger's
+        hellos from that prefix then cost at most that many more tag checks at once: the per-key
+        and node-wide budgets still bound the signature checks and key exchanges."""
+        self._prefixes.burst = max(self._prefix_burst_min, members)
 
     def allow(self, ip: str, now_s: float) -> bool:
         return self._prefixes.allow(address_prefix(ip), now_s)

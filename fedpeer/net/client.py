@@ -347,11 +347,14 @@ class PeerClient:
         """POST one frame (or hello); the answer's body for a hello (its welcome), else b""."""
         return answer_body(address, await self.exchange(address, frame, path, peer, timeout_ms, relay_ok), path)
 
-    async def hello(self, address: str, hello: bytes, timeout_ms: int | None, retries: int, peer: bytes = b"",
-                    relay_ok: bool = True) -> bytes:
-        """A session handshake: the peer's welcome. Retries connection failures like `send`."""
+    async def hello(self, address: str, hello: Callable[[], bytes], timeout_ms: int | None, retries: int,
+                    peer: bytes = b"", relay_ok: bool = True) -> bytes:
+        """A session handshake: the peer's welcome to the last hello sent. Retries connection
+        failures and timeouts like `send`, each try with a fresh hello from `hello()`: the peer
+        refuses a hello it answered before as a replay, and a loaded peer often answers a try
+        after the try gave up on it."""
         return await self._with_retries(address, retries,
-                                        lambda: self._post(address, hello, timeout_ms, HELLO_PATH, peer, relay_ok))
+                                        lambda: self._post(address, hello(), timeout_ms, HELLO_PATH, peer, relay_ok))
 
     async def _with_retries(self, address: str, retries: int, attempt_fn: Callable[[], Awaitable[bytes]]) -> bytes:
         limits = self._limits

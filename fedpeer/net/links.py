@@ -30,7 +30,7 @@ from fedpeer.net.reverse import ReverseOffer
 from fedpeer.net.streams import StreamChunk, StreamOpen
 from fedpeer.net.transport import PeerClient, SendError, SendRefused
 from fedpeer.wire import frame as wire
-from fedpeer.wire.session import OutSession, Sessions
+from fedpeer.wire.session import OutSession, PendingHello, Sessions
 
 OFF_LOOP_BYTES_MIN = 4 * 1024 * 1024    # messages larger than this are sealed in a worker thread
 HANDSHAKE_TIMEOUT_MS = 5_000           # one hello's round trip (then the client's retries, with backoff)
@@ -72,19 +72,19 @@ class Links:
         return await asyncio.shield(task)
 
     async def _open(self, peer: bytes, address: str, relay_ok: bool) -> OutSession:
-        for attempt in range(2):
-            pending = self._gate.handshakes.hello(peer)
-            try:
-                welcome = await self._client.hello(address, pending.hello, HANDSHAKE_TIMEOUT_MS, self._client.retries,
-                                                   peer, relay_ok)
-                break
-            except Exception as exc:
-                self.handshakes_failed += 1
-                self.handshake_errors[getattr(exc, "reason", None) or type(exc).__name__] += 1
-                # a retried hello whose first try arrived (its answer lost) is refused as a replay: a
-                # fresh hello, once
-                if not (isinstance(exc, SendRefused) and exc.reason == "replay" and attempt == 0):
-                    raise
+        sent: list[PendingHello] = []
+
+        def fresh() -> bytes:   # every try its own hello (PeerClient.hello): a retry is no replay
+            sent.append(self._gate.handshakes.hello(peer))
+            return sent[-1].hello
+        try:
+            welcome = await self._client.hello(address, fresh, HANDSHAKE_TIMEOUT_MS, self._client.retries,
+                                               peer, relay_ok)
+        except Exception as exc:
+            self.handshakes_failed += 1
+            self.handshake_errors[getattr(exc, "reason", None) or type(exc).__name__] += 1
+            raise
+        pending = sent[-1]      # tries are sequential: the welcome answers the last one
         try:
             session, back = self._gate.handshakes.finish(pending, welcome, self._now_ms())
         except wire.RemoteProtocolError as exc:

@@ -56,6 +56,9 @@ PEER_BYTES_SHARE_DIVISOR = 2           # one peer holds at most 1/this of the in
 DISCARD_BYTES_MAX = 256 * 1024         # unread bytes dropped at a close (what one socket read took before)
 DISCARD_READ_BYTES = 64 * 1024         # one read of those: the scratch buffer a close reads them into
 LISTEN_BACKLOG = 128                   # connections the kernel queues for us before we accept them
+UNVERIFIED_PER_MEMBER = 4              # a member's connections that may be unauthenticated at once while it
+                                       # starts: its hello's, and the sends that waited for it and then dial
+                                       # together (membership, election, what it runs, its reverse links)
 CONTENT_LENGTH_DIGITS_MAX = 12         # a request's Content-Length digits (< 1 TB; message_bytes_max then bounds it)
 
 log = logging.getLogger("fedpeer.transport")
@@ -332,6 +335,20 @@ class PeerServer:
         self.port: int | None = None
         self.shed = Counter[str]()          # connections closed to keep the budgets, by reason
         self.hello_rate = HelloRate()
+        self._unverified_min = 0            # the unauthenticated budgets' floor (fit_members)
+
+    def fit_members(self, members: int) -> None:
+        """A federation of `members` sites. Every member opens a connection to say hello, and that
+        connection is unauthenticated until its first frame; one address can hold every member
+        (one host runs the federation: `fedpeer harness`, 100 sites on 127.0.0.1), and they all
+        start together. So the unauthenticated budgets ([limits] unverified_per_ip_max and
+        unverified_connections_max) are at least UNVERIFIED_PER_MEMBER per member, and an address
+        prefix's burst of hellos at least one per member (admission.py HelloRate.fit_members):
+        below that, a federation starting on one host evicted its own members' hellos (at 25
+        sites on loopback: ~1,000 connections shed, each a hello tried again or relayed, and
+        refused as a replay when it had been answered)."""
+        self._unverified_min = UNVERIFIED_PER_MEMBER * members
+        self.hello_rate.fit_members(members)
 
     def use_limits(self, limits: Limits) -> None:
         """A reloaded [limits]: timeouts apply to the next request; the budgets sized here at
@@ -388,9 +405,9 @@ class PeerServer:
         """Evict unauthenticated connections until `conn` fits every budget; False if it cannot."""
         books, limits = self._books, self._limits
         while True:
-            if books.unverified_by_ip[conn.ip] >= limits.unverified_per_ip_max:
+            if books.unverified_by_ip[conn.ip] >= max(limits.unverified_per_ip_max, self._unverified_min):
                 victim, why = books.oldest_unverified(conn.ip), "per_ip"
-            elif len(books.unverified) >= limits.unverified_connections_max:
+            elif len(books.unverified) >= max(limits.unverified_connections_max, self._unverified_min):
                 victim, why = books.oldest_unverified(), "unverified"
             elif len(books.conns) >= self._connections_cap():
                 victim, why = books.oldest_unverified(), "total"

@@ -52,6 +52,9 @@ def test_a_forked_daemon_runs_until_signalled(zyg: Zygote, tmp_path: Path) -> No
         with pytest.raises(subprocess.TimeoutExpired):
             proc.wait(timeout=1.0)                       # a daemon runs until told to stop
         assert os.getsid(proc.pid) == proc.pid           # in a session of its own
+        ignored = int(next(line for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+                           if line.startswith("SigIgn:")).split()[1], 16)
+        assert ignored & (1 << (signal.SIGPIPE - 1)), "SIGPIPE must be ignored, as in a fresh interpreter"
         proc.terminate()
         assert proc.wait(timeout=20) == 0                # SIGTERM: a clean exit, as from the command line
         again = zyg.spawn(["start", "--config", str(config)], str(tmp_path / "a.log"))

@@ -313,3 +313,30 @@ def test_a_lying_member_evicts_nobody_and_honest_views_converge():
     assert lies > len(BYZ_SEEDS) * 1_000  # the liar really spoke: ~2,600 lies a seed
     # At most one refutation per refute_interval_ms, whatever the liar sends.
     assert top_incarnation <= 1 + (BYZ_RUN_MS + 2_000) // CFG.refute_interval_ms, top_incarnation
+
+
+# -- a hundred members (fedpeer/core/membership/timing.py: suspicion grows with log n) ------------
+
+def test_a_hundred_members_started_one_by_one_converge_and_detect_a_crash():
+    """100 nodes booted 25 ms apart (as the harness forks them): everyone sees everyone within
+    1.5 s of the last start, and a crash is seen by all 99 no sooner than the suspicion timeout
+    for 100 members (8 s) and within 14 s (detection and gossip). One seed: it costs ~2 s."""
+    n, seed = 100, 0
+    net = SimNet(seed, n, delay_ms=(1, 40))
+    for i in range(1, n):
+        net.crash(i)
+    for i in range(1, n):
+        net.run_until(i * 25)
+        net.restart(i)
+    last_start = net.now_ms
+    assert converge(net, last_start + 1_500) is not None
+    net.run_until(last_start + 2_000)
+    assert all_alive(net)
+    victim = random.Random(seed).randrange(n)
+    net.crash(victim)
+    crashed = net.now_ms
+    first = net.run_checking(crashed + 14_000, lambda net: D in states_about(net, victim), every_ms=250)
+    assert first is not None and first - crashed >= 8_000, "declared dead before the timeout for 100 members"
+    dead = net.run_checking(crashed + 14_000, lambda net: everyone_sees(net, victim, D), every_ms=500)
+    assert dead is not None, "not seen dead by all within 14 s"
+    assert all_alive_except(net, victim)

@@ -55,16 +55,33 @@ class FakeClient:
         self.retries = 0
         self.sent: list[bytes] = []
 
-    async def hello(self, address: str, hello: bytes, timeout_ms: int | None, retries: int, peer: bytes = b"",
+    async def hello(self, address: str, hello, timeout_ms: int | None, retries: int, peer: bytes = b"",
                     relay_ok: bool = True) -> bytes:
         self.hellos += 1
         await asyncio.sleep(0)
-        return self.bob.gate.hello(hello, 0)
+        return self.bob.gate.hello(hello(), 0)
 
     async def send(self, address: str, frame: bytes, peer: bytes = b"") -> None:
         await asyncio.sleep(0)
         self.sent.append(bytes(frame))
         self.bob.take(bytes(frame))
+
+
+class LostFirstAnswerClient(FakeClient):
+    """The first try reaches bob, but its answer never comes back (a loaded machine): a retry."""
+
+    async def hello(self, address: str, hello, timeout_ms: int | None, retries: int, peer: bytes = b"",
+                    relay_ok: bool = True) -> bytes:
+        self.bob.gate.hello(hello(), 0)          # answered, and the answer lost
+        return await super().hello(address, hello, timeout_ms, retries, peer, relay_ok)
+
+
+async def test_a_retried_handshake_is_no_replay_and_its_session_works() -> None:
+    links, _, bob, _ = setup()
+    links._client = LostFirstAnswerClient(bob)
+    await links.send_reliable(bob.identity.public_key, "bob", wire.DiagProbe(b"after a lost welcome"))
+    assert [m.payload for m in bob.received] == [b"after a lost welcome"]
+    assert links.handshakes == 1 and links.handshakes_failed == 0
 
 
 def setup() -> tuple[Links, FakeClient, Peer, list[int]]:

@@ -95,9 +95,25 @@ async def test_concurrent_sends_use_at_most_eight_connections_per_peer(site: Sit
     assert len(site.received) == 40 and site.server.connections()["open"] <= 8
 
 
+async def test_a_retried_hello_is_a_fresh_one(client: PeerClient) -> None:
+    # a loaded peer may answer a try after it timed out: resending the same bytes would be refused
+    # as a replay, so every try asks for a new hello
+    posted: list[bytes] = []
+
+    async def post(address: str, body: bytes, *rest: object) -> bytes:
+        posted.append(body)
+        if len(posted) == 1:
+            raise TimeoutError
+        return b"welcome"
+    client._post = post    # type: ignore[method-assign]
+    made = iter([b"hello-1", b"hello-2"])
+    assert await client.hello("127.0.0.1:9", lambda: next(made), 1_000, 1) == b"welcome"
+    assert posted == [b"hello-1", b"hello-2"]
+
+
 async def test_a_hello_gets_its_welcome(site: Site, client: PeerClient) -> None:
     pending = site.forger.handshakes.hello(site.bob.public_key)
-    welcome = await client.hello(site.address, pending.hello, 2_000, 0)
+    welcome = await client.hello(site.address, lambda: pending.hello, 2_000, 0)
     out, _ = site.forger.handshakes.finish(pending, welcome, NOW_MS)
     frame = wire.Sealer(site.alice).seal(out, wire.DiagProbe(b"under the new session"))
     await client.send(site.address, frame)
@@ -536,6 +552,16 @@ def test_hello_rate_is_a_token_bucket_per_prefix_with_a_bounded_memory_and_no_fr
     assert rate.allow("10.1.0.1", 10.0)
 
 
+def test_a_prefix_may_say_hello_once_per_member_at_once_in_a_large_federation() -> None:
+    from fedpeer.net.admission import HelloRate
+
+    rate = HelloRate(rate_per_s=1.0, burst=3)
+    rate.fit_members(2)     # a small federation: the burst it was made with
+    assert [rate.allow("127.0.0.1", 0.0) for _ in range(4)] == [True] * 3 + [False]
+    rate.fit_members(99)    # 100 sites on one host start together: each of the 99 others says hello
+    assert sum(rate.allow("127.0.1.1", 0.0) for _ in range(120)) == 99
+
+
 def test_hello_rate_bounds_full_handshakes_per_key_and_for_the_node() -> None:
     from fedpeer.net.admission import HelloRate
 
@@ -545,3 +571,33 @@ def test_hello_rate_bounds_full_handshakes_per_key_and_for_the_node() -> None:
     assert rate.allow_key(b, 0.0)                                                # another key ...
     assert not rate.allow_key(c, 0.0), "... until the node's budget is spent"
     assert rate.allow_key(c, 1.0) and not rate.allow_key(b, 1.0)
+
+
+async def test_a_large_federation_on_one_host_is_not_shed_by_the_unverified_budgets() -> None:
+    # one host holds every member (the harness: all on 127.0.0.1), and they all dial at once: the
+    # unauthenticated budgets are at least UNVERIFIED_PER_MEMBER per member
+    from fedpeer.net.server import UNVERIFIED_PER_MEMBER
+
+    async def idle_connections(site: Site, count: int) -> dict:
+        writers = []
+        for _ in range(count):        # connected, nothing sent yet: unauthenticated
+            _, writer = await asyncio.open_connection("127.0.0.1", site.server.port)
+            writers.append(writer)
+        await asyncio.sleep(0.05)
+        for writer in writers:
+            writer.close()
+        return dict(site.server.shed)
+
+    small = Site(Limits(unverified_per_ip_max=2, unverified_connections_max=4))
+    await small.server.start()
+    try:
+        assert (await idle_connections(small, 6)).get("evicted_per_ip") == 4     # the configured 2
+    finally:
+        await small.server.stop()
+    large = Site(Limits(unverified_per_ip_max=2, unverified_connections_max=4))
+    large.server.fit_members(3)
+    await large.server.start()
+    try:
+        assert await idle_connections(large, UNVERIFIED_PER_MEMBER * 3) == {}
+    finally:
+        await large.server.stop()

@@ -68,8 +68,11 @@ only by X's own authenticated word and by our own probes:
   our suspicion of X at X's known incarnation (Lifeguard §4.2: one member
   alone cannot make anyone suspect anyone). Only what we suspect or declared
   ourselves is gossiped, so every report an honest member sends is its own.
-* X becomes DEAD only by our own suspect timeout. While SUSPECT (a never-heard
-  placeholder too), X is verified every probe period: pinged directly, the
+* X becomes DEAD only by our own suspect timeout (suspect_timeout_ms, longer
+  with log n above SUSPECT_SCALE_FROM_MEMBERS members: timing.py). While SUSPECT,
+  X is verified every probe period (a never-heard placeholder with a backoff up
+  to dead_probe_interval_ms: timing.py verify_interval_ms; at most
+  VERIFY_PER_PERIOD_MAX members a period, the longest due first): pinged directly, the
   ping leading with our verdict (see below) so a live X answers (clearing it)
   and refutes, and through one random relay, so a link that only we cannot
   use does not condemn it. DEAD members are verified the same way every
@@ -88,8 +91,8 @@ only by X's own authenticated word and by our own probes:
   which we ourselves did not run (a tick gap over a protocol period) does not
   count against anyone.
 * A configured member we have never heard from is a *placeholder*: reported
-  SUSPECT (never ALIVE), not gossiped. If nothing arrives within
-  suspect_timeout_ms it becomes DEAD locally, still without gossip.
+  SUSPECT (never ALIVE), not gossiped. If nothing arrives within its suspect
+  timeout it becomes DEAD locally, still without gossip.
 * Every limit and timeout is a field of MembershipConfig or a module constant
   with its unit in the name. State is bounded: one gossip entry per member, one
   report per (member, reporter), pending relayed/extra pings capped at
@@ -117,9 +120,11 @@ from fedpeer.core.membership.timing import (
     PROBE_WAIT_MS_MAX,
     RTT_TIMEOUT_MULT,
     SUSPECT_RTT_MULT,
+    VERIFY_PER_PERIOD_MAX,
     MembershipConfig,
     smoothed_rtt_ms,
     suspect_timeout_ms,
+    verify_interval_ms,
     wait_ms,
 )
 from fedpeer.core.membership.wire import Ack, IndirectAck, MemberState, Message, NodeId, Ping, PingReq, Send, Update
@@ -204,6 +209,9 @@ class Membership:
         self._next_refute_ms = now_ms
         self._refute_pending = False
         self._lhm = 0                    # local health multiplier (membership_timing.py)
+        self._changes = 0                # see `changes`
+        self._verify_tokens = float(VERIFY_PER_PERIOD_MAX)   # _timers: verifications we may send now
+        self._verify_refilled_ms = now_ms
         # Announce myself: gossip carries my own word to members I do not ping directly soon.
         self._enqueue(Update(me, MemberState.ALIVE, incarnation, address))
 
@@ -212,6 +220,13 @@ class Membership:
     @property
     def incarnation(self) -> int:
         return self._incarnation
+
+    @property
+    def changes(self) -> int:
+        """A counter that moves whenever what view() says changes, except a member's later
+        last_seen_ms and rtt_ms: a caller that reacts to states, incarnations, addresses and
+        first contact walks view() only when it moved (the node does so after every message)."""
+        return self._changes
 
     def view(self) -> list[MemberView]:
         """Every member except me, ordered by NodeId."""
@@ -252,6 +267,7 @@ class Membership:
                 sends.append(self._ping(node, self._track(node, now_ms)))
         self._configured = dict(peers)
         self._members = dict(sorted(self._members.items()))
+        self._changes += 1
         self._order.restart()   # reshuffled over the new set at the next probe
         return sends
 
@@ -290,6 +306,8 @@ class Membership:
         member = self._members.get(src)
         if member is None:  # me, or not a configured member: membership is closed
             return []
+        if member.last_seen_ms is None:
+            self._changes += 1
         member.last_seen_ms = now_ms
         match msg:
             case Ping():
@@ -365,7 +383,7 @@ class Membership:
         return wait_ms(base_ms, self._members[node].rtt_ms, self._lhm if health else 0)
 
     def _suspect_timeout_ms(self, node: NodeId) -> int:
-        return suspect_timeout_ms(self._cfg.suspect_timeout_ms, self._members[node].rtt_ms)
+        return suspect_timeout_ms(self._cfg.suspect_timeout_ms, self._members[node].rtt_ms, len(self._members) + 1)
 
     def _next_target(self) -> NodeId | None:
         # §4.3 round robin (ProbeOrder); the DEAD are verified by their own timer instead.
@@ -377,8 +395,8 @@ class Membership:
                 return node
 
     def _send_ping_reqs(self, p: _Probe) -> list[Send]:
-        others = [node for node, m in self._members.items()
-                  if node != p.target and m.state is not MemberState.DEAD]
+        others = [node for node, m in self._members.items()   # never heard from: likely not up yet
+                  if node != p.target and m.heard and m.state is not MemberState.DEAD]
         p.relays = tuple(self._rng.sample(others, min(self._cfg.indirect_probes, len(others))))
         return [Send(node, self._members[node].address,
                      PingReq(p.probe_id, p.target, self._piggyback(node)))
@@ -394,24 +412,45 @@ class Membership:
             self._set(node, m, MemberState.SUSPECT, now_ms)
 
     def _timers(self, now_ms: int) -> list[Send]:
-        sends = []
+        due = []
         for node, m in self._members.items():
             if m.state is MemberState.SUSPECT:
                 if now_ms - m.state_since_ms >= self._suspect_timeout_ms(node):
                     self._confirm_dead(node, m, now_ms)
                 elif now_ms >= m.next_ping_ms:
-                    # Verify it ourselves every period rather than wait for the round robin
-                    # (up to 2n - 1 periods): a live member answers well within the suspect
-                    # timeout (a placeholder whose join ping was lost, too), and the direct ping
-                    # leads with our verdict so it also refutes.
-                    # as often as its link allows (no flood of a slow one); our health: no matter
-                    m.next_ping_ms = now_ms + self._wait_ms(node, self._cfg.probe_interval_ms, health=False)
-                    sends += self._verify(node, now_ms)
+                    due.append((m.next_ping_ms, node))
             elif m.state is MemberState.DEAD and now_ms >= m.next_ping_ms:
+                due.append((m.next_ping_ms, node))
+        if not due:
+            return []
+        # At most VERIFY_PER_PERIOD_MAX verifications a period, longest due first: a node short
+        # of CPU that suspects many members must not flood everyone (timing.py).
+        self._verify_tokens = min(float(VERIFY_PER_PERIOD_MAX), self._verify_tokens + VERIFY_PER_PERIOD_MAX
+                                  * (now_ms - self._verify_refilled_ms) / self._cfg.probe_interval_ms)
+        self._verify_refilled_ms = now_ms
+        sends = []
+        for _, node in sorted(due):
+            if self._verify_tokens < 1:
+                break
+            self._verify_tokens -= 1
+            m = self._members[node]
+            if m.state is MemberState.SUSPECT:
+                # Verify it ourselves every period rather than wait for the round robin
+                # (up to 2n - 1 periods): a live member answers well within the suspect
+                # timeout (a placeholder whose join ping was lost, too), and the direct ping
+                # leads with our verdict so it also refutes.
+                # as often as its link allows (no flood of a slow one); our health: no matter.
+                # Never heard from: with a backoff (its own join ping will come when it starts).
+                interval_ms = self._wait_ms(node, self._cfg.probe_interval_ms, health=False)
+                if not m.heard:
+                    interval_ms = verify_interval_ms(interval_ms, now_ms - m.state_since_ms,
+                                                     self._cfg.dead_probe_interval_ms)
+                m.next_ping_ms = now_ms + interval_ms
+            else:
                 # Not in SWIM (which needs an explicit re-join): pinging the dead at their last
                 # address lets restarted members and the far side of a healed partition rejoin.
                 m.next_ping_ms = now_ms + self._cfg.dead_probe_interval_ms
-                sends += self._verify(node, now_ms)
+            sends += self._verify(node, now_ms)
         return sends
 
     def _verify(self, node: NodeId, now_ms: int) -> list[Send]:
@@ -431,6 +470,7 @@ class Membership:
         if m.heard:  # §4.2: an unrefuted suspicion is confirmed (by us alone) and gossiped
             self._set(node, m, MemberState.DEAD, now_ms)
         else:  # a placeholder: we learnt nothing worth gossiping
+            self._changes += 1
             m.state = MemberState.DEAD
             m.state_since_ms = now_ms
             m.next_ping_ms = now_ms + self._cfg.dead_probe_interval_ms
@@ -522,6 +562,7 @@ class Membership:
                 m.duplicate_count += 1
                 m.duplicate_ms = now_ms
             m.duplicate_address = address
+            self._changes += 1
         m.last_word_address = address
         if m.heard and (incarnation == m.incarnation or (
                 incarnation < m.incarnation and m.state is MemberState.ALIVE)):
@@ -581,6 +622,7 @@ class Membership:
 
     def _set(self, node: NodeId, m: _Member, state: MemberState, now_ms: int) -> None:
         """Our own verdict about node changes: reset its evidence, gossip only what we concluded."""
+        self._changes += 1
         m.state = state
         m.state_since_ms = now_ms
         m.reports.clear()

@@ -13,6 +13,25 @@ refute a suspicion of ourselves and falls when a probe succeeds; waits are multi
 1 + multiplier, so a node that is itself slow (overloaded, behind a slow link) blames others
 later. Every wait is capped at PROBE_WAIT_MS_MAX.
 
+Suspicion grows with the federation (Lifeguard §5; memberlist's suspicion timeout,
+mult x max(1, log10 n) x probe interval): a suspicion must reach, through gossip, the one member
+that can refute it, and in a larger federation that takes more protocol periods (SWIM §4.1:
+O(log n) of them). suspect_timeout_ms is the timeout up to SUSPECT_SCALE_FROM_MEMBERS members;
+with n members it is multiplied by log10(n) / log10(SUSPECT_SCALE_FROM_MEMBERS): 4 s at 10,
+6.4 s at 40, 8 s at 100.
+
+However many members we hold suspect or dead, we verify at most VERIFY_PER_PERIOD_MAX of them a
+probe period (the longest due first; each costs a ping and a relayed ping): a node starved of CPU
+suspects many members at once, and verifying each of them every period multiplied the messages
+every other node had to answer, made them late in turn, and spiralled (70 sites on 2 cores:
+4,048 suspicions and 204 s to converge).
+
+Members never heard from (a federation starting: most members are not up yet) are pinged with a
+backoff: every probe period at first, then as long again as we have been waiting, up to
+dead_probe_interval_ms (verify_interval_ms below). Their own join ping reaches us when they
+start, so pinging n - 1 silent members every period would only add a storm of pings, relays and
+handshakes to a machine already busy starting up.
+
 References: Dadgar, Phillips, Currey, "Lifeguard: Local Health Awareness for More Accurate
 Failure Detection" (2018). The functions below are pure; membership.py keeps each member's
 smoothed RTT and the local health multiplier."""
@@ -28,6 +47,8 @@ SUSPECT_RTT_MULT = 4          # X's suspicion lasts suspect_timeout_ms plus this
 LHM_MAX = 2                   # local health multiplier: waits x (1 + LHM); small, so an isolated node
                               # still detects in time
 PROBE_WAIT_MS_MAX = 10_000    # no single wait for an answer exceeds this, however slow the link
+SUSPECT_SCALE_FROM_MEMBERS = 10   # members (me included) above which the suspicion timeout grows with log n
+VERIFY_PER_PERIOD_MAX = 4     # suspect or dead members we verify (a ping, a relayed ping) per probe period
 
 
 @dataclass(frozen=True)
@@ -67,9 +88,24 @@ def wait_ms(base_ms: int, rtt_ms: float | None, lhm: int) -> int:
     return min(PROBE_WAIT_MS_MAX, int(max(base_ms, RTT_TIMEOUT_MULT * (rtt_ms or 0.0)) * factor))
 
 
-def suspect_timeout_ms(base_ms: int, rtt_ms: float | None) -> int:
-    """How long a suspicion lasts: `base_ms` (suspect_timeout_ms) plus SUSPECT_RTT_MULT RTTs."""
-    return base_ms + min(PROBE_WAIT_MS_MAX, int(SUSPECT_RTT_MULT * (rtt_ms or 0.0)))
+def suspicion_scale(n_members: int) -> float:
+    """The factor on suspect_timeout_ms for a federation of `n_members` (me included): 1 up to
+    SUSPECT_SCALE_FROM_MEMBERS, then log10(n) / log10(SUSPECT_SCALE_FROM_MEMBERS)."""
+    return max(1.0, math.log10(max(1, n_members)) / math.log10(SUSPECT_SCALE_FROM_MEMBERS))
+
+
+def suspect_timeout_ms(base_ms: int, rtt_ms: float | None, n_members: int = 1) -> int:
+    """How long a suspicion lasts in a federation of `n_members` (me included): `base_ms`
+    (suspect_timeout_ms) times suspicion_scale(n_members), plus SUSPECT_RTT_MULT RTTs."""
+    return (int(base_ms * suspicion_scale(n_members))
+            + min(PROBE_WAIT_MS_MAX, int(SUSPECT_RTT_MULT * (rtt_ms or 0.0))))
+
+
+def verify_interval_ms(interval_ms: int, waited_ms: int, cap_ms: int) -> int:
+    """When to ping a member we have never heard from again, after waiting `waited_ms` for it:
+    `interval_ms` (a probe period) at first, then as long as we have waited, at most `cap_ms`
+    (dead_probe_interval_ms): pings at 0, 1, 2, 4, 8, ... periods until the cap."""
+    return min(max(interval_ms, cap_ms), max(interval_ms, waited_ms))
 
 
 def smoothed_rtt_ms(rtt_ms: float | None, sample_ms: int) -> float:
