@@ -120,7 +120,7 @@ from fedpeer.core.membership.timing import (
     PROBE_WAIT_MS_MAX,
     RTT_TIMEOUT_MULT,
     SUSPECT_RTT_MULT,
-    VERIFY_PER_PERIOD_MAX,
+    VerifyBudget,
     MembershipConfig,
     smoothed_rtt_ms,
     suspect_timeout_ms,
@@ -210,8 +210,7 @@ class Membership:
         self._refute_pending = False
         self._lhm = 0                    # local health multiplier (membership_timing.py)
         self._changes = 0                # see `changes`
-        self._verify_tokens = float(VERIFY_PER_PERIOD_MAX)   # _timers: verifications we may send now
-        self._verify_refilled_ms = now_ms
+        self._verify_budget = VerifyBudget(now_ms)     # _timers: verifications we may send now
         # Announce myself: gossip carries my own word to members I do not ping directly soon.
         self._enqueue(Update(me, MemberState.ALIVE, incarnation, address))
 
@@ -425,14 +424,11 @@ class Membership:
             return []
         # At most VERIFY_PER_PERIOD_MAX verifications a period, longest due first: a node short
         # of CPU that suspects many members must not flood everyone (timing.py).
-        self._verify_tokens = min(float(VERIFY_PER_PERIOD_MAX), self._verify_tokens + VERIFY_PER_PERIOD_MAX
-                                  * (now_ms - self._verify_refilled_ms) / self._cfg.probe_interval_ms)
-        self._verify_refilled_ms = now_ms
+        self._verify_budget.refill(now_ms, self._cfg.probe_interval_ms)
         sends = []
         for _, node in sorted(due):
-            if self._verify_tokens < 1:
+            if not self._verify_budget.take():
                 break
-            self._verify_tokens -= 1
             m = self._members[node]
             if m.state is MemberState.SUSPECT:
                 # Verify it ourselves every period rather than wait for the round robin

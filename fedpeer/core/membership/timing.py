@@ -112,3 +112,22 @@ def smoothed_rtt_ms(rtt_ms: float | None, sample_ms: int) -> float:
     """The smoothed RTT after one more sample (an exponentially weighted moving average)."""
     return float(sample_ms) if rtt_ms is None else (
         (1 - _RTT_EWMA_ALPHA) * rtt_ms + _RTT_EWMA_ALPHA * sample_ms)
+
+
+class VerifyBudget:
+    """VERIFY_PER_PERIOD_MAX verifications a probe period, refilled continuously (a token bucket
+    in the node's own clock): `take` says whether one more may be sent now."""
+
+    def __init__(self, now_ms: int) -> None:
+        self._tokens, self._at_ms = float(VERIFY_PER_PERIOD_MAX), now_ms
+
+    def refill(self, now_ms: int, period_ms: int) -> None:
+        self._tokens = min(float(VERIFY_PER_PERIOD_MAX),
+                           self._tokens + VERIFY_PER_PERIOD_MAX * (now_ms - self._at_ms) / period_ms)
+        self._at_ms = now_ms
+
+    def take(self) -> bool:
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
