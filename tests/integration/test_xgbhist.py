@@ -96,6 +96,9 @@ async def test_a_member_killed_mid_job_leaves_the_survivors_done_with_one_model(
     assert all(r["lost"] == [h.sites[victim].name] and r["trees"] == ROUNDS_KILLED for r in results), results
     models = {Path(r["model_file"]).read_bytes() for r in results}
     assert len(models) == 1
+    for i in survivors:          # and each survivor's log names the loss, for its operator
+        lines = [line for line in h.sites[i].log_path.read_text().splitlines() if "event=job_members_lost" in line]
+        assert len(lines) == 1 and f"lost={h.sites[victim].name}" in lines[0], lines
 
 
 # Levels large enough for the reduce-map and the all-reduce (sums past ALL_TO_ALL_BYTES_MAX)

@@ -126,6 +126,10 @@ class JobRunner:
             result["model_file"] = str(path)
             # what `fedpeer predict` checks the file against, for every kind (xgboost also has its own)
             result["model_file_sha256"] = await asyncio.to_thread(_file_sha256, path)
+        lost = result.get("lost") or []
+        if lost:      # the job went on without them: the operator reads who, here and in `job show`
+            log.warning("job_members_lost", extra=fields(job=record.id, kind=record.kind,
+                                                         lost=", ".join(str(name) for name in lost)))
         registry.finish(record, "done", None, result)
 
     def _charge(self, record: JobRecord) -> None:
