@@ -123,11 +123,13 @@ def measure_kmeans(name: str, X: np.ndarray, sites: list[Dataset], k: int, clip:
                    repeats: int, rounds: int) -> list[dict]:
     """DP centres against the exact job from the same initial centres (one restart, seed r), and
     against the exact job's best of 3 restarts (what an exact user would run)."""
-    exact = [federate(sites, {"k": k, "n_init": 1, "seed": r, "secure_sum": "allreduce"}, r, kmeans)
-             for r in range(repeats)]
+    # DP k-means clusters the values clipped to ±dp_clip in their own units: the exact job too
+    # (standardize=false), else the two minimise different inertias
+    exact = [federate(sites, {"k": k, "n_init": 1, "seed": r, "secure_sum": "allreduce", "standardize": False}, r,
+                      kmeans) for r in range(repeats)]
     same_init = [inertia(X, r["centers"]) for r, _ in exact]
-    best3 = inertia(X, federate(sites, {"k": k, "n_init": 3, "seed": 0, "secure_sum": "allreduce"}, 0,
-                                kmeans)[0]["centers"])
+    best3 = inertia(X, federate(sites, {"k": k, "n_init": 3, "seed": 0, "secure_sum": "allreduce",
+                                        "standardize": False}, 0, kmeans)[0]["centers"])
     rows = []
     for eps in epsilons:
         params = {"k": k, "dp_epsilon": eps, "dp_clip": clip, "dp_rounds": rounds, "dp_rows_max": 10 ** 6}

@@ -120,6 +120,7 @@ def test_a_dp_kmeans_job_finds_the_blobs_alike_everywhere_with_only_noised_total
     assert all(np.array_equal(r["centers"], results[0]["centers"]) for r in results)
     r = results[0]
     assert r["privacy"]["epsilon"] <= 100.0 and r["inertia"] is None
+    assert r["standardized"] is False and "not standardized" in r["warnings"][0]  # default standardize: not run
     X = np.vstack([s.X for s in sites])
     centres = np.array(r["centers"])
     inertia = ((X[:, None] - centres[None]) ** 2).sum(axis=2).min(axis=1).sum()

@@ -144,6 +144,10 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
         "cluster_sizes": [int(c) if c >= params["min_cluster_rows"] else f"< {params['min_cluster_rows']}"
                           for c in np.maximum(sizes, 0)[order]],
         "secure_sum": mode, "standardized": False, "fuzziness": 1.0, "history": [], "secure_sums": rounds + 1,
+        # federated means and deviations would be one more release: DP k-means clusters the values
+        # as they are, clipped to ±dp_clip, and says so when standardize (the default) was asked
+        "warnings": ["not standardized: with dp_epsilon the values are clustered in their own units, clipped "
+                     "to ±dp_clip; scale the columns alike before the job"] if params.get("standardize") else [],
         "privacy": {"mechanism": "skellam", "epsilon": dp.epsilon_of(released, delta), "delta": delta,
                     "epsilon_asked": eps, "clip": clip, "colluders": colluders, "rounds": rounds,
                     "bits_per_value": VALUE_BITS + 1,
