@@ -117,7 +117,7 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext, result_of:
     rng = ctx.noise_rng if ctx.noise_rng is not None else dp.os_rng()
     sums = plan(d, bins)
     mus = await asyncio.to_thread(dp.calibrate, sums, eps, delta)    # a search over dp-accounting's curve: off the loop
-    total_mu = members / (members - colluders)      # the total carries μ·n/(n − t): t shares beyond μ
+    total_mu = dp.spread(members, colluders)      # the total carries μ·n/(n − t)
     bounds = [dp.noise_bound(mu * total_mu, s.entries) for s, mu in zip(sums, mus)]
     mode, hop = params["secure_sum"], ctx.hop_timeout_ms
     f1, f2 = fraction_bits(clip, VALUE_BITS), fraction_bits(clip * clip, VALUE_BITS)

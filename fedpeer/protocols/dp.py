@@ -141,6 +141,12 @@ def share_mu(mu: float, members: int, colluders: int = 0) -> float:
     return mu / (members - colluders)
 
 
+def spread(members: int, colluders: int = 0) -> float:
+    """The total's noise variance per unit μ: n shares of μ/(n − t) carry μ·n/(n − t) (= 1 at t = 0),
+    what checks of a noised total allow for (`noise_bound`)."""
+    return members * share_mu(1.0, members, colluders)
+
+
 def draw_share(rng: np.random.Generator, mu_share: float, entries: int) -> np.ndarray:
     """One member's noise share: int64 Skellam with variance `mu_share` per entry. A retry of a sum
     calls this again (fresh noise); the caller charges both attempts."""

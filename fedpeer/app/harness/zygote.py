@@ -140,15 +140,11 @@ class Forked:
 
 def _preload() -> None:
     """Everything a daemon imports, at start and for its jobs, and the compiled kernels."""
-    import gc
-
     from fedpeer.daemon import node  # noqa: F401
     from fedpeer.daemon.warmup import preload_ml
     from fedpeer.kinds.catalog import job_kinds
     job_kinds()
     preload_ml()           # ends with gc.freeze(): the children share these pages and never walk them
-    gc.collect()
-    gc.freeze()
 
 
 def _child(request: dict[str, Any]) -> None:

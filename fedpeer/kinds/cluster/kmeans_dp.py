@@ -103,7 +103,7 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
     eps, delta = job_cost(params)
     sums = plan(k, d, rounds)
     mus = await asyncio.to_thread(dp.calibrate, sums, eps, delta)    # a search over dp-accounting's curve: off the loop
-    total_mu = members / (members - colluders)      # the total carries μ·n/(n − t): t shares beyond μ
+    total_mu = dp.spread(members, colluders)      # the total carries μ·n/(n − t)
     bounds = [dp.noise_bound(mu * total_mu, s.entries) for s, mu in zip(sums, mus)]
     rng = ctx.noise_rng if ctx.noise_rng is not None else dp.os_rng()
     scale = 2.0 ** -fraction_bits(clip, VALUE_BITS)

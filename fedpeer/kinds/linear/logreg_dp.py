@@ -140,7 +140,7 @@ async def fit_dp(member: Any) -> dict:
     W = np.zeros((groups, d + 1))
     sums = plan(W.size, steps, clip)
     mus = await member.offload(dp.calibrate, sums, eps, delta)     # 0.2 s at 1000 steps: off the event loop
-    total_mu = members / (members - colluders)      # the total carries μ·n/(n − t): t shares beyond μ
+    total_mu = dp.spread(members, colluders)      # the total carries μ·n/(n − t)
     bounds = [dp.noise_bound(mu * total_mu, s.entries) for s, mu in zip(sums, mus)]
     rng = ctx.noise_rng if ctx.noise_rng is not None else dp.os_rng()
     quantum = 2.0 ** -fraction_bits(clip, VALUE_BITS)

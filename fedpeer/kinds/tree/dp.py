@@ -113,7 +113,7 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext,
     eps, delta = job_cost(params)
     sums = dpcart.plan(F, depth, n_bins, K)
     mu = (await offload(dp.calibrate, sums, eps, delta))[0]     # one sensitivity: one μ for every level
-    spread = members / (members - colluders)                     # the total carries μ·n/(n − t)
+    spread = dp.spread(members, colluders)      # the total carries μ·n/(n − t)
     var_cell = mu * spread
     rng = ctx.noise_rng if ctx.noise_rng is not None else dp.os_rng()
     mode, hop, rows_max = params["secure_sum"], ctx.hop_timeout_ms, int(params["dp_rows_max"])

@@ -125,7 +125,7 @@ async def run_dp(ch: Any, params: Mapping[str, Any], ctx: JobContext,
     mus = await offload(dp.calibrate, sums, eps, delta,     # a search over dp-accounting's curve: off the loop
                         [1.0, dx.HESS_NOISE_WEIGHT] * (len(sums) // 2))
     mu_g, mu_h = mus[0], mus[1]                         # the same sensitivity: one μ for G's, one for H's
-    spread = members / (members - colluders)            # the total carries μ·n/(n − t)
+    spread = dp.spread(members, colluders)      # the total carries μ·n/(n − t)
     sigma_g = math.sqrt(mu_g * spread) * 2.0 ** -dx.GRAD_FRAC      # one bin's noise, in g's units
     sigma_h = math.sqrt(mu_h * spread) * 2.0 ** -dx.HESS_FRAC
     rng = ctx.noise_rng if ctx.noise_rng is not None else dp.os_rng()
