@@ -20,6 +20,7 @@ from fedpeer.core.membership import swim as mb
 from fedpeer.identity import Identity, load_key_file
 from fedpeer.jobs import messages as m
 from fedpeer.net.transport import PATH
+from fedpeer.protocols import epochs as ep
 from fedpeer.testing import frames
 from tests.integration.conftest import ml_loaded, rss_kib
 
@@ -87,9 +88,15 @@ TERMS = st.one_of(st.integers(0, 50), st.sampled_from([2**62, 2**63 - 1]))
 SMALL = st.integers(0, 2**63 - 1)
 
 
-def _strategies(keys: dict[str, bytes], job_ids: list[str]) -> st.SearchStrategy:
+RECENT_JOBS = 3   # the honest jobs a forged message may name: the last three proposed
+
+
+def _strategies(keys: dict[str, bytes], jobs: list[str]) -> st.SearchStrategy:
+    """`jobs` grows between examples: a recent one is drawn as an index into it (the same choices
+    whatever its length, as Hypothesis requires of a strategy), not sampled from a copy of it."""
     key = KEYS.map(keys.__getitem__)
-    job_id = st.one_of(st.sampled_from(job_ids), st.from_regex(r"[a-z0-9][a-z0-9-]{0,20}", fullmatch=True))
+    recent = st.integers(0, RECENT_JOBS - 1).map(lambda i: jobs[-1 - min(i, len(jobs) - 1)])
+    job_id = st.one_of(recent, st.from_regex(r"[a-z0-9][a-z0-9-]{0,20}", fullmatch=True))
     update = st.builds(mb.Update, node=key, state=st.sampled_from(list(mb.MemberState)), incarnation=SMALL,
                        address=st.sampled_from(["127.0.0.1:9", "127.0.0.1:1", "10.0.0.1:7620"]))
     updates = st.lists(update, max_size=8).map(tuple)
@@ -111,13 +118,17 @@ def _strategies(keys: dict[str, bytes], job_ids: list[str]) -> st.SearchStrategy
         st.builds(m.JobReject, job_id=job_id, reason=st.text(max_size=20)),
         st.builds(m.JobStart, job_id=job_id, members=members),
         st.builds(m.JobAbort, job_id=job_id, site=key, reason=st.text(max_size=20)),
-    ).flatmap(lambda msg: st.tuples(st.just(msg), st.sampled_from(["", *job_ids]), TERMS))
+        # the survivors' views of a lost member, inside a running job (fedpeer/protocols/epochs.py)
+        st.builds(ep.EpochView, tag=st.sampled_from(["view", "e0/view", "x"]),
+                  lost=st.lists(key, max_size=4).map(tuple)),
+        st.builds(ep.EpochDone, tag=st.sampled_from(["e0/end", "e1-ab/end", "x"])),
+    ).flatmap(lambda msg: st.tuples(st.just(msg), st.one_of(st.just(""), recent), TERMS))
 
 
 @pytest.mark.timeout(600)
 def test_random_member_messages_never_take_a_site_down(make_federation, tmp_path) -> None:
-    """Hypothesis drives random membership, election and job-lifecycle messages, sealed with a
-    member's key, at a live daemon while the honest sites run stats jobs."""
+    """Hypothesis drives random membership, election, job-lifecycle and survivors'-view messages,
+    sealed with a member's key, at a live daemon while the honest sites run stats jobs."""
     h = _breast_cancer_sites(make_federation, tmp_path, (0, 1))
     asyncio.run(h.wait_all_alive(timeout_s=30, among=[0, 1]))
     mallory = load_key_file(h.sites[2].config.node.key_file)
@@ -151,7 +162,7 @@ def test_random_member_messages_never_take_a_site_down(make_federation, tmp_path
     def run(data: st.DataObject) -> None:
         async def example() -> None:
             job_id = await honest_job()
-            batch = data.draw(st.lists(_strategies(keys, jobs[-3:]), min_size=1, max_size=25))
+            batch = data.draw(st.lists(_strategies(keys, jobs), min_size=1, max_size=25))
             async with aiohttp.ClientSession() as s:
                 for msg, job, term in batch:
                     frame = sealer.seal(keys["site-1"], msg, job=job, term=min(term, 2**63 - 1))
