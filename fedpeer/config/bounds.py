@@ -50,7 +50,7 @@ def parse_bounds_text(text: str) -> dict[str, tuple[float, float]]:
         raise ValueError(f"dp_bounds: more than BOUNDS_TEXT_MAX {BOUNDS_TEXT_MAX} characters")
     try:
         table = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):     # RecursionError: "[[[[..." nested past the parser's depth
         raise ValueError('dp_bounds: expected JSON such as {"age":[0,120]}') from None
     return parse_bounds(table, "dp_bounds")
 

@@ -417,16 +417,16 @@ class Membership:
                 if now_ms - m.state_since_ms >= self._suspect_timeout_ms(node):
                     self._confirm_dead(node, m, now_ms)
                 elif now_ms >= m.next_ping_ms:
-                    due.append((m.next_ping_ms, node))
+                    due.append((False, m.next_ping_ms, node))
             elif m.state is MemberState.DEAD and now_ms >= m.next_ping_ms:
-                due.append((m.next_ping_ms, node))
+                due.append((True, m.next_ping_ms, node))     # the suspects first: they may be about to die
         if not due:
             return []
-        # At most VERIFY_PER_PERIOD_MAX verifications a period, longest due first: a node short
+        # At most VERIFY_PER_PERIOD_MAX verifications a period, suspects first, longest due first: a node short
         # of CPU that suspects many members must not flood everyone (timing.py).
         self._verify_budget.refill(now_ms, self._cfg.probe_interval_ms)
         sends = []
-        for _, node in sorted(due):
+        for _, _, node in sorted(due):
             if not self._verify_budget.take():
                 break
             m = self._members[node]

@@ -137,7 +137,7 @@ class Admission:
         refusal = bounds_refusal(record.params, data.bounds, dataset.features)
         if refusal is not None:          # a DP job's public bounds must be this site's own
             release_data(dataset)
-            raise JobError(f"{config.node.name}: {refusal}")
+            raise JobError(refusal)     # decline() names this site, as for every refusal
         refusal = self.privacy_refusal(record, dataset.fingerprint.hex())
         if refusal is not None:          # before any sum: the rows were read, never used
             release_data(dataset)
