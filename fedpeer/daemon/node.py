@@ -567,9 +567,8 @@ class Node:
         if address is None:
             raise PeerUnreachable(dst, "not a member in this site's peers.toml")
         try:
-            await asyncio.wait_for(self.send_reliable(dst, address, msg, job=job_id,
-                                                      large=_payload_bytes(msg) > OFF_LOOP_BYTES_MIN),
-                                   timeout_ms / 1000)
+            async with asyncio.timeout(timeout_ms / 1000):   # in this task (wait_for's own task: ~60 calls a message)
+                await self.send_reliable(dst, address, msg, job=job_id, large=_payload_bytes(msg) > OFF_LOOP_BYTES_MIN)
         except SendRefused as exc:
             self._note_refusal(dst, exc.reason)
             if exc.frame is not None and wire.refusal_verified(self._keys, dst, exc.frame, exc.reason, exc.tag):

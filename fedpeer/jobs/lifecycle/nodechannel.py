@@ -30,20 +30,27 @@ PHASE_SAVE_INTERVAL_MS = 2_000       # a running job's record is saved on a new 
 
 
 class DeathWatch:
-    """The peers membership declared dead, and the sends in flight to each, which end when it is."""
+    """The peers membership declared dead, and the sends in flight to each, which end when it is.
+
+    A send is watched in the task that sends (no task of its own, no asyncio.wait: those were a
+    quarter of a job message's loop work): its watch is an `asyncio.timeout` with no deadline,
+    moved to now when its peer is declared dead, which cancels the send where it waits."""
 
     def __init__(self) -> None:
         self.dead: set[bytes] = set()                                  # peers membership declared dead
-        self._watches: dict[bytes, set[asyncio.Future]] = {}           # peer -> sends to it in flight
+        self._watches: dict[bytes, set[asyncio.Timeout]] = {}          # peer -> sends to it in flight
 
     def declare_dead(self, peer: bytes) -> bool:
         """`peer` was declared dead: its sends in flight end. Whether that is news."""
         if peer in self.dead:
             return False
         self.dead.add(peer)
-        for death in self._watches.pop(peer, set()):
-            if not death.done():
-                death.set_result(None)
+        watches = self._watches.pop(peer, set())
+        if watches:
+            now = asyncio.get_running_loop().time()
+            for watch in watches:
+                if watch.when() is None:          # not expired yet (nor ended by an earlier death)
+                    watch.reschedule(now)
         return True
 
     def declare_alive(self, peer: bytes) -> bool:
@@ -56,23 +63,24 @@ class DeathWatch:
     async def unless_dead(self, peer: bytes, work: Any) -> Any:
         """Await `work` (a send to `peer`), but raise PeerUnreachable at once if membership has
         declared `peer` dead, or as soon as it does: a send to a dead peer would retry for a
-        whole hop timeout."""
+        whole hop timeout. A send that ended before the declaration took effect keeps its result."""
         if peer in self.dead:
             work.close()
             raise PeerUnreachable(peer, DEAD_DETAIL)
-        death = asyncio.get_running_loop().create_future()
-        self._watches.setdefault(peer, set()).add(death)
-        task = asyncio.ensure_future(work)
+        watches = self._watches.setdefault(peer, set())
+        watch = asyncio.timeout(None)
         try:
-            await asyncio.wait({task, death}, return_when=asyncio.FIRST_COMPLETED)
-            if task.done():
-                return task.result()
-            raise PeerUnreachable(peer, DEAD_DETAIL)
+            async with watch:
+                watches.add(watch)
+                return await work
+        except TimeoutError:
+            if watch.expired():               # the declaration cancelled the send
+                raise PeerUnreachable(peer, DEAD_DETAIL) from None
+            raise
         finally:
-            self._watches.get(peer, set()).discard(death)
-            if not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+            watches.discard(watch)
+            if not watches and self._watches.get(peer) is watches:
+                del self._watches[peer]
 
 
 class NodeChannel:
