@@ -23,6 +23,7 @@ OUTBOUND_PER_PEER_MAX = 8               # of those, to one peer
 END_OF_HEAD = b"\r\n\r\n"                # ends a request's or an answer's head
 NO_CONTENT = b"HTTP/1.1 204 No Content\r\n\r\n"   # the server's whole answer to a frame delivered on a kept connection
 log = logging.getLogger("fedpeer.transport")
+_NAME_SPACE = frozenset(" \t\r\n\v\f")   # whitespace a header name may not hold
 
 
 class SendError(Exception):
@@ -49,7 +50,7 @@ def parse_header_lines(lines: list[str], unique: tuple[str, ...] = ()) -> dict[s
         name, sep, value = line.partition(":")
         if not sep:
             raise ValueError("header line without a colon")
-        if not name or any(c in name for c in " \t\r\n\v\f"):
+        if not name or not _NAME_SPACE.isdisjoint(name):
             raise ValueError("whitespace in a header name, or a folded header line")
         name = name.lower()
         if name in headers and name in unique:

@@ -60,6 +60,8 @@ UNVERIFIED_PER_MEMBER = 4              # a member's connections that may be unau
                                        # starts: its hello's, and the sends that waited for it and then dial
                                        # together (membership, election, what it runs, its reverse links)
 CONTENT_LENGTH_DIGITS_MAX = 12         # a request's Content-Length digits (< 1 TB; message_bytes_max then bounds it)
+HEADS_REMEMBERED_MAX = 256             # request heads whose parse is remembered (a peer's client sends the same
+HEAD_REMEMBERED_BYTES_MAX = 256        # few again and again; ours are ~90 bytes): longer ones are parsed each time
 
 log = logging.getLogger("fedpeer.transport")
 
@@ -101,6 +103,8 @@ class _Conn(asyncio.BufferedProtocol):
         self._into: memoryview | None = None        # a body being read, and how much of it has arrived
         self._into_at = 0
         self._waiter: asyncio.Future[None] | None = None
+        self._deadline: float | None = None         # the pending wait's (loop time)
+        self._timer: asyncio.TimerHandle | None = None   # fires at or before it (`_wait`)
         self._ended = False                         # EOF or connection lost
         self._reading_paused = False
         self._full = False                          # the head buffer filled: a check that pauses reading is due
@@ -150,6 +154,9 @@ class _Conn(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.lost.done():
             self.lost.set_result(None)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self._ended = True
         self._wake()
         if self._drained is not None and not self._drained.done():
@@ -193,18 +200,38 @@ class _Conn(asyncio.BufferedProtocol):
 
     async def _wait(self, deadline: float | None) -> None:
         """Until more bytes arrive (or a body is complete); TimeoutError at `deadline` (loop time);
-        ConnectionError once the peer has ended the connection."""
+        ConnectionError once the peer has ended the connection.
+
+        One timer per connection, not one per wait: a kept-alive connection waits for its next
+        request after every frame, each time with a deadline a little later than the last, so
+        the timer stays where it is when it fires no later than the new deadline, and a timer
+        that fires early sets itself again for the deadline of the wait then pending (if any)."""
         if self._ended:
             raise ConnectionError("the peer closed the connection")
         loop = asyncio.get_running_loop()
         waiter = self._waiter = loop.create_future()
-        timer = None if deadline is None else loop.call_at(deadline, _expire, waiter)
+        if deadline is not None:
+            self._deadline = deadline
+            timer = self._timer
+            if timer is None or timer.when() > deadline:
+                if timer is not None:
+                    timer.cancel()
+                self._timer = loop.call_at(deadline, self._timer_fired)
         try:
             await waiter
         finally:
-            self._waiter = None
-            if timer is not None:
-                timer.cancel()
+            self._waiter = self._deadline = None
+
+    def _timer_fired(self) -> None:
+        self._timer = None
+        waiter, deadline = self._waiter, self._deadline
+        if waiter is None or deadline is None or waiter.done():
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() >= deadline:
+            waiter.set_exception(TimeoutError())
+        else:
+            self._timer = loop.call_at(deadline, self._timer_fired)
 
     async def readable(self, deadline: float | None) -> bool:
         """Whether a next request starts before `deadline` (False: the peer closed)."""
@@ -294,11 +321,6 @@ async def _not_here(frame: bytes | memoryview, header: FrameHeader, peer_ip: str
     raise RemoteProtocolError("unexpected_kind", "this node does not serve that path")
 
 
-def _expire(waiter: asyncio.Future) -> None:
-    if not waiter.done():
-        waiter.set_exception(TimeoutError())
-
-
 class PeerServer:
     def __init__(self, listen: Address, limits: Limits,
                  admit: Callable[[bytes], FrameHeader],
@@ -329,6 +351,7 @@ class PeerServer:
         self._bytes = ByteBudget(max(limits.inbound_bytes_max, limits.message_bytes_max))
         self._peer_bytes: dict[bytes, ByteBudget] = {}
         self._books = Books()
+        self._heads: dict[bytes, tuple[str, int, bool]] = {}   # request head -> its parse (`_parse_head`)
         self._pool = FramePool()
         self._server: asyncio.Server | None = None
         self._stopping = False
@@ -462,7 +485,7 @@ class PeerServer:
         limits = self._limits
         deadline = asyncio.get_running_loop().time() + limits.header_timeout_ms / 1000
         try:
-            target, length, keep = _parse_head(await conn.read_head(deadline), limits.message_bytes_max)
+            target, length, keep = self._parse_head(await conn.read_head(deadline), limits.message_bytes_max)
             if target == HELLO_PATH:
                 if length != HELLO_BYTES:
                     raise _Reply(400, "frame")
@@ -578,6 +601,20 @@ class PeerServer:
         self._pool.give(buf)    # the handler is done with it (not when cancelled: a thread may still read it)
         return result
 
+    def _parse_head(self, head: bytes, bytes_max: int) -> tuple[str, int, bool]:
+        """`_parse_head`'s answer, remembered for short heads (a pure function of the bytes: the
+        same head is parsed, and refused, exactly as the first time)."""
+        parsed = self._heads.get(head)
+        if parsed is None:
+            parsed = _parse_head(head)
+            if len(head) <= HEAD_REMEMBERED_BYTES_MAX:
+                if len(self._heads) >= HEADS_REMEMBERED_MAX:
+                    self._heads.clear()
+                self._heads[head] = parsed
+        if parsed[1] > bytes_max:
+            raise _Reply(413, "oversize")
+        return parsed
+
     async def _respond(self, conn: _Conn, status: int, reason: str, keep: bool, tag: str, body: bytes = b"") -> None:
         body = body or (reason.encode() if status != 204 else b"")
         lines = [f"HTTP/1.1 {status} {_STATUS_TEXT.get(status, 'Error')}"]
@@ -591,8 +628,9 @@ class PeerServer:
         await conn.write(("\r\n".join(lines) + "\r\n\r\n").encode() + body, self._limits.header_timeout_ms / 1000)
 
 
-def _parse_head(head: bytes, bytes_max: int) -> tuple[str, int, bool]:
-    """(path, content length, keep-alive) of a request for one of our paths; raises _Reply otherwise."""
+def _parse_head(head: bytes) -> tuple[str, int, bool]:
+    """(path, content length, keep-alive) of a request for one of our paths; raises _Reply otherwise
+    (the length is checked against the cap by the caller)."""
     try:
         text = head.decode("latin-1")
         request_line, *header_lines = text[:-len(END_OF_HEAD)].split("\r\n")
@@ -613,8 +651,4 @@ def _parse_head(head: bytes, bytes_max: int) -> tuple[str, int, bool]:
     # ASCII digits only: latin-1 "²" is a digit to isdigit() and not to int()
     if not (length_text.isascii() and length_text.isdigit()) or len(length_text) > CONTENT_LENGTH_DIGITS_MAX:
         raise _Reply(411, "length_required")
-    length = int(length_text)
-    if length > bytes_max:
-        raise _Reply(413, "oversize")
-    keep = keep_alive(version, headers)
-    return target, length, keep
+    return target, int(length_text), keep_alive(version, headers)
