@@ -409,10 +409,10 @@ class Gate:
             raw = _decode(plaintext, bytes_max)
         except RemoteProtocolError as exc:
             raise refused_from(sender, exc) from None
-        job = raw.get("job", "") if isinstance(raw, dict) and isinstance(raw.get("job"), str) else ""
         try:
             return self._envelope(sender, seq, raw)
         except RemoteProtocolError as exc:
+            job = raw.get("job", "") if isinstance(raw, dict) and isinstance(raw.get("job"), str) else ""
             raise refused_from(sender, exc, job[:JOB_ID_BYTES_MAX]) from None
 
     def _envelope(self, sender: bytes, seq: int, raw: Any) -> Envelope:
