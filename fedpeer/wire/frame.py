@@ -262,8 +262,9 @@ def _decode(plaintext: bytes | bytearray, message_bytes_max: int) -> Any:
     budget = DECODED_ITEMS_MAX
     containers = 0
     view = memoryview(plaintext)
-    head_bytes = int.from_bytes(view[:4], "little") if len(view) >= 4 else -1
-    if head_bytes < 0 or 4 + head_bytes > len(view):
+    size = len(view)
+    head_bytes = int.from_bytes(view[:4], "little") if size >= 4 else -1
+    if head_bytes < 0 or 4 + head_bytes > size:
         raise RemoteProtocolError("decode", "msgpack length outside the plaintext")
     tail = view[4 + head_bytes:]
     used = 0
@@ -378,18 +379,18 @@ class Gate:
     def open(self, frame: bytes | bytearray, now_ms: int, verified: FrameHeader | None = None) -> Envelope:
         """Open a whole frame. `verified`: what `open_header` returned for this very frame's first
         HEADER_BYTES (the transport checked them before reading the body); not checked again."""
-        if len(frame) > self._bytes_max:
-            raise RemoteProtocolError("oversize", f"{len(frame)} bytes > {self._bytes_max}")
-        if len(frame) < FRAME_BYTES_MIN:
+        n = len(frame)
+        if n > self._bytes_max:
+            raise RemoteProtocolError("oversize", f"{n} bytes > {self._bytes_max}")
+        if n < FRAME_BYTES_MIN:
             raise RemoteProtocolError("frame", "truncated or not a fedpeer frame")
         head = bytes(frame[:HEADER_BYTES])
         header = verified if verified is not None and verified.session is not None else self.open_header(head, now_ms)
         sender, session = header.sender, header.session
         assert session is not None
-        if header.length != len(frame):
-            problem = f"{len(frame)} bytes, the header says {header.length}"
-            raise refused_from(sender, RemoteProtocolError("frame", problem))
-        plaintext = bytearray(len(frame) - HEADER_BYTES - AEAD_TAG_BYTES)
+        if header.length != n:
+            raise refused_from(sender, RemoteProtocolError("frame", f"{n} bytes, the header says {header.length}"))
+        plaintext = bytearray(n - HEADER_BYTES - AEAD_TAG_BYTES)
         try:
             with memoryview(frame) as view:
                 session.aead.decrypt_into(_nonce(header.seq), view[HEADER_BYTES:], head, plaintext)
