@@ -91,3 +91,15 @@ async def test_a_full_box_drops_from_the_sender_holding_most() -> None:
     box.discard("b")
     box.put(b"C" * 32, Msg("c"))
     assert [m.tag for _, m in box._items] == ["a0", "a2", "c"]
+
+
+async def test_a_message_handed_over_as_the_time_runs_out_is_received_not_lost() -> None:
+    """The receive's time runs out (a 0 ms timeout: its expiry is the next callback) just after a
+    message was handed to it: the receive returns the message (it is no longer in the box, so a
+    timeout would lose it)."""
+    box = Mailbox()
+    receiving = asyncio.ensure_future(box.get(Msg, "t", None, 0))
+    asyncio.get_running_loop().call_soon(box.put, b"a" * 32, Msg("t"))   # after the receive's first step
+    assert await receiving == (b"a" * 32, Msg("t"))
+    with pytest.raises(RecvTimeout):                 # and with nothing handed over, the time runs out
+        await box.get(Msg, "t", None, 0)
