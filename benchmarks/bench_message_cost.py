@@ -16,7 +16,7 @@ Per batch of `--count` messages, at each end separately:
   - µs/message: process CPU time (time.process_time) over a batch run without the profiler.
 The sender counts from its first send to its last send's return; the receiver from the message
 that announces the batch to the batch's last message taken from the mailbox. Membership and the
-election keep running meanwhile (a few pings a second: ~1 call per message at the default count).
+election keep running meanwhile (their pings and heartbeats: 2-5 calls a message in the profiles).
 Batches alternate variants and trees; the report gives the median and the best of `--rounds`.
 
 `--compare TREE` runs a second pair of daemons from another checkout (PYTHONPATH=TREE, e.g. the
