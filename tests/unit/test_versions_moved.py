@@ -1,6 +1,6 @@
-"""A peer whose incarnation moves on (fedpeer/daemon/versions.py): asked again what it runs only
-after SITE_INFO_MOVED_WAIT_MS of its own silence, since a restarted build tells us itself and a
-move is most often a refutation by the same process."""
+"""A peer whose incarnation moves on (fedpeer/daemon/versions.py): a move while it was never dead
+at us is a refutation (not asked again); after it was dead, asked only after SITE_INFO_MOVED_WAIT_MS
+of its own silence, since a restarted build tells us itself."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ def _exchange(clock: _Clock, sent: list[bool]) -> VersionExchange:
                            spawn=spawn, now_ms=lambda: clock.now, name_of=lambda p: "peer")
 
 
-def _view(incarnation: int) -> mb.MemberView:
-    return mb.MemberView(PEER, mb.MemberState.ALIVE, incarnation, "127.0.0.1:1", last_seen_ms=0, rtt_ms=None)
+def _view(incarnation: int, state: mb.MemberState = mb.MemberState.ALIVE) -> mb.MemberView:
+    return mb.MemberView(PEER, state, incarnation, "127.0.0.1:1", last_seen_ms=0, rtt_ms=None)
 
 
 def test_a_moved_incarnation_waits_for_the_peers_own_word() -> None:
@@ -38,14 +38,21 @@ def test_a_moved_incarnation_waits_for_the_peers_own_word() -> None:
     assert sent == [True]                                 # first heard: asked at once
     ex._in_flight.clear()
     ex.on_info(PEER, ex.book.own.message(reply=False))    # it told us, at incarnation 1
-    ex.on_view(_view(2))                                  # it refuted a suspicion (or restarted)
+    for incarnation in (2, 3, 4):                         # it refuted suspicions: never dead at us
+        ex.on_view(_view(incarnation))
+        clock.now += SITE_INFO_MOVED_WAIT_MS
+        ex.on_view(_view(incarnation))
+    assert sent == [True], "a refutation is the same process: what it told us holds"
+    ex.on_view(_view(4, mb.MemberState.DEAD))             # it died, and came back at 5
+    ex.on_view(_view(5))
     clock.now += SITE_INFO_MOVED_WAIT_MS - 1
-    ex.on_view(_view(2))
+    ex.on_view(_view(5))
     assert sent == [True], "not asked while it may still tell us itself"
     ex.on_info(PEER, ex.book.own.message(reply=False))    # a restarted build tells us itself
-    ex.on_view(_view(2))
-    assert sent == [True] and ex.book.learnt_at(PEER) == 2
-    ex.on_view(_view(3))                                  # moved again, and silent this time
+    ex.on_view(_view(5))
+    assert sent == [True] and ex.book.learnt_at(PEER) == 5
+    ex.on_view(_view(5, mb.MemberState.DEAD))             # dead again, back at 6, and silent this time
+    ex.on_view(_view(6))
     clock.now += SITE_INFO_MOVED_WAIT_MS
-    ex.on_view(_view(3))
+    ex.on_view(_view(6))
     assert sent == [True, True]
