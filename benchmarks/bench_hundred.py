@@ -54,6 +54,7 @@ HIST = {"mode": "histogram", "rounds": 5, "max_depth": 4, "eta": 0.3, "max_bin":
 START_TIMEOUT_S = 300
 FEATURES = 20                     # make_classification's columns per site
 JOB_TIMEOUT_S = 600
+STATUS_TIMEOUT_MS = 30_000        # a loaded daemon's status of 99 peers may take seconds
 
 
 def write_sites(tmp: Path, n: int, rows_per_site: int) -> list[Path]:
@@ -122,11 +123,11 @@ async def idle(h: Harness, seconds: float) -> dict:
     """Once converged and preloaded, nothing running: each daemon's CPU share (percent of one core)
     and the frames accepted per second per daemon, by kind, over `seconds` (two status sweeps only)."""
     pids = [s.process.pid for s in h.sites if s.process.poll() is None]
-    before_docs, before_cpu = await h.statuses(), {pid: cpu_s(pid) for pid in pids}
+    before_docs, before_cpu = await h.statuses(timeout_ms=STATUS_TIMEOUT_MS), {pid: cpu_s(pid) for pid in pids}
     started = time.monotonic()
     await asyncio.sleep(seconds)
     after_cpu, elapsed = {pid: cpu_s(pid) for pid in pids}, time.monotonic() - started
-    after_docs = await h.statuses()
+    after_docs = await h.statuses(timeout_ms=STATUS_TIMEOUT_MS)
     share = sorted(100 * (after_cpu[pid] - before_cpu[pid]) / elapsed for pid in pids)
     before, after = frames_by_kind(before_docs), frames_by_kind(after_docs)
     rates = {k: round((after[k] - before.get(k, 0)) / elapsed / len(pids), 2) for k in sorted(after)}
@@ -138,12 +139,12 @@ async def idle(h: Harness, seconds: float) -> dict:
 
 
 async def run_job(h: Harness, kind: str, params: dict) -> dict:
-    before = {i: d["sent_bytes"]["reliable"] for i, d in (await h.statuses()).items()}
+    before = {i: d["sent_bytes"]["reliable"] for i, d in (await h.statuses(timeout_ms=STATUS_TIMEOUT_MS)).items() if d}
     job_id = await h.propose(0, kind, params)
     records = await h.wait_job(job_id, JOB_TIMEOUT_S)
-    after = {i: d["sent_bytes"]["reliable"] for i, d in (await h.statuses()).items() if d}
+    after = {i: d["sent_bytes"]["reliable"] for i, d in (await h.statuses(timeout_ms=STATUS_TIMEOUT_MS)).items() if d}
     states = sorted({(r or {}).get("state", "no record") for r in records.values()})
-    sent = [after[i] - before[i] for i in after]
+    sent = [after[i] - before[i] for i in after if i in before]
     done = [r for r in records.values() if r and r["state"] == "done"]
     out = {"states": states, "seconds": max((r["elapsed_s"] for r in done), default=None),
            "bytes_per_site_mean": int(statistics.mean(sent)), "bytes_per_site_max": max(sent)}
@@ -190,7 +191,7 @@ async def one_size(n: int, rows_per_site: int, profile: Path | None, dialable: b
                 out["all_alive_s"] = None
                 out["start_error"] = str(exc)[:200]
             out["churn"] = churn(h)
-            docs = await h.statuses()
+            docs = await h.statuses(timeout_ms=STATUS_TIMEOUT_MS)
             out["rejected_replay"] = sum((d or {}).get("rejected", {}).get("replay", 0) for d in docs.values())
             out["rejected_hello_rate"] = sum((d or {}).get("rejected", {}).get("hello_rate", 0) for d in docs.values())
             out["handshakes_failed"] = sum((d or {})["sessions"]["failed"] for d in docs.values() if d)
@@ -304,7 +305,15 @@ def main() -> None:
     ap.add_argument("--dialable", action="store_true",
                     help='sites start as [network] reachable = "yes" (loopback: they are): no reverse links to '
                          'every peer until a dial-back says so, which 100 sites starting together pay for')
+    ap.add_argument("--table-from", type=Path, nargs="+", metavar="FILE",
+                    help="print the table and targets of earlier runs: files holding the one-line JSON documents "
+                         "this benchmark writes to stderr per n (runs nothing)")
     args = ap.parse_args()
+    if args.table_from:
+        runs = sorted((json.loads(line) for path in args.table_from for line in path.read_text().splitlines()
+                       if line.startswith('{"sites"')), key=lambda r: r["sites"])
+        print(table(runs) + "\n\n" + targets(runs))
+        return
     zygote.share(True)
     runs = []
     try:

@@ -275,12 +275,13 @@ class Harness:
         assert site.config is not None
         return await admin.request(site.config, "GET", "/v1/status", timeout_ms=timeout_ms)
 
-    async def statuses(self, among: list[int] | None = None) -> dict[int, dict | None]:
+    async def statuses(self, among: list[int] | None = None, timeout_ms: int = 2_000) -> dict[int, dict | None]:
+        """Every site's status (of `among`); None for a daemon that does not answer within timeout_ms."""
         among = list(range(self.n_sites)) if among is None else among
 
         async def one(i: int) -> dict | None:
             try:
-                return await self.status(i)
+                return await self.status(i, timeout_ms)
             except NoDaemonError:
                 return None
         results = await asyncio.gather(*(one(i) for i in among))
