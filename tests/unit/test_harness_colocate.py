@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fedpeer.app.harness.colocate import SITES_PER_CORE_AT_DEFAULTS, colocated_settings, slowdown
-from fedpeer.config.load import SITE_ELECTION, MembershipTiming
+from fedpeer.config.load import SITE_ELECTION, JobLimits, MembershipTiming
 from fedpeer.core.election.raft import ElectionConfig
 
 
@@ -27,3 +27,5 @@ def test_every_period_grows_in_proportion_and_the_result_loads(sites: int, cores
     assert election.heartbeat_interval_ms == pytest.approx(SITE_ELECTION.heartbeat_interval_ms * factor, abs=1)
     assert 2 * election.heartbeat_interval_ms <= election.election_timeout_min_ms
     assert timing.indirect_probes == MembershipTiming().indirect_probes     # counts are not periods
+    assert timing.tick_ms == pytest.approx(MembershipTiming().tick_ms * factor, abs=1)
+    assert JobLimits(**s["jobs"]).hop_timeout_ms == pytest.approx(JobLimits().hop_timeout_ms * factor, abs=1)
