@@ -37,7 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--sites", type=int, default=5,
                    help="number of sites (daemons) to start, 2 to 100; above 20 a core they share this machine's "
-                        "cores with [membership] and [election] periods grown in proportion (slower detection)")
+                        "cores with [membership] and [election] periods and [jobs] hop_timeout_ms grown in proportion "
+                        "(slower detection)")
     p.add_argument("--workdir", type=Path, help="where sites live (default: a temporary directory, removed after)")
     p.add_argument("--job", default="membership", choices=["membership", *job_kinds()],
                    help="what to run once all sites see each other (membership: only the health report)")
