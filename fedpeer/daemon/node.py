@@ -219,15 +219,18 @@ class Node:
     # -- membership ----------------------------------------------------------------------------
 
     async def _tick_loop(self) -> None:
+        due_ms: int | None = None    # when this turn's wake-up was due
         while True:
             # read each turn: a reload may change the timings
-            tick_s = min(self.config.membership.tick_ms, self.config.election.heartbeat_interval_ms // 2) / 1000
+            tick_ms = min(self.config.membership.tick_ms, self.config.election.heartbeat_interval_ms // 2)
             now = _monotonic_ms()
+            # how late our own loop woke us: time in which no ack could be read counts against no peer
+            late_ms = 0 if due_ms is None else max(0, now - due_ms)
             with self._step("state_probe"):   # notices freed space with nothing else writing
                 if self.state.probe():
                     self.jobs.retry_unsaved()
             with self._step("membership_tick"):
-                self._apply(self.membership.tick(now))
+                self._apply(self.membership.tick(now, late_ms))
             with self._step("election_tick"):
                 self._apply_election(self.election.tick(now))
             if now - self._pruned_ms >= SESSION_PRUNE_MS:
@@ -235,7 +238,8 @@ class Node:
                 with self._step("session_prune"):
                     self._gate.sessions.prune(now)
                     self._streams.prune(now)
-            await asyncio.sleep(tick_s)
+            due_ms = _monotonic_ms() + tick_ms
+            await asyncio.sleep(tick_ms / 1000)
 
     @contextlib.contextmanager
     def _step(self, what: str) -> Iterator[None]:
@@ -481,6 +485,7 @@ class Node:
 
     def status(self) -> dict[str, Any]:
         now = _monotonic_ms()
+        received, accepted = _by_peer(self.received_bytes), _by_peer(self.accepted)   # one pass, not one per peer
         peers = []
         for view in self.membership.view():
             peers.append({
@@ -493,8 +498,8 @@ class Node:
                 "rtt_ms": None if view.rtt_ms is None else round(view.rtt_ms, 3),
                 "path": self.paths.path(view.node),
                 "sent_bytes": {c: self._client.sent_bytes_by_peer[view.node, c] for c in ("reliable", "best_effort")},
-                "received_bytes": {k: n for (src, k), n in self.received_bytes.items() if src == view.node},
-                "frames_accepted": {k: n for (src, k), n in self.accepted.items() if src == view.node},
+                "received_bytes": received.get(view.node, {}),
+                "frames_accepted": accepted.get(view.node, {}),
                 **self._news.of(view, self._names.get(view.node, "?"), _monotonic_ms()),
                 "version": self.versions.status_of(view.node),
             })
@@ -609,6 +614,14 @@ class Node:
 
 class _Stopping(Exception):
     """Raised inside the TaskGroup on SIGTERM/SIGINT so that it cancels all its tasks."""
+
+
+def _by_peer(counts: Counter[tuple[bytes, str]]) -> dict[bytes, dict[str, int]]:
+    """{peer: {kind: count}} from a Counter keyed by (peer, kind)."""
+    out: dict[bytes, dict[str, int]] = {}
+    for (peer, kind), n in counts.items():
+        out.setdefault(peer, {})[kind] = n
+    return out
 
 
 def _payload_bytes(msg: object) -> int:

@@ -116,3 +116,31 @@ def test_verifications_are_bounded_however_many_members_we_suspect() -> None:
     # before: all 30 every period (120)
     assert len(pings) <= VERIFY_PER_PERIOD_MAX * (periods + 1) + periods
     assert len({dst for _, dst in pings}) >= VERIFY_PER_PERIOD_MAX * periods   # the longest due first: a turn each
+
+
+def _probed_and_silent(late_ms: int) -> tuple[Membership, bytes, int]:
+    """Two heard members, one probe; the target never answers. Ticks every STEP_MS, each one
+    `late_ms` late (our own loop was busy): returns the membership, the target and the time
+    the target first became SUSPECT (0: never within 2 s)."""
+    m = make(3)
+    for j in (1, 2):
+        m.receive(IDS[j], Ping(1, 1, ADDRS[j], ()), 0)
+    m.tick(0)
+    target = next(s.dst for s in m.tick(CFG.probe_interval_ms) if isinstance(s.msg, Ping))
+    now = CFG.probe_interval_ms
+    while now < 2_500:
+        now += STEP_MS + late_ms
+        m.tick(now, late_ms)
+        if m.states()[target] is MemberState.SUSPECT:
+            return m, target, now
+    return m, target, 0
+
+
+def test_our_own_loop_being_late_counts_against_no_one() -> None:
+    _, _, on_time = _probed_and_silent(0)
+    assert 0 < on_time <= 2 * CFG.probe_interval_ms + STEP_MS       # a failed probe: suspect after its period
+    _, _, late = _probed_and_silent(STEP_MS)   # every wake-up a tick late: half the time was ours
+    # the same period, counted in time we ran on schedule: about twice as long in wall time
+    assert late >= on_time + CFG.probe_interval_ms - 2 * STEP_MS
+    m, target, _ = _probed_and_silent(10 * STEP_MS)   # a loop far behind: no verdict within 2 s at all
+    assert m.states()[target] is MemberState.ALIVE

@@ -28,10 +28,17 @@ from fedpeer.app.harness.report import format_report, site_report
 from fedpeer.errors import FedpeerError, JobError
 
 
+START_WAIT_S_MIN = 120        # how long the sites may take to see each other alive, at least ...
+START_WAIT_S_PER_SITE = 3     # ... and per site (100 sites on 2 cores: minutes)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from fedpeer.kinds.catalog import job_kinds
 
-    p.add_argument("--sites", type=int, default=5, help="number of sites (daemons) to start")
+    p.add_argument("--sites", type=int, default=5,
+                   help="number of sites (daemons) to start, 2 to 100; above 20 a core they share this machine's "
+                        "cores with [membership] and [election] periods and [jobs] hop_timeout_ms grown in proportion "
+                        "(slower detection)")
     p.add_argument("--workdir", type=Path, help="where sites live (default: a temporary directory, removed after)")
     p.add_argument("--job", default="membership", choices=["membership", *job_kinds()],
                    help="what to run once all sites see each other (membership: only the health report)")
@@ -94,7 +101,8 @@ def main(args: argparse.Namespace) -> int:
         harness = _make_harness(args, workdir)
         harness.create()
         harness.start()
-        report["job"]["startup_s"] = round(asyncio.run(harness.wait_all_alive(min(args.timeout_s, 120))), 3)
+        startup_s = min(args.timeout_s, max(START_WAIT_S_MIN, START_WAIT_S_PER_SITE * args.sites))
+        report["job"]["startup_s"] = round(asyncio.run(harness.wait_all_alive(startup_s)), 3)
         if args.chaos:
             report["job"]["chaos"] = asyncio.run(_chaos(harness, args.timeout_s))
         if args.job == "membership":

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import random
 import shutil
 import signal
 import socket
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedpeer.app.harness import colocate
 from fedpeer.app.harness.zygote import Forked, Zygote, shared_zygote
 from fedpeer.app.sitefiles import add_peers, init_site
 from fedpeer.config import load as cfg
@@ -35,6 +37,12 @@ from fedpeer.kinds.catalog import load_config
 
 HOST = "127.0.0.1"
 POLL_MS = 100
+HARNESS_PORT_MIN = 20_000         # sites listen on ports from here up to the ephemeral range
+EPHEMERAL_LOW_DEFAULT = 32_768    # Linux's first ephemeral port, when /proc does not say
+# Admin requests a wait sends to the daemons per second at most: a poll of every site's status each
+# POLL_MS was 1,000 requests a second at 100 sites, each walking the daemon's 99 peers, on the cores
+# the daemons share (a poll interval that grows with the sites polled)
+POLL_REQUESTS_PER_S_MAX = 100
 STOP_GRACE_S = 5.0
 START_TIMEOUT_S = 20.0
 TERMINAL = ("done", "failed", "cancelled")
@@ -94,17 +102,35 @@ class Site:
 
 
 def free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports (held open together so they differ; a small race remains)."""
-    socks = []
+    """Distinct free loopback ports below the kernel's ephemeral range (held open together so they
+    differ; a small race remains). Not from the ephemeral range: there the daemons' own outgoing
+    connections (up to n - 1 each) take ports, and a site that starts seconds after the pick found
+    its port in use as another's source port (70 sites: one in a run)."""
+    low = _ephemeral_low()
+    rng = random.Random()
+    socks: list[socket.socket] = []
     try:
-        for _ in range(count):
+        while len(socks) < count:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((HOST, 0))
+            try:
+                s.bind((HOST, rng.randrange(HARNESS_PORT_MIN, low)))
+            except OSError:
+                s.close()
+                continue
             socks.append(s)
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
             s.close()
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default when it cannot be read)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return EPHEMERAL_LOW_DEFAULT
+    return low if low > HARNESS_PORT_MIN + 1_000 else EPHEMERAL_LOW_DEFAULT
 
 
 @dataclass
@@ -129,6 +155,9 @@ class Harness:
     # daemons forked from a process that imported them already (zygote.py); None: `python -m fedpeer
     # start` each. The default is the process-wide one a test run sets (tests/conftest.py).
     zygote: Zygote | None = field(default_factory=shared_zygote)
+    # [membership] and [election] periods scaled for n daemons sharing this machine's cores
+    # (fedpeer/app/harness/colocate.py; 1x up to SITES_PER_CORE_AT_DEFAULTS a core)
+    colocated: bool = True
     sites: list[Site] = field(default_factory=list)
 
     def create(self) -> None:
@@ -154,9 +183,13 @@ class Harness:
         if self.data_in_ring_order and files:
             ring = sorted(range(self.n_sites), key=lambda i: parse_public_key(self.sites[i].public_key))
             files = [files[ring.index(i)] for i in range(self.n_sites)]
+        # many daemons on this machine's cores: periods it can carry (colocate.py); the caller's own win
+        base = colocate.colocated_settings(self.n_sites, colocate.cores()) if self.colocated else {}
+        for section, values in self.settings.items():
+            base[section] = {**base.get(section, {}), **values}
         for i, site in enumerate(self.sites):
             others = [(o.name, o.peer_address, o.public_key) for o in self.sites if o is not site]
-            settings = dict(self.settings)
+            settings = dict(base)
             if self.site_data is not None:
                 shutil.copyfile(files[i], site.dir / "data.csv")
                 settings["data"] = {**self.data_settings, "csv": "data.csv"}
@@ -242,12 +275,13 @@ class Harness:
         assert site.config is not None
         return await admin.request(site.config, "GET", "/v1/status", timeout_ms=timeout_ms)
 
-    async def statuses(self, among: list[int] | None = None) -> dict[int, dict | None]:
+    async def statuses(self, among: list[int] | None = None, timeout_ms: int = 2_000) -> dict[int, dict | None]:
+        """Every site's status (of `among`); None for a daemon that does not answer within timeout_ms."""
         among = list(range(self.n_sites)) if among is None else among
 
         async def one(i: int) -> dict | None:
             try:
-                return await self.status(i)
+                return await self.status(i, timeout_ms)
             except NoDaemonError:
                 return None
         results = await asyncio.gather(*(one(i) for i in among))
@@ -276,7 +310,7 @@ class Harness:
             if time.monotonic() - started > timeout_s:
                 raise HarnessError(f"timed out after {timeout_s:.0f} s waiting until {what}; "
                                    f"daemon logs are in {self.workdir}")
-            await asyncio.sleep(POLL_MS / 1000)
+            await asyncio.sleep(poll_s(len(among) if among is not None else self.n_sites))
 
     def _check_not_crashed(self) -> None:
         for site in self.sites:
@@ -327,7 +361,7 @@ class Harness:
             if time.monotonic() - started > timeout_s:
                 raise HarnessError(f"job {job_id} still running at {[self.sites[i].name for i in running]} "
                                    f"after {timeout_s:.0f} s; logs in {self.workdir}")
-            await asyncio.sleep(POLL_MS / 1000)
+            await asyncio.sleep(poll_s(len(among)))
 
     def _running(self, i: int) -> bool:
         p = self.sites[i].process
@@ -363,6 +397,12 @@ class Harness:
             return all(doc is not None and any(p["name"] == name and p["state"] == state for p in doc["peers"])
                        for doc in statuses.values())
         return await self.wait_until(ok, timeout_s, f"every other node sees {name} {state}", others)
+
+
+def poll_s(sites: int) -> float:
+    """Seconds between two polls of `sites` daemons: POLL_MS, longer when that would send more
+    than POLL_REQUESTS_PER_S_MAX requests a second."""
+    return max(POLL_MS / 1000, sites / POLL_REQUESTS_PER_S_MAX)
 
 
 def traffic_delta(before: dict | None, after: dict | None) -> dict[str, Any]:

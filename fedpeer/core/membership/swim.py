@@ -88,8 +88,9 @@ only by X's own authenticated word and by our own probes:
   peers take my own word. The shell must persist `incarnation` before sending
   anything that carries it.
 * A failed probe suspects only the incarnation that was probed, and time in
-  which we ourselves did not run (a tick gap over a protocol period) does not
-  count against anyone.
+  which we ourselves did not run (a tick gap over a protocol period, or the
+  lateness of our own loop that the caller passes to `tick`) does not count
+  against anyone.
 * A configured member we have never heard from is a *placeholder*: reported
   SUSPECT (never ALIVE), not gossiped. If nothing arrives within its suspect
   timeout it becomes DEAD locally, still without gossip.
@@ -284,13 +285,15 @@ class Membership:
         for m in self._members.values():
             m.reports.pop(node, None)
 
-    def tick(self, now_ms: int) -> list[Send]:
+    def tick(self, now_ms: int, late_ms: int = 0) -> list[Send]:
+        """`late_ms`: how late the caller's own loop ran this tick (its wake-up came that long
+        after it was due): time in which we could not read an ack, so it counts against no one."""
         self._advance_clock(now_ms)
         sends: list[Send] = []
         if self._last_tick_ms is None:
             sends += self._join(now_ms)
         else:
-            self._compensate_stall(now_ms)
+            self._compensate_stall(now_ms, max(0, late_ms))
         self._last_tick_ms = now_ms
         if self._pending:
             self._pending.expire(now_ms)
@@ -337,18 +340,30 @@ class Membership:
         self._period_end_ms = now_ms + self._cfg.probe_interval_ms
         return sends
 
-    def _compensate_stall(self, now_ms: int) -> None:
+    def _compensate_stall(self, now_ms: int, late_ms: int) -> None:
         # A tick gap longer than a period means *we* were not running (SIGSTOP, suspended VM,
         # long GC): we could neither receive acks nor refutations, so that time must not count
         # against anyone. Abandon the probe (its outcome says nothing) and shift suspect timers.
         gap_ms = now_ms - self._last_tick_ms
-        if gap_ms <= self._cfg.probe_interval_ms:
+        if gap_ms > self._cfg.probe_interval_ms:
+            for m in self._members.values():
+                if m.state is MemberState.SUSPECT:
+                    m.state_since_ms += gap_ms
+            self._probe = None
+            self._period_end_ms = now_ms
+            return
+        # A shorter lateness of our own loop (a busy loop: the ack may sit unread in its queue)
+        # likewise counts against no one: the probe's deadlines and the suspicion timers move
+        # on by it (Lifeguard's local health, measured on the loop itself: timing.py).
+        late_ms = min(late_ms, gap_ms)
+        if late_ms <= 0:
             return
         for m in self._members.values():
             if m.state is MemberState.SUSPECT:
-                m.state_since_ms += gap_ms
-        self._probe = None
-        self._period_end_ms = now_ms
+                m.state_since_ms += late_ms
+        self._period_end_ms += late_ms
+        if self._probe is not None:
+            self._probe.indirect_ms += late_ms
 
     # -- failure detector (SWIM §3.1, §4.3) -------------------------------------------------
 
