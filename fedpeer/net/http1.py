@@ -1,4 +1,4 @@
-"""What the peer port's server and client share: its two paths, the refusal header, how a head's
+"""What the peer port's server and client share: its paths, the refusal header, how a request's
 header lines and keep-alive are read, the errors a send raises, and the process's open-files budget
 (fedpeer/net/transport.py has the overview)."""
 
@@ -24,6 +24,12 @@ END_OF_HEAD = b"\r\n\r\n"                # ends a request's or an answer's head
 NO_CONTENT = b"HTTP/1.1 204 No Content\r\n\r\n"   # the server's whole answer to a frame delivered on a kept connection
 log = logging.getLogger("fedpeer.transport")
 _NAME_SPACE = frozenset(" \t\r\n\v\f")   # whitespace a header name may not hold
+CONTENT_LENGTH_DIGITS_MAX = 12         # a request's Content-Length digits (< 1 TB; message_bytes_max then bounds it)
+STATUS_TEXT = {200: "OK", 204: "No Content", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout",
+                405: "Method Not Allowed", 411: "Length Required", 413: "Payload Too Large",
+                429: "Too Many Requests", 431: "Request Header Fields Too Large", 502: "Bad Gateway",
+                503: "Service Unavailable"}
+_OUR_PATHS = (PATH, HELLO_PATH, REVERSE_PATH, RELAY_PATH)
 
 
 class SendError(Exception):
@@ -77,3 +83,37 @@ def raise_open_files_limit() -> int:
         except (ValueError, OSError) as exc:
             log.warning("open_files_limit", extra=fields(soft=soft, hard=hard, error=str(exc)))
     return soft
+
+
+class HttpReply(Exception):
+    """The peer server answers the current request with `status` and `reason`, then close the connection."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+def parse_request_head(head: bytes) -> tuple[str, int, bool]:
+    """(path, content length, keep-alive) of a request for one of our paths; raises HttpReply otherwise
+    (the length is checked against the cap by the caller: the peer server's)."""
+    try:
+        text = head.decode("latin-1")
+        request_line, *header_lines = text[:-len(END_OF_HEAD)].split("\r\n")
+        method, target, version = request_line.split(" ")
+    except ValueError:
+        raise HttpReply(400, "bad_request") from None
+    if target not in _OUR_PATHS:
+        raise HttpReply(404, "not_found")
+    if method != "POST":
+        raise HttpReply(405, "method_not_allowed")
+    try:   # a repeated length or transfer-encoding is a request smuggling shape: refuse, do not guess
+        headers = parse_header_lines(header_lines, unique=("content-length", "transfer-encoding"))
+    except ValueError:
+        raise HttpReply(400, "bad_request") from None
+    if "transfer-encoding" in headers:
+        raise HttpReply(411, "length_required")     # frames have a length; no chunked bodies
+    length_text = headers.get("content-length", "")
+    # ASCII digits only: latin-1 "²" is a digit to isdigit() and not to int()
+    if not (length_text.isascii() and length_text.isdigit()) or len(length_text) > CONTENT_LENGTH_DIGITS_MAX:
+        raise HttpReply(411, "length_required")
+    return target, int(length_text), keep_alive(version, headers)

@@ -43,8 +43,9 @@ from fedpeer.net.http1 import (
     RELAY_PATH,
     REVERSE_ACCEPTED,
     REVERSE_PATH,
-    keep_alive,
-    parse_header_lines,
+    STATUS_TEXT,
+    HttpReply,
+    parse_request_head,
 )
 from fedpeer.net.pool import FramePool
 from fedpeer.wire.frame import HEADER_BYTES, FrameHeader
@@ -59,30 +60,16 @@ LISTEN_BACKLOG = 128                   # connections the kernel queues for us be
 UNVERIFIED_PER_MEMBER = 4              # a member's connections that may be unauthenticated at once while it
                                        # starts: its hello's, and the sends that waited for it and then dial
                                        # together (membership, election, what it runs, its reverse links)
-CONTENT_LENGTH_DIGITS_MAX = 12         # a request's Content-Length digits (< 1 TB; message_bytes_max then bounds it)
 HEADS_REMEMBERED_MAX = 256             # request heads whose parse is remembered (a peer's client sends the same
 HEAD_REMEMBERED_BYTES_MAX = 256        # few again and again; ours are ~90 bytes): longer ones are parsed each time
 
 log = logging.getLogger("fedpeer.transport")
 
-_STATUS_TEXT = {200: "OK", 204: "No Content", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout",
-                405: "Method Not Allowed", 411: "Length Required", 413: "Payload Too Large",
-                429: "Too Many Requests", 431: "Request Header Fields Too Large", 502: "Bad Gateway",
-                503: "Service Unavailable"}
-_PATHS = (PATH, HELLO_PATH, REVERSE_PATH, RELAY_PATH)
 
 # What a handler of a verified frame may return: None (delivered: 204); for a relayed request an
 # awaitable of (status, body) awaited once the read slots are free; for a reverse offer a callable
 # that takes the connection's socket once it has turned round.
 FrameHandler = Callable[[bytes | memoryview, FrameHeader, str], Awaitable[Any]]
-
-
-class _Reply(Exception):
-    """Answer the current request with `status` and `reason`, then close the connection."""
-
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status, self.reason = status, reason
 
 
 class _Conn(asyncio.BufferedProtocol):
@@ -251,7 +238,7 @@ class _Conn(asyncio.BufferedProtocol):
                 self._consume(end - self._start)
                 return head
             if self._end - self._start >= HTTP_HEAD_BYTES_MAX:
-                raise _Reply(431, "head_too_large")
+                raise HttpReply(431, "head_too_large")
             await self._wait(deadline)
 
     async def read_exactly(self, n: int, deadline: float | None) -> bytes:
@@ -476,7 +463,7 @@ class PeerServer:
             return False
         try:
             return await self._handle(conn)
-        except _Reply as reply:
+        except HttpReply as reply:
             self._on_reject(RemoteProtocolError(reply.reason, f"HTTP {reply.status}"), conn.ip)
             await self._respond(conn, reply.status, reply.reason, False, "")
             return False
@@ -488,11 +475,11 @@ class PeerServer:
             target, length, keep = self._parse_head(await conn.read_head(deadline), limits.message_bytes_max)
             if target == HELLO_PATH:
                 if length != HELLO_BYTES:
-                    raise _Reply(400, "frame")
+                    raise HttpReply(400, "frame")
                 return await self._hello(conn, await conn.read_exactly(HELLO_BYTES, deadline), keep)
             head = await conn.read_exactly(min(length, HEADER_BYTES), deadline)
         except TimeoutError:
-            raise _Reply(408, "header_timeout") from None
+            raise HttpReply(408, "header_timeout") from None
         try:
             if length < HEADER_BYTES:
                 raise RemoteProtocolError("frame", "truncated or not a fedpeer frame")
@@ -579,7 +566,7 @@ class PeerServer:
                 async with peer_bytes.hold(header.length), self._bytes.hold(header.length):
                     return await self._deliver(conn, header, head, deadline, handler)
         except TimeoutError:
-            raise _Reply(408, "body_timeout") from None
+            raise HttpReply(408, "body_timeout") from None
 
     async def _deliver(self, conn: _Conn, header: FrameHeader, head: bytes, deadline: float,
                        handler: FrameHandler) -> Any:
@@ -606,18 +593,18 @@ class PeerServer:
         same head is parsed, and refused, exactly as the first time)."""
         parsed = self._heads.get(head)
         if parsed is None:
-            parsed = _parse_head(head)
+            parsed = parse_request_head(head)
             if len(head) <= HEAD_REMEMBERED_BYTES_MAX:
                 if len(self._heads) >= HEADS_REMEMBERED_MAX:
                     self._heads.clear()
                 self._heads[head] = parsed
         if parsed[1] > bytes_max:
-            raise _Reply(413, "oversize")
+            raise HttpReply(413, "oversize")
         return parsed
 
     async def _respond(self, conn: _Conn, status: int, reason: str, keep: bool, tag: str, body: bytes = b"") -> None:
         body = body or (reason.encode() if status != 204 else b"")
-        lines = [f"HTTP/1.1 {status} {_STATUS_TEXT.get(status, 'Error')}"]
+        lines = [f"HTTP/1.1 {status} {STATUS_TEXT.get(status, 'Error')}"]
         if status != 204:
             kind = "application/octet-stream" if status == 200 else "text/plain"
             lines += [f"Content-Type: {kind}", f"Content-Length: {len(body)}"]
@@ -627,28 +614,3 @@ class PeerServer:
             lines.append("Connection: close")
         await conn.write(("\r\n".join(lines) + "\r\n\r\n").encode() + body, self._limits.header_timeout_ms / 1000)
 
-
-def _parse_head(head: bytes) -> tuple[str, int, bool]:
-    """(path, content length, keep-alive) of a request for one of our paths; raises _Reply otherwise
-    (the length is checked against the cap by the caller)."""
-    try:
-        text = head.decode("latin-1")
-        request_line, *header_lines = text[:-len(END_OF_HEAD)].split("\r\n")
-        method, target, version = request_line.split(" ")
-    except ValueError:
-        raise _Reply(400, "bad_request") from None
-    if target not in _PATHS:
-        raise _Reply(404, "not_found")
-    if method != "POST":
-        raise _Reply(405, "method_not_allowed")
-    try:   # a repeated length or transfer-encoding is a request smuggling shape: refuse, do not guess
-        headers = parse_header_lines(header_lines, unique=("content-length", "transfer-encoding"))
-    except ValueError:
-        raise _Reply(400, "bad_request") from None
-    if "transfer-encoding" in headers:
-        raise _Reply(411, "length_required")     # frames have a length; no chunked bodies
-    length_text = headers.get("content-length", "")
-    # ASCII digits only: latin-1 "²" is a digit to isdigit() and not to int()
-    if not (length_text.isascii() and length_text.isdigit()) or len(length_text) > CONTENT_LENGTH_DIGITS_MAX:
-        raise _Reply(411, "length_required")
-    return target, int(length_text), keep_alive(version, headers)
