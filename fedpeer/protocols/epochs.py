@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 from collections import Counter
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
@@ -82,6 +83,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from fedpeer.base.logs import fields
 from fedpeer.errors import JobError
 from fedpeer.protocols.securesum.api import (
     Equivocation,
@@ -96,6 +98,7 @@ from fedpeer.runtime.channel import PeerRefused, RecvTimeout, SubChannel
 from fedpeer.wire import frame as wire
 
 T = TypeVar("T")
+log = logging.getLogger("fedpeer.jobs.epochs")
 DEAD_WAIT_MS = 30_000            # after a failed sum, how long to wait for the failure detector to name the dead
 POLL_MS = 200                    # how often the failure detector's view is read meanwhile
 VIEW_GRACE_HOPS = 1              # with views, how long a running sum may still complete after a view
@@ -341,6 +344,10 @@ class Epochs:
         self.joined = [m for m in self.joined if m in self.members]
         self._restarted -= set(changed)
         self.epoch += 1
+        log.info("job_epoch", extra=fields(job=getattr(self.ch, "job_id", "-"), tag=self.tag(""),
+                                           members=len(self.members),
+                                           out=",".join(m.hex()[:8] for m in self.lost) or "-",
+                                           back=",".join(m.hex()[:8] for m in self.joined) or "-"))
         if self.views:
             told = self._others() + [m for m in changed if m not in self.members and m != self.ch.me]
             task = asyncio.ensure_future(self._tell(told, self._view()))
@@ -552,6 +559,8 @@ class Epochs:
         self.members = tuple(m for m in self.original if self.changes.get(m, 0) % 2 == 0)
         self.joined = [m for m in self.members if self.changes.get(m, 0)]
         self.epoch = 1
+        log.info("job_epoch_adopted", extra=fields(job=getattr(self.ch, "job_id", "-"), tag=self.tag(""),
+                                                   members=len(self.members)))
 
     def _holders(self) -> list[bytes]:
         """The members that send the state to members back in: those that never left."""

@@ -126,7 +126,8 @@ def simulate_epochs(seed: int, *, views: bool = True, n: int = 4, steps: int = 8
     index_of = {k: i for i, k in enumerate(keys)}
     victims = rng.sample(keys, min(kills, n - 2))
     plan = {v: (rng.uniform(0, horizon_s),
-                rng.uniform(0, 2 * (detect_ms + detect_skew_ms[1]) / 1000) if rng.random() < restart_p else None)
+                rng.uniform(0, (1 if rejoin else 2) * (detect_ms + detect_skew_ms[1]) / 1000)
+                if rng.random() < restart_p else None)
             for v in victims}
     ended: dict[bytes, float] = {}
     again: dict[bytes, asyncio.Future] = {}
