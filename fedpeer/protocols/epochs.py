@@ -153,8 +153,7 @@ class RejoinRefused:
 
 @dataclass(frozen=True)
 class RejoinState:
-    """The job's state so far, for a member back in: its digest (SHA-256), and the state itself
-    from one member (empty from the others)."""
+    """The state so far for a member back in: its SHA-256, and from one member the state itself."""
 
     tag: str
     digest: bytes
@@ -222,20 +221,17 @@ class Epochs:
         self._restarted: set[bytes] = set()          # ... while in the current epoch: they lost the job
 
     @property
-    def lost(self) -> list[bytes]:
-        """The members out now, in the order they were first lost."""
+    def lost(self) -> list[bytes]:     # the members out now, in the order they were first lost
         return [m for m, c in self.changes.items() if c % 2]
 
     @property
-    def rejoined(self) -> list[bytes]:
-        """The members that came back in (and may have been lost again since)."""
+    def rejoined(self) -> list[bytes]:     # (some may have been lost again since)
         return [m for m, c in self.changes.items() if c >= 2]
 
     def _count_max(self) -> int:
         return 2 * REJOINS_MAX + 1 if self.rejoin else 1
 
-    def _counted(self) -> list[bytes]:
-        """Each member once per move, in key order: the views' and the tags' form of `changes`."""
+    def _counted(self) -> list[bytes]:    # each member once per move, in key order: the views' and tags' form
         return sorted(m for m, c in self.changes.items() for _ in range(c))
 
     def tag(self, name: str) -> str:
@@ -470,9 +466,7 @@ class Epochs:
             except RecvTimeout:
                 return
             count = self.changes.get(src, 0)
-            if src == self.ch.me or src not in self.original:
-                continue
-            if count == 0 and src in self.members:
+            if count == 0 and src in self.members and src != self.ch.me:
                 self._restarted.add(src)
                 self._asked.add(src)
             elif count % 2:
@@ -539,8 +533,7 @@ class Epochs:
                 return
         raise JobError(f"no member took this site back within {wait_ms // 1000} s")
 
-    async def _refuse_asks(self, reason: str) -> None:
-        """Tell every member whose request to rejoin waits here that it will not be taken back."""
+    async def _refuse_asks(self, reason: str) -> None:     # every request to rejoin waiting here: no
         asking: set[bytes] = set()
         while True:
             try:
@@ -562,8 +555,7 @@ class Epochs:
         log.info("job_epoch_adopted", extra=fields(job=getattr(self.ch, "job_id", "-"), tag=self.tag(""),
                                                    members=len(self.members)))
 
-    def _holders(self) -> list[bytes]:
-        """The members that send the state to members back in: those that never left."""
+    def _holders(self) -> list[bytes]:     # who sends the state to members back in: those that never left
         return [m for m in self.members if not self.changes.get(m, 0)]
 
     async def send_state(self, state: bytes) -> None:
@@ -579,7 +571,7 @@ class Epochs:
         await self._tell(joined, msg)
 
     def state_pending(self) -> None:
-        """The resume point left nothing to send (the job starts over): members back in need no state."""
+        """The job starts over at the resume point: members back in need no state."""
         self.joined = []
 
     async def receive_state(self) -> bytes:
