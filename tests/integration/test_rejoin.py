@@ -20,7 +20,7 @@ PARAMS = {**ALLREDUCE, "max_depth": 2, "max_bin": 16, "rounds": 50}
 
 
 async def test_a_restarted_member_rejoins_and_its_record_keeps_the_step(make_federation, tmp_path: Path) -> None:
-    h, _, _ = await _federation(make_federation, tmp_path, 4, {"jobs": {"hop_timeout_ms": 2_000}})
+    h, _, _ = await _federation(make_federation, tmp_path, 4, {"jobs": {"hop_timeout_ms": 5_000}})
     for victim, how in ((2, "term"), (1, "kill9")):
         run = await restart_mid_job(h, 0, victim, PARAMS, how, 2, timeout_s=60)
         assert run.survivors_done, (run.line(), run.errors)
