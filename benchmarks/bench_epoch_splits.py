@@ -9,7 +9,11 @@ result), done-without (the same, except survivors the others went on without, wh
 knowing it), failed (all failed) and split (some done and some failed, or different results),
 with the first seeds of each end that is not done (each replays with simulate_random(seed)).
 
-Run: .venv/bin/python benchmarks/bench_epoch_splits.py [--seeds 2000] [--start 0] [--views both|on|off]
+With --rejoin (views on): each restarted member runs its part again and asks back in (epochs.py,
+"Rejoins"; 4 to 12 steps, restarts three times in four); also prints how many came back with the
+survivors' result and the reasons of those left out.
+
+Run: .venv/bin/python benchmarks/bench_epoch_splits.py [--seeds 2000] [--start 0] [--views both|on|off] [--rejoin]
 """
 
 from __future__ import annotations
@@ -29,8 +33,10 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=2000)
     ap.add_argument("--start", type=int, default=0)
     ap.add_argument("--views", choices=("both", "on", "off"), default="both")
+    ap.add_argument("--rejoin", action="store_true", help="restarted members ask back in (views on)")
     args = ap.parse_args()
-    settings = {"both": (False, True), "on": (True,), "off": (False,)}[args.views]
+    settings = (True,) if args.rejoin else {"both": (False, True), "on": (True,), "off": (False,)}[args.views]
+    back, restarted, reasons = 0, 0, collections.Counter()
     print("| views | mode | runs | " + " | ".join(ENDS) + " | real s | first seeds not done |")
     print("|---|---|---|" + "---|" * len(ENDS) + "---|---|")
     for views in settings:
@@ -38,7 +44,9 @@ def main() -> None:
         odd: dict[str, list[int]] = collections.defaultdict(list)
         started = time.perf_counter()
         for seed in range(args.start, args.start + args.seeds):
-            run = simulate_random(seed, views=views)
+            run = simulate_random(seed, views=views, rejoin=args.rejoin)
+            back, restarted = back + run.rejoined, restarted + run.restarted
+            reasons.update(reason.split(":")[0] for reason in run.left_out)
             for mode in (run.mode, "all"):
                 ends[mode][run.end] += 1
                 if run.end not in ("done", "done-without") and len(odd[mode]) < 5:
@@ -50,6 +58,9 @@ def main() -> None:
                   + " | ".join(str(counts[e]) for e in ENDS)
                   + f" | {f'{real:.0f}' if mode == 'all' else ''} | {' '.join(map(str, odd[mode])) or '-'} |",
                   flush=True)
+    if args.rejoin:
+        print(f"\n{restarted} members restarted, {back} rejoined; left out: "
+              + (", ".join(f"{why} ({n})" for why, n in reasons.most_common()) or "none"))
 
 
 if __name__ == "__main__":

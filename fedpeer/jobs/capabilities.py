@@ -42,6 +42,7 @@ DP_SKELLAM = "dp-skellam-1"           # DP jobs: members' Skellam noise shares i
 DP_LOGREG = "dp-logreg-1"             # logreg with DP: clipped per-row gradients, noised (kinds/linear/logreg_dp.py)
 DP_TREES = "dp-trees-1"               # xgboost with DP: noised level sums, public bounds (kinds/xgboost/hist_dp.py)
 EPOCH_VIEWS = "epoch-views-1"         # survivors share views of the lost (jobs/params.py EPOCH_VIEWS_PARAM)
+JOB_REJOIN = "job-rejoin-1"           # a restarted member comes back into a running job (jobs/params.py REJOIN_PARAM)
 DP_CART = "dp-cart-1"                 # tree with DP: noised class counts per level, public bounds (kinds/tree/dp.py)
 BUILD_FORMATS = frozenset({SITE_INFO, REVERSE_LINKS, RELAY, DIALBACK, VERTICAL_2, DP_SKELLAM})   # beyond any kind's
 

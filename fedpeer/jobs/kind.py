@@ -182,6 +182,11 @@ class JobKind:
     # whether a job with these parameters runs under the federation's elected leader (what
     # `fedpeer harness --kill-leader-at-round` kills); None: never
     led: Callable[[Mapping[str, Any]], bool] | None = None
+    # A member restarted mid-job (fedpeer/jobs/lifecycle/rejoin.py): (channel, params, ctx) -> result,
+    # run instead of `run` to ask the others to take it back; None: the kind does not take members back
+    rejoin: Callable[[Any, Mapping[str, Any], JobContext], Awaitable[dict]] | None = None
+    # checked params -> why a job with them does not take a restarted member back (one line), or None
+    rejoin_refused: Callable[[Mapping[str, Any]], str | None] | None = None
     # checked params -> why they cannot run together (one line), or None: refused wherever they are
     # checked (the CLI, the proposer, every member), before any data is read or privacy charged
     refused: Callable[[Mapping[str, Any]], str | None] | None = None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from fedpeer.config.bounds import BOUNDS_TEXT_MAX
-from fedpeer.jobs.capabilities import DP_CART, DP_SKELLAM, DP_TREES, EPOCH_VIEWS
+from fedpeer.jobs.capabilities import DP_CART, DP_SKELLAM, DP_TREES, EPOCH_VIEWS, JOB_REJOIN
 from fedpeer.jobs.kind import Param
 from fedpeer.protocols import dp
 
@@ -44,6 +44,15 @@ EPOCH_VIEWS_PARAM = Param(bool, True, "after a member is lost, the survivors agr
                           "their views (false: each by its own failure detector, as before; a job with a "
                           "member of a release without views runs with false)", capability=EPOCH_VIEWS,
                           before=False, optional=True)
+
+# A member restarted mid-job asks to come back, and the others take it back at the next boundary
+# (fedpeer/protocols/epochs.py, "Rejoins"): new messages, and views that may name a member more
+# than once, so every member needs the capability; a job with a member without it runs without
+# rejoins (that member, like every other, then stays out once lost). Needs epoch_views.
+REJOIN_PARAM = Param(bool, True, "a member restarted mid-job comes back into it at the next boundary the kind "
+                     "allows (needs epoch_views; false: a member lost stays out, as before; a job with a member "
+                     "of a release without rejoins runs with false)", capability=JOB_REJOIN, before=False,
+                     optional=True)
 
 
 def seed(drives: str) -> Param:

@@ -26,11 +26,15 @@ log = logging.getLogger("fedpeer.jobs")
 # A job record's states and the moves between them, in one table. A record starts "proposed" (at
 # its proposer, and at a member that heard the proposal); a member that accepts it waits
 # "accepted" for the proposer's start; "running" runs the kind; done, failed and cancelled end it
-# (the first end wins: JobRegistry.finish). `advance` refuses any other move.
+# (the first end wins: JobRegistry.finish). A running job whose daemon stopped or died is
+# "interrupted" (its record says at which phase and step): a member restarted mid-job runs it again
+# if the others take it back (fedpeer/jobs/lifecycle/rejoin.py), else it fails, saying why.
+# `advance` refuses any other move.
 TRANSITIONS: dict[str, tuple[str, ...]] = {
     "proposed": ("accepted", "running", "failed", "cancelled"),
     "accepted": ("running", "failed", "cancelled"),
-    "running": ("done", "failed", "cancelled"),
+    "running": ("done", "failed", "cancelled", "interrupted"),
+    "interrupted": ("running", "failed", "cancelled"),
     "done": (),
     "failed": (),
     "cancelled": (),
@@ -38,6 +42,7 @@ TRANSITIONS: dict[str, tuple[str, ...]] = {
 STATES = tuple(TRANSITIONS)
 TERMINAL = tuple(state for state, moves in TRANSITIONS.items() if not moves)
 PENDING = ("proposed", "accepted")      # known, not yet running: holds no jobs_concurrent_max slot
+PROGRESS_SAVE_INTERVAL_MS = 1_000   # a running job's progress is written at most this often (an fsync each)
 WAITS_SHOWN_MAX = 8             # pending receives `job show` lists per job (oldest first)
 
 
@@ -72,6 +77,7 @@ class JobRecord:
     data: Any = field(default=None, repr=False)
     test_data: Any = field(default=None, repr=False)
     start_signal: asyncio.Future | None = field(default=None, repr=False)   # member: set by JobStart
+    rejoins: int = 0             # times this site asked to come back into the job after a restart
     announced: bool = False      # other members know of the job (so they must hear how it ends)
     stored: bool = True          # written to disk; a peer's proposal only once it runs
     dirty: bool = False          # the last write failed: retried at the next state change
@@ -88,6 +94,7 @@ class JobRecord:
             "elapsed_s": round((end - self.started_ms) / 1000, 3) if self.started_ms else None,
             "rows": self.rows, "data_fingerprint": self.data_fingerprint, "history": self.history,
             "error": self.error, "result": self.result,
+            **({"rejoins": self.rejoins} if self.rejoins else {}),
             **({"waiting_for": waiting} if waiting else {}),
         }
 
@@ -109,7 +116,14 @@ def _record_from_json(doc: dict) -> JobRecord:
     record.rows, record.started_ms, record.finished_ms = doc["rows"], doc["started_ms"], doc["finished_ms"]
     record.data_fingerprint = doc.get("data_fingerprint")     # absent from records written before it existed
     record.history = doc.get("history") if isinstance(doc.get("history"), list) else []
+    rejoins = doc.get("rejoins", 0)
+    record.rejoins = rejoins if isinstance(rejoins, int) and not isinstance(rejoins, bool) else 0
     return record
+
+
+def stopped_at(record: JobRecord) -> str:
+    """Where a job stopped, for the one line an interrupted record keeps."""
+    return f"phase {record.phase!r}, step {record.step} of {record.total}"
 
 
 class RecordFiles:
@@ -128,10 +142,14 @@ class RecordFiles:
         self._stored_seq: dict[str, int] = {}    # job -> number of the snapshot on disk (under _disk_lock)
         self._writer: asyncio.Task | None = None
         self._disk_lock = threading.Lock()      # one record file write at a time, thread or loop
+        self._progress_saved: dict[str, int] = {}                  # job -> when its progress was last written
+        self._progress_due: dict[str, asyncio.TimerHandle] = {}    # job -> the write its latest progress waits for
 
 
     def load(self) -> list[JobRecord]:
-        """The records on disk; one found non-terminal (the daemon died mid-job) is marked failed."""
+        """The records on disk; one found running (the daemon died mid-job) is marked interrupted,
+        with the phase and step it reached (one stopped mid-job was marked so as it stopped); any
+        other found non-terminal is marked failed."""
         found: list[JobRecord] = []
         if not self.root.is_dir():
             return found
@@ -142,11 +160,15 @@ class RecordFiles:
             except (FedpeerError, KeyError, TypeError, ValueError) as exc:
                 log.warning("job_record_unreadable", extra=fields(path=str(path), error=str(exc)))
                 continue
-            if record.state not in TERMINAL:
-                at = (f" (phase: {record.phase}, step {record.step} of {record.total})" if record.state == "running"
-                      else f" (state: {record.state})")
+            if record.state == "running":
+                advance(record, "interrupted")
+                record.error = f"the daemon restarted at {stopped_at(record)}"
+                self.save(record)
+            elif record.state == "interrupted":
+                record.error = record.error or f"the daemon restarted at {stopped_at(record)}"
+            elif record.state not in TERMINAL:
                 advance(record, "failed")
-                record.error = f"this daemon stopped while the job was running{at}"
+                record.error = f"this daemon stopped while the job was starting (state: {record.state})"
                 record.finished_ms = record.finished_ms or self.now_ms()
                 self.save(record)
             found.append(record)
@@ -174,6 +196,37 @@ class RecordFiles:
             if not self._write(other):
                 break
         return True
+
+    def save_progress(self, record: JobRecord) -> None:
+        """A running job's phase or step changed: written now if the last progress write is
+        PROGRESS_SAVE_INTERVAL_MS old, else once that much time has passed (the latest progress
+        then): a daemon killed mid-job finds, at its restart, where the job was to within that."""
+        now = self.now_ms()
+        wait = self._progress_saved.get(record.id, now - PROGRESS_SAVE_INTERVAL_MS) + PROGRESS_SAVE_INTERVAL_MS - now
+        if wait <= 0:
+            self._progress_saved[record.id] = now
+            self.save(record)
+            return
+        if record.id in self._progress_due:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._progress_due[record.id] = loop.call_later(wait / 1000, self._progress_write, record)
+
+    def _progress_write(self, record: JobRecord) -> None:
+        self._progress_due.pop(record.id, None)
+        if record.state == "running":
+            self._progress_saved[record.id] = self.now_ms()
+            self.save(record)
+
+    def forget_progress(self, job_id: str) -> None:
+        """The job ended: no progress of it is written any more."""
+        self._progress_saved.pop(job_id, None)
+        due = self._progress_due.pop(job_id, None)
+        if due is not None:
+            due.cancel()
 
     async def on_disk(self, record: JobRecord) -> bool:
         """Wait for the record's queued writes; whether its latest state is on disk."""

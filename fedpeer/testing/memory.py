@@ -31,7 +31,9 @@ class MemoryNetwork:
     observer's failure detector declares a crash (0: every member declares it at the same moment).
     restart(node): a crashed member is back (a new incarnation: alive to every failure detector
     again, but its jobs are gone: what is sent to it for them is refused as "unknown_job", as the
-    daemon's job registry does).
+    daemon's job registry does). rejoin(node, job_id): a restarted member runs its part of the
+    job again (its daemon's attempt to rejoin, fedpeer/jobs/lifecycle/rejoin.py): an empty mailbox,
+    and messages for the job are taken again.
     partition(groups): sends across groups raise PeerUnreachable after `unreachable_ms` (the
     transport's retries giving up). refuse(src, dst, msg) -> reason plays the receiver's gate: a
     refused message raises PeerRefused at the sender and makes the receiver's `recv` from src raise
@@ -95,6 +97,12 @@ class MemoryNetwork:
             declared.discard(node)
         for box in self.mailboxes.values():
             box.member_alive(node)
+
+    def rejoin(self, node: NodeId, job_id: str) -> None:
+        """A restarted member runs the job `job_id` again, from an empty mailbox."""
+        assert node in self.restarted and node not in self.crashed_at, "rejoin of a member not restarted"
+        self.restarted.discard(node)
+        self.mailboxes.pop((job_id, node), None)
 
     def _declare_dead(self, node: NodeId, at: float) -> None:
         if self.crashed_at.get(node) != at:

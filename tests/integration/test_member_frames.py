@@ -122,12 +122,17 @@ def _strategies(keys: dict[str, bytes], jobs: list[str]) -> st.SearchStrategy:
         st.builds(ep.EpochView, tag=st.sampled_from(["view", "e0/view", "x"]),
                   lost=st.lists(key, max_size=4).map(tuple)),
         st.builds(ep.EpochDone, tag=st.sampled_from(["e0/end", "e1-ab/end", "x"])),
+        # a restarted member's request to rejoin, a refusal, the state so far (epochs.py, "Rejoins")
+        st.builds(ep.RejoinAsk, tag=st.sampled_from(["xgbh/rejoin", "x"])),
+        st.builds(ep.RejoinRefused, tag=st.sampled_from(["xgbh/rejoin", "x"]), reason=st.text(max_size=20)),
+        st.builds(ep.RejoinState, tag=st.sampled_from(["xgbh/e2-ab/state", "x"]), digest=st.binary(min_size=32,
+                  max_size=32), state=st.binary(max_size=64)),
     ).flatmap(lambda msg: st.tuples(st.just(msg), st.one_of(st.just(""), recent), TERMS))
 
 
 @pytest.mark.timeout(600)
 def test_random_member_messages_never_take_a_site_down(make_federation, tmp_path) -> None:
-    """Hypothesis drives random membership, election, job-lifecycle and survivors'-view messages,
+    """Hypothesis drives random membership, election, job-lifecycle, survivors'-view and rejoin messages,
     sealed with a member's key, at a live daemon while the honest sites run stats jobs."""
     h = _breast_cancer_sites(make_federation, tmp_path, (0, 1))
     asyncio.run(h.wait_all_alive(timeout_s=30, among=[0, 1]))

@@ -563,7 +563,9 @@ async def test_a_restarted_site_says_which_phase_its_interrupted_job_was_in(tmp_
     restarted = JobRegistry(config, FakeTransport(), NAMES, KINDS, lambda coro: coro.close())
     shown = restarted.show("k-1")
     assert shown["state"] == "failed" and shown["phase"] == "sending to alice"
-    assert "phase: sending to alice" in shown["error"], shown["error"]
+    # one line: where it stopped, and why it does not come back (this kind takes nobody back)
+    assert shown["error"] == (f"{config.node.name}: the daemon restarted at phase 'sending to alice', step 1 of 2; "
+                              "it does not rejoin: a sends job does not take a restarted member back"), shown["error"]
 
 
 def NodeSectionAt(node: NodeSection, state_dir: Path) -> NodeSection:

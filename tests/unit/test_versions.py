@@ -328,8 +328,12 @@ async def test_an_optional_parameter_is_settled_off_with_a_member_without_it_nev
     assert xgb.params["train_loss"].optional and xgb.check_params({})["train_loss"] is True
     settled = caps.settled(xgb, xgb.check_params({}), [OWN.caps, releases.BASELINE_CAPABILITIES])
     assert settled["train_loss"] is False and caps.lacking(xgb, settled, releases.BASELINE_CAPABILITIES) == []
+    assert settled["rejoin"] is False       # likewise rejoins: the job runs, a member lost stays out
     assert caps.lacking(xgb, xgb.check_params({}), releases.BASELINE_CAPABILITIES) == ["xgb-train-loss-1",
-                                                                                       "epoch-views-1"]
+                                                                                       "epoch-views-1",
+                                                                                       "job-rejoin-1"]
+    this_build = caps.provided(job_kinds().values())
+    assert "job-rejoin-1" in this_build and caps.settled(xgb, xgb.check_params({}), [this_build])["rejoin"] is True
     opt = JobKind(name="oldkind", help="", run=_run, needs_data=False, params={
         "secure_sum": SECURE_SUM, "loss": Param(bool, True, "", capability="fmt-fast", before=False, optional=True)})
     transport = FakeTransport()

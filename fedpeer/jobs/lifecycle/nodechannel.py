@@ -4,8 +4,8 @@ dead (`DeathWatch`). What the node gives the registry is `Transport` (fedpeer/jo
 
 - A send to a member declared dead fails at once (PeerUnreachable), in flight or not, instead of
   retrying for a whole hop timeout; the registry hears the declaration (`on_peer_state`).
-- A running job's phase is written when it changes (`progress`), so a site restarted after a
-  crash says which phase its interrupted job was in.
+- A running job's phase and step are written when they change, at most once a second
+  (records.py save_progress), so a site restarted after a crash says where its job was.
 - The secure sum's own progress (its chunks) is a detail of the kind's phase, never in its place:
   "histogram mode: round 3 of 20 (secure sum: chunk 2 of 8)", and nothing for a one-chunk sum, so
   `job show` and `run --wait` keep the phase and round that matter.
@@ -26,7 +26,6 @@ from fedpeer.jobs.lifecycle.host import Host
 
 DEAD_DETAIL = "declared dead by membership"
 HISTORY_POINTS_MAX = 10_000          # a running job's live history keeps the newest this many points
-PHASE_SAVE_INTERVAL_MS = 2_000       # a running job's record is saved on a new phase at most this often
 
 
 class DeathWatch:
@@ -92,7 +91,6 @@ class NodeChannel:
         self.members = record.members
         self.job_id = record.id
         self.metrics = getattr(registry.transport, "metrics", None)   # fedpeer/daemon/metrics.py observe_*
-        self._saved_ms = -PHASE_SAVE_INTERVAL_MS      # when progress last saved the record
         self._phase = record.phase                    # the kind's own phase (a secure sum's chunks aside)
 
     def now_ms(self) -> int:
@@ -126,12 +124,10 @@ class NodeChannel:
             phase, step, total = f"{self._phase} (secure sum: chunk {step} of {total})", record.step, record.total
         else:
             self._phase = phase
-        changed = phase != record.phase
+        changed = (phase, step) != (record.phase, record.step)
         record.phase, record.step, record.total = phase, step, total
-        now = self.now_ms()
-        if changed and record.state == "running" and now - self._saved_ms >= PHASE_SAVE_INTERVAL_MS:
-            self._saved_ms = now                      # on disk: a crash leaves (about) the phase it was in;
-            self._registry.records.save(record)       # not every round's (an fsync each: 20 % of a logreg job)
+        if changed and record.state == "running":    # on disk within a second (not every round: an fsync
+            self._registry.records.save_progress(record)     # each was 20 % of a logreg job)
 
     async def send(self, dst: bytes, msg: object) -> None:
         assert dst in self.members and dst != self.me, "send to a non-member or to self"

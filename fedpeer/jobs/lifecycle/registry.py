@@ -9,12 +9,15 @@ composes the parts of the lifecycle, each in its module:
 - member.py: peers' proposals, their start, and the other members' aborts and cancels;
 - runner.py: running a started job, supervising every job task, telling others how it ended;
 - nodechannel.py: the node's transport, a job's Channel over it, and the death watch on sends;
+- rejoin.py: a job interrupted by this daemon's restart, and its requests to come back into it;
 - records.py: the job records and their files.
 
 Rules:
 - Every wait is bounded ([jobs] limits): no answer, no start, a job running too long: failed.
-- Records live in state/jobs/<id>/job.json, written atomically at every state change; a record
-  found non-terminal at start-up (the daemon died mid-job) is marked failed. A write that fails
+- Records live in state/jobs/<id>/job.json, written atomically at every state change, and a
+  running job's progress at most once a second; a running job found at start-up (the daemon
+  died mid-job), or stopped with the daemon, is "interrupted" at the phase and step it reached,
+  and comes back into the job if the others take it back (rejoin.py), else fails saying why. A write that fails
   (disk full, EIO, EMFILE) leaves the record in memory and is retried at its next change; while
   the state dir takes no writes, new proposals (ours and peers') are refused with its reason.
 - Rows never leave the site: the registry only ever sends fingerprints and column names.
@@ -45,9 +48,10 @@ from fedpeer.jobs.lifecycle.member import MemberSide
 from fedpeer.jobs.lifecycle.host import Transport
 from fedpeer.jobs.lifecycle.nodechannel import DEAD_DETAIL, DeathWatch
 from fedpeer.jobs.lifecycle.proposer import ProposerSide
+from fedpeer.jobs.lifecycle.rejoin import RejoinSide
 from fedpeer.jobs.lifecycle.runner import JobRunner, SiteFailure
 from fedpeer.jobs.privacy import PrivacyLedger
-from fedpeer.jobs.records import PENDING, TERMINAL, JobRecord, RecordFiles, advance
+from fedpeer.jobs.records import PENDING, TERMINAL, JobRecord, RecordFiles, advance, stopped_at
 
 log = logging.getLogger("fedpeer.jobs")
 RECORDS_LISTED_MAX = 200
@@ -77,6 +81,7 @@ class JobRegistry:
         self.as_proposer = ProposerSide(self)
         self.as_member = MemberSide(self)
         self.runner = JobRunner(self)
+        self.rejoins = RejoinSide(self)
         # what each member runs (fedpeer/jobs/versions.py), set by the node; None: every member
         # is taken to run all this site's kinds
         self.versions: Any = None
@@ -85,6 +90,7 @@ class JobRegistry:
         self.on_end: Callable[[JobRecord], None] | None = None
         for record in self.records.load():
             self.jobs[record.id] = record
+        self.rejoins.settle_loaded()
 
     # -- membership ----------------------------------------------------------------------------
 
@@ -95,9 +101,11 @@ class JobRegistry:
             for record in self.all_records():
                 if peer in record.members and record.state not in TERMINAL:
                     self._member_died(record, peer)
-        elif state == "alive" and self.deaths.declare_alive(peer):
-            for record in self.all_records():
-                record.mailbox.member_alive(peer)
+        elif state == "alive":
+            if self.deaths.declare_alive(peer):
+                for record in self.all_records():
+                    record.mailbox.member_alive(peer)
+            self.rejoins.on_peer_alive(peer)      # heard after our restart: ask to come back into its jobs
 
     def _member_died(self, record: JobRecord, peer: bytes) -> None:
         record.mailbox.member_dead(peer)
@@ -174,7 +182,8 @@ class JobRegistry:
             if record is not None and src in record.members and record.state == "done" \
                     and self.as_member.serve_done(record, src, msg):
                 return
-            if record is None or src not in record.members or record.state in TERMINAL:
+            if record is None or src not in record.members or record.state in TERMINAL \
+                    or record.state == "interrupted":     # (not yet asking to come back: the others lose it)
                 raise RemoteProtocolError("unknown_job", f"no running job {job_id!r} with that member")
             record.mailbox.put(src, msg)
 
@@ -225,13 +234,26 @@ class JobRegistry:
 
     # -- ending a record ---------------------------------------------------------------------
 
+    def interrupt(self, record: JobRecord) -> None:
+        """The daemon stops while the job runs here: the record says where it stopped (rejoin.py)."""
+        advance(record, "interrupted")
+        record.error = f"the daemon stopped at {stopped_at(record)}"
+        self.records.forget_progress(record.id)
+        release_data(record.data)
+        record.data = record.test_data = None
+        self.records.save(record)
+        log.info("job_interrupted", extra=fields(job=record.id, kind=record.kind, error=record.error))
+
     def finish(self, record: JobRecord, state: str, error: str | None, result: dict | None = None) -> None:
         """End the record (first end wins); never raises."""
         if record.state in TERMINAL:
             return
+        self.records.forget_progress(record.id)
+        interrupted = record.state == "interrupted"
         advance(record, state)
         record.error, record.result = error, result
-        record.phase = state
+        if not interrupted:          # an interrupted job's phase is where it stopped: kept
+            record.phase = state
         record.finished_ms = self.transport.now_ms()
         release_data(record.data)
         record.data = record.test_data = None

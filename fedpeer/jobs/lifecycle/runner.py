@@ -74,14 +74,20 @@ class JobRunner:
     def __init__(self, registry: Host) -> None:
         self._registry = registry
 
-    async def execute(self, record: JobRecord, kind: JobKind) -> None:
+    async def execute(self, record: JobRecord, kind: JobKind, rejoin: bool = False) -> None:
+        """Run the kind (`rejoin`: a member restarted mid-job asks to come back, rejoin.py)."""
         registry = self._registry
         me = registry.transport.me
         limit = registry.config.jobs.jobs_concurrent_max
         if registry.running() >= limit:   # pending proposals hold no slot: the check that counts is here
             raise SiteFailure(me, f"{registry.running()} jobs already running ([jobs] jobs_concurrent_max)")
         advance(record, "running")
-        record.phase, record.started_ms = "starting", registry.transport.now_ms()
+        if rejoin:
+            from fedpeer.jobs.lifecycle.rejoin import REJOINING_PHASE
+            record.phase, record.error = REJOINING_PHASE, None
+            record.started_ms = record.started_ms or registry.transport.now_ms()
+        else:
+            record.phase, record.started_ms = "starting", registry.transport.now_ms()
         record.stored = True          # a job that runs is worth a record on disk
         registry.records.save(record)
         # the disk filled since the proposal: do not start what we cannot record
@@ -96,8 +102,9 @@ class JobRunner:
         channel = NodeChannel(registry, record)
         for peer in registry.deaths.dead.intersection(record.members):   # died before the start: no wait for them
             record.mailbox.member_dead(peer)
+        run = kind.rejoin if rejoin and kind.rejoin is not None else kind.run
         try:
-            result = await asyncio.wait_for(kind.run(channel, record.params, ctx),
+            result = await asyncio.wait_for(run(channel, record.params, ctx),
                                             registry.config.jobs.job_timeout_ms / 1000)
         except TimeoutError:
             raise SiteFailure(me, f"did not finish within {registry.config.jobs.job_timeout_ms} ms") from None
@@ -171,8 +178,11 @@ class JobRunner:
             await work
         except asyncio.CancelledError:
             # an operator's cancel or a peer's abort finished the record first; what is left is
-            # the daemon stopping (a restarted daemon shows this record, not a running one)
-            if record.state not in TERMINAL:
+            # the daemon stopping: a running job is interrupted where it was (the restarted
+            # daemon may bring it back, rejoin.py), any other cancelled
+            if record.state == "running":
+                registry.interrupt(record)
+            elif record.state not in TERMINAL:
                 registry.finish(record, "cancelled", f"{registry.config.node.name}: the daemon was stopped "
                                                      f"while the job ran (phase: {record.phase})")
             raise

@@ -50,6 +50,16 @@ before it returns, so no survivor is left waiting in an old epoch (epochs.py, "V
 logreg and mlp kinds likewise). Not covered: an initiator that dies while delivering a
 total can leave the members that got it waiting for a takeover by one that did not (it fails).
 
+A member restarted mid-job (`rejoin`, the default with views; members of releases without it
+need false) asks to come back (epochs.py, "Rejoins"); the others take it back before their next
+tree (not with fewer than REJOIN_TREES_LEFT_MIN trees left: it is told so), in a new epoch whose
+resume point is where every member goes on from; there it gets the state so far (hist_rejoin.py:
+rows, label statistics, base score, cut points, finished trees) from the first member that never
+left, checks it against the digest of every member that never left, rebuilds its margins from the
+trees and grows the next tree with the others. From then on the trees are grown over its rows
+again: the final model is the same at every member, its first trees the pooled model of every
+member, the trees grown while it was out those of the others' rows only.
+
 Levels under `secure_sum = "allreduce"` (the default) go through the secure reduce-map instead
 of a sum (`level_by_blocks`, fedpeer/protocols/securesum/reducemap.py): in each tree one member
 in three (`tree_owners`, in turn from tree to tree) owns a block of features, gets their summed
@@ -124,6 +134,7 @@ from fedpeer.ml.xgb.sketch import Cuts, sketch_advance, sketch_cuts, sketch_star
 from fedpeer.ml.xgb.tree import _Tree
 from fedpeer.protocols.epochs import DEAD_WAIT_MS, POLL_MS, Epochs  # noqa: F401  (the loss logic, shared: fedpeer/protocols/epochs.py)
 from fedpeer.protocols.epochs import Lost as _Lost
+from fedpeer.kinds.xgboost.hist_rejoin import REJOIN_TREES_LEFT_MIN, decode_state, encode_state
 from fedpeer.protocols.securesum.api import SegmentRefused
 
 TAG = "xgbh"
@@ -170,7 +181,9 @@ class HistJob:
         else a HistSite over the rows `fit`."""
         self.ch, self.params, self.ctx, self.offload = ch, params, ctx, offload
         self.p = hist_params(params, groups)
-        self.epochs = Epochs(ch, TAG, params["secure_sum"], ctx.hop_timeout_ms, views=params["epoch_views"])
+        self.epochs = Epochs(ch, TAG, params["secure_sum"], ctx.hop_timeout_ms, views=params["epoch_views"],
+                             rejoin=params.get("rejoin", False) and not params.get("dp_epsilon", 0.0))
+        self.needs_state = False               # back in the job: the state so far comes at the resume point
         try:
             self.site = site or HistSite(fit[0], fit[1], self.p, len(self.members), site_seed(params["seed"], ch.me))
         except DataError as exc:
@@ -195,6 +208,12 @@ class HistJob:
     @property
     def lost(self) -> list[bytes]:
         return self.epochs.lost
+
+    async def rejoin(self) -> None:
+        """A restarted member: ask the others to take it back (epochs.py, "Rejoins"); JobError
+        with the reason when they do not."""
+        await self.epochs.ask()
+        self.needs_state = True
 
     @property
     def sums(self) -> int:
@@ -223,7 +242,7 @@ class HistJob:
         """Every tree, through as many epochs as members are lost; the model's bytes."""
         while True:
             try:
-                if self.epochs.lost:
+                if self.epochs.epoch:
                     await self.resume_point()
                 if self.cuts is None:
                     await self.agree()
@@ -245,7 +264,7 @@ class HistJob:
         they drop the trees beyond it (or the cut points and base score, at 0)."""
         progress = 0 if self.cuts is None else 1 + len(self.trees)
         vector = np.zeros(self.total_trees + 2, dtype=np.uint64)
-        vector[progress] = 1
+        vector[self.total_trees + 1 if self.needs_state else progress] = 1    # back in: any progress will do
         tag, total = await self.sum("resume", vector)
         if int(total.sum()) != len(self.members) or int(total.max()) > len(self.members):
             raise ImplausibleTotal.of(tag, "the survivors' progress does not count each survivor once")
@@ -253,8 +272,29 @@ class HistJob:
         if least == 0:
             self.cuts = self.base = None      # restart over the survivors from the first sum
             self.trees = []
+            self.needs_state = False
+            self.epochs.state_pending()
+        elif self.needs_state:
+            await self.take_state(least - 1)
         else:
             del self.trees[least - 1:]
+            if self.epochs.joined:
+                assert self.base is not None and self.cuts is not None and self.labels is not None
+                await self.epochs.send_state(await self.offload(encode_state, self.rows, self.base, self.labels,
+                                                                self.cuts, list(self.trees)))
+
+    async def take_state(self, trees: int) -> None:
+        """Back in the job: the state so far, `trees` trees, from the members that never left
+        (epochs.receive_state checks it against their digests); JobError if it fails its checks."""
+        state = decode_state(await self.epochs.receive_state(), self.p, self.n_features, trees)
+        if self.site.rows > state.rows:
+            raise JobError("the model so far counts fewer training rows than this site's own")
+        await self.compute(self.site.set_cuts, state.cuts)
+        self.packing = self.p.packing(state.rows, state.cuts.counts())
+        await self.compute(self.site.set_packing, self.packing)
+        self.rows, self.base, self.labels, self.cuts, self.trees = (state.rows, state.base, state.labels,
+                                                                    state.cuts, state.trees)
+        self.needs_state = False
 
     async def agree(self) -> None:
         """The base score and the cut points (1 + sketch.sketch_steps sums: 9 to 33)."""
@@ -291,6 +331,7 @@ class HistJob:
             if r > first_round or first_k == 0:      # resume() took a partial round's g, h already
                 await self.compute(self.site.start_round)
             for k in range(first_k if r == first_round else 0, self.p.groups):
+                await self.admit()
                 await self.compute(self.site.start_tree, k, len(self.trees))
                 tree = await self.grow(r, k)
                 await self.compute(self.site.add_tree, tree, k)
@@ -299,6 +340,16 @@ class HistJob:
                                  self.total_trees)
             if self.eval_round is not None and r + 1 < self.p.num_round and _evaluated(r + 1, self.params):
                 await self.eval_round(r + 1)
+
+    async def admit(self) -> None:
+        """Before a tree: members that asked to come back are taken back (a new epoch: _Lost
+        sends every member to the resume point), or told why not (epochs.admit)."""
+        left = self.total_trees - len(self.trees)
+        refusal = None if left >= REJOIN_TREES_LEFT_MIN else \
+            f"the job is too near its end ({left} tree(s) left; a member may rejoin with {REJOIN_TREES_LEFT_MIN} left)"
+        taken = await self.epochs.admit(refusal)
+        if taken:
+            raise _Lost(taken)
 
     async def grow(self, r: int, k: int) -> _Tree:
         """One tree: one secure sum per level."""
@@ -463,15 +514,18 @@ def _evaluated(rnd: int, params: Mapping[str, Any]) -> bool:
 
 
 async def run_hist(ch: Any, params: Mapping[str, Any], ctx: JobContext,
-                   offload: Callable[..., Any] | None = None) -> dict:
+                   offload: Callable[..., Any] | None = None, rejoining: bool = False) -> dict:
     """The xgboost kind's run() for mode = "histogram"; `offload` runs the core's steps
-    (asyncio.to_thread in the daemon; inline in simulations under virtual time)."""
+    (asyncio.to_thread in the daemon; inline in simulations under virtual time). `rejoining`: this
+    member restarted mid-job and asks to come back (module docstring)."""
     from fedpeer.kinds.xgboost.messages import Tools
     from fedpeer.kinds.xgboost.site import Site, score_result
     from fedpeer.kinds.xgboost.target import prepare
 
     site = Site(ch=ch, params=params, ctx=ctx, tools=Tools())
     if getattr(ctx.data, "engine", "memory") == "dask":
+        if rejoining:
+            raise JobError("a site on the Dask engine does not rejoin a running job")
         job, rows, test = await _dask_job(ch, params, ctx, site, offload or asyncio.to_thread)
         train = test
     else:
@@ -481,6 +535,8 @@ async def run_hist(ch: Any, params: Mapping[str, Any], ctx: JobContext,
         test, train = site.test, site.fit
     if params["test_fraction"] > 0 or not callable(train):   # (the Dask engine evaluates test parts only)
         job.evaluate_rounds(test if params["test_fraction"] > 0 else train)
+    if rejoining:
+        await job.rejoin()
     model = await job.run()
     info = boosting.model_info(model)          # canonical and well-formed, as any stored model
     p, names = params, ctx.names
@@ -492,6 +548,7 @@ async def run_hist(ch: Any, params: Mapping[str, Any], ctx: JobContext,
         "rows": rows,
         "members": [names.get(m, m.hex()[:16]) for m in job.members],
         "lost": [names.get(m, m.hex()[:16]) for m in job.lost], "secure_sums": job.sums,
+        **({"rejoined": [names.get(m, m.hex()[:16]) for m in job.epochs.rejoined]} if job.epochs.rejoined else {}),
     }
     fed = await job.evaluate(model, test) if p["test_fraction"] > 0 else None
     if fed is not None:

@@ -17,7 +17,7 @@ import numpy as np
 from fedpeer.base.store import atomic_write
 from fedpeer.errors import JobError
 from fedpeer.jobs.kind import Finished, JobContext, JobKind, Limit, Param, checked_total
-from fedpeer.jobs.params import DP_TREE_PARAMS, EPOCH_VIEWS_PARAM, SECURE_SUM_LARGE, seed, test_fraction
+from fedpeer.jobs.params import DP_TREE_PARAMS, EPOCH_VIEWS_PARAM, REJOIN_PARAM, SECURE_SUM_LARGE, seed, test_fraction
 from fedpeer.kinds.scoring import binary_rows, class_rows
 from fedpeer.kinds.xgboost import text
 from fedpeer.kinds.xgboost.hist_dp import refusal as dp_refusal
@@ -58,7 +58,7 @@ from fedpeer.protocols.securesum.api import secure_sum
 __all__ = ["DIRECTIVE_TAG", "HISTORY_ENTRY_BYTES_MAX", "KIND", "PARAMS", "PARK_MS", "POLL_MS", "SYNC_SILENCE_MS",
            "SYNC_TAG", "Directive", "Reply", "Site", "SyncAsk", "Tools", "_Died", "_directive", "_reply_tag",
            "base_from_total", "class_names", "eval_metrics", "eval_vector", "label_vector", "load_model",
-           "predict", "prepare", "run_job", "save_model", "score_result", "serve_done", "site_labels",
+           "predict", "prepare", "rejoin_job", "run_job", "save_model", "score_result", "serve_done", "site_labels",
            "train_params"]
 
 log = logging.getLogger("fedpeer.jobs.xgboost")
@@ -132,6 +132,7 @@ PARAMS = {
     "seed": seed("seed of the splits and of xgboost's sampling"),
     "secure_sum": SECURE_SUM_LARGE,   # histogram levels: the all-reduce; small sums (bagging's) take the ring
     "epoch_views": EPOCH_VIEWS_PARAM,  # histogram mode's survivors of a lost member (hist.py)
+    "rejoin": REJOIN_PARAM,            # histogram mode: a restarted member comes back before a tree (hist.py)
     **DP_TREE_PARAMS,   # differential privacy, histogram mode (fedpeer/kinds/xgboost/hist_dp.py): off at dp_epsilon = 0
 }
 
@@ -163,6 +164,26 @@ async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, tools: To
         return await site.run()
     finally:
         await site.close()
+
+
+def rejoin_refused(params: Mapping[str, Any]) -> str | None:
+    """Why a job with these parameters does not take a restarted member back, or None."""
+    if params.get("mode", "histogram") != "histogram":
+        return "bagging mode does not take a restarted member back (histogram mode does)"
+    if params.get("dp_epsilon", 0.0) > 0:
+        return "a job with differential privacy does not take a restarted member back"
+    if not params.get("epoch_views") or not params.get("rejoin"):
+        return "the job runs without rejoins (rejoin or epoch_views false, or a member's release lacks them)"
+    return None
+
+
+async def rejoin_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, tools: Tools | None = None) -> dict:
+    """A member restarted mid-job asks to come back (histogram mode; rejoin_refused says when not)."""
+    refusal = rejoin_refused(params)
+    if refusal is not None:
+        raise JobError(refusal)
+    from fedpeer.kinds.xgboost.hist import run_hist
+    return await run_hist(ch, params, ctx, offload=tools.offload if tools is not None else None, rejoining=True)
 
 
 def serve_done(finished: Finished, src: bytes, msg: Any) -> Directive | None:
@@ -268,6 +289,7 @@ KIND = JobKind(name="xgboost", help="federated XGBoost: tree bagging / tree+ in 
                params=PARAMS, run=functools.partial(run_job, tools=None), needs_data=True, binary_label=False,
                save_model=save_model, model_file="model.json", member_failure_aborts=False,
                serve_done=serve_done, serve_done_kinds=(SyncAsk,),
+               rejoin=functools.partial(rejoin_job, tools=None), rejoin_refused=rejoin_refused,
                messages=MESSAGES, limits=LIMITS, describe=text.describe, site_table=text.site_table,
                predict=predict_file, export=export_file, export_note=export_note, history=text.history,
                rounds_metric=True, led=lambda p: p.get("mode") == "bagging",
