@@ -25,12 +25,12 @@ import logging
 from fedpeer.base.logs import fields
 from fedpeer.errors import DataError, JobError, public_reason
 from fedpeer.jobs.lifecycle.host import Host
-from fedpeer.jobs.lifecycle.runner import SiteFailure
+from fedpeer.jobs.lifecycle.runner import REJOINING_PHASE, SiteFailure
 from fedpeer.jobs.records import JobRecord
 from fedpeer.protocols.epochs import REJOINS_MAX
 
 log = logging.getLogger("fedpeer.jobs")
-REJOINING_PHASE = "rejoining: asking the other members to take this site back"
+__all__ = ["REJOINING_PHASE", "RejoinSide"]
 
 
 class RejoinSide:

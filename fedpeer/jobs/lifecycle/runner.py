@@ -40,6 +40,7 @@ log = logging.getLogger("fedpeer.jobs")
 ABORT_SEND_TIMEOUT_MS = 5_000
 ABORT_GRACE_MS = 1_000          # a local failure waits this long for a peer's abort with the cause
 NO_SITE = b""                   # a failure about no site (JobAbort.site empty): ImplausibleTotal
+REJOINING_PHASE = "rejoining: asking the other members to take this site back"   # (rejoin.py)
 
 
 class Refused(Exception):
@@ -83,7 +84,6 @@ class JobRunner:
             raise SiteFailure(me, f"{registry.running()} jobs already running ([jobs] jobs_concurrent_max)")
         advance(record, "running")
         if rejoin:
-            from fedpeer.jobs.lifecycle.rejoin import REJOINING_PHASE
             record.phase, record.error = REJOINING_PHASE, None
             record.started_ms = record.started_ms or registry.transport.now_ms()
         else:
