@@ -215,11 +215,8 @@ class Mailbox:
         self._waiters.append(waiter)
         self._since[future] = loop.time()
         try:
-            async with asyncio.timeout(timeout_ms / 1000):   # (wait_for: a waiter and its callbacks more)
-                return await future
+            return await asyncio.wait_for(future, timeout_ms / 1000)
         except TimeoutError:
-            if future.done() and not future.cancelled():
-                return future.result()   # settled just as the time ran out: a message is not lost
             who = f" from {src.hex()[:16]}" if src else ""
             raise RecvTimeout(f"no {kind.__name__} '{tag}'{who} within {timeout_ms} ms") from None
         finally:

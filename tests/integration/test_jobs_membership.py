@@ -64,7 +64,7 @@ async def test_bofrf_member_killed_ends_within_membership_dead_time(make_federat
     await h.wait_all_alive(timeout_s=30)
     record = await h.job(victim, job_id)
     assert record["state"] == "failed" and record["phase"] not in ("starting", "failed"), record["phase"]
-    assert f"(phase: {record['phase']}" in record["error"], record["error"]
+    assert f"at phase '{record['phase']}'" in record["error"], record["error"]
 
 
 async def test_a_cancel_is_cancelled_on_every_member_and_show_says_what_it_waits_for(
