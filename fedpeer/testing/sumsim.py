@@ -73,11 +73,12 @@ class SumRun:
 
 def simulate_sum(n: int, *, mode: str = "ring", drop_fraction: float = 0.0, seed: int = 0,
                  length: int = 16, hop_timeout_ms: int = 1_000, attempts_max: int = 3,
-                 drop_window_s: float | None = None, detect_ms: float = 500.0) -> SumRun:
+                 drop_window_s: float | None = None, detect_ms: float = 500.0, compact: bool = False) -> SumRun:
     """One sum of `length`-entry random vectors over n members, round(n * drop_fraction) of them
     (any member, the initiator included) crashing at seeded random virtual times in
     [0, drop_window_s). By default the window is the time the same sum takes with no drops
-    (one clean run first), so every drop lands inside the protocol."""
+    (one clean run first), so every drop lands inside the protocol. `compact`: the sum's compact
+    messages (secure_sum's `compact`)."""
     import looptime
 
     from fedpeer.testing.members import close_loop
@@ -89,7 +90,7 @@ def simulate_sum(n: int, *, mode: str = "ring", drop_fraction: float = 0.0, seed
     victims = rng.sample(keys, round(n * drop_fraction))
     if victims and drop_window_s is None:
         drop_window_s = simulate_sum(n, mode=mode, seed=seed, length=length, hop_timeout_ms=hop_timeout_ms,
-                                     attempts_max=attempts_max, detect_ms=detect_ms).virtual_s
+                                     attempts_max=attempts_max, detect_ms=detect_ms, compact=compact).virtual_s
     crash_at = {k: rng.uniform(0.0, drop_window_s or 0.0) for k in victims}
     ended: dict[bytes, float] = {}
 
@@ -100,7 +101,8 @@ def simulate_sum(n: int, *, mode: str = "ring", drop_fraction: float = 0.0, seed
         async def one(node: bytes) -> SumOutcome:
             try:
                 return await secure_sum(SteadyChannel(net.channel(node)), TAG, vectors[node], mode=mode,
-                                        hop_timeout_ms=hop_timeout_ms, attempts_max=attempts_max)
+                                        hop_timeout_ms=hop_timeout_ms, attempts_max=attempts_max,
+                                        compact=compact)
             finally:
                 ended[node] = loop.time()
 

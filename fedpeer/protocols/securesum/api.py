@@ -259,8 +259,10 @@ from fedpeer.protocols.securesum.wire import (  # noqa: F401  (the messages, for
     RingBroken,
     SeedRequest,
     SeedReveal,
+    SumChange,
     SumChunk,
     SumHere,
+    SumListAsk,
     SumRestart,
     SumResult,
     SumWhere,
@@ -273,12 +275,15 @@ __all__ = ["MODES", "Equivocation", "MapOutcome", "SegmentRefused", "SumOutcome"
 
 async def secure_sum(ch: Channel, tag: str, vector: np.ndarray, *, mode: str = "ring",
                      hop_timeout_ms: int = 10_000, chunk_entries: int = DEFAULT_CHUNK_ENTRIES,
-                     attempts_max: int = 3) -> SumOutcome:
+                     attempts_max: int = 3, compact: bool = False) -> SumOutcome:
     """Sum `vector` (1-D uint64) over the job's members; see the module docstring.
 
-    `tag` must be unique per sum within the job (masks derive from it). Raises JobError when the
-    sum fails or this member is left out, LocalProtocolError on bad arguments."""
-    plan = _plan(ch, tag, vector, mode, hop_timeout_ms, chunk_entries, attempts_max)
+    `tag` must be unique per sum within the job (masks derive from it). `attempts_max` bounds the
+    attempts that drop nobody (those that lose members do not count, up to ATTEMPTS_MAX in all;
+    1: one attempt, never re-run). `compact`: every member runs COMPACT_CAPABILITY's messages
+    (jobs/capabilities.py; "Compact messages" above). Raises JobError when the sum fails or this
+    member is left out, LocalProtocolError on bad arguments."""
+    plan = _plan(ch, tag, vector, mode, hop_timeout_ms, chunk_entries, attempts_max, compact)
     started_ms = ch.now_ms()
     try:
         if mode == ALLREDUCE:       # small vectors: two legs, all to all (alltoall.py)
