@@ -61,7 +61,8 @@ def main() -> None:
 
                 def med(field: str, runs: list = runs) -> float:
                     return statistics.median(getattr(r, field) for r in runs)
-                print(f"| {n} | {mode} | {wire} | {drop:.0%} | {runs[0].dropped} | {sum(r.ok for r in runs)}/{len(runs)} "
+                print(f"| {n} | {mode} | {wire} | {drop:.0%} | {runs[0].dropped} "
+                      f"| {sum(r.ok for r in runs)}/{len(runs)} "
                       f"| {med('participants'):.0f} | {med('attempts'):.0f} | {med('messages'):.0f} "
                       f"| {med('bytes_mean'):,.0f} | {med('bytes_max'):,.0f} | {med('virtual_s'):.3f} | {real:.1f} |",
                       flush=True)

@@ -304,13 +304,14 @@ async def secure_sum(ch: Channel, tag: str, vector: np.ndarray, *, mode: str = "
 
 async def secure_reduce_map(ch: Channel, tag: str, vector: np.ndarray, bounds: Sequence[int], owner_fn: OwnerFn, *,
                             hop_timeout_ms: int = 10_000, chunk_entries: int = DEFAULT_CHUNK_ENTRIES,
-                            check: bool = True) -> MapOutcome:
+                            check: bool = True, compact: bool = False) -> MapOutcome:
     """Sum `vector` (1-D uint64) over the job's members segment by segment: member k gets the total
     of vector[bounds[k]:bounds[k + 1]] only, and every member gets owner_fn(k, that total) of
     every k whose segment is not empty (an empty segment's result is empty: its member owns
     nothing; fedpeer/protocols/securesum/reducemap.py). JobError when it fails, SegmentRefused
-    when an owner's owner_fn raised ValueError."""
-    plan = _plan(ch, tag, vector, ALLREDUCE, hop_timeout_ms, chunk_entries, 1)
+    when an owner's owner_fn raised ValueError. `compact`: as secure_sum's (the check step's one
+    digest)."""
+    plan = _plan(ch, tag, vector, ALLREDUCE, hop_timeout_ms, chunk_entries, 1, compact)
     started_ms = ch.now_ms()
     try:
         outcome = await reduce_map(ch, plan, bounds, owner_fn, check)
@@ -324,11 +325,12 @@ async def secure_reduce_map(ch: Channel, tag: str, vector: np.ndarray, bounds: S
 
 
 async def secure_results_check(ch: Channel, tag: str, digests: Sequence[bytes], *,
-                               hop_timeout_ms: int = 10_000) -> None:
+                               hop_timeout_ms: int = 10_000, compact: bool = False) -> None:
     """The reduce-map's last step on its own (reducemap.check_results): every member's digest of
     each owner's results compared; JobError naming an owner that sent members different ones."""
     # a plan for its tags and hop timeout; the one-entry vector is never sent
-    plan = _plan(ch, tag, np.zeros(1, dtype=np.uint64), ALLREDUCE, hop_timeout_ms, DEFAULT_CHUNK_ENTRIES, 1)
+    plan = _plan(ch, tag, np.zeros(1, dtype=np.uint64), ALLREDUCE, hop_timeout_ms, DEFAULT_CHUNK_ENTRIES, 1,
+                 compact)
     try:
         await check_results(ch, plan, digests)
     finally:

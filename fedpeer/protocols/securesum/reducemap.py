@@ -55,7 +55,7 @@ import numpy as np
 
 from fedpeer.errors import JobError
 from fedpeer.protocols.securesum import masks as sm
-from fedpeer.protocols.securesum.allreduce import _Run
+from fedpeer.protocols.securesum.allreduce import _Run, check_digests, sent_digests
 from fedpeer.protocols.securesum.core import Equivocation, _Plan
 from fedpeer.protocols.securesum.wire import (
     CHUNK_ENTRIES_MAX,
@@ -159,13 +159,13 @@ async def reduce_map(ch: Channel, plan: _Plan, bounds: Sequence[int], owner_fn: 
 async def compare_digests(run: _Run, digests: Sequence[bytes], what: str) -> None:
     """Send every other member my digest of each owner's `what` and compare theirs (step 4):
     JobError naming the first owner whose digests differ."""
-    mine = ArCheck(f"{run.prefix}check", list(digests))
+    mine = ArCheck(f"{run.prefix}check", sent_digests(run.plan, digests))
     checks = await run.barrier(ArCheck, "check", mine, f"digests of the {what}s")
-    for src, other in zip(run.others, checks):
-        differ = [k for k in range(len(run.members)) if k >= len(other.digests) or other.digests[k] != digests[k]]
-        if differ:
-            raise run.fail(f"{run.name(src)} holds another {what} of segment {differ[0]} than this member: its "
-                           f"owner {run.name(run.members[differ[0]])} sent them different {what}s", Equivocation)
+
+    def blame(src: bytes, k: int) -> JobError:
+        return run.fail(f"{run.name(src)} holds another {what} of segment {k} than this member: its "
+                        f"owner {run.name(run.members[k])} sent them different {what}s", Equivocation)
+    await check_digests(run, digests, [c.digests for c in checks], blame)
 
 
 async def check_results(ch: Channel, plan: _Plan, digests: Sequence[bytes]) -> None:
