@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from fedpeer.config.bounds import BOUNDS_TEXT_MAX
-from fedpeer.jobs.capabilities import DP_CART, DP_SKELLAM, DP_TREES, EPOCH_VIEWS
+from fedpeer.jobs.capabilities import DP_CART, DP_SKELLAM, DP_TREES, EPOCH_VIEWS, SECSUM_COMPACT
 from fedpeer.jobs.kind import Param
 from fedpeer.protocols import dp
 
@@ -44,6 +44,15 @@ EPOCH_VIEWS_PARAM = Param(bool, True, "after a member is lost, the survivors agr
                           "their views (false: each by its own failure detector, as before; a job with a "
                           "member of a release without views runs with false)", capability=EPOCH_VIEWS,
                           before=False, optional=True)
+
+# Secure sums' compact messages (fedpeer/protocols/securesum/api.py, "Compact messages"): a re-run
+# announces who is dropped instead of the whole participant list (149 MB from the initiator at 1,000
+# simulated sites with 100 dropping, 1.6 MB compact), and a reveal or check carries one digest instead
+# of one per member. New messages and shapes, so every member needs the capability; a job with a
+# member without it runs the old messages (optional: nobody is left out for it).
+SECURE_SUM_COMPACT = Param(bool, True, "secure sums send compact messages: a re-run names only who is dropped, a "
+                           "reveal one digest (false: whole lists, as before; a job with a member of a release "
+                           "without them runs with false)", capability=SECSUM_COMPACT, before=False, optional=True)
 
 
 def seed(drives: str) -> Param:

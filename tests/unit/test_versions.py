@@ -355,3 +355,17 @@ async def test_an_optional_parameter_is_settled_off_with_a_member_without_it_nev
     assert sent[(with_bob, ALICE)] == sent[(with_bob, BOB)] == {"secure_sum": "ring"}
     assert caps.filled(opt, sent[(with_bob, ALICE)])["loss"] is False
     assert sent[(without, ALICE)] == {"secure_sum": "ring", "loss": True}
+
+
+def test_compact_secure_sums_are_settled_off_with_a_member_of_an_older_release() -> None:
+    """The secure sum's compact messages (secsum-compact-1) are new shapes: a job with a member
+    without them runs the old ones, and nobody is left out for it."""
+    this = caps.provided(job_kinds().values())
+    for name in ("stats", "sumcheck"):
+        kind = job_kinds()[name]
+        params = kind.check_params({})
+        assert params["secure_sum_compact"] is True
+        assert caps.lacking(kind, params, releases.BASELINE_CAPABILITIES) == ["secsum-compact-1"]
+        settled = caps.settled(kind, params, [this, releases.BASELINE_CAPABILITIES])
+        assert settled["secure_sum_compact"] is False and caps.lacking(kind, settled, releases.BASELINE_CAPABILITIES) == []
+        assert caps.settled(kind, params, [this, this])["secure_sum_compact"] is True
