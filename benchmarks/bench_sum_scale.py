@@ -5,10 +5,11 @@ takes without drops).
 
 Per row: whether every survivor returned the same exact total, how many vectors it holds, the
 initiator's attempts, delivered messages, frame bytes sent per member (mean; and the most any
-member sent: the initiator), virtual time until the last survivor returned, and the real time
-the simulation took. Vectors of --length uint64 entries (one chunk); hop timeout 1 s, failure
-detector 0.5 s. Each figure is over --seeds seeds: messages, bytes and virtual time are medians,
-"ok" counts the seeds where the sum completed.
+member sent: the initiator), the bytes of the re-runs' announcements, virtual time until the
+last survivor returned, and the real time the simulation took (it varies with the machine's
+load). Vectors of --length uint64 entries (one chunk); hop timeout 1 s, failure detector 0.5 s.
+Each figure is over --seeds seeds: messages, bytes and virtual time are medians, "ok" counts the
+seeds where the sum completed.
 
 Note: the wire caps a sum's participants at PARTICIPANTS_MAX (securesum/wire.py); the in-memory
 network does not pass messages through the gate, so rows above it simulate the protocol only.
@@ -48,8 +49,8 @@ def main() -> None:
     args = ap.parse_args()
     print(f"attempts_max {args.attempts_max}, vector {args.length} x uint64, seeds {args.seeds}")
     print("| n | mode | wire | drop | dropped | ok | vectors in sum | attempts | messages | bytes/member (mean) "
-          "| bytes (initiator) | virtual s | real s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| bytes (initiator) | announcements (bytes) | virtual s | real s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n in args.sizes:
         for mode in args.modes:
             for wire, drop in ((w, d) for d in args.drops for w in args.wire):
@@ -64,7 +65,8 @@ def main() -> None:
                 print(f"| {n} | {mode} | {wire} | {drop:.0%} | {runs[0].dropped} "
                       f"| {sum(r.ok for r in runs)}/{len(runs)} "
                       f"| {med('participants'):.0f} | {med('attempts'):.0f} | {med('messages'):.0f} "
-                      f"| {med('bytes_mean'):,.0f} | {med('bytes_max'):,.0f} | {med('virtual_s'):.3f} | {real:.1f} |",
+                      f"| {med('bytes_mean'):,.0f} | {med('bytes_max'):,.0f} | {med('announce_bytes'):,.0f} "
+                      f"| {med('virtual_s'):.3f} | {real:.1f} |",
                       flush=True)
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from fedpeer.errors import JobError
-from fedpeer.protocols.securesum.api import SumOutcome, secure_sum
+from fedpeer.protocols.securesum.api import SumChange, SumOutcome, SumRestart, secure_sum
 from fedpeer.runtime.channel import RecvTimeout
 from fedpeer.testing.memory import MemoryChannel, MemoryNetwork
 from fedpeer.wire.frame import frame_bytes, pack
@@ -68,6 +68,7 @@ class SumRun:
     messages: int                # delivered, all members
     bytes_mean: float            # frame bytes sent per member, mean over all members
     bytes_max: int               # ... by the member that sent most (the initiator)
+    announce_bytes: int          # frame bytes of every re-run's announcements (SumRestart, SumChange), all senders
     virtual_s: float             # virtual time until the last survivor returned
 
 
@@ -141,11 +142,16 @@ def _judge(n: int, mode: str, vectors: dict[bytes, np.ndarray], victims: list[by
         exact = [sum(int(vectors[p][i]) for p in first.participants) % U64 for i in range(len(first.total))]
         ok = first.total.tolist() == exact and set(survivors) <= set(first.participants)
     by_sender: Counter[bytes] = Counter()
+    announce = 0
     for src, _, msg in sent:
-        by_sender[src] += frame_bytes(len(pack(msg, job="job")))
+        size = frame_bytes(len(pack(msg, job="job")))
+        by_sender[src] += size
+        if isinstance(msg, (SumRestart, SumChange)):
+            announce += size
     return SumRun(n=n, mode=mode, dropped=len(victims), ok=ok,
                   failed=sum(isinstance(results[k], JobError) for k in survivors),
                   participants=len(outcomes[0].participants) if outcomes else 0,
                   attempts=max((o.attempts for o in outcomes), default=0), messages=len(sent),
                   bytes_mean=sum(by_sender.values()) / n, bytes_max=max(by_sender.values(), default=0),
+                  announce_bytes=announce,
                   virtual_s=max((ended[k] for k in survivors), default=0.0))

@@ -367,5 +367,6 @@ def test_compact_secure_sums_are_settled_off_with_a_member_of_an_older_release()
         assert params["secure_sum_compact"] is True
         assert caps.lacking(kind, params, releases.BASELINE_CAPABILITIES) == ["secsum-compact-1"]
         settled = caps.settled(kind, params, [this, releases.BASELINE_CAPABILITIES])
-        assert settled["secure_sum_compact"] is False and caps.lacking(kind, settled, releases.BASELINE_CAPABILITIES) == []
+        assert settled["secure_sum_compact"] is False
+        assert caps.lacking(kind, settled, releases.BASELINE_CAPABILITIES) == []
         assert caps.settled(kind, params, [this, this])["secure_sum_compact"] is True
