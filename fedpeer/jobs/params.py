@@ -20,6 +20,13 @@ SECURE_SUM_CAPABILITIES = {mode: f"secsum-{mode}" for mode in SECURE_SUM_MODES}
 
 SECURE_SUM = Param(str, "pairwise", "secure-sum mode", choices=SECURE_SUM_MODES,
                    value_capabilities=tuple(SECURE_SUM_CAPABILITIES.items()))
+# sumcheck also runs the sparse ring (pairwise masks with O(log n) neighbours: masks.py), on its public vectors: a
+# federation measures what sparse masking saves at its size before a kind whose sums are sites' own values
+# offers it (its guarantee is probabilistic in the coalition's size: docs/security.md, "sparse").
+SECURE_SUM_SPARSE = "sparse"
+SECURE_SUM_WITH_SPARSE = dataclasses.replace(
+    SECURE_SUM, choices=(*SECURE_SUM_MODES, SECURE_SUM_SPARSE),
+    value_capabilities=(*SECURE_SUM_CAPABILITIES.items(), (SECURE_SUM_SPARSE, f"secsum-{SECURE_SUM_SPARSE}")))
 # Every kind whose sums run without an initiator takes "allreduce": large vectors the all-reduce,
 # each member moving ~2(n-1)/n of the vector (allreduce.py), small ones all to all in two legs
 # (alltoall.py). Over the emulated WAN (bench_wan, 5 sites) a logreg iteration took 0.053 s against

@@ -26,14 +26,14 @@ import numpy as np
 
 from fedpeer.errors import JobError
 from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param
-from fedpeer.jobs.params import SECURE_SUM, SECURE_SUM_COMPACT
+from fedpeer.jobs.params import SECURE_SUM_COMPACT, SECURE_SUM_WITH_SPARSE
 from fedpeer.jobs.report import table
 from fedpeer.protocols.securesum.api import CHUNK_ENTRIES_MAX, DEFAULT_CHUNK_ENTRIES, secure_sum
 from fedpeer.protocols.securesum.masks import MASK_BLOCK_ENTRIES, apply_mask
 
 PARAMS = {
     "entries": Param(int, 1024, "uint64 entries in the vector (8 bytes each)", low=1, high=16 * 1024 * 1024),
-    "secure_sum": SECURE_SUM,
+    "secure_sum": SECURE_SUM_WITH_SPARSE,
     "secure_sum_compact": SECURE_SUM_COMPACT,
     "chunk_entries": Param(int, DEFAULT_CHUNK_ENTRIES, "entries per message on the ring", low=1024,
                            high=CHUNK_ENTRIES_MAX),

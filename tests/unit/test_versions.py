@@ -66,6 +66,9 @@ def test_this_build_runs_exactly_the_baseline_plus_its_own_formats() -> None:
     provided = caps.provided(job_kinds().values())
     assert releases.BASELINE_CAPABILITIES <= provided
     added = {p.capability for kind in job_kinds().values() for p in kind.params.values() if p.capability}
+    added |= {cap for kind in job_kinds().values() for name, p in kind.params.items()    # choices added since
+              for value, cap in p.value_capabilities
+              if value not in (releases.PARAMS_0_1_0.get(kind.name, {}).get(name) or ())}
     assert provided - caps.BUILD_FORMATS - added == releases.BASELINE_CAPABILITIES, "a capability 0.1.0 lacks?"
 
 
@@ -370,3 +373,11 @@ def test_compact_secure_sums_are_settled_off_with_a_member_of_an_older_release()
         assert settled["secure_sum_compact"] is False
         assert caps.lacking(kind, settled, releases.BASELINE_CAPABILITIES) == []
         assert caps.settled(kind, params, [this, this])["secure_sum_compact"] is True
+
+
+def test_sumcheck_runs_the_sparse_ring_only_with_members_that_have_it() -> None:
+    sumcheck = job_kinds()["sumcheck"]
+    sparse = sumcheck.check_params({"secure_sum": "sparse"})
+    assert caps.lacking(sumcheck, sparse, releases.BASELINE_CAPABILITIES) == ["secsum-sparse", "secsum-compact-1"]
+    assert "secsum-sparse" in caps.provided(job_kinds().values())
+    assert "secsum-sparse" not in caps.needed(sumcheck, sumcheck.check_params({}))
