@@ -174,7 +174,10 @@ def test_messages_round_trip_through_the_gate() -> None:
                 RingBroken("t/ss-ring/a1/broken", bob.public_key, "refused"),
                 SumRestart("t/ss-ring/restart", 2, (alice.public_key, bob.public_key), "x unreachable"),
                 SeedRequest("t/ss-pairwise/a1/seed"), SeedReveal("t/ss-pairwise/a1/seed", bytes(range(32))),
-                SumWhere("t/ss-ring/a1/where", 3), SumHere("t/ss-ring/a1/where", 3, True, False)]
+                SumWhere("t/ss-ring/a1/where", 3), SumHere("t/ss-ring/a1/where", 3, True, False),
+                SumChange("t/ss-ring/restart", 3, bytes(32), (1, 127), (), ""),
+                SumChange("t/ss-ring/restart", 2, bytes(range(32)), (), (0, 2, 1), "dropped x"),
+                SumListAsk("t/ss-ring/list")]
     for msg in messages:
         env = gate.open(sealer.seal(bob.public_key, msg), 0)
         got = env.msg
@@ -183,6 +186,19 @@ def test_messages_round_trip_through_the_gate() -> None:
             assert got.tag == msg.tag and got.data.dtype == np.uint64 and np.array_equal(got.data, msg.data)
         else:
             assert got == msg
+
+
+@pytest.mark.parametrize("change", [dict(dropped=(ss.PARTICIPANTS_MAX,)), dict(base=bytes(31)),
+                                    dict(order=tuple(range(ss.PARTICIPANTS_MAX + 1))),
+                                    dict(attempt=ss.ATTEMPTS_MAX + 2)])
+def test_gate_rejects_bad_announcements(change: dict) -> None:
+    """A compact announcement's places must be in the job's members (at most PARTICIPANTS_MAX), its
+    base a SHA-256, its attempt on the wire's bound."""
+    bob, gate, sealer = _alice_to_bob()
+    msg = dataclasses.replace(SumChange("t/ss-ring/restart", 2, bytes(32), (1,), (), ""), **change)
+    with pytest.raises(RemoteProtocolError) as err:
+        gate.open(sealer.seal(bob.public_key, msg), 0)
+    assert err.value.reason == "schema"
 
 
 @pytest.mark.parametrize("data", [np.zeros(3, dtype=np.float64), np.zeros((2, 2), dtype=np.uint64),

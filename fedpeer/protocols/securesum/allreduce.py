@@ -18,7 +18,8 @@ per participant and every member both sends and receives about 2(n-1)/n of the v
    everyone, in one message, its self-mask seed and the SHA-256 of each segment as it received it;
    then it removes the n self masks from the whole vector: the total. A member whose digest of
    segment k differs from another's fails the sum naming segment k's owner, who sent them
-   different sums.
+   different sums (a compact sum: one digest of the digests, the lists only where they differ;
+   `check_digests`).
 Three one-way legs (scatter, gather, reveal), against the ring's n + 3 (n hops, seed request and
 reveal, delivery): a member waits for what it receives, not for its own sends' acknowledgements
 (`_Run.post`). Small vectors take two legs all to all instead (alltoall.py,

@@ -12,7 +12,8 @@ bytes do not matter. So:
    SHA-256 of each member's masked vector as it received it; then it adds the n masked vectors
    and removes the n self masks: the total. A member whose digest of member i's vector differs
    from another's fails the sum naming i (it sent them different vectors) and the member that
-   reported the other digest.
+   reported the other digest. A compact sum sends one digest of the n digests instead, and only
+   members whose digests differ exchange the lists (api.py, "Compact messages").
 
 Who learns what: pairwise mode's. Each member sees every other member's vector under the pairwise
 masks it shares with the others and its self mask: a coalition short of all other participants

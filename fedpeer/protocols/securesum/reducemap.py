@@ -23,7 +23,8 @@ search among the owners.
    sends its reason instead and every member, the owner too, raises SegmentRefused naming it.
 4. Check: every member sends everyone the SHA-256 of each result as it received it; a member
    whose digest of owner k's result differs from another's fails the sum naming k, who sent
-   them different results. A caller may leave this step out and run it once over several
+   them different results (a compact sum: one digest of the digests, the lists only where they
+   differ; allreduce.check_digests). A caller may leave this step out and run it once over several
    reduce-maps (`check_results` with a hash of each owner's results: histogram XGBoost, once
    per tree): a member then learns of a two-faced owner only then, or when what the others
    do next stops matching what it does.

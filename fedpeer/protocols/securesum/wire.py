@@ -18,7 +18,7 @@ from fedpeer.wire.frame import NODE_ID, v_array, v_bool, v_bytes, v_int, v_list,
 
 CHUNK_ENTRIES_MAX = 1 << 20         # 8 MiB per message; receivers refuse larger chunks
 VECTOR_ENTRIES_MAX = 1 << 27        # entries per secure sum: 1 GiB of uint64
-ATTEMPTS_MAX = 16                   # largest attempts_max accepted (and attempt number on the wire)
+ATTEMPTS_MAX = 16                   # largest attempts_max accepted, and attempts in all (the number on the wire)
 PARTICIPANTS_MAX = 128              # as many as a job may have members
 WIRE_TAG_BYTES_MAX = 256
 REASON_BYTES_MAX = 2048
