@@ -1028,3 +1028,15 @@ async def test_a_member_that_missed_a_compact_announcement_asks_for_the_whole_li
     asks = [(s, d) for s, d, m in net.sent if isinstance(m, SumListAsk)]
     full = [(s, d) for s, d, m in net.sent if isinstance(m, SumRestart) and m.participants]
     assert asks == [(members[4], members[0])] and full == [(members[0], members[4])]
+
+
+def test_an_announced_reason_fits_every_gate() -> None:
+    """A reason naming many members dropped at once is cut to REASON_BYTES_MAX bytes: a receiver's
+    gate would refuse a longer one, and the initiator drop that receiver for it."""
+    from fedpeer.protocols.securesum.lead import _said
+    long = "unreachable when announcing the next attempt: " + ", ".join("é" + "ab" * 8 for _ in range(200))
+    assert len(_said(long).encode()) <= ss.REASON_BYTES_MAX < len(long.encode())
+    assert _said("short") == "short"
+    bob, gate, sealer = _alice_to_bob()
+    msg = SumRestart("t/ss-ring/restart", 2, (), _said(long))
+    assert gate.open(sealer.seal(bob.public_key, msg), 0).msg == msg

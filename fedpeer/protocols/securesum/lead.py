@@ -34,6 +34,7 @@ from fedpeer.protocols.securesum.core import (
 )
 from fedpeer.protocols.securesum.wire import (
     ATTEMPTS_MAX,
+    REASON_BYTES_MAX,
     RingBroken,
     SeedRequest,
     SeedReveal,
@@ -86,7 +87,7 @@ async def _lead(ch: Channel, plan: _Plan, att: _Attempt) -> SumOutcome:
                 continue
             except JobError as exc:       # members disagree on the vector: tell them, then fail
                 await _broadcast(ch, plan, att.participants[1:],
-                                 SumRestart(plan.restart_tag(), att.number + 1, (), str(exc)))
+                                 SumRestart(plan.restart_tag(), att.number + 1, (), _said(str(exc))))
                 raise
             await _deliver(ch, plan, att, total)
             return SumOutcome(total=total, participants=tuple(sorted(att.participants)), attempts=att.number)
@@ -363,17 +364,25 @@ async def _announce(ch: Channel, plan: _Plan, targets: Sequence[NodeId], number:
     growing with the members dropped, not with the participants; the members dropped also get
     the reason. Otherwise the whole list, to everyone (SumRestart)."""
     if not plan.compact:
-        return await _broadcast(ch, plan, targets, SumRestart(plan.restart_tag(), number, order, reason))
+        return await _broadcast(ch, plan, targets, SumRestart(plan.restart_tag(), number, order, _said(reason)))
     place = {m: i for i, m in enumerate(ch.members)}
     kept = set(order)
     assert kept <= set(held), "an announcement only ever drops participants"
     usual = (order[0], *sorted(order[1:]))
     stay = SumChange(plan.restart_tag(), number, _list_digest(held), tuple(place[p] for p in held if p not in kept),
                      () if order == usual else tuple(place[p] for p in order), "")
-    leave = dataclasses.replace(stay, reason=reason)
+    leave = dataclasses.replace(stay, reason=_said(reason))
     unreachable = await asyncio.gather(_broadcast(ch, plan, [p for p in targets if p in kept], stay),
                                        _broadcast(ch, plan, [p for p in targets if p not in kept], leave))
     return unreachable[0] | unreachable[1]
+
+
+def _said(reason: str) -> str:
+    """A reason as announcements carry it: at most REASON_BYTES_MAX bytes, which every receiver's
+    gate allows (a reason naming many members dropped at once is longer; a member whose gate
+    refused its announcement would be dropped for it)."""
+    raw = reason.encode()
+    return reason if len(raw) <= REASON_BYTES_MAX else raw[:REASON_BYTES_MAX - 3].decode(errors="ignore") + "..."
 
 
 async def _give_up(ch: Channel, plan: _Plan, targets: Sequence[NodeId], number: int,
@@ -389,7 +398,7 @@ async def _give_up(ch: Channel, plan: _Plan, targets: Sequence[NodeId], number: 
         detail = (f": {a.hex()[:16]} and {b.hex()[:16]} each blame the other and no other member "
                   f"can stand between them; one of the two is faulty")
     why = f"secure sum '{plan.tag}' failed after {number - 1} attempt(s){detail}; last failure: {reason}"
-    await _broadcast(ch, plan, targets, SumRestart(plan.restart_tag(), number, (), why))
+    await _broadcast(ch, plan, targets, SumRestart(plan.restart_tag(), number, (), _said(why)))
     return JobError(why)
 
 
