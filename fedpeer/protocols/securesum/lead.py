@@ -94,6 +94,7 @@ async def _lead(ch: Channel, plan: _Plan, att: _Attempt) -> SumOutcome:
     finally:
         if lists is not None:
             lists.cancel()
+            await asyncio.gather(lists, return_exceptions=True)     # retrieved, whatever ended it
 
 
 async def _serve_lists(ch: Channel, plan: _Plan, current: list[_Attempt]) -> None:
