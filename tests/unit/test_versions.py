@@ -289,21 +289,22 @@ def test_new_cluster_defaults_never_reach_a_0_1_0_member_as_its_own_old_default(
     at off it takes part and the parameters are left out of what it receives."""
     kinds = job_kinds()
     old = releases.BASELINE_CAPABILITIES
-    for name in ("kmeans", "gmm"):
-        params = kinds[name].check_params({})
+    for name in ("kmeans", "gmm"):    # optional parameters (secure_sum_compact) settled first, as the proposer does
+        params = caps.settled(kinds[name], kinds[name].check_params({}), [old])
         assert params["standardize"] is True and kinds[name].params["standardize"].capability is None
         assert caps.for_members(kinds[name], params, [old])["standardize"] is True
         assert caps.lacking(kinds[name], params, old) == []
     dbscan = kinds["dbscan"]
-    params = dbscan.check_params({})
+    params = caps.settled(dbscan, dbscan.check_params({}), [old])
     assert caps.lacking(dbscan, params, old) == ["dbscan-standardize", "dbscan-eps-auto"]
-    legacy = dbscan.check_params({"standardize": False, "eps_auto": False})
+    legacy = caps.settled(dbscan, dbscan.check_params({"standardize": False, "eps_auto": False}), [old])
     assert caps.lacking(dbscan, legacy, old) == []
-    assert set(caps.for_members(dbscan, legacy, [old])) == set(legacy) - {"standardize", "eps_auto"}
-    new = old | {"dbscan-standardize", "dbscan-eps-auto"}
+    assert set(caps.for_members(dbscan, legacy, [old])) == set(legacy) - {"standardize", "eps_auto",
+                                                                          "secure_sum_compact"}
+    new = old | {"dbscan-standardize", "dbscan-eps-auto", "secsum-compact-1"}
     assert caps.for_members(dbscan, params, [new]) == params
     for name in ("kmeans", "gmm"):    # choosing k is new: at 0 (k as given) 0.1.0 members take part
-        chosen = kinds[name].check_params({"k_max": 6})
+        chosen = caps.settled(kinds[name], kinds[name].check_params({"k_max": 6}), [old])
         assert caps.lacking(kinds[name], chosen, old) == [f"{name}-k-auto"]
         assert "k_max" not in caps.for_members(kinds[name], kinds[name].check_params({}), [old])
 
