@@ -44,6 +44,7 @@ DP_TREES = "dp-trees-1"               # xgboost with DP: noised level sums, publ
 EPOCH_VIEWS = "epoch-views-1"         # survivors share views of the lost (jobs/params.py EPOCH_VIEWS_PARAM)
 JOB_REJOIN = "job-rejoin-1"           # a restarted member comes back into a running job (jobs/params.py REJOIN_PARAM)
 DP_CART = "dp-cart-1"                 # tree with DP: noised class counts per level, public bounds (kinds/tree/dp.py)
+SECSUM_COMPACT = "secsum-compact-1"   # secure sums' compact messages (jobs/params.py SECURE_SUM_COMPACT)
 BUILD_FORMATS = frozenset({SITE_INFO, REVERSE_LINKS, RELAY, DIALBACK, VERTICAL_2, DP_SKELLAM})   # beyond any kind's
 
 

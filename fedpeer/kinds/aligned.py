@@ -153,8 +153,8 @@ class VerticalSums:
     """A vertical job's secure sums over every member (one lost fails the job), with a count of
     what this site sent."""
 
-    def __init__(self, ch: Any, ctx: JobContext, mode: str, prefix: str) -> None:
-        self.ch, self.ctx, self.mode, self.prefix = ch, ctx, mode, prefix
+    def __init__(self, ch: Any, ctx: JobContext, mode: str, prefix: str, compact: bool = False) -> None:
+        self.ch, self.ctx, self.mode, self.prefix, self.compact = ch, ctx, mode, prefix, compact
         self.sent_entries: list[int] = []
         self.refuted: list[NodeId] = []     # members whose claim "my values were altered" the commitments refuted
 
@@ -171,7 +171,8 @@ class VerticalSums:
             vector = FIXED.encode(floats, parties)
         except DataError as exc:
             raise JobError(f"{exc}; set standardize=true or rescale the features") from None
-        out = await secure_sum(self.ch, self.tag(name), vector, mode=self.mode, hop_timeout_ms=self.ctx.hop_timeout_ms)
+        out = await secure_sum(self.ch, self.tag(name), vector, mode=self.mode, hop_timeout_ms=self.ctx.hop_timeout_ms,
+                               compact=self.compact)
         if out.participants != tuple(self.ch.members):
             raise JobError("a member dropped out of a secure sum; a vertical job needs every member's columns")
         self.sent_entries.append(len(vector))
@@ -195,7 +196,8 @@ class VerticalSums:
         salt = self.ch.random_bytes(SALT_BYTES)
         commits = await self._exchange(psi.PsiDigest, f"{tag}/commit", psi.PsiDigest(
             f"{tag}/commit", commitment(tag, salt, placed_values[mine].view(np.uint64))))
-        out = await secure_sum(self.ch, tag, bits, mode=self.mode, hop_timeout_ms=self.ctx.hop_timeout_ms)
+        out = await secure_sum(self.ch, tag, bits, mode=self.mode, hop_timeout_ms=self.ctx.hop_timeout_ms,
+                               compact=self.compact)
         if out.participants != members:
             raise JobError("a member dropped out of a secure sum; a vertical job needs every member's columns")
         self.sent_entries.append(len(bits))

@@ -29,7 +29,7 @@ import numpy as np
 from fedpeer.data.rows import rows_of
 from fedpeer.errors import JobError
 from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param, checked_total
-from fedpeer.jobs.params import SECURE_SUM_EXPLAINED
+from fedpeer.jobs.params import SECURE_SUM_COMPACT, SECURE_SUM_EXPLAINED
 from fedpeer.jobs.report import DEFAULT_CLASS_NAMES, class_names, table
 from fedpeer.kinds import stats_dp, vertical_stats
 from fedpeer.kinds.aligned import MESSAGES as VERTICAL_MESSAGES
@@ -50,6 +50,7 @@ PARAMS = {
     "bins": Param(int, 10, "histogram bins per column between mean-3sd and mean+3sd (plus one below, one above)",
                   low=1, high=1000),
     "secure_sum": SECURE_SUM_EXPLAINED,
+    "secure_sum_compact": SECURE_SUM_COMPACT,
     **stats_dp.PARAMS,       # differential privacy (fedpeer/kinds/stats_dp.py): off at dp_epsilon = 0
 }
 
@@ -70,11 +71,11 @@ async def run(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
     data = ctx.data
     rows, d = rows_of(data), len(data.features)
     parties = len(ch.members)
-    mode, hop = params["secure_sum"], ctx.hop_timeout_ms
+    mode, hop, compact = params["secure_sum"], ctx.hop_timeout_ms, params["secure_sum_compact"]
 
     ch.progress("moments (secure sum 1 of 2)", 1, 2)
     first = await secure_sum(ch, "stats/moments", FIXED.encode(await rows.additive(local_moments), parties),
-                             mode=mode, hop_timeout_ms=hop)
+                             mode=mode, hop_timeout_ms=hop, compact=compact)
     totals = FIXED.decode(first.total)
     n, n_pos = checked_total("stats/moments", check_moments, totals, d)
     if n < 2:
@@ -86,7 +87,7 @@ async def run(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
     ch.progress("spread and histograms (secure sum 2 of 2)", 2, 2)
     centred, hist = await rows.additive(local_spread, mean, edges)
     vector = np.concatenate([FIXED.encode(centred, parties), encode_counts(hist.ravel(), parties, count_max=2**40)])
-    second = await secure_sum(ch, "stats/spread", vector, mode=mode, hop_timeout_ms=hop)
+    second = await secure_sum(ch, "stats/spread", vector, mode=mode, hop_timeout_ms=hop, compact=compact)
     if second.participants != first.participants:
         raise JobError("a member dropped out between the two secure sums; the sums would cover different sites")
     split = d * FIXED.limbs

@@ -26,14 +26,15 @@ import numpy as np
 
 from fedpeer.errors import JobError
 from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param
-from fedpeer.jobs.params import SECURE_SUM
+from fedpeer.jobs.params import SECURE_SUM_COMPACT, SECURE_SUM_WITH_SPARSE
 from fedpeer.jobs.report import table
 from fedpeer.protocols.securesum.api import CHUNK_ENTRIES_MAX, DEFAULT_CHUNK_ENTRIES, secure_sum
 from fedpeer.protocols.securesum.masks import MASK_BLOCK_ENTRIES, apply_mask
 
 PARAMS = {
     "entries": Param(int, 1024, "uint64 entries in the vector (8 bytes each)", low=1, high=16 * 1024 * 1024),
-    "secure_sum": SECURE_SUM,
+    "secure_sum": SECURE_SUM_WITH_SPARSE,
+    "secure_sum_compact": SECURE_SUM_COMPACT,
     "chunk_entries": Param(int, DEFAULT_CHUNK_ENTRIES, "entries per message on the ring", low=1024,
                            high=CHUNK_ENTRIES_MAX),
 }
@@ -94,7 +95,8 @@ async def run(ch: Any, params: Mapping[str, Any], ctx: JobContext) -> dict:
     mine = await _compute(entries, contribution, ch.me, entries)     # before the clock starts
     started, cpu_started = time.perf_counter(), time.process_time()   # measurements for the report
     outcome = await secure_sum(ch, "sumcheck", mine, mode=params["secure_sum"],
-                               hop_timeout_ms=ctx.hop_timeout_ms, chunk_entries=params["chunk_entries"])
+                               hop_timeout_ms=ctx.hop_timeout_ms, chunk_entries=params["chunk_entries"],
+                               compact=params["secure_sum_compact"])
     seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     if not await _compute(entries, _correct, outcome.total, mine, ch.me, tuple(outcome.participants)):
         raise JobError("the secure sum returned a wrong total")

@@ -44,7 +44,7 @@ async def run_vertical(ch: Any, params: Mapping[str, Any], ctx: JobContext,
     n, X, own = aligned.n, aligned.X, aligned.own_slice()
     if n < 2:
         raise JobFailsEverywhere(f"{n} entity is held by every member; statistics need at least 2")
-    sums = VerticalSums(ch, ctx, params["secure_sum"], PREFIX)
+    sums = VerticalSums(ch, ctx, params["secure_sum"], PREFIX, params["secure_sum_compact"])
     ch.progress("moments (secure sum 1 of 2)", 1, 2)
     moments = (await sums.gather("moments", placed(aligned, np.stack([X.sum(axis=0), (X * X).sum(axis=0)], 1), 2),
                                  aligned.slices())).reshape(-1, 2)

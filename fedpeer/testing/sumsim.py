@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from fedpeer.errors import JobError
-from fedpeer.protocols.securesum.api import SumOutcome, secure_sum
+from fedpeer.protocols.securesum.api import SumChange, SumOutcome, SumRestart, secure_sum
 from fedpeer.runtime.channel import RecvTimeout
 from fedpeer.testing.memory import MemoryChannel, MemoryNetwork
 from fedpeer.wire.frame import frame_bytes, pack
@@ -68,16 +68,18 @@ class SumRun:
     messages: int                # delivered, all members
     bytes_mean: float            # frame bytes sent per member, mean over all members
     bytes_max: int               # ... by the member that sent most (the initiator)
+    announce_bytes: int          # frame bytes of every re-run's announcements (SumRestart, SumChange), all senders
     virtual_s: float             # virtual time until the last survivor returned
 
 
 def simulate_sum(n: int, *, mode: str = "ring", drop_fraction: float = 0.0, seed: int = 0,
                  length: int = 16, hop_timeout_ms: int = 1_000, attempts_max: int = 3,
-                 drop_window_s: float | None = None, detect_ms: float = 500.0) -> SumRun:
+                 drop_window_s: float | None = None, detect_ms: float = 500.0, compact: bool = False) -> SumRun:
     """One sum of `length`-entry random vectors over n members, round(n * drop_fraction) of them
     (any member, the initiator included) crashing at seeded random virtual times in
     [0, drop_window_s). By default the window is the time the same sum takes with no drops
-    (one clean run first), so every drop lands inside the protocol."""
+    (one clean run first), so every drop lands inside the protocol. `compact`: the sum's compact
+    messages (secure_sum's `compact`)."""
     import looptime
 
     from fedpeer.testing.members import close_loop
@@ -89,7 +91,7 @@ def simulate_sum(n: int, *, mode: str = "ring", drop_fraction: float = 0.0, seed
     victims = rng.sample(keys, round(n * drop_fraction))
     if victims and drop_window_s is None:
         drop_window_s = simulate_sum(n, mode=mode, seed=seed, length=length, hop_timeout_ms=hop_timeout_ms,
-                                     attempts_max=attempts_max, detect_ms=detect_ms).virtual_s
+                                     attempts_max=attempts_max, detect_ms=detect_ms, compact=compact).virtual_s
     crash_at = {k: rng.uniform(0.0, drop_window_s or 0.0) for k in victims}
     ended: dict[bytes, float] = {}
 
@@ -100,7 +102,8 @@ def simulate_sum(n: int, *, mode: str = "ring", drop_fraction: float = 0.0, seed
         async def one(node: bytes) -> SumOutcome:
             try:
                 return await secure_sum(SteadyChannel(net.channel(node)), TAG, vectors[node], mode=mode,
-                                        hop_timeout_ms=hop_timeout_ms, attempts_max=attempts_max)
+                                        hop_timeout_ms=hop_timeout_ms, attempts_max=attempts_max,
+                                        compact=compact)
             finally:
                 ended[node] = loop.time()
 
@@ -139,11 +142,16 @@ def _judge(n: int, mode: str, vectors: dict[bytes, np.ndarray], victims: list[by
         exact = [sum(int(vectors[p][i]) for p in first.participants) % U64 for i in range(len(first.total))]
         ok = first.total.tolist() == exact and set(survivors) <= set(first.participants)
     by_sender: Counter[bytes] = Counter()
+    announce = 0
     for src, _, msg in sent:
-        by_sender[src] += frame_bytes(len(pack(msg, job="job")))
+        size = frame_bytes(len(pack(msg, job="job")))
+        by_sender[src] += size
+        if isinstance(msg, (SumRestart, SumChange)):
+            announce += size
     return SumRun(n=n, mode=mode, dropped=len(victims), ok=ok,
                   failed=sum(isinstance(results[k], JobError) for k in survivors),
                   participants=len(outcomes[0].participants) if outcomes else 0,
                   attempts=max((o.attempts for o in outcomes), default=0), messages=len(sent),
                   bytes_mean=sum(by_sender.values()) / n, bytes_max=max(by_sender.values(), default=0),
+                  announce_bytes=announce,
                   virtual_s=max((ended[k] for k in survivors), default=0.0))

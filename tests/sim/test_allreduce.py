@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from fedpeer.errors import JobError
 from fedpeer.protocols.securesum import allreduce as ar
 from fedpeer.protocols.securesum.api import SumChunk, secure_sum
+from fedpeer.protocols.securesum.wire import ArCheck, ArReveal
 from fedpeer.testing.members import TwoFaced
 from fedpeer.testing.memory import MemoryNetwork
 from tests.sim.test_securesum import check_consistent, keys, random_vectors, run_sum, run_virtual
@@ -70,14 +71,39 @@ async def test_small_vectors_go_all_to_all_in_two_legs() -> None:
 
 
 @pytest.mark.looptime
-async def test_a_member_sending_different_small_vectors_is_named() -> None:
+@pytest.mark.parametrize("compact", [False, True])
+async def test_a_member_sending_different_small_vectors_is_named(compact: bool) -> None:
     members = keys(3)
     vectors = random_vectors(members, 50, 8)
     cheat = members[0]
-    results, _ = await run_sum(MemoryNetwork(members, seed=8), vectors, mode="allreduce",
+    results, _ = await run_sum(MemoryNetwork(members, seed=8), vectors, mode="allreduce", compact=compact,
                                wrap={cheat: lambda ch: TwoFaced(ch, members[1], lambda m: isinstance(m, SumChunk))})
     errors = [str(r) for m, r in results.items() if m != cheat]
     assert all(f"vector of {cheat.hex()[:16]}" in e for e in errors), results
+
+
+@pytest.mark.looptime
+@pytest.mark.parametrize("n", [4, 12])
+async def test_compact_reveal_carries_one_digest_and_names_a_two_faced_member(n: int) -> None:
+    """Compact sums reveal one digest of the per-member digests (32 bytes whatever n); only the
+    members whose digests differ exchange whole lists, which name the member that sent two
+    versions of its vector; a clean sum exchanges none."""
+    members = keys(n)
+    vectors = random_vectors(members, 20, 9)
+    net = MemoryNetwork(members, seed=9)
+    results, _ = await run_sum(net, vectors, mode="allreduce", compact=True)
+    check_consistent(results, vectors, 9)
+    reveals = [m for _, _, m in net.sent if isinstance(m, ArReveal)]
+    assert len(reveals) == n * (n - 1) and all(len(m.digests) == 1 for m in reveals)
+    assert not any(isinstance(m, ArCheck) for _, _, m in net.sent)
+    cheat, fooled = members[n // 2], members[-1]
+    net = MemoryNetwork(members, seed=9)
+    results, _ = await run_sum(net, vectors, mode="allreduce", compact=True,
+                               wrap={cheat: lambda ch: TwoFaced(ch, fooled, lambda m: isinstance(m, SumChunk))})
+    errors = [str(r) for m, r in results.items() if m != cheat]
+    assert len(errors) == n - 1 and all(f"vector of {cheat.hex()[:16]}" in e for e in errors), results
+    lists = {(s, d) for s, d, m in net.sent if isinstance(m, ArCheck)}
+    assert lists and all(fooled in pair for pair in lists), "only the members whose digests differ exchange lists"
 
 
 @pytest.mark.looptime
@@ -214,12 +240,13 @@ def a_total(msg: Any) -> bool:
 
 
 @pytest.mark.looptime
-async def test_an_owner_sending_different_totals_is_named() -> None:
+@pytest.mark.parametrize("compact", [False, True])
+async def test_an_owner_sending_different_totals_is_named(compact: bool) -> None:
     members = keys(3)
     vectors = random_vectors(members, SIZE, 5)
     net = MemoryNetwork(members, seed=5)
     cheat = members[1]
-    results, _ = await run_sum(net, vectors, mode="allreduce",
+    results, _ = await run_sum(net, vectors, mode="allreduce", compact=compact,
                                wrap={cheat: lambda ch: TwoFaced(ch, members[2], a_total)})
     errors = [str(r) for m, r in results.items() if isinstance(r, JobError) and m != cheat]
     assert errors and all(f"owner {cheat.hex()[:16]}" in e for e in errors), results

@@ -190,7 +190,8 @@ def test_a_vertical_job_names_the_site_over_this_sites_ids_max() -> None:
         blocks.append(VerticalBlock((f"c{m}",), X, np.array([f"id-{i}" for i in range(n)]), "ID",
                                     aligned_ids_max=1_000))
     keys, names = member_keys("vertical", 3)
-    out = run_members(keys, lambda net, i, k: vs.run_vertical(net.channel(k), {"bins": 4, "secure_sum": "pairwise"},
+    out = run_members(keys, lambda net, i, k: vs.run_vertical(net.channel(k), {"bins": 4, "secure_sum": "pairwise",
+                                                                                "secure_sum_compact": True},
                                                               JobContext(names[k], names, 2_000, data=blocks[i]),
                                                               _inline))
     for r in out[:2]:

@@ -114,11 +114,12 @@ async def test_an_owner_refusing_its_total_fails_the_sum_everywhere_naming_it() 
 
 
 @pytest.mark.looptime
-async def test_an_owner_sending_different_results_is_named() -> None:
+@pytest.mark.parametrize("compact", [False, True])
+async def test_an_owner_sending_different_results_is_named(compact: bool) -> None:
     members = keys(3)
     vectors = random_vectors(members, 900, 5)
     cheat = members[1]
-    results, _ = await run_map(MemoryNetwork(members, seed=5), vectors, [0, 300, 600, 900],
+    results, _ = await run_map(MemoryNetwork(members, seed=5), vectors, [0, 300, 600, 900], compact=compact,
                                wrap={cheat: lambda ch: TwoFaced(ch, members[2], is_result)})
     errors = [str(r) for m, r in results.items() if isinstance(r, JobError) and m != cheat]
     assert errors and all(f"owner {cheat.hex()[:16]}" in e for e in errors), results

@@ -8,6 +8,7 @@ per example (`run_virtual`), the others are marked `looptime`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import os
 import random
@@ -33,6 +34,8 @@ from fedpeer.protocols.securesum.api import (
     SumChunk,
     SumHere,
     SumOutcome,
+    SumChange,
+    SumListAsk,
     SumRestart,
     SumResult,
     SumWhere,
@@ -171,7 +174,10 @@ def test_messages_round_trip_through_the_gate() -> None:
                 RingBroken("t/ss-ring/a1/broken", bob.public_key, "refused"),
                 SumRestart("t/ss-ring/restart", 2, (alice.public_key, bob.public_key), "x unreachable"),
                 SeedRequest("t/ss-pairwise/a1/seed"), SeedReveal("t/ss-pairwise/a1/seed", bytes(range(32))),
-                SumWhere("t/ss-ring/a1/where", 3), SumHere("t/ss-ring/a1/where", 3, True, False)]
+                SumWhere("t/ss-ring/a1/where", 3), SumHere("t/ss-ring/a1/where", 3, True, False),
+                SumChange("t/ss-ring/restart", 3, bytes(32), (1, 127), (), ""),
+                SumChange("t/ss-ring/restart", 2, bytes(range(32)), (), (0, 2, 1), "dropped x"),
+                SumListAsk("t/ss-ring/list")]
     for msg in messages:
         env = gate.open(sealer.seal(bob.public_key, msg), 0)
         got = env.msg
@@ -180,6 +186,19 @@ def test_messages_round_trip_through_the_gate() -> None:
             assert got.tag == msg.tag and got.data.dtype == np.uint64 and np.array_equal(got.data, msg.data)
         else:
             assert got == msg
+
+
+@pytest.mark.parametrize("change", [dict(dropped=(ss.PARTICIPANTS_MAX,)), dict(base=bytes(31)),
+                                    dict(order=tuple(range(ss.PARTICIPANTS_MAX + 1))),
+                                    dict(attempt=ss.ATTEMPTS_MAX + 2)])
+def test_gate_rejects_bad_announcements(change: dict) -> None:
+    """A compact announcement's places must be in the job's members (at most PARTICIPANTS_MAX), its
+    base a SHA-256, its attempt on the wire's bound."""
+    bob, gate, sealer = _alice_to_bob()
+    msg = dataclasses.replace(SumChange("t/ss-ring/restart", 2, bytes(32), (1,), (), ""), **change)
+    with pytest.raises(RemoteProtocolError) as err:
+        gate.open(sealer.seal(bob.public_key, msg), 0)
+    assert err.value.reason == "schema"
 
 
 @pytest.mark.parametrize("data", [np.zeros(3, dtype=np.float64), np.zeros((2, 2), dtype=np.uint64),
@@ -433,7 +452,7 @@ async def test_member_crashed_mid_ring_is_excluded_and_masks_are_fresh(mode: str
         net = MemoryNetwork(members, seed=seed)
         vectors = random_vectors(members, 14, seed)
         wrap = {victim: lambda ch: CrashingChannel(ch, chunk_sends(2))}
-        results, _ = await run_sum(net, vectors, wrap=wrap, mode=mode, chunk_entries=3)
+        results, _ = await run_sum(net, vectors, wrap=wrap, mode=mode, chunk_entries=3, compact=bool(seed % 2))
         outcome = check_consistent(results, vectors, seed)
         assert outcome is not None and victim not in outcome.participants, f"seed {seed}"
         assert outcome.participants == tuple(m for m in members if m != victim), f"seed {seed}"
@@ -477,7 +496,8 @@ async def test_a_crashed_initiator_is_replaced_by_the_next_in_ring_order(mode: s
             return crashing["c"]
 
         vectors = random_vectors(members, 12, seed)
-        results, ended = await run_sum(net, vectors, wrap={members[0]: wrap}, mode=mode, chunk_entries=3)
+        results, ended = await run_sum(net, vectors, wrap={members[0]: wrap}, mode=mode, chunk_entries=3,
+                                       compact=bool(seed % 2))
         crashed_at = crashing["c"].crashed_at
         assert crashed_at is not None
         outcome = check_consistent({m: results[m] for m in members[1:]}, vectors, seed)
@@ -595,16 +615,36 @@ async def test_participant_the_initiator_cannot_reach(mode: str) -> None:
 
 @pytest.mark.looptime
 @pytest.mark.parametrize("mode", ss.RING_MODES)
-async def test_attempts_exhausted_fails_everyone(mode: str) -> None:
+async def test_attempts_that_lose_members_do_not_use_up_attempts_max(mode: str) -> None:
+    """Two members crash in turn (attempts 1 and 2): each re-run drops one, so with attempts_max 2
+    the third attempt still runs; attempts_max 1 keeps the sum to its one attempt."""
     members = keys(5)
-    net = MemoryNetwork(members, seed=2)
-    wrap = {members[2]: lambda ch: CrashingChannel(ch, chunk_sends(1, attempt=1)),
-            members[3]: lambda ch: CrashingChannel(ch, chunk_sends(1, attempt=2))}
     vectors = random_vectors(members, 10, 2)
-    results, _ = await run_sum(net, vectors, wrap=wrap, mode=mode, chunk_entries=3, attempts_max=2)
-    for node in (members[0], members[1], members[4]):
+
+    def wrap() -> dict[bytes, Callable[[Any], Any]]:
+        return {members[2]: lambda ch: CrashingChannel(ch, chunk_sends(1, attempt=1)),
+                members[3]: lambda ch: CrashingChannel(ch, chunk_sends(1, attempt=2))}
+    results, _ = await run_sum(MemoryNetwork(members, seed=2), vectors, wrap=wrap(), mode=mode, chunk_entries=3,
+                               attempts_max=2)
+    rest = (members[0], members[1], members[4])
+    for node in rest:
+        assert isinstance(results[node], SumOutcome) and results[node].attempts == 3, results[node]
+        assert results[node].participants == rest and results[node].total.tolist() == exact_sum(vectors, rest)
+    results, _ = await run_sum(MemoryNetwork(members, seed=2), vectors, wrap=wrap(), mode=mode, chunk_entries=3,
+                               attempts_max=1)
+    for node in rest:
         assert isinstance(results[node], JobError), results[node]
-        assert "failed after 2 attempt(s)" in str(results[node])
+        assert "failed after 1 attempt(s)" in str(results[node])
+
+
+def test_attempts_that_drop_nobody_count_and_all_attempts_are_bounded() -> None:
+    from fedpeer.protocols.securesum.lead import _out_of_attempts
+    plan = ss._Plan("job", "t", "ring", np.zeros(1, dtype=np.uint64), 1, HOP_MS, 3)
+    assert not _out_of_attempts(plan, 3, 3) and _out_of_attempts(plan, 4, 4)     # three that drop nobody
+    assert not _out_of_attempts(plan, 12, 2)                                     # ten re-runs that drop someone
+    assert _out_of_attempts(plan, ss.ATTEMPTS_MAX + 1, 1)                        # the absolute bound
+    one = dataclasses.replace(plan, attempts_max=1)
+    assert not _out_of_attempts(one, 1, 1) and _out_of_attempts(one, 2, 1)      # one attempt, never re-run
 
 
 @pytest.mark.looptime
@@ -755,7 +795,7 @@ def byzantine_setup(seed: int) -> tuple[list[bytes], bytes, MemoryNetwork, dict[
     rate = rng.choice([0.2, 0.5, 1.0])
     net = MemoryNetwork(members, seed=seed)
     net.refuse = gate_refuses(liar, rng, rate if "refuse" in attacks else 0.0)
-    kwargs = dict(mode=rng.choice(ss.RING_MODES), chunk_entries=rng.randint(1, 3))
+    kwargs = dict(mode=rng.choice(ss.RING_MODES), chunk_entries=rng.randint(1, 3), compact=rng.random() < 0.5)
     return members, liar, net, {"attacks": attacks, "rate": rate, **kwargs}
 
 
@@ -764,9 +804,9 @@ def check_no_honest_member_blamed(seed: int, members: Sequence[bytes], liar: byt
     """The properties of issue 11 for one run; returns how it ended, for the tally."""
     honest = [m for m in members if m != liar]
     name = liar.hex()[:16]
-    for src, _, msg in net.sent:
-        if isinstance(msg, SumRestart) and src == members[0] and msg.participants:
-            assert set(honest) <= set(msg.participants), f"seed {seed}: honest member dropped: {msg.reason}"
+    for src, _, msg, listed in announcements(net):
+        if src == members[0] and listed:
+            assert set(honest) <= set(listed), f"seed {seed}: honest member dropped: {msg.reason}"
     outcomes = [results[m] for m in honest if isinstance(results[m], SumOutcome)]
     for m in honest:
         assert isinstance(results[m], (SumOutcome, JobError)), f"seed {seed}: {results[m]!r}"
@@ -797,19 +837,41 @@ async def test_a_byzantine_member_never_gets_an_honest_one_excluded() -> None:
         wrap = {liar: lambda ch: ByzantineChannel(ch, rng, how["attacks"], how["rate"])}
         vectors = random_vectors(members, 1 + seed % 7, seed)
         results, _ = await run_sum(net, vectors, wrap=wrap, mode=how["mode"],
-                                   chunk_entries=how["chunk_entries"], bound_s=300)
+                                   chunk_entries=how["chunk_entries"], compact=how["compact"], bound_s=300)
         end = check_no_honest_member_blamed(seed, members, liar, net, results, vectors)
         tally[end] = tally.get(end, 0) + 1
     # The liar is caught often enough for the test to mean something.
     assert tally.get("sum without the liar", 0) >= 200 and tally.get("error naming the liar", 0) >= 20, tally
 
 
+def announcements(net: MemoryNetwork) -> list[tuple[bytes, bytes, Any, tuple[bytes, ...]]]:
+    """Every announcement delivered (src, dst, message, the list it announces: () when the
+    initiator gives up), a compact one (SumChange) applied to the list its receiver held."""
+    held: dict[bytes, tuple[bytes, ...]] = {}
+    out = []
+    for src, dst, msg in net.sent:
+        if isinstance(msg, SumRestart):
+            listed = tuple(msg.participants)
+        elif isinstance(msg, SumChange):
+            before = held.get(dst, tuple(net.members))
+            assert msg.base == hashlib.sha256(b"".join(before)).digest(), "a change to a list its receiver holds"
+            gone = {net.members[i] for i in msg.dropped}
+            listed = (tuple(net.members[i] for i in msg.order) if msg.order
+                      else (src, *sorted(p for p in before if p not in gone and p != src)))
+        else:
+            continue
+        if dst in listed:
+            held[dst] = listed
+        out.append((src, dst, msg, listed))
+    return out
+
+
 def restarts(net: MemoryNetwork) -> list[tuple[bytes, ...]]:
     """The participant lists the initiator announced, in order (one per member it told)."""
     seen: list[tuple[bytes, ...]] = []
-    for _src, _, msg in net.sent:
-        if isinstance(msg, SumRestart) and msg.participants and (not seen or seen[-1] != msg.participants):
-            seen.append(msg.participants)
+    for _src, _, _msg, listed in announcements(net):
+        if listed and (not seen or seen[-1] != listed):
+            seen.append(listed)
     return seen
 
 
@@ -926,3 +988,55 @@ async def test_only_chunks_of_2_mib_or_more_are_masked_in_a_thread(monkeypatch, 
     plan = core._Plan("job", "t", "ring", np.zeros(entries, np.uint64), core.DEFAULT_CHUNK_ENTRIES, 1_000, 1)
     assert await core._compute(plan, len, "abc") == 3
     assert bool(calls) == threaded
+
+
+class LosesOneChange:
+    """A member's channel that loses the first compact announcement it receives (as a full
+    mailbox would drop it): the next change is made to a list it does not hold."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.lost = inner, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def recv(self, kind: type, tag: str, src: bytes | None = None, timeout_ms: int = 30_000) -> Any:
+        got = await self.inner.recv(kind, tag, src, timeout_ms)
+        if kind is SumChange and not self.lost:
+            self.lost += 1
+            got = await self.inner.recv(kind, tag, src, timeout_ms)
+        return got
+
+
+@pytest.mark.looptime
+async def test_a_member_that_missed_a_compact_announcement_asks_for_the_whole_list() -> None:
+    """Compact announcements say who is dropped relative to the list the members hold: a member
+    that lost one (member 4: attempt 2's) cannot apply the next (attempt 3's), asks the
+    initiator for the whole list, gets it and takes part; every survivor ends with the same
+    exact total."""
+    members = keys(6)
+    net = MemoryNetwork(members, seed=1)
+    vectors = random_vectors(members, 10, 1)
+    wrap = {members[2]: lambda ch: CrashingChannel(ch, chunk_sends(1, attempt=1)),
+            members[3]: lambda ch: CrashingChannel(ch, chunk_sends(0, attempt=2)),
+            members[4]: LosesOneChange}
+    results, _ = await run_sum(net, vectors, mode="pairwise", chunk_entries=3, compact=True, wrap=wrap)
+    rest = (members[0], members[1], members[4], members[5])
+    outcome = check_consistent({m: results[m] for m in rest}, vectors, 1)
+    assert outcome is not None and outcome.participants == rest and outcome.attempts == 3
+    assert all(isinstance(results[m], SumOutcome) for m in rest), results
+    asks = [(s, d) for s, d, m in net.sent if isinstance(m, SumListAsk)]
+    full = [(s, d) for s, d, m in net.sent if isinstance(m, SumRestart) and m.participants]
+    assert asks == [(members[4], members[0])] and full == [(members[0], members[4])]
+
+
+def test_an_announced_reason_fits_every_gate() -> None:
+    """A reason naming many members dropped at once is cut to REASON_BYTES_MAX bytes: a receiver's
+    gate would refuse a longer one, and the initiator drop that receiver for it."""
+    from fedpeer.protocols.securesum.lead import _said
+    long = "unreachable when announcing the next attempt: " + ", ".join("é" + "ab" * 8 for _ in range(200))
+    assert len(_said(long).encode()) <= ss.REASON_BYTES_MAX < len(long.encode())
+    assert _said("short") == "short"
+    bob, gate, sealer = _alice_to_bob()
+    msg = SumRestart("t/ss-ring/restart", 2, (), _said(long))
+    assert gate.open(sealer.seal(bob.public_key, msg), 0).msg == msg

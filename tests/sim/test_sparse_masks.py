@@ -48,3 +48,19 @@ def test_sparse_sum_is_exact_and_survives_ten_percent_dropping(seed: int) -> Non
     assert simulate_sum(40, mode=ss.SPARSE, seed=seed).ok
     run = simulate_sum(40, mode=ss.SPARSE, drop_fraction=0.1, seed=seed, attempts_max=16)
     assert run.ok and 36 <= run.participants <= 40, run
+
+
+@pytest.mark.parametrize("mode", ["ring", "pairwise", "sparse", "allreduce"])
+@pytest.mark.parametrize("compact", [False, True])
+def test_sumcheck_runs_every_mode_it_offers_with_and_without_compact_messages(mode: str, compact: bool) -> None:
+    """sumcheck offers the sparse ring (capability secsum-sparse): its total over public vectors is
+    checked exactly at every member, as in the other modes."""
+    from fedpeer.jobs.kind import JobContext
+    from fedpeer.kinds import sumcheck
+    from fedpeer.testing.members import member_keys, run_members
+
+    keys, names = member_keys("sumcheck", 7)
+    params = sumcheck.KIND.check_params({"secure_sum": mode, "secure_sum_compact": compact, "entries": 2048})
+    results = run_members(keys, lambda net, i, k: sumcheck.run(net.channel(k), params,
+                                                               JobContext(names[k], names, 2_000)))
+    assert all(isinstance(r, dict) and r["ok"] and len(r["participants"]) == 7 for r in results), results

@@ -199,7 +199,8 @@ def test_no_common_patient_fails_the_kmeans_job_everywhere() -> None:
 
 def test_vertical_stats_equal_numpy_on_the_joined_rows() -> None:
     sites, joined = three_sites(seed=1)
-    fed = same_everywhere(run_job(vs.run_vertical, sites, {"bins": 8, "secure_sum": "pairwise"}))
+    fed = same_everywhere(run_job(vs.run_vertical, sites, {"bins": 8, "secure_sum": "pairwise",
+                                                           "secure_sum_compact": True}))
     assert fed["count"] == len(joined) and list(fed["mean"]) == [f"c{j}" for j in range(30)]
     np.testing.assert_allclose(list(fed["mean"].values()), joined.mean(axis=0), rtol=1e-12)
     np.testing.assert_allclose(list(fed["std"].values()), joined.std(axis=0, ddof=1), rtol=1e-12)
@@ -235,7 +236,8 @@ def test_a_member_shifting_anothers_gathered_values_is_caught_by_that_member(ent
         out[others[entry % len(others)]] += np.uint64(amount)
         return out
     with poisoned_sums(al, keys[liar], poison) as poisoned:
-        results = run_job(vs.run_vertical, sites, {"bins": 8, "secure_sum": "pairwise"})
+        results = run_job(vs.run_vertical, sites, {"bins": 8, "secure_sum": "pairwise",
+                                                   "secure_sum_compact": True})
     assert poisoned, "nothing was gathered"
     assert not any(isinstance(r, dict) for r in results), results
     caught = [str(r) for r in results if isinstance(r, ImplausibleTotal)]
@@ -268,7 +270,7 @@ def test_a_member_always_claiming_altered_values_is_named_and_stalls_nothing(kin
     sites, _ = three_sites(seed=2)
     keys, names = member_keys("vertical", 3)
     if kind == "stats":
-        run, params = vs.run_vertical, {"bins": 8, "secure_sum": "pairwise"}
+        run, params = vs.run_vertical, {"bins": 8, "secure_sum": "pairwise", "secure_sum_compact": True}
     else:
         run, params = kv.run_vertical, kj.KIND.check_params({"k": 3, "seed": 3, "secure_sum": "pairwise"})
 

@@ -66,6 +66,9 @@ def test_this_build_runs_exactly_the_baseline_plus_its_own_formats() -> None:
     provided = caps.provided(job_kinds().values())
     assert releases.BASELINE_CAPABILITIES <= provided
     added = {p.capability for kind in job_kinds().values() for p in kind.params.values() if p.capability}
+    added |= {cap for kind in job_kinds().values() for name, p in kind.params.items()    # choices added since
+              for value, cap in p.value_capabilities
+              if value not in (releases.PARAMS_0_1_0.get(kind.name, {}).get(name) or ())}
     assert provided - caps.BUILD_FORMATS - added == releases.BASELINE_CAPABILITIES, "a capability 0.1.0 lacks?"
 
 
@@ -286,21 +289,22 @@ def test_new_cluster_defaults_never_reach_a_0_1_0_member_as_its_own_old_default(
     at off it takes part and the parameters are left out of what it receives."""
     kinds = job_kinds()
     old = releases.BASELINE_CAPABILITIES
-    for name in ("kmeans", "gmm"):
-        params = kinds[name].check_params({})
+    for name in ("kmeans", "gmm"):    # optional parameters (secure_sum_compact) settled first, as the proposer does
+        params = caps.settled(kinds[name], kinds[name].check_params({}), [old])
         assert params["standardize"] is True and kinds[name].params["standardize"].capability is None
         assert caps.for_members(kinds[name], params, [old])["standardize"] is True
         assert caps.lacking(kinds[name], params, old) == []
     dbscan = kinds["dbscan"]
-    params = dbscan.check_params({})
+    params = caps.settled(dbscan, dbscan.check_params({}), [old])
     assert caps.lacking(dbscan, params, old) == ["dbscan-standardize", "dbscan-eps-auto"]
-    legacy = dbscan.check_params({"standardize": False, "eps_auto": False})
+    legacy = caps.settled(dbscan, dbscan.check_params({"standardize": False, "eps_auto": False}), [old])
     assert caps.lacking(dbscan, legacy, old) == []
-    assert set(caps.for_members(dbscan, legacy, [old])) == set(legacy) - {"standardize", "eps_auto"}
-    new = old | {"dbscan-standardize", "dbscan-eps-auto"}
+    assert set(caps.for_members(dbscan, legacy, [old])) == set(legacy) - {"standardize", "eps_auto",
+                                                                          "secure_sum_compact"}
+    new = old | {"dbscan-standardize", "dbscan-eps-auto", "secsum-compact-1"}
     assert caps.for_members(dbscan, params, [new]) == params
     for name in ("kmeans", "gmm"):    # choosing k is new: at 0 (k as given) 0.1.0 members take part
-        chosen = kinds[name].check_params({"k_max": 6})
+        chosen = caps.settled(kinds[name], kinds[name].check_params({"k_max": 6}), [old])
         assert caps.lacking(kinds[name], chosen, old) == [f"{name}-k-auto"]
         assert "k_max" not in caps.for_members(kinds[name], kinds[name].check_params({}), [old])
 
@@ -359,3 +363,26 @@ async def test_an_optional_parameter_is_settled_off_with_a_member_without_it_nev
     assert sent[(with_bob, ALICE)] == sent[(with_bob, BOB)] == {"secure_sum": "ring"}
     assert caps.filled(opt, sent[(with_bob, ALICE)])["loss"] is False
     assert sent[(without, ALICE)] == {"secure_sum": "ring", "loss": True}
+
+
+def test_compact_secure_sums_are_settled_off_with_a_member_of_an_older_release() -> None:
+    """The secure sum's compact messages (secsum-compact-1) are new shapes: a job with a member
+    without them runs the old ones, and nobody is left out for it."""
+    this = caps.provided(job_kinds().values())
+    for name in ("stats", "sumcheck"):
+        kind = job_kinds()[name]
+        params = kind.check_params({})
+        assert params["secure_sum_compact"] is True
+        assert caps.lacking(kind, params, releases.BASELINE_CAPABILITIES) == ["secsum-compact-1"]
+        settled = caps.settled(kind, params, [this, releases.BASELINE_CAPABILITIES])
+        assert settled["secure_sum_compact"] is False
+        assert caps.lacking(kind, settled, releases.BASELINE_CAPABILITIES) == []
+        assert caps.settled(kind, params, [this, this])["secure_sum_compact"] is True
+
+
+def test_sumcheck_runs_the_sparse_ring_only_with_members_that_have_it() -> None:
+    sumcheck = job_kinds()["sumcheck"]
+    sparse = sumcheck.check_params({"secure_sum": "sparse"})
+    assert caps.lacking(sumcheck, sparse, releases.BASELINE_CAPABILITIES) == ["secsum-sparse", "secsum-compact-1"]
+    assert "secsum-sparse" in caps.provided(job_kinds().values())
+    assert "secsum-sparse" not in caps.needed(sumcheck, sumcheck.check_params({}))

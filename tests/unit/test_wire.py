@@ -266,8 +266,11 @@ def test_authenticated_garbage_bodies_are_rejected_or_typed(body, kind: str) -> 
 
 @settings(max_examples=300, deadline=None)
 @given(_msgpack_values | st.fixed_dictionaries({"tag": st.text(max_size=8), "refused": st.text(max_size=8)},
-                                               optional={"data": _msgpack_values, "digests": _msgpack_values}),
-       st.sampled_from(["ss_rm_result", "ss_rm_check", "ss_ar_reveal", "ss_chunk"]))
+                                               optional={"data": _msgpack_values, "digests": _msgpack_values})
+       | st.fixed_dictionaries({"tag": st.text(max_size=8), "reason": st.text(max_size=8)},
+                               optional={"attempt": _msgpack_values, "base": _msgpack_values,
+                                         "dropped": _msgpack_values, "order": _msgpack_values}),
+       st.sampled_from(["ss_rm_result", "ss_rm_check", "ss_ar_reveal", "ss_chunk", "ss_change", "ss_list_ask"]))
 def test_authenticated_garbage_secure_sum_bodies_are_rejected_or_typed(body, kind: str) -> None:
     """The secure sum's messages (the reduce-map's results and digests among them) pass the same
     gate: a typed message or RemoteProtocolError, never another exception."""
@@ -277,7 +280,7 @@ def test_authenticated_garbage_secure_sum_bodies_are_rejected_or_typed(body, kin
         env = _FUZZ.gate.open(seal_raw(_FUZZ, frames.envelope(body, kind)), NOW_MS)
     except RemoteProtocolError:
         return
-    assert isinstance(env.msg, (ssw.ArResult, ssw.ArCheck, ssw.ArReveal, ssw.SumChunk))
+    assert isinstance(env.msg, (ssw.ArResult, ssw.ArCheck, ssw.ArReveal, ssw.SumChunk, ssw.SumChange, ssw.SumListAsk))
 
 
 @settings(max_examples=200, deadline=None)

@@ -38,7 +38,7 @@ import numpy as np
 
 from fedpeer.errors import DataError, JobError
 from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param, checked_total
-from fedpeer.jobs.params import SECURE_SUM_EXPLAINED, seed
+from fedpeer.jobs.params import SECURE_SUM_COMPACT, SECURE_SUM_EXPLAINED, seed
 from fedpeer.kinds.cluster import kmeans as km
 from fedpeer.ml.blas import one_blas_thread
 from fedpeer.ml.cluster import dbscan as db
@@ -62,6 +62,7 @@ PARAMS = {
     "seed": seed("job seed: local mixtures and the synthetic points"),
     "min_cluster_rows": km.MIN_CLUSTER_ROWS,
     "secure_sum": SECURE_SUM_EXPLAINED,
+    "secure_sum_compact": SECURE_SUM_COMPACT,
 }
 
 
@@ -72,7 +73,7 @@ async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, offload: 
     slots, comps = p["local_clusters_max"], p["components"]
     km.check_size("dbscan", len(members) * slots * db.slot_size(comps, d) + 2 * d, 2,
                   "lower local_clusters_max or components")
-    sums = km.Sums(ch, ctx, p["secure_sum"], "dbscan")
+    sums = km.Sums(ch, ctx, p["secure_sum"], "dbscan", p["secure_sum_compact"])
     shift, scale = np.zeros(d), np.ones(d)
     if p["standardize"]:
         ch.progress("moments", 0, 2)

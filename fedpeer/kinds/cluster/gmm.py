@@ -35,7 +35,7 @@ import numpy as np
 
 from fedpeer.errors import JobError
 from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param, checked_total
-from fedpeer.jobs.params import SECURE_SUM_EXPLAINED, seed
+from fedpeer.jobs.params import SECURE_SUM_COMPACT, SECURE_SUM_EXPLAINED, seed
 from fedpeer.kinds.cluster import kmeans as km
 from fedpeer.ml.cluster import kmeans as cl
 from fedpeer.ml.cluster import mixture as mx
@@ -61,6 +61,7 @@ PARAMS = {
                    "lowest BIC kept (no init)", low=0, high=1000, capability="gmm-k-auto"),
     "min_cluster_rows": km.MIN_CLUSTER_ROWS,
     "secure_sum": SECURE_SUM_EXPLAINED,
+    "secure_sum_compact": SECURE_SUM_COMPACT,
 }
 
 
@@ -78,7 +79,7 @@ async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, offload: 
     km.check_size("gmm", nf * restarts, nc * restarts, "lower k or n_init")
     gf, gc = mx.stat_sizes(max(ks), d, cov)
     km.check_size("gmm", gf, gc, "use covariance=diag or fewer components")
-    sums = km.Sums(ch, ctx, params["secure_sum"], "gmm")
+    sums = km.Sums(ch, ctx, params["secure_sum"], "gmm", params["secure_sum_compact"])
     ch.progress("moments", 0, 1)
     n, totals = await km.federated_moments(sums, X, offload)
     fits, scores = [], []

@@ -36,7 +36,7 @@ import numpy as np
 
 from fedpeer.errors import DataError, JobError
 from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param, checked_total
-from fedpeer.jobs.params import SECURE_SUM_EXPLAINED, seed
+from fedpeer.jobs.params import SECURE_SUM_COMPACT, SECURE_SUM_EXPLAINED, seed
 from fedpeer.jobs.report import series
 from fedpeer.kinds.aligned import MESSAGES as VERTICAL_MESSAGES
 from fedpeer.kinds.cluster import kmeans_dp
@@ -78,6 +78,7 @@ PARAMS = {
                    low=0, high=1000, capability="kmeans-k-auto"),
     "min_cluster_rows": MIN_CLUSTER_ROWS,
     "secure_sum": SECURE_SUM_EXPLAINED,
+    "secure_sum_compact": SECURE_SUM_COMPACT,
     **kmeans_dp.PARAMS,         # differential privacy (fedpeer/kinds/cluster/kmeans_dp.py): off at dp_epsilon = 0
 }
 
@@ -111,8 +112,8 @@ class Sums:
     """The job's secure sums: floats (fixed point) and counts in one vector each time, the same
     participants every time, and a count of what each site sent."""
 
-    def __init__(self, ch: Any, ctx: JobContext, mode: str, prefix: str) -> None:
-        self.ch, self.ctx, self.mode, self.prefix = ch, ctx, mode, prefix
+    def __init__(self, ch: Any, ctx: JobContext, mode: str, prefix: str, compact: bool = False) -> None:
+        self.ch, self.ctx, self.mode, self.prefix, self.compact = ch, ctx, mode, prefix, compact
         self.participants: tuple[bytes, ...] | None = None
         self.sent_entries: list[int] = []
 
@@ -127,7 +128,7 @@ class Sums:
         except DataError as exc:
             raise JobError(f"{exc}; set standardize=true or rescale the features") from None
         out = await secure_sum(self.ch, self.tag(name), vector, mode=self.mode,
-                               hop_timeout_ms=self.ctx.hop_timeout_ms)
+                               hop_timeout_ms=self.ctx.hop_timeout_ms, compact=self.compact)
         if self.participants is None:
             self.participants = out.participants
         elif out.participants != self.participants:
@@ -215,7 +216,7 @@ async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, offload: 
     restarts = 1 if params["init"] else params["n_init"]
     nf, nc = cl.block_sizes(max(ks), d)
     check_size("kmeans", nf * restarts, nc * restarts, "lower k or n_init")
-    sums = Sums(ch, ctx, params["secure_sum"], "kmeans")
+    sums = Sums(ch, ctx, params["secure_sum"], "kmeans", params["secure_sum_compact"])
     ch.progress("moments", 0, 1)
     n, totals = await federated_moments(sums, X, offload)
     fits, scores = [], []

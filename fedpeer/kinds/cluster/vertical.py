@@ -126,7 +126,7 @@ async def run_vertical(ch: Any, params: Mapping[str, Any], ctx: JobContext,
     aligned = await align(ch, ctx, PREFIX, offload)
     k = params["k"]
     restarts = 1 if params["init"] else params["n_init"]
-    sums = VerticalSums(ch, ctx, params["secure_sum"], PREFIX)
+    sums = VerticalSums(ch, ctx, params["secure_sum"], PREFIX, params["secure_sum_compact"])
     sums.check_size(restarts * (aligned.n * k + k * k), "lower k or n_init")
     space = Space(aligned.X, params["standardize"])
     lloyd = plan(params, aligned, space)

@@ -18,7 +18,8 @@ per participant and every member both sends and receives about 2(n-1)/n of the v
    everyone, in one message, its self-mask seed and the SHA-256 of each segment as it received it;
    then it removes the n self masks from the whole vector: the total. A member whose digest of
    segment k differs from another's fails the sum naming segment k's owner, who sent them
-   different sums.
+   different sums (a compact sum: one digest of the digests, the lists only where they differ;
+   `check_digests`).
 Three one-way legs (scatter, gather, reveal), against the ring's n + 3 (n hops, seed request and
 reveal, delivery): a member waits for what it receives, not for its own sends' acknowledgements
 (`_Run.post`). Small vectors take two legs all to all instead (alltoall.py,
@@ -52,7 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -60,7 +61,7 @@ import numpy as np
 from fedpeer.errors import JobError
 from fedpeer.protocols.securesum import masks as sm
 from fedpeer.protocols.securesum.core import OFF_LOOP_BYTES_MIN, Equivocation, SumOutcome, _Plan, _send
-from fedpeer.protocols.securesum.wire import ArReveal, SumChunk
+from fedpeer.protocols.securesum.wire import ArCheck, ArReveal, SumChunk
 from fedpeer.runtime.channel import Channel, MalformedFrom, PeerUnreachable, RecvTimeout
 
 MODE = "allreduce"
@@ -103,6 +104,42 @@ def unmask_selves(total: np.ndarray, seeds: Sequence[bytes]) -> None:
 
 def digests(total: np.ndarray, segs: Sequence[slice]) -> list[bytes]:
     return [hashlib.sha256(memoryview(total[s]).cast("B")).digest() for s in segs]   # no copy: a view
+
+
+def sent_digests(plan: _Plan, mine: Sequence[bytes]) -> list[bytes]:
+    """What a member sends the others of its digests (one per member or segment): all of them, or
+    in a compact sum (_Plan.compact) their SHA-256 alone, 32 bytes whatever the members."""
+    return [hashlib.sha256(b"".join(mine)).digest()] if plan.compact else list(mine)
+
+
+async def check_digests(run: _Run, mine: Sequence[bytes], theirs: Sequence[Sequence[bytes]],
+                        blame: Callable[[bytes, int], JobError]) -> None:
+    """Compare my digests (`mine`, one per member or segment) with what each other member sent
+    (`theirs`, in run.others order: `sent_digests`); raise blame(member, k) for the first member
+    whose digest k differs from mine. In a compact sum only the members whose digest of digests
+    differs from mine exchange their whole lists with me (ArCheck, one leg), to find k; a member
+    whose whole list matches mine after all sent a digest of digests that is not of its list, and
+    is named. No message more when nothing differs."""
+    if not run.plan.compact:
+        for src, other in zip(run.others, theirs):
+            differ = [k for k in range(len(mine)) if k >= len(other) or other[k] != mine[k]]
+            if differ:
+                raise blame(src, differ[0])
+        return
+    summary = sent_digests(run.plan, mine)
+    odd = [src for src, other in zip(run.others, theirs) if list(other) != summary]
+    if not odd:
+        return
+    tag = f"{run.prefix}full"
+    for src in odd:
+        run.post(src, [ArCheck(tag, list(mine))])
+    lists = await run.until(asyncio.gather(*(run.recv(ArCheck, tag, src, "list of digests") for src in odd)))
+    for src, other in zip(odd, lists):
+        full = other.digests
+        differ = [k for k in range(len(mine)) if k >= len(full) or full[k] != mine[k]]
+        if differ:
+            raise blame(src, differ[0])
+    raise run.fail(f"{run.name(odd[0])} sent a digest of digests that is not of the digests it holds", Equivocation)
 
 
 class _Run:
@@ -272,13 +309,12 @@ async def all_reduce(ch: Channel, plan: _Plan) -> SumOutcome:
     await run.until(asyncio.gather(reduce_and_share(),
                                    *(gather_from(k, p) for k, p in enumerate(run.members) if p != ch.me)))
     mine = await run.compute(digests, total, run.segs)
-    reveals = await run.barrier(ArReveal, "reveal", ArReveal(f"{run.prefix}reveal", self_seed, mine),
-                                "self-mask seed and digest")
-    for src, other in zip(run.others, reveals):
-        differ = [k for k in range(len(run.members)) if k >= len(other.digests) or other.digests[k] != mine[k]]
-        if differ:
-            owner = run.members[differ[0]]
-            raise run.fail(f"{run.name(src)} holds another sum of segment {differ[0]} than this member: its "
-                           f"owner {run.name(owner)} sent them different sums", Equivocation)
+    reveal = ArReveal(f"{run.prefix}reveal", self_seed, sent_digests(plan, mine))
+    reveals = await run.barrier(ArReveal, "reveal", reveal, "self-mask seed and digest")
+
+    def blame(src: bytes, k: int) -> JobError:
+        return run.fail(f"{run.name(src)} holds another sum of segment {k} than this member: its "
+                        f"owner {run.name(run.members[k])} sent them different sums", Equivocation)
+    await check_digests(run, mine, [r.digests for r in reveals], blame)
     await run.compute(unmask_selves, total, [self_seed, *(r.seed for r in reveals)])
     return SumOutcome(total, run.members, 1)

@@ -12,7 +12,8 @@ bytes do not matter. So:
    SHA-256 of each member's masked vector as it received it; then it adds the n masked vectors
    and removes the n self masks: the total. A member whose digest of member i's vector differs
    from another's fails the sum naming i (it sent them different vectors) and the member that
-   reported the other digest.
+   reported the other digest. A compact sum sends one digest of the n digests instead, and only
+   members whose digests differ exchange the lists (api.py, "Compact messages").
 
 Who learns what: pairwise mode's. Each member sees every other member's vector under the pairwise
 masks it shares with the others and its self mask: a coalition short of all other participants
@@ -36,7 +37,8 @@ import hashlib
 import numpy as np
 
 from fedpeer.protocols.securesum import masks as sm
-from fedpeer.protocols.securesum.allreduce import _Run, masked, unmask_selves
+from fedpeer.errors import JobError
+from fedpeer.protocols.securesum.allreduce import _Run, check_digests, masked, sent_digests, unmask_selves
 from fedpeer.protocols.securesum.core import Equivocation, SumOutcome, _Plan
 from fedpeer.protocols.securesum.wire import ArReveal, SumChunk
 from fedpeer.runtime.channel import Channel
@@ -69,13 +71,14 @@ async def all_to_all(ch: Channel, plan: _Plan) -> SumOutcome:
                            "members disagree on the vector")
         vectors[src] = msg.data
     digests = [_digest(vectors[m]) for m in run.members]
-    reveals = await run.barrier(ArReveal, "reveal", ArReveal(f"{run.prefix}reveal", self_seed, digests),
+    reveals = await run.barrier(ArReveal, "reveal",
+                                ArReveal(f"{run.prefix}reveal", self_seed, sent_digests(plan, digests)),
                                 "self-mask seed and digests")
-    for src, other in zip(run.others, reveals):
-        differ = [k for k in range(len(run.members)) if k >= len(other.digests) or other.digests[k] != digests[k]]
-        if differ:
-            raise run.fail(f"{run.name(src)} holds another vector of {run.name(run.members[differ[0]])} than this "
-                           "member: that member sent them different vectors (or the first misreports it)", Equivocation)
+
+    def blame(src: bytes, k: int) -> JobError:
+        return run.fail(f"{run.name(src)} holds another vector of {run.name(run.members[k])} than this member: "
+                        "that member sent them different vectors (or the first misreports it)", Equivocation)
+    await check_digests(run, digests, [r.digests for r in reveals], blame)
     total = mine.copy()
     for src in run.others:
         np.add(total, vectors[src], out=total)

@@ -5,6 +5,7 @@ the outcome, and the helpers every wait and send goes through (each bounded by t
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +65,8 @@ class _Plan:
     hop_timeout_ms: int
     attempts_max: int
     initiator: bytes | None = None    # who runs the sum: None = the first member; set by a takeover
+    compact: bool = False             # every member speaks COMPACT_CAPABILITY (wire.py): announcements
+                                      # as changes, reveals and checks as one digest
 
     @property
     def chunks(self) -> int:
@@ -115,6 +118,7 @@ class _Plan:
 class _Attempt:
     number: int
     participants: tuple[bytes, ...]
+    charged: int = 1      # attempts so far that count against attempts_max (lead.py, _out_of_attempts)
 
     @property
     def initiator(self) -> bytes:
@@ -138,7 +142,7 @@ class _Attempt:
 
 
 def _plan(ch: Channel, tag: str, vector: np.ndarray, mode: str, hop_timeout_ms: int,
-          chunk_entries: int, attempts_max: int) -> _Plan:
+          chunk_entries: int, attempts_max: int, compact: bool = False) -> _Plan:
     def misuse(problem: str) -> LocalProtocolError:
         return LocalProtocolError("securesum", problem)
 
@@ -159,7 +163,7 @@ def _plan(ch: Channel, tag: str, vector: np.ndarray, mode: str, hop_timeout_ms: 
         "channel members must be sorted, unique and include me"
     if len(ch.members) < 2:
         raise JobError(f"secure sum '{tag}' needs at least 2 members, got {len(ch.members)}")
-    return _Plan(ch.job_id, tag, mode, vector, chunk_entries, hop_timeout_ms, attempts_max)
+    return _Plan(ch.job_id, tag, mode, vector, chunk_entries, hop_timeout_ms, attempts_max, compact=bool(compact))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -263,6 +267,17 @@ def _touched(entries: int) -> np.ndarray:
     total = np.empty(entries, dtype=np.uint64)
     total.fill(0)
     return total
+
+
+def _list_digest(participants: Sequence[bytes]) -> bytes:
+    """SHA-256 of a participant list in its ring order: what a compact announcement changes
+    (SumChange.base), so a member can tell it holds that list."""
+    return hashlib.sha256(b"".join(participants)).digest()
+
+
+def _list_tag(plan: _Plan) -> str:
+    """Where members ask this era's initiator for the whole participant list (SumListAsk)."""
+    return plan.era_prefix() + "list"
 
 
 def _broken_tag(plan: _Plan, att: _Attempt) -> str:

@@ -22,6 +22,8 @@ from fedpeer.protocols.securesum.core import (
     _check_chunk,
     _compute,
     _InitiatorGone,
+    _list_digest,
+    _list_tag,
     _Masks,
     _new_total,
     _Plan,
@@ -34,8 +36,10 @@ from fedpeer.protocols.securesum.wire import (
     RingBroken,
     SeedRequest,
     SeedReveal,
+    SumChange,
     SumChunk,
     SumHere,
+    SumListAsk,
     SumRestart,
     SumResult,
     SumWhere,
@@ -76,21 +80,28 @@ async def _take_over(ch: Channel, plan: _Plan, att: _Attempt,
             continue
         era = dataclasses.replace(plan, initiator=candidate)
         if candidate == ch.me:
-            ring = _Attempt(0, (ch.me, *[p for p in order if p != ch.me and p not in gone]))
+            ring = _Attempt(0, (ch.me, *[p for p in order if p != ch.me and p not in gone]), charged=0)
             why = "took over from initiator(s) declared dead: " + ", ".join(p.hex()[:16] for p in sorted(gone))
-            first = await _next_attempt(ch, era, ring, _RingFault(why), set())
+            first = await _next_attempt(ch, era, ring, _RingFault(why), set(), held=att.participants)
             return await _lead(ch, era, first)
-        restart = (SumRestart, era.restart_tag(), candidate)
-        try:
-            _, msg = await ch.recv(*restart[:2], src=candidate, timeout_ms=att.patience_ms(plan))
-        except PeerDead:
-            gone.add(candidate)
-            continue
-        except RecvTimeout:
-            raise JobError(f"secure sum '{plan.tag}': initiator {att.initiator.hex()[:16]} was declared dead "
-                           f"and {candidate.hex()[:16]}, next in ring order, did not take over within "
-                           f"{att.patience_ms(plan)} ms") from None
-        return era, _accept_restart(ch, era, msg)
+        wants: list[Want] = [(SumRestart, era.restart_tag(), candidate)]
+        if era.compact:
+            wants.append((SumChange, era.restart_tag(), candidate))
+        deadline = ch.now_ms() + att.patience_ms(plan)
+        taken: _Attempt | None = None
+        while taken is None:
+            try:
+                got = await _recv_first(ch, wants, max(0, deadline - ch.now_ms()))
+            except PeerDead:
+                gone.add(candidate)
+                break
+            except RecvTimeout:
+                raise JobError(f"secure sum '{plan.tag}': initiator {att.initiator.hex()[:16]} was declared dead "
+                               f"and {candidate.hex()[:16]}, next in ring order, did not take over within "
+                               f"{att.patience_ms(plan)} ms") from None
+            taken = await _announced(ch, era, _Attempt(0, att.participants), [m for _, m in got])
+        if taken is not None:
+            return era, taken
     raise JobError(f"secure sum '{plan.tag}': every other participant was declared dead")
 
 
@@ -238,12 +249,14 @@ async def _await_initiator(ch: Channel, plan: _Plan, att: _Attempt, wants: list[
     """The next message matching `wants`, or the next attempt if the initiator announces one
     first; JobError after the member's patience (the initiator is presumably gone). Answers the
     initiator's SumWhere meanwhile."""
-    restart = (SumRestart, plan.restart_tag(), att.initiator)
+    restart: list[Want] = [(SumRestart, plan.restart_tag(), att.initiator)]
+    if plan.compact:
+        restart.append((SumChange, plan.restart_tag(), att.initiator))
     where = (SumWhere, plan.prefix(att.number) + "where", att.initiator)
     deadline = ch.now_ms() + att.patience_ms(plan)
     while True:
         try:
-            got = await _recv_first(ch, [*wants, restart, where], max(0, deadline - ch.now_ms()))
+            got = await _recv_first(ch, [*wants, *restart, where], max(0, deadline - ch.now_ms()))
         except PeerDead as exc:
             if exc.peer == att.initiator:
                 raise _InitiatorGone() from None
@@ -263,26 +276,77 @@ async def _await_initiator(ch: Channel, plan: _Plan, att: _Attempt, wants: list[
                 await _send(ch, plan, att.initiator, here)
             except PeerUnreachable:
                 pass          # the initiator is gone: the next wait finds out
-        newer = [m for _, m in got if isinstance(m, SumRestart) and m.attempt > att.number]
-        if newer:
-            return _accept_restart(ch, plan, max(newer, key=lambda m: m.attempt))
-        others = [m for _, m in got if not isinstance(m, (SumRestart, SumWhere))]
+        nxt = await _announced(ch, plan, att, [m for _, m in got])
+        if nxt is not None:
+            return nxt
+        others = [m for _, m in got if not isinstance(m, (SumRestart, SumChange, SumWhere))]
         if others:
             return others[0]
-        # only stale announcements (overtaken by a newer one): keep waiting
+        # only stale announcements (overtaken by a newer one), or a change to a list this member
+        # does not hold (it asked for the whole list): keep waiting
+
+
+async def _announced(ch: Channel, plan: _Plan, att: _Attempt, got: list[Any]) -> _Attempt | None:
+    """The attempt the newest of the announcements in `got` starts, applied in order from `att`
+    (stale ones ignored); None if none is newer, or if a change (SumChange) was made to a list
+    this member does not hold: it then asks the initiator for the whole list (SumListAsk; the
+    answer is a SumRestart, taken by the next wait). JobError if this member was left out or
+    the initiator gave up."""
+    now = att
+    for msg in sorted((m for m in got if isinstance(m, (SumRestart, SumChange))), key=lambda m: m.attempt):
+        if msg.attempt <= now.number:
+            continue
+        if isinstance(msg, SumRestart):
+            now = _accept_restart(ch, plan, msg)
+            continue
+        applied = _apply_change(ch, plan, now.participants, msg)
+        if applied is None:
+            try:
+                await _send(ch, plan, plan.first(ch.members), SumListAsk(_list_tag(plan)))
+            except PeerUnreachable:
+                pass          # the initiator is gone: the next wait finds out
+            break
+        now = applied
+    return None if now is att else now
 
 
 def _accept_restart(ch: Channel, plan: _Plan, msg: SumRestart) -> _Attempt:
     if not msg.participants:
         raise JobError(msg.reason or f"secure sum '{plan.tag}': the initiator gave up")
-    listed = list(msg.participants)     # ring order: the initiator first, then any order
+    return _accepted(ch, plan, msg.attempt, tuple(msg.participants), msg.reason)
+
+
+def _apply_change(ch: Channel, plan: _Plan, held: tuple[bytes, ...], msg: SumChange) -> _Attempt | None:
+    """The attempt a compact announcement starts from the list this member holds; None if the
+    change was made to another list (`base`)."""
+    if msg.base != _list_digest(held):
+        return None
+    members = ch.members
+    if any(i >= len(members) for i in (*msg.dropped, *msg.order)):
+        raise JobError(f"secure sum '{plan.tag}': the initiator announced an invalid participant list")
+    gone = {members[i] for i in msg.dropped}
+    if ch.me in gone:
+        raise JobError(f"secure sum '{plan.tag}': this site was left out of attempt {msg.attempt} ({msg.reason})")
+    kept = [p for p in held if p not in gone]
+    first = plan.first(members)
+    if msg.order:
+        listed = tuple(members[i] for i in msg.order)
+        if sorted(listed) != sorted(kept):
+            raise JobError(f"secure sum '{plan.tag}': the initiator announced an invalid participant list")
+    else:
+        listed = (first, *sorted(p for p in kept if p != first))
+    return _accepted(ch, plan, msg.attempt, listed, msg.reason)
+
+
+def _accepted(ch: Channel, plan: _Plan, attempt: int, listed: tuple[bytes, ...], reason: str) -> _Attempt:
+    """An announced attempt, once its list is checked: ring order, the initiator first, then any
+    order; members of the job, each once, at least 2, this member among them."""
     if len(set(listed)) != len(listed) or not set(listed) <= set(ch.members) \
             or listed[0] != plan.first(ch.members) or len(listed) < 2:
         raise JobError(f"secure sum '{plan.tag}': the initiator announced an invalid participant list")
-    if ch.me not in msg.participants:
-        raise JobError(f"secure sum '{plan.tag}': this site was left out of attempt {msg.attempt} "
-                       f"({msg.reason})")
-    return _Attempt(msg.attempt, msg.participants)
+    if ch.me not in listed:
+        raise JobError(f"secure sum '{plan.tag}': this site was left out of attempt {attempt} ({reason})")
+    return _Attempt(attempt, listed)
 
 
 async def _collect_result(ch: Channel, plan: _Plan, att: _Attempt, first: SumResult,

@@ -5,6 +5,7 @@ delivers the total."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,14 +28,20 @@ from fedpeer.protocols.securesum.core import (
     _Plan,
     _recv_first,
     _send,
+    _list_digest,
+    _list_tag,
     _WrongLength,
 )
 from fedpeer.protocols.securesum.wire import (
+    ATTEMPTS_MAX,
+    REASON_BYTES_MAX,
     RingBroken,
     SeedRequest,
     SeedReveal,
+    SumChange,
     SumChunk,
     SumHere,
+    SumListAsk,
     SumRestart,
     SumResult,
     SumWhere,
@@ -67,20 +74,45 @@ class _RingFault(Exception):
 
 async def _lead(ch: Channel, plan: _Plan, att: _Attempt) -> SumOutcome:
     disputes: set[Dispute] = set()      # kept across attempts: a second one names the culprit
+    current = [att]                     # the attempt running now: what a SumListAsk is answered with
+    lists = asyncio.create_task(_serve_lists(ch, plan, current)) if plan.compact else None
+    try:
+        while True:
+            try:
+                total = await _lead_attempt(ch, plan, att)
+            except _RingFault as fault:
+                ch.discard(plan.prefix(att.number))
+                disputes |= fault.disputes
+                att = current[0] = await _next_attempt(ch, plan, att, fault, disputes)
+                continue
+            except JobError as exc:       # members disagree on the vector: tell them, then fail
+                await _broadcast(ch, plan, att.participants[1:],
+                                 SumRestart(plan.restart_tag(), att.number + 1, (), _said(str(exc))))
+                raise
+            await _deliver(ch, plan, att, total)
+            return SumOutcome(total=total, participants=tuple(sorted(att.participants)), attempts=att.number)
+    finally:
+        if lists is not None:
+            lists.cancel()
+            await asyncio.gather(lists, return_exceptions=True)     # retrieved, whatever ended it
+
+
+async def _serve_lists(ch: Channel, plan: _Plan, current: list[_Attempt]) -> None:
+    """Compact sums: answer a participant that could not apply an announcement (SumListAsk: its
+    list is not the one the change was made to) with the current attempt's whole list, until the
+    sum ends (cancelled). Rare: a member misses an announcement only when its mailbox dropped it."""
     while True:
+        att = current[0]
         try:
-            total = await _lead_attempt(ch, plan, att)
-        except _RingFault as fault:
-            ch.discard(plan.prefix(att.number))
-            disputes |= fault.disputes
-            att = await _next_attempt(ch, plan, att, fault, disputes)
+            src, _ = await ch.recv(SumListAsk, _list_tag(plan), timeout_ms=att.patience_ms(plan))
+        except (RecvTimeout, MalformedFrom, PeerDead):
             continue
-        except JobError as exc:       # members disagree on the vector: tell them, then fail
-            await _broadcast(ch, plan, att.participants[1:],
-                             SumRestart(plan.restart_tag(), att.number + 1, (), str(exc)))
-            raise
-        await _deliver(ch, plan, att, total)
-        return SumOutcome(total=total, participants=tuple(sorted(att.participants)), attempts=att.number)
+        att = current[0]
+        if src in att.participants and src != ch.me:
+            try:
+                await _send(ch, plan, src, SumRestart(plan.restart_tag(), att.number, att.participants, ""))
+            except PeerUnreachable:
+                pass                  # the next attempt finds it, as any member that does not answer
 
 
 async def _lead_attempt(ch: Channel, plan: _Plan, att: _Attempt) -> np.ndarray:
@@ -267,15 +299,31 @@ def _ring_order(me: bytes, members: Sequence[bytes], disputes: set[Dispute]) -> 
     return (me, *order)
 
 
+def _out_of_attempts(plan: _Plan, number: int, charged: int) -> bool:
+    """Whether attempt `number` may not run. Attempts that lose members (dead, unreachable, proven
+    faulty: the participants shrink) make progress and do not count against attempts_max; those
+    that drop nobody (a dispute kept apart, a chunk that came back late) do (`charged`, the first
+    attempt included). ATTEMPTS_MAX bounds them all (the attempt number on the wire). attempts_max
+    1 keeps a sum to one attempt whatever happens: the DP kinds' sums, which must not be re-run
+    over fewer members."""
+    if number > ATTEMPTS_MAX:
+        return True
+    if plan.attempts_max == 1:
+        return number > 1
+    return charged > plan.attempts_max
+
+
 async def _next_attempt(ch: Channel, plan: _Plan, att: _Attempt, fault: _RingFault,
-                        disputes: set[Dispute]) -> _Attempt:
+                        disputes: set[Dispute], held: Sequence[bytes] | None = None) -> _Attempt:
     """Drop suspects, dead members and culprits of disputes; announce the survivors in a ring
     order that separates disputing members, with a new attempt number (again, while
-    announcements find more unreachable members); JobError when out of attempts."""
+    announcements find more unreachable members); JobError when out of attempts
+    (`_out_of_attempts`). `held`: the list the members hold, if not att's (a takeover's)."""
     reason = fault.reason
     survivors = [p for p in att.participants if p == ch.me or p in fault.responsive
                  or (p not in fault.suspects and ch.alive(p))]
     targets = [p for p in att.participants if p != ch.me]
+    held = tuple(att.participants if held is None else held)
     # Members claimed unreachable hear first: one that has just crashed (before the failure
     # detector says so) is found before anyone hears this attempt number, which is then reused.
     first = fault.unconfirmed
@@ -288,30 +336,62 @@ async def _next_attempt(ch: Channel, plan: _Plan, att: _Attempt, fault: _RingFau
             reason += "; dropped " + ", ".join(p.hex()[:16] for p in sorted(culprits)) + \
                 " for disputes with two or more members"
         order = _ring_order(ch.me, survivors, disputes) if len(survivors) >= 2 else None
-        if number > plan.attempts_max or order is None:
-            raise await _give_up(ch, plan, targets, number, survivors, disputes, reason)
-        announce = SumRestart(plan.restart_tag(), number, order, reason)
+        charged = att.charged + (len(survivors) >= len(att.participants))
+        exhausted = _out_of_attempts(plan, number, charged)
+        if order is None or exhausted:
+            raise await _give_up(ch, plan, targets, number, survivors, disputes, reason, exhausted)
         early = [p for p in targets if p in first and p in survivors]
-        unreachable = await _broadcast(ch, plan, early, announce)
+        unreachable = await _announce(ch, plan, early, number, held, order, reason)
         first = frozenset()
         if early and unreachable >= set(early):
             number -= 1                   # nobody has heard this number: it is still fresh
         else:
-            unreachable |= await _broadcast(ch, plan, [p for p in targets if p not in early], announce)
+            unreachable |= await _announce(ch, plan, [p for p in targets if p not in early], number, held,
+                                           order, reason)
+            held = order                  # what every member still reachable holds now
         targets = [p for p in targets if p not in unreachable]
         lost = [p for p in survivors if p in unreachable]
         if not lost:
-            return _Attempt(number, order)
+            return _Attempt(number, order, charged)
         survivors = [p for p in survivors if p not in unreachable]
         reason = "unreachable when announcing the next attempt: " + ", ".join(p.hex()[:16] for p in lost)
 
 
+async def _announce(ch: Channel, plan: _Plan, targets: Sequence[NodeId], number: int, held: Sequence[bytes],
+                    order: tuple[bytes, ...], reason: str) -> set[NodeId]:
+    """Tell `targets` that attempt `number` runs over `order`; returns those unreachable. A
+    compact sum sends the change from `held` (the list the members hold): who is dropped, as
+    places in the job's members, and the order only when it is not the usual one, in bytes
+    growing with the members dropped, not with the participants; the members dropped also get
+    the reason. Otherwise the whole list, to everyone (SumRestart)."""
+    if not plan.compact:
+        return await _broadcast(ch, plan, targets, SumRestart(plan.restart_tag(), number, order, _said(reason)))
+    place = {m: i for i, m in enumerate(ch.members)}
+    kept = set(order)
+    assert kept <= set(held), "an announcement only ever drops participants"
+    usual = (order[0], *sorted(order[1:]))
+    stay = SumChange(plan.restart_tag(), number, _list_digest(held), tuple(place[p] for p in held if p not in kept),
+                     () if order == usual else tuple(place[p] for p in order), "")
+    leave = dataclasses.replace(stay, reason=_said(reason))
+    unreachable = await asyncio.gather(_broadcast(ch, plan, [p for p in targets if p in kept], stay),
+                                       _broadcast(ch, plan, [p for p in targets if p not in kept], leave))
+    return unreachable[0] | unreachable[1]
+
+
+def _said(reason: str) -> str:
+    """A reason as announcements carry it: at most REASON_BYTES_MAX bytes, which every receiver's
+    gate allows (a reason naming many members dropped at once is longer; a member whose gate
+    refused its announcement would be dropped for it)."""
+    raw = reason.encode()
+    return reason if len(raw) <= REASON_BYTES_MAX else raw[:REASON_BYTES_MAX - 3].decode(errors="ignore") + "..."
+
+
 async def _give_up(ch: Channel, plan: _Plan, targets: Sequence[NodeId], number: int,
-                   survivors: Sequence[bytes], disputes: set[Dispute], reason: str) -> JobError:
+                   survivors: Sequence[bytes], disputes: set[Dispute], reason: str, exhausted: bool) -> JobError:
     """Tell every member the sum failed and why; the error to raise."""
     if len(survivors) < 2:
         detail = " with fewer than 2 participants left"
-    elif number > plan.attempts_max:
+    elif exhausted:
         detail = ""
     else:
         pair = next(d for d in disputes if d <= set(survivors))
@@ -319,7 +399,7 @@ async def _give_up(ch: Channel, plan: _Plan, targets: Sequence[NodeId], number: 
         detail = (f": {a.hex()[:16]} and {b.hex()[:16]} each blame the other and no other member "
                   f"can stand between them; one of the two is faulty")
     why = f"secure sum '{plan.tag}' failed after {number - 1} attempt(s){detail}; last failure: {reason}"
-    await _broadcast(ch, plan, targets, SumRestart(plan.restart_tag(), number, (), why))
+    await _broadcast(ch, plan, targets, SumRestart(plan.restart_tag(), number, (), _said(why)))
     return JobError(why)
 
 

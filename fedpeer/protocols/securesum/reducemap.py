@@ -23,7 +23,8 @@ search among the owners.
    sends its reason instead and every member, the owner too, raises SegmentRefused naming it.
 4. Check: every member sends everyone the SHA-256 of each result as it received it; a member
    whose digest of owner k's result differs from another's fails the sum naming k, who sent
-   them different results. A caller may leave this step out and run it once over several
+   them different results (a compact sum: one digest of the digests, the lists only where they
+   differ; allreduce.check_digests). A caller may leave this step out and run it once over several
    reduce-maps (`check_results` with a hash of each owner's results: histogram XGBoost, once
    per tree): a member then learns of a two-faced owner only then, or when what the others
    do next stops matching what it does.
@@ -55,7 +56,7 @@ import numpy as np
 
 from fedpeer.errors import JobError
 from fedpeer.protocols.securesum import masks as sm
-from fedpeer.protocols.securesum.allreduce import _Run
+from fedpeer.protocols.securesum.allreduce import _Run, check_digests, sent_digests
 from fedpeer.protocols.securesum.core import Equivocation, _Plan
 from fedpeer.protocols.securesum.wire import (
     CHUNK_ENTRIES_MAX,
@@ -159,13 +160,13 @@ async def reduce_map(ch: Channel, plan: _Plan, bounds: Sequence[int], owner_fn: 
 async def compare_digests(run: _Run, digests: Sequence[bytes], what: str) -> None:
     """Send every other member my digest of each owner's `what` and compare theirs (step 4):
     JobError naming the first owner whose digests differ."""
-    mine = ArCheck(f"{run.prefix}check", list(digests))
+    mine = ArCheck(f"{run.prefix}check", sent_digests(run.plan, digests))
     checks = await run.barrier(ArCheck, "check", mine, f"digests of the {what}s")
-    for src, other in zip(run.others, checks):
-        differ = [k for k in range(len(run.members)) if k >= len(other.digests) or other.digests[k] != digests[k]]
-        if differ:
-            raise run.fail(f"{run.name(src)} holds another {what} of segment {differ[0]} than this member: its "
-                           f"owner {run.name(run.members[differ[0]])} sent them different {what}s", Equivocation)
+
+    def blame(src: bytes, k: int) -> JobError:
+        return run.fail(f"{run.name(src)} holds another {what} of segment {k} than this member: its "
+                        f"owner {run.name(run.members[k])} sent them different {what}s", Equivocation)
+    await check_digests(run, digests, [c.digests for c in checks], blame)
 
 
 async def check_results(ch: Channel, plan: _Plan, digests: Sequence[bytes]) -> None:

@@ -18,7 +18,7 @@ from fedpeer.wire.frame import NODE_ID, v_array, v_bool, v_bytes, v_int, v_list,
 
 CHUNK_ENTRIES_MAX = 1 << 20         # 8 MiB per message; receivers refuse larger chunks
 VECTOR_ENTRIES_MAX = 1 << 27        # entries per secure sum: 1 GiB of uint64
-ATTEMPTS_MAX = 16                   # largest attempts_max accepted (and attempt number on the wire)
+ATTEMPTS_MAX = 16                   # largest attempts_max accepted, and attempts in all (the number on the wire)
 PARTICIPANTS_MAX = 128              # as many as a job may have members
 WIRE_TAG_BYTES_MAX = 256
 REASON_BYTES_MAX = 2048
@@ -55,6 +55,31 @@ class SumRestart:
     participants: tuple[bytes, ...]
     reason: str
     WAITING_FOR: ClassVar[str] = "secure-sum announcement"
+
+
+@dataclass(frozen=True)
+class SumChange:
+    """The initiator -> members, in a compact sum (every member speaks it: _Plan.compact): attempt
+    `attempt` runs over the list whose SHA-256 is `base` (the attempt the members hold) less
+    `dropped`, indices into the job's members. `order`: the new ring order as indices when it is
+    not the initiator first and the others in key order (a dispute keeps two members apart), else
+    empty. A member whose list does not hash to `base` (it missed an announcement) asks for the
+    whole list (SumListAsk) and gets a SumRestart. `reason` only to the members dropped."""
+    tag: str
+    attempt: int
+    base: bytes
+    dropped: tuple[int, ...]
+    order: tuple[int, ...]
+    reason: str
+    WAITING_FOR: ClassVar[str] = "secure-sum announcement"
+
+
+@dataclass(frozen=True)
+class SumListAsk:
+    """A member -> the initiator, in a compact sum: a SumChange did not apply to my list; send me
+    the whole list of the current attempt (a SumRestart)."""
+    tag: str
+    WAITING_FOR: ClassVar[str] = "request for the participant list"
 
 
 @dataclass(frozen=True)
@@ -131,21 +156,23 @@ class ArCheck:
 def _register() -> None:
     tag = v_str(WIRE_TAG_BYTES_MAX)
     chunk = v_array(max_elements=CHUNK_ENTRIES_MAX, dtypes=frozenset({"<u8"}))
+    index_list = v_list(v_int(0, PARTICIPANTS_MAX - 1), PARTICIPANTS_MAX)     # places in the job's members
 
     def to_body(msg: Any) -> dict:
         body = {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
         if "data" in body:
             body["data"] = wire.encode_array(body["data"])
-        if "participants" in body:
-            body["participants"] = list(body["participants"])
+        for name in ("participants", "dropped", "order"):
+            if name in body:
+                body[name] = list(body[name])
         return body
 
     def from_body(cls: type) -> Any:
         def build(body: dict) -> Any:
             if "data" in body and body["data"].ndim != 1:
                 raise ValueError("a secure-sum chunk must be one-dimensional")
-            if "participants" in body:
-                body = {**body, "participants": tuple(body["participants"])}
+            body = {**body, **{name: tuple(body[name]) for name in ("participants", "dropped", "order")
+                               if name in body}}
             return cls(**body)
         return build
 
@@ -156,6 +183,10 @@ def _register() -> None:
             ("ss_restart", SumRestart, {"tag": tag, "attempt": v_int(1, ATTEMPTS_MAX + 1),
                                         "participants": v_list(NODE_ID, PARTICIPANTS_MAX),
                                         "reason": v_str(REASON_BYTES_MAX)}),
+            ("ss_change", SumChange, {"tag": tag, "attempt": v_int(1, ATTEMPTS_MAX + 1),
+                                      "base": v_bytes(exact=32), "dropped": index_list, "order": index_list,
+                                      "reason": v_str(REASON_BYTES_MAX)}),
+            ("ss_list_ask", SumListAsk, {"tag": tag}),
             ("ss_seed_request", SeedRequest, {"tag": tag}),
             ("ss_seed", SeedReveal, {"tag": tag, "seed": v_bytes(exact=SEED_BYTES)}),
             ("ss_result", SumResult, {"tag": tag, "data": chunk}),
