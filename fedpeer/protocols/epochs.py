@@ -206,8 +206,9 @@ class Epochs:
     """A member's view of the job's current members, epoch and lost members (module docstring)."""
 
     def __init__(self, ch: Any, prefix: str, mode: str, hop_timeout_ms: int, *, views: bool = False,
-                 rejoin: bool = False) -> None:
+                 rejoin: bool = False, compact: bool = False) -> None:
         self.ch, self.prefix, self.mode, self.hop_timeout_ms = ch, prefix, mode, hop_timeout_ms
+        self.compact = compact          # the sums' compact messages (securesum/api.py)
         self.original: tuple[bytes, ...] = tuple(ch.members)
         self.members: tuple[bytes, ...] = self.original
         self.epoch, self.sums = 0, 0
@@ -251,7 +252,8 @@ class Epochs:
         scope = scope or self.members
         tag = self.tag(name)
         out, dead = await self._or_dead(scope, secure_sum(SubChannel(self.ch, scope), tag, vector, mode=self.mode,
-                                                          hop_timeout_ms=hop_timeout_ms or self.hop_timeout_ms))
+                                                          hop_timeout_ms=hop_timeout_ms or self.hop_timeout_ms,
+                                                          compact=self.compact))
         if dead:
             return Summed(tag, None, dead)     # the sum gave up on a member that has since died
         assert out is not None
@@ -266,7 +268,7 @@ class Epochs:
         tag = self.tag(name)
         out, dead = await self._or_dead(self.members, secure_reduce_map(
             SubChannel(self.ch, self.members), tag, vector, bounds, owner_fn,
-            hop_timeout_ms=hop_timeout_ms or self.hop_timeout_ms, check=check))
+            hop_timeout_ms=hop_timeout_ms or self.hop_timeout_ms, check=check, compact=self.compact))
         if dead:
             return Mapped(tag, None, dead, ())
         assert out is not None
@@ -277,7 +279,8 @@ class Epochs:
         """securesum's results check over every current member: the members it went without
         (declared dead after it failed), or (); JobError when it failed otherwise."""
         _, dead = await self._or_dead(self.members, secure_results_check(
-            SubChannel(self.ch, self.members), self.tag(name), digests, hop_timeout_ms=self.hop_timeout_ms))
+            SubChannel(self.ch, self.members), self.tag(name), digests, hop_timeout_ms=self.hop_timeout_ms,
+            compact=self.compact))
         return dead
 
     async def _or_dead(self, scope: tuple[bytes, ...], run: Awaitable[T]) -> tuple[T | None, tuple[bytes, ...]]:

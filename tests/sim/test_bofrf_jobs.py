@@ -24,7 +24,8 @@ from fedpeer.jobs.kind import JobContext
 from fedpeer.kinds.forest import bofrf
 from fedpeer.ml.forest import trees
 from fedpeer.ml.forest import treepredict
-from fedpeer.protocols.securesum.api import SumChunk, SumRestart
+from fedpeer.protocols.securesum.api import SumChunk
+from fedpeer.protocols.securesum.wire import SumChange
 from fedpeer.testing.memory import MemoryChannel, MemoryNetwork
 
 HOP_MS = 1_000
@@ -250,9 +251,10 @@ async def test_member_dies_during_confusion_sum(dead_index: int, net_seed: int, 
 
     # the sum was re-run as attempt 2 over the survivors, with fresh masks
     prefix = f"bofrf/confusion/ss-{mode}/"
-    restarts = [m for src, _, m in net.sent if isinstance(m, SumRestart) and m.tag == prefix + "restart"]
+    # (compact messages, the default: each survivor is told who is dropped, by place in the members)
+    restarts = [m for src, _, m in net.sent if isinstance(m, SumChange) and m.tag == prefix + "restart"]
     assert restarts and {m.attempt for m in restarts} == {2}, f"{where}: restarts {restarts}"
-    assert all(m.participants == tuple(survivors) for m in restarts), where
+    assert all(m.dropped == (dead_index,) for m in restarts), where
     first = {a: [m.data for src, _, m in net.sent if src == keys[0] and isinstance(m, SumChunk)
                  and m.tag == f"{prefix}a{a}/c0"] for a in (1, 2)}
     assert len(first[1]) == len(first[2]) == 1, f"{where}: initiator's first chunks {first}"

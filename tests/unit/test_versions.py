@@ -335,6 +335,7 @@ async def test_an_optional_parameter_is_settled_off_with_a_member_without_it_nev
     assert settled["rejoin"] is False       # likewise rejoins: the job runs, a member lost stays out
     assert caps.lacking(xgb, xgb.check_params({}), releases.BASELINE_CAPABILITIES) == ["xgb-train-loss-1",
                                                                                        "epoch-views-1",
+                                                                                       "secsum-compact-1",
                                                                                        "job-rejoin-1"]
     this_build = caps.provided(job_kinds().values())
     assert "job-rejoin-1" in this_build and caps.settled(xgb, xgb.check_params({}), [this_build])["rejoin"] is True

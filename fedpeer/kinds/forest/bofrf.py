@@ -40,7 +40,7 @@ import numpy as np
 from fedpeer.data import dataset as mldata
 from fedpeer.errors import JobError, LocalProtocolError
 from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param, checked_total, site_seed
-from fedpeer.jobs.params import SECURE_SUM, seed, test_fraction
+from fedpeer.jobs.params import SECURE_SUM, SECURE_SUM_COMPACT, seed, test_fraction
 from fedpeer.kinds.forest import text
 from fedpeer.kinds.forest.boppid import MESSAGE as BOPPID_MESSAGE
 from fedpeer.ml.moments import whole_counts
@@ -74,6 +74,7 @@ PARAMS = {
     "boppid_rounds": Param(int, 50, "BOPPID baseline: boosting rounds", low=1, high=1000),
     "seed": seed("seed of the splits and the forests"),
     "secure_sum": SECURE_SUM,
+    "secure_sum_compact": SECURE_SUM_COMPACT,
 }
 
 
@@ -274,7 +275,8 @@ async def _federate(ch: Any, part: SitePart, params: Mapping[str, Any],
     forests, evidence = await _exchange_forests(ch, part.forest, ctx)
     held = np.array([1 if m in forests else 0 for m in members], dtype=np.int64)
     roster = await secure_sum(ch, "bofrf/roster", encode_counts(held, len(members), count_max=1),
-                              mode=params["secure_sum"], hop_timeout_ms=ctx.hop_timeout_ms)
+                              mode=params["secure_sum"], hop_timeout_ms=ctx.hop_timeout_ms,
+                              compact=params.get("secure_sum_compact", False))
     held_by = checked_total("bofrf/roster", whole_counts, roster.total)
     checked_total("bofrf/roster", mb.check_roster, held_by, len(roster.participants))
     agreed = [m for i, m in enumerate(members) if int(held_by[i]) == len(roster.participants)]
@@ -285,7 +287,8 @@ async def _federate(ch: Any, part: SitePart, params: Mapping[str, Any],
     confusion = await asyncio.to_thread(score_site, part, forest)
     ch.progress("secure sum of confusion matrices", 4, 5)
     summed = await secure_sum(ch, "bofrf/confusion", encode_counts(confusion.ravel(), len(members), COUNT_MAX),
-                              mode=params["secure_sum"], hop_timeout_ms=ctx.hop_timeout_ms)
+                              mode=params["secure_sum"], hop_timeout_ms=ctx.hop_timeout_ms,
+                              compact=params.get("secure_sum_compact", False))
     if ch.me not in summed.participants:
         raise JobError("this site was left out of the secure sum")
     total = checked_total("bofrf/confusion", whole_counts, summed.total).reshape(-1, 4)
@@ -396,7 +399,8 @@ async def _cluster(ch: Any, part: SitePart, params: Mapping[str, Any], ctx: JobC
     members = list(ch.members)
     X = part.fit.X
     moments = await secure_sum(ch, "bofrf/bounds", FIXED.encode(local_moments(X, part.fit.y), len(members)),
-                               mode=params["secure_sum"], hop_timeout_ms=ctx.hop_timeout_ms)
+                               mode=params["secure_sum"], hop_timeout_ms=ctx.hop_timeout_ms,
+                              compact=params.get("secure_sum_compact", False))
     totals = FIXED.decode(moments.total)
     d = X.shape[1]
     checked_total("bofrf/bounds", check_moments, totals, d)

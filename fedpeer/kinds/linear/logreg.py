@@ -54,7 +54,7 @@ from fedpeer.errors import DataError, JobError
 from fedpeer.data.dataset import split_train_test
 from fedpeer.jobs.kind import (ImplausibleTotal, JobContext, JobFailsEverywhere, JobKind, Limit, Param, checked_total,
                                site_seed)
-from fedpeer.jobs.params import EPOCH_VIEWS_PARAM, SECURE_SUM_LARGE, test_fraction
+from fedpeer.jobs.params import EPOCH_VIEWS_PARAM, SECURE_SUM_COMPACT, SECURE_SUM_LARGE, test_fraction
 from fedpeer.kinds.linear import logreg_dp, text
 from fedpeer.kinds.linear.fedavg import FEDAVG_PARAMS
 from fedpeer.ml import evaluation as evalcounts
@@ -97,6 +97,7 @@ PARAMS = {
     "eval_bins": Param(int, 1000, "score histogram bins for the federated AUC", low=10, high=100_000),
     "secure_sum": SECURE_SUM_LARGE,
     "epoch_views": EPOCH_VIEWS_PARAM,
+    "secure_sum_compact": SECURE_SUM_COMPACT,
     "test_fraction": HELD_OUT,
     **FEDAVG_PARAMS,
     **logreg_dp.PARAMS,         # differential privacy (fedpeer/kinds/linear/logreg_dp.py): off at dp_epsilon = 0
@@ -146,7 +147,8 @@ class Member:
         self.names = class_names(params)
         self.groups = _groups(self.names)
         self.X = np.asarray(ctx.data.X, dtype=np.float64)
-        self.epochs = Epochs(ch, TAG, params["secure_sum"], ctx.hop_timeout_ms, views=params["epoch_views"])
+        self.epochs = Epochs(ch, TAG, params["secure_sum"], ctx.hop_timeout_ms, views=params["epoch_views"],
+                             compact=params.get("secure_sum_compact", False))
         self.test: tuple[np.ndarray, np.ndarray] | None = None
         self.held: tuple[np.ndarray, np.ndarray] | None = None    # this site's held-out part (test_fraction)
         self.fed_held = 0                                         # the federation's held-out rows (scaling)

@@ -25,7 +25,7 @@ import numpy as np
 
 from fedpeer.errors import JobError
 from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param, site_seed
-from fedpeer.jobs.params import EPOCH_VIEWS_PARAM, SECURE_SUM_LARGE
+from fedpeer.jobs.params import EPOCH_VIEWS_PARAM, SECURE_SUM_COMPACT, SECURE_SUM_LARGE
 from fedpeer.kinds.linear import text
 from fedpeer.kinds.linear.fedavg import FEDAVG_PARAMS, Rounds, check_groups, current_groups, group_view
 from fedpeer.kinds.linear.logreg import HELD_OUT, Member
@@ -43,6 +43,7 @@ PARAMS = {
     "eval_bins": Param(int, 1000, "score histogram bins for the federated AUC", low=10, high=100_000),
     "secure_sum": SECURE_SUM_LARGE,
     "epoch_views": EPOCH_VIEWS_PARAM,
+    "secure_sum_compact": SECURE_SUM_COMPACT,
     "test_fraction": HELD_OUT,
     **FEDAVG_PARAMS,
 }

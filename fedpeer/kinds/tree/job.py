@@ -115,7 +115,8 @@ class TreeJob:
         self.ch, self.params, self.ctx, self.offload = ch, params, ctx, offload
         self.p = tree_params(params)
         self.classes = class_names(params)
-        self.epochs = Epochs(ch, TAG, params["secure_sum"], ctx.hop_timeout_ms, views=params["epoch_views"])
+        self.epochs = Epochs(ch, TAG, params["secure_sum"], ctx.hop_timeout_ms, views=params["epoch_views"],
+                             compact=params.get("secure_sum_compact", False))
         try:
             y = site_labels(ctx.data, params)
             data = replace(ctx.data, y=None if self.p.criterion == REGRESSION else y)

@@ -19,7 +19,14 @@ import numpy as np
 from fedpeer.base.store import atomic_write
 from fedpeer.errors import JobError
 from fedpeer.jobs.kind import JobContext, JobKind, Limit, Param
-from fedpeer.jobs.params import DP_CART_PARAMS, EPOCH_VIEWS_PARAM, SECURE_SUM_LARGE, seed, test_fraction
+from fedpeer.jobs.params import (
+    DP_CART_PARAMS,
+    EPOCH_VIEWS_PARAM,
+    SECURE_SUM_COMPACT,
+    SECURE_SUM_LARGE,
+    seed,
+    test_fraction,
+)
 from fedpeer.kinds.scoring import binary_rows, class_rows
 from fedpeer.kinds.tree import dp, icdta, text
 from fedpeer.kinds.tree.job import run_job
@@ -60,6 +67,7 @@ PARAMS = {
     "seed": seed("seed of each site's train/test split"),
     "secure_sum": SECURE_SUM_LARGE,
     "epoch_views": EPOCH_VIEWS_PARAM,
+    "secure_sum_compact": SECURE_SUM_COMPACT,
     **DP_CART_PARAMS,   # differential privacy, mode exact (fedpeer/kinds/tree/dp.py): off at dp_epsilon = 0
 }
 

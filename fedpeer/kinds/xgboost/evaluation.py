@@ -86,7 +86,8 @@ class Evaluating:
         try:
             out = await self.while_alive(ring[0], secure_sum(
                 SubChannel(self.ch, ring), f"xgb/eval/{term}/{rnd}", vector, mode=p["secure_sum"],
-                hop_timeout_ms=min(self.ctx.hop_timeout_ms, EVAL_HOP_TIMEOUT_MS)), term=term,
+                hop_timeout_ms=min(self.ctx.hop_timeout_ms, EVAL_HOP_TIMEOUT_MS),
+                compact=p.get("secure_sum_compact", False)), term=term,
                 ended=None if leader == self.me else self.ended_at_leader)
         except (JobError, _Died) as exc:
             entry["eval_error"] = str(exc)[:300]

@@ -182,7 +182,8 @@ class HistJob:
         self.ch, self.params, self.ctx, self.offload = ch, params, ctx, offload
         self.p = hist_params(params, groups)
         self.epochs = Epochs(ch, TAG, params["secure_sum"], ctx.hop_timeout_ms, views=params["epoch_views"],
-                             rejoin=params.get("rejoin", False) and not params.get("dp_epsilon", 0.0))
+                             rejoin=params.get("rejoin", False) and not params.get("dp_epsilon", 0.0),
+                             compact=params.get("secure_sum_compact", False))
         self.needs_state = False               # back in the job: the state so far comes at the resume point
         try:
             self.site = site or HistSite(fit[0], fit[1], self.p, len(self.members), site_seed(params["seed"], ch.me))

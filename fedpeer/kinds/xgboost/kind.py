@@ -17,7 +17,15 @@ import numpy as np
 from fedpeer.base.store import atomic_write
 from fedpeer.errors import JobError
 from fedpeer.jobs.kind import Finished, JobContext, JobKind, Limit, Param, checked_total
-from fedpeer.jobs.params import DP_TREE_PARAMS, EPOCH_VIEWS_PARAM, REJOIN_PARAM, SECURE_SUM_LARGE, seed, test_fraction
+from fedpeer.jobs.params import (
+    DP_TREE_PARAMS,
+    EPOCH_VIEWS_PARAM,
+    REJOIN_PARAM,
+    SECURE_SUM_COMPACT,
+    SECURE_SUM_LARGE,
+    seed,
+    test_fraction,
+)
 from fedpeer.kinds.scoring import binary_rows, class_rows
 from fedpeer.kinds.xgboost import text
 from fedpeer.kinds.xgboost.hist_dp import refusal as dp_refusal
@@ -132,6 +140,7 @@ PARAMS = {
     "seed": seed("seed of the splits and of xgboost's sampling"),
     "secure_sum": SECURE_SUM_LARGE,   # histogram levels: the all-reduce; small sums (bagging's) take the ring
     "epoch_views": EPOCH_VIEWS_PARAM,  # histogram mode's survivors of a lost member (hist.py)
+    "secure_sum_compact": SECURE_SUM_COMPACT,
     "rejoin": REJOIN_PARAM,            # histogram mode: a restarted member comes back before a tree (hist.py)
     **DP_TREE_PARAMS,   # differential privacy, histogram mode (fedpeer/kinds/xgboost/hist_dp.py): off at dp_epsilon = 0
 }
@@ -153,7 +162,8 @@ async def run_job(ch: Any, params: Mapping[str, Any], ctx: JobContext, tools: To
     prepare(site)
     ch.progress("secure sum of label counts", 0, params["rounds"])
     out = await secure_sum(ch, "xgb/labels", label_vector(site.fit[1], params, len(ch.members)),
-                           mode=params["secure_sum"], hop_timeout_ms=ctx.hop_timeout_ms)
+                           mode=params["secure_sum"], hop_timeout_ms=ctx.hop_timeout_ms,
+                           compact=params.get("secure_sum_compact", False))
     if ch.me not in out.participants:
         raise JobError("this site was left out of the label-count sum")
     checked_total("xgb/labels", check_labels, out.total, params, len(out.participants))
