@@ -149,7 +149,7 @@ def test_the_calibration_covers_every_release_and_the_cost_is_the_proposals():
 def test_fedavg_and_mlp_refuse_dp_with_one_line():
     results, _ = run({**DP, "mode": "fedavg"}, sites())
     assert all("fedavg does not take dp_epsilon" in str(r) for r in results)
-    with pytest.raises(Exception, match="mlp does not take differential privacy \(dp_epsilon\)") as exc:
+    with pytest.raises(Exception, match=r"mlp does not take differential privacy \(dp_epsilon\)") as exc:
         mlp.KIND.check_params({"dp_epsilon": 1.0})
     assert "\n" not in str(exc.value)
 
