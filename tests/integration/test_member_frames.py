@@ -21,6 +21,7 @@ from fedpeer.identity import Identity, load_key_file
 from fedpeer.jobs import messages as m
 from fedpeer.net.transport import PATH
 from fedpeer.protocols import epochs as ep
+from fedpeer.protocols.securesum.wire import SumChange, SumListAsk
 from fedpeer.testing import frames
 from tests.integration.conftest import ml_loaded, rss_kib
 
@@ -91,6 +92,10 @@ SMALL = st.integers(0, 2**63 - 1)
 RECENT_JOBS = 3   # the honest jobs a forged message may name: the last three proposed
 
 
+# the honest stats jobs' sums announce re-runs under these tags (securesum/core.py restart_tag)
+SUM_RESTART_TAGS = st.sampled_from(["stats/moments/ss-ring/restart", "stats/spread/ss-ring/restart", "x"])
+
+
 def _strategies(keys: dict[str, bytes], jobs: list[str]) -> st.SearchStrategy:
     """`jobs` grows between examples: a recent one is drawn as an index into it (the same choices
     whatever its length, as Hypothesis requires of a strategy), not sampled from a copy of it."""
@@ -127,13 +132,19 @@ def _strategies(keys: dict[str, bytes], jobs: list[str]) -> st.SearchStrategy:
         st.builds(ep.RejoinRefused, tag=st.sampled_from(["xgbh/rejoin", "x"]), reason=st.text(max_size=20)),
         st.builds(ep.RejoinState, tag=st.sampled_from(["xgbh/e2-ab/state", "x"]), digest=st.binary(min_size=32,
                   max_size=32), state=st.binary(max_size=64)),
+        # a compact secure sum's announcement of who is dropped, and a member's ask for the whole list
+        st.builds(SumChange, tag=SUM_RESTART_TAGS, attempt=st.integers(-1, 20), base=st.binary(max_size=40),
+                  dropped=st.lists(st.integers(-2, 200), max_size=4).map(tuple),
+                  order=st.lists(st.integers(-2, 200), max_size=4).map(tuple), reason=st.text(max_size=20)),
+        st.builds(SumListAsk, tag=SUM_RESTART_TAGS),
     ).flatmap(lambda msg: st.tuples(st.just(msg), st.one_of(st.just(""), recent), TERMS))
 
 
 @pytest.mark.timeout(600)
 def test_random_member_messages_never_take_a_site_down(make_federation, tmp_path) -> None:
-    """Hypothesis drives random membership, election, job-lifecycle, survivors'-view and rejoin messages,
-    sealed with a member's key, at a live daemon while the honest sites run stats jobs."""
+    """Hypothesis drives random membership, election, job-lifecycle, survivors'-view, rejoin and
+    sum-announcement messages, sealed with a member's key, at a live daemon while the honest sites
+    run stats jobs."""
     h = _breast_cancer_sites(make_federation, tmp_path, (0, 1))
     asyncio.run(h.wait_all_alive(timeout_s=30, among=[0, 1]))
     mallory = load_key_file(h.sites[2].config.node.key_file)
