@@ -92,6 +92,8 @@ SMALL = st.integers(0, 2**63 - 1)
 RECENT_JOBS = 3   # the honest jobs a forged message may name: the last three proposed
 
 
+FORGED_ROUNDS = 40   # rounds whose reduce-map tags the no-owner test forges
+
 # the honest stats jobs' sums announce re-runs under these tags (securesum/core.py restart_tag)
 SUM_RESTART_TAGS = st.sampled_from(["stats/moments/ss-ring/restart", "stats/spread/ss-ring/restart", "x"])
 
@@ -247,7 +249,8 @@ async def test_forged_reduce_map_messages_leave_a_histogram_job_and_the_site_unh
     mallory = load_key_file(h.sites[2].config.node.key_file)
     site1 = load_key_file(h.sites[0].config.node.key_file).public_key
     forger = await frames.connected(mallory, h, [0])
-    rounds = 40
+    rounds = 100     # the forged frames (39 rounds' worth) must all land while the job still runs: a
+                     # fresh clone's run ended a 40-round job before the last were posted (unknown_job)
     job_id = await h.propose(1, "xgboost", {"mode": "histogram", "rounds": rounds, "max_depth": 3, "max_bin": 32,
                                             "test_fraction": 0.0, "nthread": 1})     # secure_sum: allreduce
     await h.wait_step(0, job_id, 1, timeout_s=60)     # forge while site-1 grows the trees (tried: at step 5 of 40
@@ -293,12 +296,13 @@ async def test_a_member_sends_what_no_owner_waits_for_and_the_histogram_job_ends
     order = sorted(i.public_key for i in ids)           # a job's members, in protocol order
     me, them = order.index(ids[0].public_key), order.index(ids[2].public_key)
     forger = await frames.connected(ids[2], h, [0])
-    rounds = 40
+    rounds = 100     # the forged frames (39 rounds' worth) must all land while the job still runs: a
+                     # fresh clone's run ended a 40-round job before the last were posted (unknown_job)
     job_id = await h.propose(1, "xgboost", {"mode": "histogram", "rounds": rounds, "max_depth": 3, "max_bin": 32,
                                             "test_fraction": 0.0, "nthread": 1})     # secure_sum: allreduce
     await h.wait_step(0, job_id, 1, timeout_s=60)
     forged = []
-    for r in range(1, rounds):
+    for r in range(1, FORGED_ROUNDS):
         for d in range(3):
             pre = f"xgbh/e0/r{r}/c0/d{d}/ss-allreduce/a1/"
             forged += [ArResult(f"{pre}r{k}", np.full(10, 7, dtype=np.uint64), "") for k in range(3) if k != them]
@@ -308,7 +312,7 @@ async def test_a_member_sends_what_no_owner_waits_for_and_the_histogram_job_ends
             status, _ = await _post(s, h.sites[0].port, forger.seal(ids[0].public_key, msg, job=job_id))
             assert status == 204, status
     during = await h.job(0, job_id)
-    assert during is not None and during["state"] == "running", during     # tried: at step 5 of 40
+    assert during is not None and during["state"] == "running", during
     records = await h.wait_job(job_id, timeout_s=120)
     assert {r["state"] for r in records.values()} == {"done"}, [r["error"] for r in records.values()]
     assert len({r["result"]["model_sha256"] for r in records.values()}) == 1
